@@ -1,0 +1,20 @@
+// OpenMP helpers. Work is split over (batch x head x tile) items; BLAS calls made inside our
+// parallel regions run single-threaded (the OpenMP build of OpenBLAS does that by itself).
+#pragma once
+
+#include <cstdint>
+
+namespace clattn {
+
+int max_threads();             // omp_get_max_threads()
+void set_threads(int n);       // omp_set_num_threads(n), n >= 1
+int thread_id();               // omp_get_thread_num() inside a region, 0 outside
+
+// Runs fn(i) for i in [0, n) over the OpenMP team with dynamic scheduling.
+template <class F>
+void parallel_for(int64_t n, F&& fn) {
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < n; ++i) fn(i);
+}
+
+}  // namespace clattn

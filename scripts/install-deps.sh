@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency of clattn from Debian's packages.
+# Idempotent: when everything is already present it exits without touching apt.
+set -euo pipefail
+
+# Why each package is here (also in README.md):
+#   cmake, ninja-build, g++      build
+#   libopenblas-dev              cblas_sgemm for big products (hashing, centroid attention)
+#   libopenblas0-openmp          the OpenMP build of OpenBLAS, so BLAS and our own OpenMP regions
+#                                share one thread pool instead of fighting over 2 cores
+#   nlohmann-json3-dev           safetensors headers, config.json, bench --json
+#   libcli11-dev                 the clattn command line
+#   libgtest-dev                 tests
+#   libbenchmark-dev             micro-benchmarks in bench/
+packages=(cmake ninja-build g++ libopenblas-dev libopenblas0-openmp nlohmann-json3-dev
+          libcli11-dev libgtest-dev libbenchmark-dev pkg-config)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: dependencies (idempotent), a warnings-as-errors Release
+# build with every CTest suite, then the same suites under AddressSanitizer + UndefinedBehavior-
+# Sanitizer in a second build (skip it with CLATTN_SKIP_SANITIZE=1 for a quick local run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+
+jobs=${CLATTN_JOBS:-2}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+
+cmake -S . -B build-test -G Ninja -DCMAKE_BUILD_TYPE=Release -DCLATTN_WERROR=ON >/dev/null
+cmake --build build-test -j "$jobs"
+(cd build-test && ctest --output-on-failure --timeout 900)
+
+if [ "${CLATTN_SKIP_SANITIZE:-0}" != 1 ]; then
+  # -O1 keeps the sanitized suite quick; the bench micro-benchmarks are not needed here.
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
+    -DCLATTN_WERROR=ON -DCLATTN_SANITIZE="address;undefined" -DCLATTN_BUILD_BENCH=OFF >/dev/null
+  cmake --build build-asan -j "$jobs"
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 1800)
+fi

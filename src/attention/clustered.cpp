@@ -1,0 +1,378 @@
+// Clustered attention: queries grouped by Hamming k-means on LSH codes, one attention per
+// centroid, broadcast to the members (DESIGN §3). The centroid attention runs flash-style over key
+// tiles (memory O(C·D), never C×M), and with topk > 0 also keeps each centroid's k best keys and
+// hands them to the improved variant's member stage (improved_clustered.cpp).
+//
+// Where we differ from the reference (fast-transformers): planes and centroid seeds come from a
+// seeded counter-based rng; initial centroids are distinct codes; C > N is allowed (each query is
+// then its own cluster, which is exact); key padding is honoured per head and cluster; work is
+// parallel over (batch × head), not batch only; memory is O((N + M)·D), not O(C·M) float masks.
+#include "attention/clustered.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "attention/clustered_internal.h"
+#include "attention/tile_ops.h"
+#include "attention/variants.h"
+#include "clattn/parallel.h"
+#include "core/microkernel.h"
+
+namespace clattn {
+
+using mk::kPanel;
+using mk::round_up;
+using tile::kInf;
+using tile::kLn2;
+using tile::kLog2e;
+
+void ClusteredWorkspaceDeleter::operator()(ClusteredWorkspace* w) const { delete w; }
+ClusteredWorkspacePtr make_clustered_workspace() { return ClusteredWorkspacePtr(new ClusteredWorkspace); }
+
+namespace {
+
+// Rng streams: (call, purpose, head) never collide for realistic call counts.
+uint64_t stream_of(uint64_t call, uint64_t purpose, uint64_t head) {
+  return ((call * 4 + purpose) << 32) + head;
+}
+
+}  // namespace
+
+void clustered_assign(const AttentionInputs& in, const AttentionDims& d, const ClusteredParams& p,
+                      uint64_t call, ClusteredState& st) {
+  const int64_t BH = d.B * d.H;
+  st.cmax = std::max<int64_t>(1, std::min(p.clusters, d.N));
+  st.nclusters.assign(static_cast<size_t>(BH), 0);
+  st.order.resize(static_cast<size_t>(BH * d.N));
+  st.offsets.assign(static_cast<size_t>(BH * (st.cmax + 1)), 0);
+  const Rng rng(p.seed);
+  cluster::LshPlanes planes;
+  if (!p.positional) planes = cluster::draw_planes(rng, stream_of(call, 0, 0), p.bits, d.Dk, p.hash_bias);
+
+  std::vector<ClusterScratch> scratch(static_cast<size_t>(max_threads()));
+  parallel_for(BH, [&](int64_t t) {
+    const int64_t b = t / d.H, h = t % d.H;
+    const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
+    if (nv == 0 || mv == 0) return;  // every output row of this head is 0
+    ClusterScratch& sc = scratch[static_cast<size_t>(thread_id())];
+    sc.assign.resize(static_cast<size_t>(nv));
+    int64_t ce;
+    if (p.positional) {
+      ce = std::min(p.clusters, nv);
+      for (int64_t i = 0; i < nv; ++i) sc.assign[static_cast<size_t>(i)] = static_cast<int32_t>(i * ce / nv);
+    } else if (p.clusters >= nv) {
+      ce = nv;  // every query its own cluster: exact attention
+      std::iota(sc.assign.begin(), sc.assign.end(), 0);
+    } else {
+      sc.codes.resize(static_cast<size_t>(nv));
+      sc.centroids.resize(static_cast<size_t>(p.clusters));
+      sc.proj.resize(static_cast<size_t>(cluster::kHashBlock * 64));
+      cluster::hash_codes(in.q.ptr(b, h, 0), nv, in.q.stride(2), planes, sc.codes.data(), sc.proj.data());
+      ce = cluster::hamming_kmeans(sc.codes.data(), nv, p.clusters, p.iterations, rng,
+                                   stream_of(call, 1, static_cast<uint64_t>(t)),
+                                   sc.assign.data(), sc.centroids.data(), sc.km);
+    }
+    cluster::counting_sort(sc.assign.data(), nv, ce, st.order.data() + t * d.N,
+                           st.offsets.data() + t * (st.cmax + 1));
+    st.nclusters[static_cast<size_t>(t)] = static_cast<int32_t>(ce);
+  });
+}
+
+namespace {
+
+// Qc_j = mean of the member queries of every cluster: (ce, Dk) rows into qc.
+void centroids(const AttentionInputs& in, int64_t b, int64_t h, int64_t Dk, int64_t ce,
+               const int32_t* order, const int32_t* off, float* qc) {
+  for (int64_t j = 0; j < ce; ++j) {
+    float* c = qc + j * Dk;
+    std::fill(c, c + Dk, 0.f);
+    const int64_t n = off[j + 1] - off[j];
+    for (int64_t m = off[j]; m < off[j + 1]; ++m) simd::axpy_row(c, in.q.ptr(b, h, order[m]), Dk);
+    if (n > 0)
+      for (int64_t e = 0; e < Dk; ++e) c[e] /= static_cast<float>(n);
+  }
+}
+
+inline bool cand_before(const Cand& a, const Cand& b) { return a.v > b.v || (a.v == b.v && a.i < b.i); }
+
+// Keeps the k best of buf[0, n) (by value, lower key index on ties); returns the worst kept value
+// once k are held (the filter threshold), else -inf.
+float top_compact(Cand* buf, int64_t& n, int64_t k) {
+  if (n > k) {
+    std::nth_element(buf, buf + (k - 1), buf + n, cand_before);
+    n = k;
+  }
+  if (n < k) return -kInf;
+  float t = kInf;
+  for (int64_t i = 0; i < n; ++i) t = std::min(t, buf[i].v);
+  return t;
+}
+
+// Adds the entries of a score row above the running threshold to the candidate buffer (2k long).
+void top_scan(const float* row, int64_t width, int64_t k0, Cand* buf, int64_t& n, float& thr, int64_t k) {
+  for (int64_t j = 0; j < width; j += simd::kLanes) {
+    uint32_t m = simd::mask_gt(simd::load(row + j), thr);
+    while (m) {
+      const int l = __builtin_ctz(m);
+      m &= m - 1;
+      const float v = row[j + l];
+      if (!(v > thr)) continue;  // the threshold rose within this vector
+      buf[n++] = Cand{v, static_cast<int32_t>(k0 + j + l)};
+      if (n == 2 * k) thr = top_compact(buf, n, k);
+    }
+  }
+}
+
+}  // namespace
+
+void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
+                        const ClusteredParams& p, View out, ClusteredState& st,
+                        ClusteredWorkspace& ws) {
+  const int64_t D = d.Dk, Dv = d.Dv, BH = d.B * d.H, cmax = st.cmax;
+  const int64_t np = (d.M + kPanel - 1) / kPanel, Mp = np * kPanel, Dvp = round_up(Dv, mk::kLanes);
+  const float scale = p.scale > 0 ? p.scale : 1.f / std::sqrt(static_cast<float>(D));
+  const float c = scale * kLog2e;
+  const bool improved = p.topk > 0;
+  st.kmax = improved ? std::max<int64_t>(1, std::min(p.topk, d.M)) : 0;
+  st.qc.resize(Shape{d.B, d.H, cmax, D});
+  st.lse_c.resize(Shape{d.B, d.H, cmax});
+  st.resid.resize(Shape{d.B, d.H, cmax, Dv});
+  st.mass.resize(Shape{d.B, d.H, cmax});
+  st.ksel.assign(static_cast<size_t>(BH), 0);
+  if (improved) {
+    st.topk_idx.resize(static_cast<size_t>(BH * cmax * st.kmax));
+    st.lse_m.resize(Shape{d.B, d.H, d.N});
+  }
+  ws.ensure_threads();
+  float* kpan = ws.kpan.floats(static_cast<size_t>(d.B * d.Hkv * Mp * D));    // (B, Hkv, np, D, 64)
+  // V rows for O += P·V: used in place when Dv is a multiple of 16, else padded copies.
+  float* vrow = ws.vrow.floats(static_cast<size_t>(std::max<int64_t>(1, d.B * d.Hkv * mk::rows_operand_size(d.M, Dv))));
+  std::vector<mk::RowsOperand> vops(static_cast<size_t>(d.B * d.Hkv));
+  parallel_for(d.B * d.Hkv, [&](int64_t t) {
+    const int64_t b = t / d.Hkv, hk = t % d.Hkv;
+    mk::pack_panels(in.k.ptr(b, hk, 0), d.M, D, in.k.stride(2), kpan + t * Mp * D);
+    vops[static_cast<size_t>(t)] = mk::rows_operand(in.v.ptr(b, hk, 0), d.M, Dv, in.v.stride(2),
+                                                    vrow + t * mk::rows_operand_size(d.M, Dv));
+  });
+
+  parallel_for(BH, [&](int64_t t) {
+    const int64_t b = t / d.H, h = t % d.H, hk = h / d.group();
+    const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
+    const int64_t ce = st.nclusters[static_cast<size_t>(t)];
+    for (int64_t i = ce > 0 ? nv : 0; i < d.N; ++i)  // padded rows, or all rows when nothing is visible
+      std::memset(out.ptr(b, h, i), 0, sizeof(float) * static_cast<size_t>(Dv));
+    if (ce == 0) return;
+    const int32_t* order = st.order.data() + t * d.N;
+    const int32_t* off = st.offsets.data() + t * (cmax + 1);
+    float* qc = st.qc.data() + t * cmax * D;        // (cmax, D)
+    float* lse_c = st.lse_c.data() + t * cmax;      // (cmax)
+    float* resid = st.resid.data() + t * cmax * Dv; // (cmax, Dv)
+    float* mass = st.mass.data() + t * cmax;        // (cmax)
+    const int64_t k = improved ? std::min(p.topk, mv) : 0;
+    st.ksel[static_cast<size_t>(t)] = static_cast<int32_t>(k);
+    centroids(in, b, h, D, ce, order, off, qc);
+    const float* kp = kpan + (b * d.Hkv + hk) * Mp * D;
+    const mk::RowsOperand vr = vops[static_cast<size_t>(b * d.Hkv + hk)];
+    ThreadScratch& sc = ws.mine();
+    float* qcs = sc.a.floats(static_cast<size_t>(kCb * D));      // (Cb, D) Qc·c
+    float* s = sc.b.floats(static_cast<size_t>(kCb * kBc));      // (Cb, Bc) scores, then P
+    float* vc = sc.c.floats(static_cast<size_t>(kCb * Dvp));     // (Cb, Dvp) Vc accumulator
+    float* rs = sc.d.floats(static_cast<size_t>(3 * kCb));       // m, l, alpha (Cb each)
+    float *m = rs, *l = rs + kCb, *alpha = rs + 2 * kCb;
+    if (improved) sc.cand.resize(static_cast<size_t>(kCb * 2 * k));
+    int64_t ncand[kCb];
+    float thr[kCb];
+
+    for (int64_t j0 = 0; j0 < ce; j0 += kCb) {
+      const int64_t rows = std::min(kCb, ce - j0);
+      mk::pack_rows(qc + j0 * D, rows, D, D, qcs, rows, D, c);
+      std::fill(m, m + rows, -kInf);
+      std::fill(l, l + rows, 0.f);
+      std::fill(ncand, ncand + rows, int64_t{0});
+      std::fill(thr, thr + rows, -kInf);
+      std::memset(vc, 0, sizeof(float) * static_cast<size_t>(rows * Dvp));
+      // Ac = softmax(s·Qc·Kᵀ) over valid keys, Vc = Ac·V, flash-style over key tiles.
+      for (int64_t k0 = 0; k0 < mv; k0 += kBc) {
+        const int64_t bc = std::min(kBc, mv - k0), npan = (bc + kPanel - 1) / kPanel, width = npan * kPanel;
+        mk::gemm_abt(rows, npan, D, qcs, D, kp + k0 * D, s, kBc);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* row = s + r * kBc;
+          tile::mask_tail(row, width, mv - k0);
+          if (improved) top_scan(row, width, k0, sc.cand.data() + r * 2 * k, ncand[r], thr[r], k);
+          alpha[r] = tile::online_softmax_row(row, width, m[r], l[r]);
+        }
+        mk::gemm_ab(rows, Dvp, bc, s, kBc, 1, vr.data + k0 * vr.ld, vr.ld, vc, Dvp, alpha);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t j = j0 + r;
+        const float inv = 1.f / l[r];  // l > 0: mv >= 1 keys are visible
+        const float lse2 = m[r] + std::log2(l[r]);
+        lse_c[j] = lse2 * kLn2;
+        float* res = resid + j * Dv;
+        for (int64_t e = 0; e < Dv; ++e) res[e] = vc[r * Dvp + e] * inv;
+        mass[j] = 0.f;
+        if (!improved) continue;
+        // T_j: the k best centroid scores, ascending key index; m_j and R_j = Vc_j − Σ_T A v.
+        Cand* cand = sc.cand.data() + r * 2 * k;
+        top_compact(cand, ncand[r], k);
+        int32_t* tk = st.topk_idx.data() + (t * cmax + j) * st.kmax;
+        for (int64_t x = 0; x < k; ++x) tk[x] = cand[x].i;
+        std::sort(tk, tk + k);
+        if (k == mv) {  // T_j holds every key: m_j = 1, R_j = 0 exactly
+          mass[j] = 1.f;
+          std::fill(res, res + Dv, 0.f);
+          continue;
+        }
+        double msum = 0;
+        for (int64_t x = 0; x < k; ++x) {
+          const float a = std::exp2(cand[x].v - lse2);
+          msum += a;
+          const float* v = in.v.ptr(b, hk, cand[x].i);
+          for (int64_t e = 0; e < Dv; ++e) res[e] -= a * v[e];
+        }
+        mass[j] = static_cast<float>(msum);
+      }
+    }
+    // Step 6: members receive their centroid's output (improved: recomputed on T_j).
+    if (improved) {
+      improved_members_fwd(in, d, b, h, scale, st, out, sc);
+    } else {
+      for (int64_t j = 0; j < ce; ++j)
+        for (int64_t x = off[j]; x < off[j + 1]; ++x)
+          std::memcpy(out.ptr(b, h, order[x]), resid + j * Dv, sizeof(float) * static_cast<size_t>(Dv));
+    }
+  });
+}
+
+void attn_clustered_bwd(const AttentionInputs& in, const AttentionDims& d,
+                        const ClusteredParams& p, const ClusteredState& st, ConstView dout,
+                        View dq, View dk, View dv, ClusteredWorkspace& ws) {
+  const int64_t D = d.Dk, Dv = d.Dv, BH = d.B * d.H, cmax = st.cmax, G = d.group();
+  const int64_t np = (d.M + kPanel - 1) / kPanel, Mp = np * kPanel;
+  const int64_t Dkp = round_up(D, mk::kLanes), Dvp = round_up(Dv, mk::kLanes);
+  const float scale = p.scale > 0 ? p.scale : 1.f / std::sqrt(static_cast<float>(D));
+  const float c = scale * kLog2e;
+  const bool improved = p.topk > 0;
+  ws.ensure_threads();
+  float* kpan = ws.kpan.floats(static_cast<size_t>(d.B * d.Hkv * Mp * D));    // (B, Hkv, np, D, 64)
+  float* vpan = ws.vpan.floats(static_cast<size_t>(d.B * d.Hkv * Mp * Dv));   // (B, Hkv, np, Dv, 64)
+  float* krow = ws.krow.floats(static_cast<size_t>(d.B * d.Hkv * Mp * Dkp));  // (B, Hkv, Mp, Dkp)
+  parallel_for(d.B * d.Hkv, [&](int64_t t) {
+    const int64_t b = t / d.Hkv, hk = t % d.Hkv;
+    mk::pack_panels(in.k.ptr(b, hk, 0), d.M, D, in.k.stride(2), kpan + t * Mp * D);
+    mk::pack_panels(in.v.ptr(b, hk, 0), d.M, Dv, in.v.stride(2), vpan + t * Mp * Dv);
+    mk::pack_rows(in.k.ptr(b, hk, 0), d.M, D, in.k.stride(2), krow + t * Mp * Dkp, Mp, Dkp);
+  });
+  // With GQA several query heads write the same key rows: give each its own partial dK, dV.
+  float* dkvp = G > 1 ? ws.dkvp.floats(static_cast<size_t>(BH * Mp * (Dkp + Dvp))) : nullptr;
+
+  parallel_for(BH, [&](int64_t t) {
+    const int64_t b = t / d.H, h = t % d.H, hk = h / G;
+    const int64_t mv = valid_keys(in, d, b), ce = st.nclusters[static_cast<size_t>(t)];
+    KeyGrads kg{dkvp ? dkvp + t * Mp * (Dkp + Dvp) : nullptr, Dkp + Dvp, dk, dv, b, hk, Dkp};
+    if (dkvp) std::memset(kg.part, 0, sizeof(float) * static_cast<size_t>(mv * (Dkp + Dvp)));
+    if (ce == 0) return;
+    const int32_t* order = st.order.data() + t * d.N;
+    const int32_t* off = st.offsets.data() + t * (cmax + 1);
+    const float* qc = st.qc.data() + t * cmax * D;
+    const float* lse_c = st.lse_c.data() + t * cmax;
+    const float* resid = st.resid.data() + t * cmax * Dv;
+    const float* mass = st.mass.data() + t * cmax;
+    ThreadScratch& sc = ws.mine();
+    float* gsum = sc.e.floats(static_cast<size_t>(ce * Dvp));   // (C, Dvp) G_j = Σ_members dO_i
+    float* dqc = sc.f.floats(static_cast<size_t>(ce * Dkp));    // (C, Dkp) dQc
+    float* delta = sc.g.floats(static_cast<size_t>(2 * ce));    // (C) δ_j, then (C) dm_j
+    float* dm = delta + ce;
+    std::memset(gsum, 0, sizeof(float) * static_cast<size_t>(ce * Dvp));
+    std::memset(dqc, 0, sizeof(float) * static_cast<size_t>(ce * Dkp));
+    std::fill(dm, dm + ce, 0.f);
+    for (int64_t j = 0; j < ce; ++j)
+      for (int64_t x = off[j]; x < off[j + 1]; ++x) simd::axpy_row(gsum + j * Dvp, dout.ptr(b, h, order[x]), Dv);
+    // Improved: exact gradients of m_j·Σ_T softmax_T(s q·k) v through q, K_T, V_T; yields dm_j.
+    if (improved) improved_members_bwd(in, d, b, h, scale, st, dout, dq, kg, dm, sc);
+    // Through Ac: dA_jl = G_j·v_l off T_j and dm_j on T_j; δ_j = Σ_l A_jl dA_jl = G_j·R_j + m_j dm_j.
+    for (int64_t j = 0; j < ce; ++j) {
+      float x = mass[j] * dm[j];
+      for (int64_t e = 0; e < Dv; ++e) x += gsum[j * Dvp + e] * resid[j * Dv + e];
+      delta[j] = x;
+    }
+    const size_t hkv = static_cast<size_t>(b * d.Hkv + hk);
+    const int64_t k = st.ksel[static_cast<size_t>(t)];
+    float* qcs = sc.a.floats(static_cast<size_t>(kCb * Dkp));       // (Cb, Dkp) Qc·c
+    float* a = sc.b.floats(static_cast<size_t>(kCb * kBc));         // (Cb, Bc) A, then A off T
+    float* da = sc.c.floats(static_cast<size_t>(kCb * kBc));        // (Cb, Bc) dA, then dS
+    float* dkacc = sc.h.floats(static_cast<size_t>(kBc * Dkp));     // (Bc, Dkp)
+    float* dvacc = sc.i.floats(static_cast<size_t>(kBc * Dvp));     // (Bc, Dvp)
+    std::vector<int64_t>& cursor = sc.cursor;                       // (C) next T_j entry
+    cursor.assign(static_cast<size_t>(ce), 0);
+    for (int64_t k0 = 0; k0 < mv; k0 += kBc) {
+      const int64_t bc = std::min(kBc, mv - k0), npan = (bc + kPanel - 1) / kPanel, width = npan * kPanel;
+      std::memset(dkacc, 0, sizeof(float) * static_cast<size_t>(width * Dkp));
+      std::memset(dvacc, 0, sizeof(float) * static_cast<size_t>(width * Dvp));
+      for (int64_t j0 = 0; j0 < ce; j0 += kCb) {
+        const int64_t rows = std::min(kCb, ce - j0);
+        mk::pack_rows(qc + j0 * D, rows, D, D, qcs, rows, Dkp, c);
+        // A = 2^(c·Qc·Kᵀ − lse2)
+        mk::gemm_abt(rows, npan, D, qcs, Dkp, kpan + hkv * Mp * D + k0 * D, a, kBc);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* row = a + r * kBc;
+          tile::mask_tail(row, width, bc);
+          tile::exp2_row(row, width, lse_c[j0 + r] * kLog2e);
+        }
+        // dA = G·Vᵀ, replaced by dm_j on T_j; dS = s·A∘(dA − δ); A loses its T_j entries (they
+        // reach V through the member stage instead).
+        mk::gemm_abt(rows, npan, Dv, gsum + j0 * Dvp, Dvp, vpan + hkv * Mp * Dv + k0 * Dv, da, kBc);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t j = j0 + r;
+          float* ar = a + r * kBc;
+          float* dr = da + r * kBc;
+          if (improved) {
+            const int32_t* tk = st.topk_idx.data() + (t * cmax + j) * st.kmax;
+            int64_t& cur = cursor[static_cast<size_t>(j)];
+            for (; cur < k && tk[cur] < k0 + bc; ++cur) dr[tk[cur] - k0] = dm[j];
+          }
+          const simd::vf dj = simd::splat(delta[j]), sv = simd::splat(scale);
+          for (int64_t x = 0; x < width; x += simd::kLanes)
+            simd::store(dr + x, simd::load(ar + x) * (simd::load(dr + x) - dj) * sv);
+          if (improved) {
+            const int32_t* tk = st.topk_idx.data() + (t * cmax + j) * st.kmax;
+            for (int64_t x = cursor[static_cast<size_t>(j)] - 1; x >= 0 && tk[x] >= k0; --x) ar[tk[x] - k0] = 0.f;
+          }
+        }
+        // Vc = A·V -> dV += A_offTᵀ·G ;  S = s·Qc·Kᵀ -> dQc += dS·K, dK += dSᵀ·Qc
+        mk::gemm_ab(width, Dvp, rows, a, 1, kBc, gsum + j0 * Dvp, Dvp, dvacc, Dvp, nullptr);
+        mk::gemm_ab(rows, Dkp, width, da, kBc, 1, krow + (hkv * Mp + k0) * Dkp, Dkp, dqc + j0 * Dkp, Dkp, nullptr);
+        mk::gemm_ab(width, Dkp, rows, da, 1, kBc, qcs, Dkp, dkacc, Dkp, nullptr);
+      }
+      const float inv_c = 1.f / c;
+      for (int64_t x = 0; x < bc; ++x) {
+        kg.add_k(k0 + x, dkacc + x * Dkp, D, inv_c);
+        kg.add_v(k0 + x, dvacc + x * Dvp, Dv, 1.f);
+      }
+    }
+    // Qc_j = mean of members -> dq_i += dQc_j / |j|
+    for (int64_t j = 0; j < ce; ++j) {
+      const int64_t n = off[j + 1] - off[j];
+      if (n == 0) continue;
+      const float inv = 1.f / static_cast<float>(n);
+      for (int64_t x = off[j]; x < off[j + 1]; ++x) simd::axpy_row(dq.ptr(b, h, order[x]), dqc + j * Dkp, D, inv);
+    }
+  });
+  if (dkvp)
+    parallel_for(d.B * d.Hkv, [&](int64_t t) {
+      const int64_t b = t / d.Hkv, hk = t % d.Hkv, mv = valid_keys(in, d, b);
+      for (int64_t j = 0; j < mv; ++j) {
+        float* gk = dk.ptr(b, hk, j);
+        float* gv = dv.ptr(b, hk, j);
+        for (int64_t g = 0; g < G; ++g) {
+          const float* part = dkvp + ((b * d.H + hk * G + g) * Mp + j) * (Dkp + Dvp);
+          simd::axpy_row(gk, part, D);
+          simd::axpy_row(gv, part + Dkp, Dv);
+        }
+      }
+    });
+}
+
+}  // namespace clattn

@@ -1,0 +1,81 @@
+// Internals shared by clustered.cpp and improved_clustered.cpp: tile sizes, scratch, and the
+// member stage of the improved variant.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "attention/clustered.h"
+#include "clattn/parallel.h"
+#include "clattn/tensor.h"
+#include "cluster/cluster.h"
+#include "core/simd.h"
+
+namespace clattn {
+
+inline constexpr int64_t kCb = 64;   // centroid rows per block
+inline constexpr int64_t kBc = 512;  // keys per tile of the centroid attention
+inline constexpr int64_t kMb = 64;   // member rows per block of the improved member stage
+
+struct Cand {  // a top-k candidate: score (log2 units) and key index
+  float v;
+  int32_t i;
+};
+
+// Per-thread scratch of clustered_assign.
+struct ClusterScratch {
+  std::vector<uint64_t> codes, centroids;
+  std::vector<int32_t> assign;
+  std::vector<float> proj;
+  cluster::KMeansScratch km;
+};
+
+// Per-thread tiles, sized on first use and reused by later calls.
+struct ThreadScratch {
+  Workspace a, b, c, d, e, f, g, h, i;              // centroid stage
+  Workspace kt, ktp, ktr, vt, vtp, vtr, qm, gm, sm, dp, um, dkt, dvt;  // member stage
+  std::vector<Cand> cand;
+  std::vector<int64_t> cursor;
+};
+
+struct ClusteredWorkspace {
+  Workspace kpan;   // (B, Hkv, np, Dk, 64) K panels
+  Workspace vpan;   // (B, Hkv, np, Dv, 64) V panels (backward)
+  Workspace vrow;   // (B, Hkv, Mp, Dvp) V rows (forward)
+  Workspace krow;   // (B, Hkv, Mp, Dkp) K rows (backward)
+  Workspace dkvp;   // (B, H, Mp, Dkp + Dvp) backward with GQA: per-query-head partial dK, dV
+  std::vector<ThreadScratch> threads;
+  ThreadScratch& mine() { return threads[static_cast<size_t>(thread_id())]; }
+  void ensure_threads() {
+    if (threads.size() < static_cast<size_t>(max_threads()))
+      threads.resize(static_cast<size_t>(max_threads()));
+  }
+};
+
+// Where key gradients of one (b, h) go: straight into dk/dv, or into a per-head partial buffer
+// (rows of Dkp + Dvp floats) when several query heads share the key head.
+struct KeyGrads {
+  float* part;  // (Mp, ld) or nullptr
+  int64_t ld;
+  View dk, dv;
+  int64_t b, hk;
+  int64_t voff = 0;  // offset of the dV part inside a partial row (= Dkp)
+  void add_k(int64_t j, const float* g, int64_t D, float s) const {
+    simd::axpy_row(part ? part + j * ld : dk.ptr(b, hk, j), g, D, s);
+  }
+  void add_v(int64_t j, const float* g, int64_t Dv, float s) const {
+    simd::axpy_row(part ? part + j * ld + voff : dv.ptr(b, hk, j), g, Dv, s);
+  }
+};
+
+// Improved member stage of one (b, h): O_i = m_j · Σ_{l∈T_j} softmax_T(s q_i·k_l) v_l + R_j for
+// every member i of every cluster j; saves the per-query log-sum-exp in st.lse_m.
+void improved_members_fwd(const AttentionInputs& in, const AttentionDims& d, int64_t b, int64_t h,
+                          float scale, ClusteredState& st, View out, ThreadScratch& sc);
+// Its exact backward: accumulates dq of the members and dK, dV of the T_j rows; dm (C) gets
+// ∂L/∂m_j = Σ_i dO_i · u_i.
+void improved_members_bwd(const AttentionInputs& in, const AttentionDims& d, int64_t b, int64_t h,
+                          float scale, const ClusteredState& st, ConstView dout, View dq,
+                          const KeyGrads& kg, float* dm, ThreadScratch& sc);
+
+}  // namespace clattn

@@ -1,0 +1,108 @@
+// Reference clustered / improved-clustered attention: the formulas of DESIGN §3 evaluated in
+// double with the clusters and top-k sets of a forward held fixed. Slow on purpose.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "attention/clustered.h"
+#include "attention/clustered_ref.h"
+
+namespace clattn {
+
+void attn_clustered_ref(const RefProblem& pr, const ClusteredState& st, std::vector<double>& out) {
+  const AttentionDims& d = pr.d;
+  const int64_t G = d.group();
+  out.assign(static_cast<size_t>(d.B * d.H * d.N * d.Dv), 0.0);
+  auto q = [&](int64_t b, int64_t h, int64_t i, int64_t e) { return pr.q[static_cast<size_t>(((b * d.H + h) * d.N + i) * d.Dk + e)]; };
+  auto k = [&](int64_t b, int64_t h, int64_t j, int64_t e) { return pr.k[static_cast<size_t>(((b * d.Hkv + h / G) * d.M + j) * d.Dk + e)]; };
+  auto v = [&](int64_t b, int64_t h, int64_t j, int64_t e) { return pr.v[static_cast<size_t>(((b * d.Hkv + h / G) * d.M + j) * d.Dv + e)]; };
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < d.H; ++h) {
+      const int64_t t = b * d.H + h, ce = st.nclusters[static_cast<size_t>(t)];
+      const int64_t mv = pr.klen.empty() ? d.M : pr.klen[static_cast<size_t>(b)];
+      const int64_t kk = st.ksel.empty() ? 0 : st.ksel[static_cast<size_t>(t)];
+      const int32_t* order = st.order.data() + t * d.N;
+      const int32_t* off = st.offsets.data() + t * (st.cmax + 1);
+      for (int64_t j = 0; j < ce; ++j) {
+        const int64_t n = off[j + 1] - off[j];
+        if (n == 0) continue;
+        std::vector<double> qc(static_cast<size_t>(d.Dk), 0.0), a(static_cast<size_t>(mv));
+        for (int64_t x = off[j]; x < off[j + 1]; ++x)
+          for (int64_t e = 0; e < d.Dk; ++e) qc[static_cast<size_t>(e)] += q(b, h, order[x], e) / static_cast<double>(n);
+        double mx = -std::numeric_limits<double>::infinity(), z = 0;
+        for (int64_t l = 0; l < mv; ++l) {
+          double s = 0;
+          for (int64_t e = 0; e < d.Dk; ++e) s += qc[static_cast<size_t>(e)] * k(b, h, l, e);
+          a[static_cast<size_t>(l)] = s * pr.scale;
+          mx = std::max(mx, a[static_cast<size_t>(l)]);
+        }
+        for (auto& x : a) z += (x = std::exp(x - mx));
+        for (auto& x : a) x /= z;
+        // R_j = Vc_j − Σ_T A v ; m_j = Σ_T A
+        std::vector<double> r(static_cast<size_t>(d.Dv), 0.0);
+        std::vector<char> in_t(static_cast<size_t>(mv), 0);
+        const int32_t* tk = kk ? st.topk_idx.data() + (t * st.cmax + j) * st.kmax : nullptr;
+        double mass = 0;
+        for (int64_t x = 0; x < kk; ++x) {
+          in_t[static_cast<size_t>(tk[x])] = 1;
+          mass += a[static_cast<size_t>(tk[x])];
+        }
+        for (int64_t l = 0; l < mv; ++l)
+          if (!in_t[static_cast<size_t>(l)])
+            for (int64_t e = 0; e < d.Dv; ++e) r[static_cast<size_t>(e)] += a[static_cast<size_t>(l)] * v(b, h, l, e);
+        for (int64_t x = off[j]; x < off[j + 1]; ++x) {
+          const int64_t i = order[x];
+          double* o = out.data() + ((b * d.H + h) * d.N + i) * d.Dv;
+          for (int64_t e = 0; e < d.Dv; ++e) o[e] = r[static_cast<size_t>(e)];
+          if (kk == 0) continue;
+          std::vector<double> p(static_cast<size_t>(kk));
+          double pm = -std::numeric_limits<double>::infinity(), pz = 0;
+          for (int64_t y = 0; y < kk; ++y) {
+            double s = 0;
+            for (int64_t e = 0; e < d.Dk; ++e) s += q(b, h, i, e) * k(b, h, tk[y], e);
+            p[static_cast<size_t>(y)] = s * pr.scale;
+            pm = std::max(pm, p[static_cast<size_t>(y)]);
+          }
+          for (auto& y : p) pz += (y = std::exp(y - pm));
+          for (int64_t y = 0; y < kk; ++y)
+            for (int64_t e = 0; e < d.Dv; ++e) o[e] += mass * p[static_cast<size_t>(y)] / pz * v(b, h, tk[y], e);
+        }
+      }
+    }
+}
+
+void attn_clustered_ref_fwd(const AttentionInputs& in, const ClusteredParams& p,
+                            const ClusteredState& st, View out) {
+  RefProblem pr = RefProblem::from(in, p.scale);
+  std::vector<double> o;
+  attn_clustered_ref(pr, st, o);
+  const AttentionDims& d = pr.d;
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < d.H; ++h)
+      for (int64_t i = 0; i < d.N; ++i)
+        for (int64_t e = 0; e < d.Dv; ++e)
+          out.ptr(b, h, i)[e] = static_cast<float>(o[static_cast<size_t>(((b * d.H + h) * d.N + i) * d.Dv + e)]);
+}
+
+RefProblem RefProblem::from(const AttentionInputs& in, float scale) {
+  RefProblem pr;
+  pr.d = AttentionDims{in.q.dim(0), in.q.dim(1), in.k.dim(1), in.q.dim(2), in.k.dim(2), in.q.dim(3), in.v.dim(3)};
+  pr.scale = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(pr.d.Dk));
+  auto take = [](ConstView t) {
+    std::vector<double> x;
+    x.reserve(static_cast<size_t>(t.numel()));
+    for (int64_t a = 0; a < t.dim(0); ++a)
+      for (int64_t b = 0; b < t.dim(1); ++b)
+        for (int64_t i = 0; i < t.dim(2); ++i)
+          for (int64_t e = 0; e < t.dim(3); ++e) x.push_back(t.ptr(a, b, i)[e]);
+    return x;
+  };
+  pr.q = take(in.q);
+  pr.k = take(in.k);
+  pr.v = take(in.v);
+  pr.qlen.assign(in.query_lengths.begin(), in.query_lengths.end());
+  pr.klen.assign(in.key_lengths.begin(), in.key_lengths.end());
+  return pr;
+}
+
+}  // namespace clattn

@@ -1,0 +1,367 @@
+// Full (exact) attention, tiled with an online softmax so memory stays O(N·D): FlashAttention-2's
+// scheme on the CPU. Forward walks (batch, head, 64-query tile) tasks over 512-key tiles; backward
+// walks (batch, head, key chunk) tasks, key tile outer and query tile inner, recomputing scores
+// from the saved log-sum-exp. K and V are packed once per head for the microkernels
+// (core/microkernel.h); logits are kept in log2 units (Q pre-scaled by scale·log2 e) so every
+// exponential is one exp2.
+#include "attention/full.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "attention/variants.h"
+#include "clattn/parallel.h"
+#include "core/microkernel.h"
+#include "core/simd.h"
+#include "attention/tile_ops.h"
+
+namespace clattn {
+namespace {
+
+constexpr int64_t kBr = 64;    // forward: query rows per tile
+constexpr int64_t kBc = 512;   // forward: keys per tile (8 panels); S tile 128 KB stays in L2
+constexpr int64_t kBrB = 64;   // backward: query rows per tile
+constexpr int64_t kBcB = 256;  // backward: keys per tile
+using tile::exp2_row;
+using tile::kInf;
+using tile::kLn2;
+using tile::kLog2e;
+using mk::kPanel;
+using mk::round_up;
+
+// Per-thread tiles; sized on first use, reused by every later call.
+struct ThreadScratch {
+  Workspace a, b, c, d, e, f;
+};
+
+}  // namespace
+
+struct FullWorkspace {
+  Workspace kpan;   // (B, Hkv, np, Dk, 64) K panels
+  Workspace vpan;   // (B, Hkv, np, Dv, 64) V panels (backward: dP = dO·Vᵀ)
+  Workspace vrow;   // (B, Hkv, Mp, Dvp) V rows (forward: O += P·V)
+  Workspace krow;   // (B, Hkv, Mp, Dkp) K rows (backward: dQ += dS·K)
+  Workspace stats;  // (2, B, H, N) backward: log2-unit lse and D_i = dO_i·O_i
+  Workspace dqp;    // (B, H, P, N, Dkp) backward: per-task partial dQ
+  Workspace dkvp;   // (B, H, Mp, Dkp + Dvp) backward with GQA: per-query-head partial dK, dV
+  std::vector<ThreadScratch> threads;
+
+  ThreadScratch& mine() { return threads[static_cast<size_t>(thread_id())]; }
+  void ensure_threads() {
+    if (threads.size() < static_cast<size_t>(max_threads()))
+      threads.resize(static_cast<size_t>(max_threads()));
+  }
+};
+
+void FullWorkspaceDeleter::operator()(FullWorkspace* w) const { delete w; }
+FullWorkspacePtr make_full_workspace() { return FullWorkspacePtr(new FullWorkspace); }
+
+namespace {
+
+// Keys [0, key_end(i)) are visible to query i (before the bias's own -inf entries).
+struct RowLimits {
+  int64_t mv, off;
+  bool causal;
+  int64_t key_end(int64_t i) const { return causal ? std::clamp(i + off + 1, int64_t{0}, mv) : mv; }
+};
+
+// Adds the bias (in log2 units) and writes -inf past the visible limit, over a row of `width`
+// scores for keys k0 .. k0 + width.
+inline void mask_row(float* row, int64_t width, int64_t lim, const float* bias_row) {
+  const int64_t vis = std::clamp(lim, int64_t{0}, width);
+  if (bias_row)
+    for (int64_t j = 0; j < vis; ++j) row[j] += bias_row[j] * kLog2e;
+  for (int64_t j = vis; j < width; ++j) row[j] = -kInf;
+}
+
+const float* bias_row_ptr(const AttentionInputs& in, int64_t i, int64_t k0) {
+  return in.bias.data ? in.bias.data + i * in.bias.stride(0) + k0 : nullptr;
+}
+
+}  // namespace
+
+void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scale, View out,
+                   float* lse, FullWorkspace& ws) {
+  const int64_t D = d.Dk, Dv = d.Dv, np = (d.M + kPanel - 1) / kPanel, Mp = np * kPanel;
+  const int64_t Dvp = round_up(Dv, mk::kLanes);
+  const float c = scale * kLog2e;
+  float* kpan = ws.kpan.floats(static_cast<size_t>(d.B * d.Hkv * Mp * D));    // (B, Hkv, np, D, 64)
+  // V rows for O += P·V: used in place when Dv is a multiple of 16, else padded copies.
+  float* vrow = ws.vrow.floats(static_cast<size_t>(std::max<int64_t>(1, d.B * d.Hkv * mk::rows_operand_size(d.M, Dv))));
+  std::vector<mk::RowsOperand> vops(static_cast<size_t>(d.B * d.Hkv));
+  ws.ensure_threads();
+
+  parallel_for(d.B * d.Hkv, [&](int64_t t) {
+    const int64_t b = t / d.Hkv, hk = t % d.Hkv;
+    mk::pack_panels(in.k.ptr(b, hk, 0), d.M, D, in.k.stride(2), kpan + t * Mp * D);
+    vops[static_cast<size_t>(t)] = mk::rows_operand(in.v.ptr(b, hk, 0), d.M, Dv, in.v.stride(2),
+                                                    vrow + t * mk::rows_operand_size(d.M, Dv));
+  });
+
+  // Tasks: (b, h, query tile) over valid queries; padded rows are zeroed by the task owning
+  // the head's first tile. Causal tiles late in the sequence are the big ones: schedule first.
+  std::vector<int64_t> task_b, task_h, task_q0;
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < d.H; ++h) {
+      const int64_t nv = valid_queries(in, d, b);
+      for (int64_t q0 = 0; q0 < std::max<int64_t>(nv, 1); q0 += kBr) {
+        task_b.push_back(b);
+        task_h.push_back(h);
+        task_q0.push_back(q0);
+      }
+    }
+  const int64_t ntasks = static_cast<int64_t>(task_b.size());
+
+  parallel_for(ntasks, [&](int64_t tt) {
+    const int64_t t = in.causal ? ntasks - 1 - tt : tt;
+    const int64_t b = task_b[static_cast<size_t>(t)], h = task_h[static_cast<size_t>(t)];
+    const int64_t q0 = task_q0[static_cast<size_t>(t)], hk = h / d.group();
+    const int64_t nv = valid_queries(in, d, b);
+    if (q0 == 0)
+      for (int64_t i = nv; i < d.N; ++i) {
+        std::memset(out.ptr(b, h, i), 0, sizeof(float) * static_cast<size_t>(Dv));
+        lse[(b * d.H + h) * d.N + i] = 0.f;
+      }
+    const int64_t rows = std::min(kBr, nv - q0);
+    if (rows <= 0) return;
+    ThreadScratch& sc = ws.mine();
+    float* qs = sc.a.floats(static_cast<size_t>(kBr * D));      // (Br, D) scaled by c
+    float* s = sc.b.floats(static_cast<size_t>(kBr * kBc));     // (Br, Bc) scores, then P
+    float* oacc = sc.c.floats(static_cast<size_t>(kBr * Dvp));  // (Br, Dvp)
+    float* st = sc.d.floats(static_cast<size_t>(3 * kBr));      // m, l, alpha: (Br) each
+    float *m = st, *l = st + kBr, *alpha = st + 2 * kBr;
+    mk::pack_rows(in.q.ptr(b, h, q0), rows, D, in.q.stride(2), qs, rows, D, c);
+    std::fill(m, m + rows, -kInf);
+    std::fill(l, l + rows, 0.f);
+    std::memset(oacc, 0, sizeof(float) * static_cast<size_t>(rows * Dvp));
+    const RowLimits lim{valid_keys(in, d, b), d.M - d.N, in.causal};
+    const int64_t kend = lim.key_end(q0 + rows - 1);
+    const float* kp = kpan + (b * d.Hkv + hk) * Mp * D;
+    const mk::RowsOperand vr = vops[static_cast<size_t>(b * d.Hkv + hk)];
+
+    for (int64_t k0 = 0; k0 < kend; k0 += kBc) {
+      const int64_t bc = std::min(kBc, kend - k0), npan = (bc + kPanel - 1) / kPanel;
+      const int64_t width = npan * kPanel;
+      mk::gemm_abt(rows, npan, D, qs, D, kp + (k0 / kPanel) * D * kPanel, s, kBc);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = s + r * kBc;
+        const int64_t i = q0 + r, visible = lim.key_end(i) - k0;
+        if (visible < width || in.bias.data) mask_row(row, width, visible, bias_row_ptr(in, i, k0));
+        alpha[r] = tile::online_softmax_row(row, width, m[r], l[r]);
+      }
+      // O = diag(alpha)·O + P·V
+      mk::gemm_ab(rows, Dvp, bc, s, kBc, 1, vr.data + k0 * vr.ld, vr.ld, oacc, Dvp, alpha);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      float* o = out.ptr(b, h, q0 + r);
+      float* lr = lse + (b * d.H + h) * d.N + q0 + r;
+      if (l[r] > 0.f) {
+        const float inv = 1.f / l[r];
+        for (int64_t e = 0; e < Dv; ++e) o[e] = oacc[r * Dvp + e] * inv;
+        *lr = (m[r] + std::log2(l[r])) * kLn2;
+      } else {
+        std::memset(o, 0, sizeof(float) * static_cast<size_t>(Dv));
+        *lr = kInf;  // no visible key: backward's exp(s - lse) is then 0
+      }
+    }
+  });
+}
+
+void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scale, ConstView out,
+                   const float* lse, ConstView dout, View dq, View dk, View dv, FullWorkspace& ws) {
+  const int64_t D = d.Dk, Dv = d.Dv, np = (d.M + kPanel - 1) / kPanel, Mp = np * kPanel;
+  const int64_t Dkp = round_up(D, mk::kLanes), Dvp = round_up(Dv, mk::kLanes);
+  const int64_t G = d.group(), BH = d.B * d.H;
+  const float c = scale * kLog2e;
+  ws.ensure_threads();
+  float* kpan = ws.kpan.floats(static_cast<size_t>(d.B * d.Hkv * Mp * D));    // (B, Hkv, np, D, 64)
+  float* vpan = ws.vpan.floats(static_cast<size_t>(d.B * d.Hkv * Mp * Dv));   // (B, Hkv, np, Dv, 64)
+  float* krow = ws.krow.floats(static_cast<size_t>(d.B * d.Hkv * Mp * Dkp));  // (B, Hkv, Mp, Dkp)
+  float* lse2 = ws.stats.floats(static_cast<size_t>(2 * BH * d.N));          // (B, H, N)
+  float* dvec = lse2 + BH * d.N;                                              // (B, H, N)
+
+  parallel_for(d.B * d.Hkv, [&](int64_t t) {
+    const int64_t b = t / d.Hkv, hk = t % d.Hkv;
+    mk::pack_panels(in.k.ptr(b, hk, 0), d.M, D, in.k.stride(2), kpan + t * Mp * D);
+    mk::pack_panels(in.v.ptr(b, hk, 0), d.M, Dv, in.v.stride(2), vpan + t * Mp * Dv);
+    mk::pack_rows(in.k.ptr(b, hk, 0), d.M, D, in.k.stride(2), krow + t * Mp * Dkp, Mp, Dkp);
+  });
+  parallel_for(BH, [&](int64_t t) {
+    const int64_t b = t / d.H, h = t % d.H;
+    for (int64_t i = 0; i < d.N; ++i) {
+      const float* o = out.ptr(b, h, i);
+      const float* g = dout.ptr(b, h, i);
+      float acc = 0.f;  // D_i = dO_i · O_i = Σ_j P_ij dP_ij
+      for (int64_t e = 0; e < Dv; ++e) acc += o[e] * g[e];
+      dvec[t * d.N + i] = acc;
+      lse2[t * d.N + i] = lse[t * d.N + i] * kLog2e;
+    }
+  });
+
+  // Split each head's key tiles into P chunks so there are >= 4 tasks per thread.
+  const int64_t nkt_max = std::max<int64_t>(1, (d.M + kBcB - 1) / kBcB);
+  const int64_t P = std::clamp<int64_t>((4 * max_threads() + BH - 1) / BH, 1, nkt_max);
+  float* dqp = ws.dqp.floats(static_cast<size_t>(BH * P * d.N * Dkp));  // (B, H, P, N, Dkp)
+  float* dkvp = G > 1 ? ws.dkvp.floats(static_cast<size_t>(BH * Mp * (Dkp + Dvp)))
+                      : nullptr;  // (B, H, Mp, Dkp + Dvp)
+
+  parallel_for(BH * P, [&](int64_t t) {
+    const int64_t b = t / (d.H * P), h = t / P % d.H, chunk = t % P, hk = h / G;
+    const int64_t nv = valid_queries(in, d, b);
+    const RowLimits lim{valid_keys(in, d, b), d.M - d.N, in.causal};
+    const int64_t nkt = (lim.mv + kBcB - 1) / kBcB;
+    const int64_t kt0 = chunk * nkt / P, kt1 = (chunk + 1) * nkt / P;
+    float* dqt = dqp + t * d.N * Dkp;  // (N, Dkp) this task's dQ
+    std::memset(dqt, 0, sizeof(float) * static_cast<size_t>(nv * Dkp));
+    ThreadScratch& sc = ws.mine();
+    float* qs = sc.a.floats(static_cast<size_t>(kBrB * Dkp));     // (Br, Dkp) Q·c
+    float* dot = sc.b.floats(static_cast<size_t>(kBrB * Dvp));    // (Br, Dvp) dO
+    float* p = sc.c.floats(static_cast<size_t>(kBrB * kBcB));     // (Br, Bc) P
+    float* ds = sc.d.floats(static_cast<size_t>(kBrB * kBcB));    // (Br, Bc) dP, then dS
+    float* dkacc = sc.e.floats(static_cast<size_t>(kBcB * Dkp));  // (Bc, Dkp)
+    float* dvacc = sc.f.floats(static_cast<size_t>(kBcB * Dvp));  // (Bc, Dvp)
+    const size_t hkv = static_cast<size_t>(b * d.Hkv + hk);
+    const float* lse2h = lse2 + (b * d.H + h) * d.N;
+    const float* dvech = dvec + (b * d.H + h) * d.N;
+
+    for (int64_t kt = kt0; kt < kt1; ++kt) {
+      const int64_t k0 = kt * kBcB, bc = std::min(kBcB, lim.mv - k0);
+      const int64_t npan = (bc + kPanel - 1) / kPanel, width = npan * kPanel;
+      std::memset(dkacc, 0, sizeof(float) * static_cast<size_t>(width * Dkp));
+      std::memset(dvacc, 0, sizeof(float) * static_cast<size_t>(width * Dvp));
+      const int64_t qstart = in.causal ? std::max<int64_t>(0, k0 - lim.off) : 0;
+      for (int64_t q0 = qstart; q0 < nv; q0 += kBrB) {
+        const int64_t rows = std::min(kBrB, nv - q0);
+        mk::pack_rows(in.q.ptr(b, h, q0), rows, D, in.q.stride(2), qs, rows, Dkp, c);
+        mk::pack_rows(dout.ptr(b, h, q0), rows, Dv, dout.stride(2), dot, rows, Dvp);
+        // S = (c·Q)·Kᵀ ; P = 2^(S - lse2)  (the forward's softmax, recomputed)
+        mk::gemm_abt(rows, npan, D, qs, Dkp, kpan + hkv * Mp * D + k0 * D, p, kBcB);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = q0 + r;
+          float* row = p + r * kBcB;
+          mask_row(row, width, lim.key_end(i) - k0, bias_row_ptr(in, i, k0));
+          exp2_row(row, width, lse2h[i]);
+        }
+        // O = P·V  ->  dV += Pᵀ·dO
+        mk::gemm_ab(width, Dvp, rows, p, 1, kBcB, dot, Dvp, dvacc, Dvp, nullptr);
+        // dP = dO·Vᵀ ; dS = P ∘ (dP - D_i) · scale
+        mk::gemm_abt(rows, npan, Dv, dot, Dvp, vpan + hkv * Mp * Dv + k0 * Dv, ds, kBcB);
+        for (int64_t r = 0; r < rows; ++r) {
+          const simd::vf di = simd::splat(dvech[q0 + r]), sv = simd::splat(scale);
+          float* dr = ds + r * kBcB;
+          const float* pr = p + r * kBcB;
+          for (int64_t j = 0; j < width; j += simd::kLanes)
+            simd::store(dr + j, simd::load(pr + j) * (simd::load(dr + j) - di) * sv);
+        }
+        // S = scale·Q·Kᵀ  ->  dQ += dS·K ,  dK += dSᵀ·Q  (accumulated against c·Q, undone below)
+        mk::gemm_ab(rows, Dkp, width, ds, kBcB, 1, krow + (hkv * Mp + k0) * Dkp, Dkp,
+                    dqt + q0 * Dkp, Dkp, nullptr);
+        mk::gemm_ab(width, Dkp, rows, ds, 1, kBcB, qs, Dkp, dkacc, Dkp, nullptr);
+      }
+      const float inv_c = 1.f / c;
+      for (int64_t j = 0; j < bc; ++j) {
+        float *gk, *gv;
+        if (dkvp) {
+          gk = dkvp + ((b * d.H + h) * Mp + k0 + j) * (Dkp + Dvp);
+          gv = gk + Dkp;
+          for (int64_t e = 0; e < D; ++e) gk[e] = dkacc[j * Dkp + e] * inv_c;
+          for (int64_t e = 0; e < Dv; ++e) gv[e] = dvacc[j * Dvp + e];
+        } else {
+          gk = dk.ptr(b, hk, k0 + j);
+          gv = dv.ptr(b, hk, k0 + j);
+          simd::axpy_row(gk, dkacc + j * Dkp, D, inv_c);
+          simd::axpy_row(gv, dvacc + j * Dvp, Dv);
+        }
+      }
+    }
+  });
+
+  // Reductions: dQ over key chunks; with GQA, dK and dV over the query heads of each group.
+  parallel_for(BH, [&](int64_t t) {
+    const int64_t b = t / d.H, h = t % d.H, nv = valid_queries(in, d, b);
+    for (int64_t i = 0; i < nv; ++i) {
+      float* g = dq.ptr(b, h, i);
+      for (int64_t ch = 0; ch < P; ++ch) simd::axpy_row(g, dqp + ((t * P + ch) * d.N + i) * Dkp, D);
+    }
+  });
+  if (dkvp)
+    parallel_for(d.B * d.Hkv, [&](int64_t t) {
+      const int64_t b = t / d.Hkv, hk = t % d.Hkv, mv = valid_keys(in, d, b);
+      for (int64_t j = 0; j < mv; ++j) {
+        float* gk = dk.ptr(b, hk, j);
+        float* gv = dv.ptr(b, hk, j);
+        for (int64_t g = 0; g < G; ++g) {
+          const float* part = dkvp + ((b * d.H + hk * G + g) * Mp + j) * (Dkp + Dvp);
+          simd::axpy_row(gk, part, D);
+          simd::axpy_row(gv, part + Dkp, Dv);
+        }
+      }
+    });
+}
+
+namespace {
+
+class FullAttention final : public Attention {
+ public:
+  explicit FullAttention(float scale) : scale_(scale), ws_(make_full_workspace()) {
+    caps_ = Capabilities{true, true, true, true, true, true, true};
+  }
+  std::string name() const override {
+    return scale_ > 0 ? detail::concat("full:scale=", scale_) : std::string("full");
+  }
+  const Capabilities& capabilities() const override { return caps_; }
+
+  void forward(const AttentionInputs& in, View out, Context& ctx) override {
+    const AttentionDims d = validate_inputs(in, caps_, "full");
+    validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "full");
+    FullState& st = ctx.state<FullState>();
+    st.lse.resize(Shape{d.B, d.H, d.N});
+    attn_full_fwd(in, d, scale_for(d), out, st.lse.data(), *ws_);
+    st.out.resize(out.shape);
+    copy_rows(out, st.out.view());
+  }
+
+  void backward(const AttentionInputs& in, const Context& ctx, ConstView dout, View dq, View dk,
+                View dv) override {
+    const AttentionDims d = validate_inputs(in, caps_, "full");
+    const FullState& st = ctx.state<FullState>();
+    check(st.out.shape() == Shape{d.B, d.H, d.N, d.Dv}, "full: backward inputs have shapes ",
+          "other than the forward's: forward saved out ", st.out.shape().str(), ", q is now ",
+          in.q.shape.str());
+    validate_output(dout, Shape{d.B, d.H, d.N, d.Dv}, "dout", "full");
+    validate_output(dq, in.q.shape, "dq", "full");
+    validate_output(dk, in.k.shape, "dk", "full");
+    validate_output(dv, in.v.shape, "dv", "full");
+    attn_full_bwd(in, d, scale_for(d), st.out.view(), st.lse.data(), dout, dq, dk, dv, *ws_);
+  }
+
+ private:
+  float scale_for(const AttentionDims& d) const {
+    return scale_ > 0 ? scale_ : 1.f / std::sqrt(static_cast<float>(d.Dk));
+  }
+  static void copy_rows(ConstView src, View dst) {
+    parallel_for(src.dim(0) * src.dim(1), [&](int64_t t) {
+      const int64_t b = t / src.dim(1), h = t % src.dim(1);
+      for (int64_t i = 0; i < src.dim(2); ++i)
+        std::memcpy(dst.ptr(b, h, i), src.ptr(b, h, i), sizeof(float) * static_cast<size_t>(src.dim(3)));
+    });
+  }
+
+  float scale_;
+  Capabilities caps_;
+  FullWorkspacePtr ws_;
+};
+
+}  // namespace
+
+std::unique_ptr<Attention> make_full(const Spec& spec) {
+  SpecReader r(spec);
+  const double scale = r.get_float("scale", 0.0, 1e-6, 1e6);
+  r.finish();
+  return std::make_unique<FullAttention>(static_cast<float>(scale));
+}
+
+}  // namespace clattn

@@ -1,0 +1,50 @@
+// The registry: every variant by name, with its parameters, listed explicitly so a static link
+// never drops one. A variant registered here is complete: forward, backward, tests, benchmarks.
+#include <sstream>
+
+#include "attention/variants.h"
+#include "clattn/attention.h"
+#include "clattn/spec.h"
+
+namespace clattn {
+
+const std::vector<Registration>& registrations() {
+  static const std::vector<Registration> kAll = {
+      {"full", "scale=<float>", "exact softmax attention, tiled (FlashAttention-2 style)", make_full},
+      {"clustered",
+       "clusters=<int, required>, bits=63, iterations=10, hash_bias=true, clustering=lsh|positional, "
+       "scale=<float>, seed=0",
+       "queries grouped by Hamming k-means on LSH codes; one attention per centroid (Vyas et al. 2020)",
+       make_clustered},
+      {"improved-clustered",
+       "as clustered, plus topk=32",
+       "clustered, with each query's exact attention on its centroid's top-k keys",
+       make_improved_clustered},
+      {"conditional-full", "length_limit=512, then an inner spec",
+       "full attention up to length_limit queries, the inner variant beyond",
+       make_conditional_full},
+  };
+  return kAll;
+}
+
+std::unique_ptr<Attention> make_attention(std::string_view text) {
+  const Spec spec = parse_spec(text);
+  std::ostringstream names;
+  for (const Registration& r : registrations()) {
+    if (r.name == spec.name) {
+      check(spec.inner.empty() || r.name == "conditional-full", "spec '", spec.text, "': '",
+            spec.inner, "' is not a key=value parameter (", r.name, " takes no inner spec)");
+      return r.make(spec);
+    }
+    names << (names.tellp() > 0 ? ", " : "") << r.name;
+  }
+  fail("unknown attention '", spec.name, "' in spec '", spec.text, "'; registered: ", names.str());
+}
+
+std::vector<VariantInfo> registered_attentions() {
+  std::vector<VariantInfo> out;
+  for (const Registration& r : registrations()) out.push_back({r.name, r.params, r.summary});
+  return out;
+}
+
+}  // namespace clattn

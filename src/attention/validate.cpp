@@ -1,0 +1,133 @@
+// Input validation shared by every variant: the attention contract of DESIGN §2 checked once, up
+// front, with messages that name the rule, the variant and the values seen.
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "clattn/attention.h"
+#include "core/simd.h"
+
+namespace clattn {
+namespace {
+
+void check_view(ConstView t, int rank, std::string_view what, std::string_view who) {
+  check(!t.empty() || t.numel() == 0, who, ": ", what, " is missing");
+  check(t.rank() == rank, who, ": ", what, " must have rank ", rank, ", got shape ", t.shape.str());
+  for (int i = 0; i < rank; ++i)
+    check(t.dim(i) >= 0, who, ": ", what, " has a negative dim: ", t.shape.str());
+  check(t.numel() == 0 || t.stride(rank - 1) == 1, who, ": ", what,
+        " must have unit stride in its last dim, got stride ", t.stride(rank - 1));
+}
+
+// NaN/Inf anywhere in a (., ., rows, cols) view is an error: it would poison every row it meets.
+// x·0 is 0 for finite x and NaN for ±inf or NaN, so one vector multiply-add per 16 floats finds
+// any of them; rows run in parallel. It reads every input once, which must stay small beside
+// the attention itself.
+void check_finite(ConstView t, std::string_view what, std::string_view who) {
+  const int r = t.rank();
+  const int64_t d0 = r == 4 ? t.dim(0) : 1, d1 = r == 4 ? t.dim(1) : 1;
+  const int64_t rows = t.dim(r - 2), cols = t.dim(r - 1);
+  const int64_t s0 = r == 4 ? t.stride(0) : 0, s1 = r == 4 ? t.stride(1) : 0;
+  const int64_t sr = t.stride(r - 2);
+  const int64_t total = d0 * d1;
+  int64_t first_bad = total * rows;
+#pragma omp parallel for schedule(static) reduction(min : first_bad) if (total * rows * cols > 65536)
+  for (int64_t e = 0; e < total; ++e) {
+    const float* base = t.data + (e / d1) * s0 + (e % d1) * s1;
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* row = base + i * sr;
+      simd::vf acc{};
+      int64_t j = 0;
+      for (; j + simd::kLanes <= cols; j += simd::kLanes) acc += simd::load(row + j) * 0.f;
+      if (j < cols) acc += simd::load_partial(row + j, static_cast<int>(cols - j)) * 0.f;
+      if (simd::hsum(acc) != 0.f) {
+        first_bad = std::min(first_bad, e * rows + i);
+        break;
+      }
+    }
+  }
+  if (first_bad == total * rows) return;
+  const int64_t a = first_bad / rows / d1, b = first_bad / rows % d1, i = first_bad % rows;
+  const float* row = t.data + a * s0 + b * s1 + i * sr;
+  for (int64_t j = 0; j < cols; ++j)
+    check(std::isfinite(row[j]), who, ": ", what, " must be finite, found ", row[j], " at index (",
+          r == 4 ? std::to_string(a) + ", " + std::to_string(b) + ", " : std::string(), i, ", ",
+          j, ")");
+}
+
+void check_lengths(std::span<const int32_t> len, int64_t B, int64_t limit, std::string_view what,
+                   std::string_view who) {
+  if (len.empty()) return;
+  check(static_cast<int64_t>(len.size()) == B, who, ": ", what, " must have B = ", B,
+        " entries, got ", len.size());
+  for (size_t b = 0; b < len.size(); ++b)
+    check(len[b] >= 0 && len[b] <= limit, who, ": ", what, "[", b, "] must be in [0, ", limit,
+          "], got ", len[b]);
+}
+
+}  // namespace
+
+AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& caps,
+                              std::string_view who) {
+  check_view(in.q, 4, "q (B, H, N, Dk)", who);
+  check_view(in.k, 4, "k (B, Hkv, M, Dk)", who);
+  check_view(in.v, 4, "v (B, Hkv, M, Dv)", who);
+  AttentionDims d;
+  d.B = in.q.dim(0);
+  d.H = in.q.dim(1);
+  d.N = in.q.dim(2);
+  d.Dk = in.q.dim(3);
+  d.Hkv = in.k.dim(1);
+  d.M = in.k.dim(2);
+  d.Dv = in.v.dim(3);
+  check(in.k.dim(0) == d.B && in.v.dim(0) == d.B, who, ": q, k and v must have the same batch B: q ",
+        in.q.shape.str(), ", k ", in.k.shape.str(), ", v ", in.v.shape.str());
+  check(in.k.dim(3) == d.Dk, who, ": q and k must have the same head dim Dk: q ", in.q.shape.str(),
+        ", k ", in.k.shape.str());
+  check(in.v.dim(1) == d.Hkv && in.v.dim(2) == d.M, who,
+        ": k and v must have the same (Hkv, M): k ", in.k.shape.str(), ", v ", in.v.shape.str());
+  check(d.Dk >= 1 && d.Dv >= 1, who, ": head dims must be >= 1: q ", in.q.shape.str(), ", v ",
+        in.v.shape.str());
+  check(d.H >= 1 && d.Hkv >= 1, who, ": head counts must be >= 1: q ", in.q.shape.str(), ", k ",
+        in.k.shape.str());
+  check(d.H % d.Hkv == 0, who, ": H % Hkv must be 0 (grouped-query attention), got H = ", d.H,
+        ", Hkv = ", d.Hkv);
+  check(caps.gqa || d.H == d.Hkv, who, " does not support grouped-query attention (H = ", d.H,
+        ", Hkv = ", d.Hkv, ")");
+  check(caps.cross || d.N == d.M, who, " needs as many keys as queries (N = M), got N = ", d.N,
+        ", M = ", d.M);
+  check(caps.causal || !in.causal, "the causal mask is not supported by ", who);
+  check(caps.query_lengths || in.query_lengths.empty(), "query_lengths are not supported by ", who);
+  check(caps.key_lengths || in.key_lengths.empty(), "key_lengths are not supported by ", who);
+  check(caps.bias || in.bias.empty(), "an additive bias is not supported by ", who);
+  check_lengths(in.query_lengths, d.B, d.N, "query_lengths", who);
+  check_lengths(in.key_lengths, d.B, d.M, "key_lengths", who);
+  if (!in.bias.empty()) {
+    check_view(in.bias, 2, "bias (N, M)", who);
+    check(in.bias.dim(0) == d.N && in.bias.dim(1) == d.M, who, ": bias must be (N, M) = (", d.N,
+          ", ", d.M, "), got ", in.bias.shape.str());
+  }
+  check_finite(in.q, "q", who);
+  check_finite(in.k, "k", who);
+  check_finite(in.v, "v", who);
+  // The bias may hold -inf (a mask) but never NaN or +inf.
+  if (!in.bias.empty())
+    for (int64_t i = 0; i < d.N; ++i)
+      for (int64_t j = 0; j < d.M; ++j) {
+        const float x = in.bias.data[i * in.bias.stride(0) + j];
+        check(!std::isnan(x) && x != INFINITY, who, ": bias must not hold NaN or +inf, found ", x,
+              " at (", i, ", ", j, ")");
+      }
+  return d;
+}
+
+void validate_output(ConstView t, const Shape& expected, std::string_view what,
+                     std::string_view who) {
+  check(t.shape == expected, who, ": ", what, " must have shape ", expected.str(), ", got ",
+        t.shape.str());
+  check(t.numel() == 0 || t.stride(t.rank() - 1) == 1, who, ": ", what,
+        " must have unit stride in its last dim");
+  check(t.numel() == 0 || t.data != nullptr, who, ": ", what, " is missing");
+}
+
+}  // namespace clattn

@@ -1,0 +1,17 @@
+// Factories of the registered variants; registry.cpp lists them (explicitly, so a static link
+// never drops one).
+#pragma once
+
+#include <memory>
+
+#include "clattn/attention.h"
+#include "clattn/spec.h"
+
+namespace clattn {
+
+std::unique_ptr<Attention> make_full(const Spec& spec);
+std::unique_ptr<Attention> make_clustered(const Spec& spec);
+std::unique_ptr<Attention> make_improved_clustered(const Spec& spec);
+std::unique_ptr<Attention> make_conditional_full(const Spec& spec);
+
+}  // namespace clattn

@@ -1,0 +1,159 @@
+#include "core/microkernel.h"
+
+#include <cstring>
+
+#include "core/simd.h"
+
+namespace clattn::mk {
+namespace {
+
+using simd::vf;
+
+// C (MR, 64) = A (MR, depth) · P (depth, 64). 24 accumulators + 4 B vectors + 1 broadcast fit the
+// 32 vector registers; per depth step 4 loads and MR broadcasts feed 4·MR FMAs.
+template <int MR>
+void abt_tile(const float* a, int64_t lda, const float* p, int64_t depth, float* c, int64_t ldc) {
+  vf acc[MR][4];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = vf{};
+  for (int64_t d = 0; d < depth; ++d) {
+    const float* pb = p + d * kPanel;
+    const vf b0 = simd::load(pb), b1 = simd::load(pb + 16), b2 = simd::load(pb + 32),
+             b3 = simd::load(pb + 48);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const vf ar = simd::splat(a[r * lda + d]);
+      acc[r][0] += ar * b0;
+      acc[r][1] += ar * b1;
+      acc[r][2] += ar * b2;
+      acc[r][3] += ar * b3;
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < 4; ++v) simd::store(c + r * ldc + v * 16, acc[r][v]);
+}
+
+// C (MR, 16·NV) = diag(s)·C + A (MR, k) · B (k, 16·NV).
+template <int MR, int NV>
+void ab_tile(const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb, int64_t k,
+             float* c, int64_t ldc, const float* row_scale) {
+  vf acc[MR][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    const vf s = simd::splat(row_scale ? row_scale[r] : 1.f);
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = simd::load(c + r * ldc + v * 16) * s;
+  }
+  for (int64_t kk = 0; kk < k; ++kk) {
+    vf bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = simd::load(b + kk * ldb + v * 16);
+    const float* ak = a + kk * a_cs;
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const vf ar = simd::splat(ak[r * a_rs]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] += ar * bv[v];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) simd::store(c + r * ldc + v * 16, acc[r][v]);
+}
+
+constexpr int kMR = 6;
+
+using AbtFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
+constexpr AbtFn kAbt[kMR + 1] = {nullptr,        abt_tile<1>, abt_tile<2>, abt_tile<3>,
+                                 abt_tile<4>,    abt_tile<5>, abt_tile<6>};
+
+using AbFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, int64_t, float*,
+                      int64_t, const float*);
+template <int MR>
+constexpr AbFn ab_for(int nv) {
+  return nv == 1 ? ab_tile<MR, 1> : nv == 2 ? ab_tile<MR, 2> : nv == 3 ? ab_tile<MR, 3> : ab_tile<MR, 4>;
+}
+AbFn ab_dispatch(int mr, int nv) {
+  switch (mr) {
+    case 1: return ab_for<1>(nv);
+    case 2: return ab_for<2>(nv);
+    case 3: return ab_for<3>(nv);
+    case 4: return ab_for<4>(nv);
+    case 5: return ab_for<5>(nv);
+    default: return ab_for<6>(nv);
+  }
+}
+
+}  // namespace
+
+void gemm_abt(int64_t m, int64_t npanels, int64_t depth, const float* a, int64_t lda,
+              const float* bpanels, float* c, int64_t ldc) {
+  for (int64_t p = 0; p < npanels; ++p) {
+    const float* bp = bpanels + p * depth * kPanel;
+    for (int64_t r0 = 0; r0 < m; r0 += kMR) {
+      const int mr = static_cast<int>(m - r0 < kMR ? m - r0 : kMR);
+      kAbt[mr](a + r0 * lda, lda, bp, depth, c + r0 * ldc + p * kPanel, ldc);
+    }
+  }
+}
+
+void gemm_ab(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
+             const float* b, int64_t ldb, float* c, int64_t ldc, const float* row_scale) {
+  for (int64_t c0 = 0; c0 < n; c0 += 4 * kLanes) {
+    const int nv = static_cast<int>((n - c0) / kLanes < 4 ? (n - c0) / kLanes : 4);
+    for (int64_t r0 = 0; r0 < m; r0 += kMR) {
+      const int mr = static_cast<int>(m - r0 < kMR ? m - r0 : kMR);
+      ab_dispatch(mr, nv)(a + r0 * a_rs, a_rs, a_cs, b + c0, ldb, k, c + r0 * ldc + c0, ldc,
+                          row_scale ? row_scale + r0 : nullptr);
+    }
+  }
+}
+
+void pack_panels(const float* src, int64_t rows, int64_t cols, int64_t rs, float* dst) {
+  const int64_t np = (rows + kPanel - 1) / kPanel;
+  for (int64_t p = 0; p < np; ++p) {
+    float* d = dst + p * cols * kPanel;  // (cols, 64)
+    const int64_t j0 = p * kPanel, nj = rows - j0 < kPanel ? rows - j0 : kPanel;
+    if (nj < kPanel) std::memset(d, 0, sizeof(float) * static_cast<size_t>(cols * kPanel));
+    // Whole 16 x 16 blocks go through a register transpose; the edges element by element.
+    const int64_t jb = nj / kLanes * kLanes, eb = cols / kLanes * kLanes;
+    for (int64_t j = 0; j < jb; j += kLanes)
+      for (int64_t e = 0; e < eb; e += kLanes) {
+        simd::vf r[16];
+        for (int x = 0; x < 16; ++x) r[x] = simd::load(src + (j0 + j + x) * rs + e);
+        simd::transpose16(r);
+        for (int x = 0; x < 16; ++x) simd::store(d + (e + x) * kPanel + j, r[x]);
+      }
+    for (int64_t j = 0; j < nj; ++j) {
+      const float* s = src + (j0 + j) * rs;
+      for (int64_t e = j < jb ? eb : 0; e < cols; ++e) d[e * kPanel + j] = s[e];
+    }
+  }
+}
+
+RowsOperand rows_operand(const float* src, int64_t rows, int64_t cols, int64_t rs, float* scratch) {
+  if (cols % kLanes == 0) return RowsOperand{src, rs};
+  const int64_t cp = round_up(cols, kLanes);
+  pack_rows(src, rows, cols, rs, scratch, rows, cp);
+  return RowsOperand{scratch, cp};
+}
+
+void pack_transposed(const float* src, int64_t rows, int64_t cols, int64_t rs, float* dst,
+                     int64_t rows_pad) {
+  for (int64_t e = 0; e < cols; ++e) {
+    float* d = dst + e * rows_pad;
+    for (int64_t j = 0; j < rows; ++j) d[j] = src[j * rs + e];
+    for (int64_t j = rows; j < rows_pad; ++j) d[j] = 0.f;
+  }
+}
+
+void pack_rows(const float* src, int64_t rows, int64_t cols, int64_t rs, float* dst,
+               int64_t rows_pad, int64_t cols_pad, float scale) {
+  for (int64_t j = 0; j < rows; ++j) simd::copy_row(dst + j * cols_pad, src + j * rs, cols, cols_pad, scale);
+  if (rows_pad > rows)
+    std::memset(dst + rows * cols_pad, 0, sizeof(float) * static_cast<size_t>((rows_pad - rows) * cols_pad));
+}
+
+}  // namespace clattn::mk

@@ -1,0 +1,216 @@
+// The one SIMD wrapper: 16-lane float vectors as a GCC vector type, which is __m512 itself on
+// AVX-512 targets (so intrinsics apply directly) and splits into narrower registers elsewhere.
+// Only the few operations that need an instruction choice are written twice.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace clattn::simd {
+
+#if defined(__AVX512F__)
+// Full-mask forms of the intrinsics: the unmasked ones start from _mm512_undefined_ps(), which
+// GCC 12 reports as maybe-uninitialized under -Werror.
+inline constexpr __mmask16 kAll = 0xFFFF;
+#endif
+
+inline constexpr int kLanes = 16;
+typedef float vf __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(64)));
+
+inline vf load(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+// A broadcast (not vf{} + x: adding +0.0 is not an identity for -0.0, so that form costs an add).
+inline vf splat(float x) { return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+
+// First n (0..16) lanes from p, the rest 0; never reads past p + n.
+inline vf load_partial(const float* p, int n) {
+#if defined(__AVX512F__)
+  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), p);
+#else
+  vf v{};
+  for (int i = 0; i < n; ++i) v[i] = p[i];
+  return v;
+#endif
+}
+inline void store_partial(float* p, vf v, int n) {
+#if defined(__AVX512F__)
+  _mm512_mask_storeu_ps(p, static_cast<__mmask16>((1u << n) - 1u), v);
+#else
+  for (int i = 0; i < n; ++i) p[i] = v[i];
+#endif
+}
+
+inline vf vmax(vf a, vf b) {
+#if defined(__AVX512F__)
+  return _mm512_mask_max_ps(a, kAll, a, b);
+#else
+  return a > b ? a : b;
+#endif
+}
+inline vf vmin(vf a, vf b) {
+#if defined(__AVX512F__)
+  return _mm512_mask_min_ps(a, kAll, a, b);
+#else
+  return a < b ? a : b;
+#endif
+}
+
+// Horizontal reductions as a halving tree of vector ops (the _mm512_reduce_* intrinsics start
+// from undefined registers and trip GCC 12's -Wmaybe-uninitialized).
+typedef float vf8 __attribute__((vector_size(32)));
+typedef float vf4 __attribute__((vector_size(16)));
+inline float hsum(vf v) {
+  const vf8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const vf4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[1]) + (b[2] + b[3]);
+}
+inline float hmax(vf v) {
+  const vf8 x = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7),
+            y = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const vf8 a = x > y ? x : y;
+  const vf4 p = __builtin_shufflevector(a, a, 0, 1, 2, 3), q = __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  const vf4 b = p > q ? p : q;
+  const float m0 = b[0] > b[1] ? b[0] : b[1], m1 = b[2] > b[3] ? b[2] : b[3];
+  return m0 > m1 ? m0 : m1;
+}
+
+// Bit l set when lane l of v is > t.
+inline uint32_t mask_gt(vf v, float t) {
+#if defined(__AVX512F__)
+  return _mm512_cmp_ps_mask(v, splat(t), _CMP_GT_OQ);
+#else
+  uint32_t m = 0;
+  for (int i = 0; i < kLanes; ++i) m |= static_cast<uint32_t>(v[i] > t) << i;
+  return m;
+#endif
+}
+
+// Bit l set when lane l of v is > lane l of t.
+inline uint32_t mask_gt_v(vf v, vf t) {
+#if defined(__AVX512F__)
+  return _mm512_cmp_ps_mask(v, t, _CMP_GT_OQ);
+#else
+  uint32_t m = 0;
+  for (int i = 0; i < kLanes; ++i) m |= static_cast<uint32_t>(v[i] > t[i]) << i;
+  return m;
+#endif
+}
+
+inline vf round_nearest(vf x) {
+#if defined(__AVX512F__)
+  return _mm512_mask_roundscale_ps(x, kAll, x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+  vf r;
+  for (int i = 0; i < kLanes; ++i) r[i] = std::nearbyint(x[i]);
+  return r;
+#endif
+}
+
+// x * 2^n for integral n in [-200, 200] stored as float; exact, flushes to 0 / inf like ldexp.
+inline vf scale_pow2(vf x, vf n) {
+#if defined(__AVX512F__)
+  return _mm512_mask_scalef_ps(x, kAll, x, n);
+#else
+  // Two half steps keep each power of two a normal float.
+  const vi h = __builtin_convertvector(n, vi) >> 1;
+  const vi rest = __builtin_convertvector(n, vi) - h;
+  vf a, b;
+  vi ea = (h + 127) << 23, eb = (rest + 127) << 23;
+  std::memcpy(&a, &ea, sizeof a);
+  std::memcpy(&b, &eb, sizeof b);
+  return x * a * b;
+#endif
+}
+
+// 2^x, relative error ~1e-7 (Taylor degree 7 on [-1/2, 1/2]); 2^-inf = 0, saturates to inf.
+// Callers never pass NaN (inputs are validated; masks are -inf).
+inline vf exp2(vf x) {
+  x = vmin(vmax(x, splat(-200.f)), splat(200.f));
+  const vf n = round_nearest(x);
+  const vf r = (x - n) * 0.693147180559945309f;  // 2^(x-n) = e^r, |r| <= ln2/2
+  vf p = splat(1.f / 5040.f);
+  p = p * r + 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  return scale_pow2(p, n);
+}
+
+// e^x with Cody-Waite range reduction (ln2 split in two), relative error ~1e-7.
+inline vf exp(vf x) {
+  x = vmin(vmax(x, splat(-150.f)), splat(100.f));
+  const vf n = round_nearest(x * 1.44269504088896341f);
+  const vf r = (x - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;
+  vf p = splat(1.f / 5040.f);
+  p = p * r + 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  return scale_pow2(p, n);
+}
+
+// In-place transpose of a 16 x 16 block held as 16 vectors (r[j] = row j): four stages, each
+// swapping the off-diagonal h x h sub-blocks of every 2h x 2h block (h = 8, 4, 2, 1).
+inline void transpose16(vf r[16]) {
+#define CLATTN_T16_STAGE(H, ...)                                              \
+  for (int j = 0; j < 16; ++j) {                                              \
+    if (j & H) continue;                                                      \
+    const vf a = r[j], b = r[j + H];                                          \
+    r[j] = __builtin_shufflevector(a, b, __VA_ARGS__);                        \
+    r[j + H] = __builtin_shufflevector(a, b, CLATTN_T16_HI_##H);              \
+  }
+#define CLATTN_T16_HI_8 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
+#define CLATTN_T16_HI_4 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31
+#define CLATTN_T16_HI_2 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31
+#define CLATTN_T16_HI_1 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31
+  CLATTN_T16_STAGE(8, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+  CLATTN_T16_STAGE(4, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27)
+  CLATTN_T16_STAGE(2, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29)
+  CLATTN_T16_STAGE(1, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30)
+#undef CLATTN_T16_STAGE
+#undef CLATTN_T16_HI_8
+#undef CLATTN_T16_HI_4
+#undef CLATTN_T16_HI_2
+#undef CLATTN_T16_HI_1
+}
+
+// dst[0, n) = src[0, n) · s, then zeros up to n_pad: the row copy of every packer and gather.
+inline void copy_row(float* dst, const float* src, int64_t n, int64_t n_pad, float s = 1.f) {
+  int64_t e = 0;
+  for (; e + kLanes <= n; e += kLanes) store(dst + e, load(src + e) * s);
+  if (e < n) {
+    store_partial(dst + e, load_partial(src + e, static_cast<int>(n - e)) * s, static_cast<int>(n - e));
+    e = n;
+  }
+  for (; e < n_pad; ++e) dst[e] = 0.f;
+}
+
+// dst[0, n) += src[0, n) · s (explicit vectors: compilers keep this scalar when they cannot prove
+// dst and src apart).
+inline void axpy_row(float* dst, const float* src, int64_t n, float s = 1.f) {
+  int64_t e = 0;
+  for (; e + kLanes <= n; e += kLanes) store(dst + e, load(dst + e) + load(src + e) * s);
+  if (e < n) {
+    const int r = static_cast<int>(n - e);
+    store_partial(dst + e, load_partial(dst + e, r) + load_partial(src + e, r) * s, r);
+  }
+}
+
+}  // namespace clattn::simd

@@ -1,0 +1,122 @@
+#include "clattn/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <sstream>
+
+namespace clattn {
+
+Shape::Shape(std::initializer_list<int64_t> d) {
+  check(d.size() <= static_cast<size_t>(kMaxRank), "tensor: rank must be <= ", kMaxRank, ", got ",
+        d.size());
+  for (int64_t x : d) dims[static_cast<size_t>(rank++)] = x;
+}
+
+Shape::Shape(const std::vector<int64_t>& d) {
+  check(d.size() <= static_cast<size_t>(kMaxRank), "tensor: rank must be <= ", kMaxRank, ", got ",
+        d.size());
+  for (int64_t x : d) dims[static_cast<size_t>(rank++)] = x;
+}
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < rank; ++i) n *= dims[static_cast<size_t>(i)];
+  return n;
+}
+
+bool Shape::operator==(const Shape& o) const {
+  if (rank != o.rank) return false;
+  for (int i = 0; i < rank; ++i)
+    if (dims[static_cast<size_t>(i)] != o.dims[static_cast<size_t>(i)]) return false;
+  return true;
+}
+
+std::string Shape::str() const {
+  std::ostringstream os;
+  os << "(";
+  for (int i = 0; i < rank; ++i) os << (i ? ", " : "") << dims[static_cast<size_t>(i)];
+  os << ")";
+  return os.str();
+}
+
+std::array<int64_t, kMaxRank> contiguous_strides(const Shape& s) {
+  std::array<int64_t, kMaxRank> st{};
+  int64_t acc = 1;
+  for (int i = s.rank - 1; i >= 0; --i) {
+    st[static_cast<size_t>(i)] = acc;
+    acc *= s[i];
+  }
+  return st;
+}
+
+View make_view(float* data, const Shape& s) { return View{data, s, contiguous_strides(s)}; }
+ConstView make_view(const float* data, const Shape& s) {
+  return ConstView{data, s, contiguous_strides(s)};
+}
+
+float* aligned_alloc_floats(size_t n) {
+  size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
+  if (bytes == 0) bytes = 64;
+  void* p = std::aligned_alloc(64, bytes);
+  if (!p) throw std::bad_alloc();
+  return static_cast<float*>(p);
+}
+
+void aligned_free_floats(float* p) { std::free(p); }
+
+void Tensor::Free::operator()(float* p) const { aligned_free_floats(p); }
+
+Tensor::Tensor(const Shape& s) {
+  resize(s);
+  fill(0.f);
+}
+
+Tensor Tensor::empty_like_shape(const Shape& s) {
+  Tensor t;
+  t.resize(s);
+  return t;
+}
+
+void Tensor::resize(const Shape& s) {
+  for (int i = 0; i < s.rank; ++i) check(s[i] >= 0, "tensor: dims must be >= 0, got ", s.str());
+  const int64_t n = s.numel();
+  if (n > capacity_ || !storage_) {
+    storage_.reset(aligned_alloc_floats(static_cast<size_t>(n)));
+    capacity_ = n;
+  }
+  data_ = storage_.get();
+  shape_ = s;
+}
+
+void Tensor::fill(float x) {
+  const int64_t n = numel();
+  for (int64_t i = 0; i < n; ++i) data_[i] = x;
+}
+
+Tensor Tensor::from(ConstView v) {
+  Tensor t = empty_like_shape(v.shape);
+  const int r = v.rank();
+  const int64_t n = v.numel();
+  std::array<int64_t, kMaxRank> idx{};
+  for (int64_t e = 0; e < n; ++e) {
+    int64_t off = 0;
+    for (int i = 0; i < r; ++i) off += idx[static_cast<size_t>(i)] * v.stride(i);
+    t.data_[e] = v.data[off];
+    for (int i = r - 1; i >= 0; --i) {
+      if (++idx[static_cast<size_t>(i)] < v.dim(i)) break;
+      idx[static_cast<size_t>(i)] = 0;
+    }
+  }
+  return t;
+}
+
+float* Workspace::floats(size_t n) {
+  if (n > capacity_ || !buf_) {
+    buf_.reset(aligned_alloc_floats(n));
+    capacity_ = n;
+  }
+  return buf_.get();
+}
+
+}  // namespace clattn

@@ -1,0 +1,320 @@
+// The registry suite (STYLE §5): every registered variant runs through the same shape, mask,
+// gradient and bad-input tests against its reference. Variants whose reference is not full
+// attention add their entry (spec + reference) to kEntries.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attention/clustered.h"
+#include "attention/full.h"
+#include "clattn/attention.h"
+#include "common/test_util.h"
+
+namespace clattn {
+namespace {
+
+using testing::Guarded;
+using testing::make_problem;
+using testing::nmse;
+using testing::Problem;
+using testing::ProblemData;
+
+// A variant, its reference forward (given the context its forward filled, so discrete choices
+// such as clusters are held fixed), and its reference backward when it has a closed-form one
+// (others check gradients by finite differences in their own test file).
+struct Entry {
+  std::string spec;
+  std::function<void(const AttentionInputs&, const Context&, View)> ref_fwd;
+  std::function<void(const AttentionInputs&, ConstView, View, View, View)> ref_bwd;
+};
+
+ClusteredParams params_of(const std::string& spec) {
+  ClusteredParams p;
+  p.topk = spec.find("improved") != std::string::npos ? 4 : 0;
+  return p;
+}
+
+std::vector<Entry> entries() {
+  return {
+      {"full", [](const AttentionInputs& in, const Context&, View o) { attn_full_ref_fwd(in, 0.f, o, nullptr); },
+       [](const AttentionInputs& in, ConstView g, View dq, View dk, View dv) {
+         attn_full_ref_bwd(in, 0.f, g, dq, dk, dv);
+       }},
+      {"full:scale=0.3",
+       [](const AttentionInputs& in, const Context&, View o) { attn_full_ref_fwd(in, 0.3f, o, nullptr); },
+       [](const AttentionInputs& in, ConstView g, View dq, View dk, View dv) {
+         attn_full_ref_bwd(in, 0.3f, g, dq, dk, dv);
+       }},
+      {"clustered:clusters=5",
+       [](const AttentionInputs& in, const Context& ctx, View o) {
+         attn_clustered_ref_fwd(in, params_of("clustered"), ctx.state<ClusteredState>(), o);
+       },
+       nullptr},
+      {"improved-clustered:clusters=5,topk=4",
+       [](const AttentionInputs& in, const Context& ctx, View o) {
+         attn_clustered_ref_fwd(in, params_of("improved"), ctx.state<ClusteredState>(), o);
+       },
+       nullptr},
+      {"clustered:clusters=7,clustering=positional",
+       [](const AttentionInputs& in, const Context& ctx, View o) {
+         attn_clustered_ref_fwd(in, params_of("clustered"), ctx.state<ClusteredState>(), o);
+       },
+       nullptr},
+  };
+}
+
+class RegistrySuite : public ::testing::TestWithParam<Entry> {
+ protected:
+  // Forward + backward of the variant and of its reference on one problem; compares both.
+  void run(const Problem& p, double tol = 1e-9) {
+    SCOPED_TRACE(::testing::Message() << "B=" << p.B << " H=" << p.H << " Hkv=" << p.Hkv
+                                      << " N=" << p.N << " M=" << p.M << " Dk=" << p.Dk
+                                      << " Dv=" << p.Dv << " causal=" << p.causal
+                                      << " bias=" << p.bias << " qlen=" << p.qlen.size()
+                                      << " klen=" << p.klen.size());
+    const Entry& e = GetParam();
+    ProblemData pd = make_problem(p);
+    const AttentionInputs in = pd.inputs();
+    auto att = make_attention(e.spec);
+    Guarded out(Shape{p.B, p.H, p.N, p.Dv});
+    Context ctx;
+    const Capabilities& caps = att->capabilities();
+    if ((p.causal && !caps.causal) || (p.bias && !caps.bias) || (p.N != p.M && !caps.cross) ||
+        (p.H != p.Hkv && !caps.gqa)) {
+      // A mask or shape the variant cannot honour is refused, never ignored.
+      EXPECT_THROW(att->forward(in, out.view(), ctx), Error);
+      return;
+    }
+    att->forward(in, out.view(), ctx);
+    ASSERT_TRUE(out.intact()) << "forward wrote outside its output";
+    ASSERT_TRUE(testing::all_finite(out.view()));
+    Tensor ref(Shape{p.B, p.H, p.N, p.Dv});
+    e.ref_fwd(in, ctx, ref.view());
+    EXPECT_LE(nmse(ref.view(), out.view()), tol);
+    // Padded query rows are exactly 0.
+    for (int64_t b = 0; b < p.B && !p.qlen.empty(); ++b)
+      for (int64_t h = 0; h < p.H; ++h)
+        for (int64_t i = p.qlen[static_cast<size_t>(b)]; i < p.N; ++i)
+          for (int64_t x = 0; x < p.Dv; ++x) ASSERT_EQ(out.view().ptr(b, h, i)[x], 0.f);
+
+    if (!att->capabilities().trainable) return;
+    // Backward stays inside its outputs and finite; its values are checked against a closed-form
+    // reference here when the variant has one, else by finite differences in its own tests.
+    Guarded dq(Shape{p.B, p.H, p.N, p.Dk}), dk(Shape{p.B, p.Hkv, p.M, p.Dk}),
+        dv(Shape{p.B, p.Hkv, p.M, p.Dv});
+    // Backward accumulates: start from 1 and subtract it afterwards.
+    dq.fill_view(1.f);
+    dk.fill_view(1.f);
+    dv.fill_view(1.f);
+    att->backward(in, ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+    ASSERT_TRUE(dq.intact() && dk.intact() && dv.intact()) << "backward wrote outside its outputs";
+    ASSERT_TRUE(testing::all_finite(dq.view()) && testing::all_finite(dk.view()) && testing::all_finite(dv.view()));
+    if (!e.ref_bwd) return;
+    Tensor rq(Shape{p.B, p.H, p.N, p.Dk}), rk(Shape{p.B, p.Hkv, p.M, p.Dk}),
+        rv(Shape{p.B, p.Hkv, p.M, p.Dv});
+    rq.fill(1.f);
+    rk.fill(1.f);
+    rv.fill(1.f);
+    e.ref_bwd(in, pd.dout.view(), rq.view(), rk.view(), rv.view());
+    auto minus_one = [](ConstView v) {
+      Tensor t = Tensor::from(v);
+      for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] -= 1.f;
+      return t;
+    };
+    Tensor gq = minus_one(dq.view()), gk = minus_one(dk.view()), gv = minus_one(dv.view());
+    Tensor sq = minus_one(rq.view()), sk = minus_one(rk.view()), sv = minus_one(rv.view());
+    EXPECT_LE(nmse(sq.view(), gq.view()), tol * 10) << "dq";
+    EXPECT_LE(nmse(sk.view(), gk.view()), tol * 10) << "dk";
+    EXPECT_LE(nmse(sv.view(), gv.view()), tol * 10) << "dv";
+  }
+};
+
+TEST_P(RegistrySuite, AwkwardLengths) {
+  for (int64_t n : {1, 3, 63, 64, 65, 113, 1000}) run(Problem{.B = 1, .H = 2, .Hkv = 2, .N = n, .M = n, .Dk = 16, .Dv = 16});
+}
+
+TEST_P(RegistrySuite, CrossAttentionNotEqualM) {
+  for (auto [n, m] : {std::pair<int64_t, int64_t>{1, 7}, {65, 3}, {63, 1000}, {1000, 65}, {7, 513}})
+    run(Problem{.B = 2, .H = 2, .Hkv = 2, .N = n, .M = m, .Dk = 8, .Dv = 24});
+}
+
+TEST_P(RegistrySuite, OddHeadDims) {
+  for (auto [dk, dv] : {std::pair<int64_t, int64_t>{1, 1}, {3, 5}, {17, 33}, {64, 64}, {80, 48}, {128, 128}})
+    run(Problem{.B = 1, .H = 2, .Hkv = 1, .N = 70, .M = 90, .Dk = dk, .Dv = dv});
+}
+
+TEST_P(RegistrySuite, GroupedQueryAttention) {
+  run(Problem{.B = 2, .H = 8, .Hkv = 4, .N = 65, .M = 65, .Dk = 16, .Dv = 16});
+  run(Problem{.B = 1, .H = 8, .Hkv = 1, .N = 113, .M = 300, .Dk = 16, .Dv = 8});
+}
+
+TEST_P(RegistrySuite, Padding) {
+  run(Problem{.B = 3, .H = 2, .Hkv = 2, .N = 65, .M = 65, .Dk = 8, .Dv = 8, .qlen = {65, 1, 30}, .klen = {65, 64, 2}});
+  run(Problem{.B = 2, .H = 2, .Hkv = 1, .N = 600, .M = 700, .Dk = 8, .Dv = 8, .qlen = {599, 0}, .klen = {513, 700}});
+}
+
+TEST_P(RegistrySuite, Causal) {
+  for (auto [n, m] : {std::pair<int64_t, int64_t>{1, 1}, {64, 64}, {65, 65}, {1000, 1000}, {10, 600}, {600, 10}, {63, 200}})
+    run(Problem{.B = 1, .H = 2, .Hkv = 2, .N = n, .M = m, .Dk = 16, .Dv = 16, .causal = true});
+  run(Problem{.B = 2, .H = 4, .Hkv = 2, .N = 300, .M = 300, .Dk = 8, .Dv = 8, .causal = true, .qlen = {300, 100}, .klen = {250, 300}});
+}
+
+TEST_P(RegistrySuite, Bias) {
+  if (!make_attention(GetParam().spec)->capabilities().bias) GTEST_SKIP() << "no bias support";
+  run(Problem{.B = 1, .H = 2, .Hkv = 2, .N = 65, .M = 130, .Dk = 8, .Dv = 8, .bias = true});
+  run(Problem{.B = 2, .H = 2, .Hkv = 1, .N = 100, .M = 100, .Dk = 8, .Dv = 8, .causal = true, .klen = {100, 50}, .bias = true});
+}
+
+TEST_P(RegistrySuite, FullyMaskedRowsAreZeroNotNaN) {
+  auto att = make_attention(GetParam().spec);
+  // Batch 1 has no valid key; with causal and M < N the first N - M queries see nothing either.
+  const bool causal = att->capabilities().causal;
+  Problem p{.B = 2, .H = 1, .Hkv = 1, .N = 20, .M = 5, .Dk = 4, .Dv = 4, .causal = causal, .klen = {5, 0}};
+  ProblemData pd = make_problem(p);
+  Tensor out(Shape{2, 1, 20, 4});
+  Context ctx;
+  att->forward(pd.inputs(), out.view(), ctx);
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t i = 0; i < 20; ++i) {
+      const bool sees = b == 0 && (!causal || i >= 15);
+      for (int64_t e = 0; e < 4; ++e) {
+        const float x = out.view().ptr(b, 0, i)[e];
+        ASSERT_FALSE(std::isnan(x));
+        if (!sees) {
+          ASSERT_EQ(x, 0.f) << "b=" << b << " i=" << i;
+        }
+      }
+    }
+  if (!att->capabilities().trainable) return;
+  Tensor dq(Shape{2, 1, 20, 4}), dk(Shape{2, 1, 5, 4}), dv(Shape{2, 1, 5, 4});
+  att->backward(pd.inputs(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+  EXPECT_TRUE(testing::all_finite(dq.view()) && testing::all_finite(dk.view()) &&
+              testing::all_finite(dv.view()));
+  for (int64_t i = 0; i < 20; ++i)
+    for (int64_t e = 0; e < 4; ++e) EXPECT_EQ(dq.view().ptr(1, 0, i)[e], 0.f);
+}
+
+TEST_P(RegistrySuite, EmptySequences) {
+  auto att = make_attention(GetParam().spec);
+  for (auto [n, m] : {std::pair<int64_t, int64_t>{0, 0}, {0, 5}, {5, 0}}) {
+    if (n != m && !att->capabilities().cross) continue;
+    ProblemData pd = make_problem(Problem{.B = 1, .H = 1, .Hkv = 1, .N = n, .M = m, .Dk = 4, .Dv = 4});
+    Tensor out(Shape{1, 1, n, 4});
+    out.fill(7.f);
+    Context ctx;
+    att->forward(pd.inputs(), out.view(), ctx);
+    for (int64_t i = 0; i < out.numel(); ++i) EXPECT_EQ(out.data()[i], 0.f);
+    Tensor dq(Shape{1, 1, n, 4}), dk(Shape{1, 1, m, 4}), dv(Shape{1, 1, m, 4});
+    if (att->capabilities().trainable)
+      att->backward(pd.inputs(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+  }
+}
+
+TEST_P(RegistrySuite, Deterministic) {
+  auto att = make_attention(GetParam().spec);
+  ProblemData pd = make_problem(Problem{.B = 1, .H = 4, .Hkv = 2, .N = 300, .M = 300, .Dk = 16, .Dv = 16});
+  Tensor a(Shape{1, 4, 300, 16}), b(Shape{1, 4, 300, 16});
+  Context c1, c2;
+  att->forward(pd.inputs(), a.view(), c1);
+  make_attention(GetParam().spec)->forward(pd.inputs(), b.view(), c2);
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.data()[i], b.data()[i]);
+}
+
+// Bad inputs: every one is an Error naming the problem, never a crash.
+TEST_P(RegistrySuite, BadInputsAreErrors) {
+  auto att = make_attention(GetParam().spec);
+  auto expect_error = [&](const ProblemData& pd, Shape out_shape, const std::string& needle) {
+    Tensor out(out_shape);
+    Context ctx;
+    try {
+      att->forward(pd.inputs(), out.view(), ctx);
+      ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const Problem ok{.B = 2, .H = 4, .Hkv = 2, .N = 10, .M = 10, .Dk = 8, .Dv = 8};
+  const Shape out_ok{2, 4, 10, 8};
+  {
+    ProblemData pd = make_problem(ok);
+    pd.k = testing::randn(Shape{2, 2, 10, 7}, 1, 1);
+    expect_error(pd, out_ok, "Dk");
+  }
+  {
+    ProblemData pd = make_problem(ok);
+    pd.v = testing::randn(Shape{2, 2, 11, 8}, 1, 1);
+    expect_error(pd, out_ok, "(Hkv, M)");
+  }
+  {
+    ProblemData pd = make_problem(ok);
+    pd.k = testing::randn(Shape{2, 3, 10, 8}, 1, 1);
+    pd.v = testing::randn(Shape{2, 3, 10, 8}, 1, 1);
+    expect_error(pd, out_ok, "H % Hkv");
+  }
+  {
+    ProblemData pd = make_problem(ok);
+    pd.q = testing::randn(Shape{3, 4, 10, 8}, 1, 1);
+    expect_error(pd, Shape{3, 4, 10, 8}, "batch");
+  }
+  {
+    ProblemData pd = make_problem(ok);
+    pd.q = testing::randn(Shape{4, 10, 8}, 1, 1);
+    expect_error(pd, out_ok, "rank");
+  }
+  {
+    ProblemData pd = make_problem(ok);
+    pd.qlen = {10, -1};
+    expect_error(pd, out_ok, "query_lengths[1]");
+  }
+  {
+    ProblemData pd = make_problem(ok);
+    pd.klen = {11, 3};
+    expect_error(pd, out_ok, "key_lengths[0]");
+  }
+  {
+    ProblemData pd = make_problem(ok);
+    pd.klen = {10};
+    expect_error(pd, out_ok, "key_lengths");
+  }
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), INFINITY, -INFINITY}) {
+    ProblemData pd = make_problem(ok);
+    pd.v.data()[123] = bad;
+    expect_error(pd, out_ok, "v must be finite");
+    ProblemData pq = make_problem(ok);
+    pq.q.data()[pq.q.numel() - 1] = bad;
+    expect_error(pq, out_ok, "q must be finite");
+  }
+  {
+    ProblemData pd = make_problem(ok);
+    expect_error(pd, Shape{2, 4, 10, 9}, "out must have shape");
+  }
+  // Backward with a context from nothing, or with wrong gradient shapes.
+  {
+    ProblemData pd = make_problem(ok);
+    if (att->capabilities().trainable) {
+      Context empty;
+      Tensor dq(Shape{2, 4, 10, 8}), dk(Shape{2, 2, 10, 8}), dv(Shape{2, 2, 10, 8});
+      EXPECT_THROW(att->backward(pd.inputs(), empty, pd.dout.view(), dq.view(), dk.view(), dv.view()),
+                   Error);
+      Tensor out(out_ok);
+      Context ctx;
+      att->forward(pd.inputs(), out.view(), ctx);
+      Tensor dk_bad(Shape{2, 2, 10, 9});
+      EXPECT_THROW(att->backward(pd.inputs(), ctx, pd.dout.view(), dq.view(), dk_bad.view(), dv.view()),
+                   Error);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, RegistrySuite, ::testing::ValuesIn(entries()),
+                         [](const ::testing::TestParamInfo<Entry>& info) {
+                           std::string s;
+                           for (char ch : info.param.spec) s += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           return s;
+                         });
+
+}  // namespace
+}  // namespace clattn

@@ -1,0 +1,174 @@
+// Core: tensors and views, the counter-based rng, the vectorised exp, the GEMM wrapper and the
+// tile microkernels against plain loops.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <set>
+#include <vector>
+
+#include "clattn/error.h"
+#include "clattn/gemm.h"
+#include "clattn/rng.h"
+#include "clattn/tensor.h"
+#include "core/microkernel.h"
+#include "core/simd.h"
+
+namespace clattn {
+namespace {
+
+TEST(Tensor, ShapeStridesAndViews) {
+  Tensor t(Shape{2, 3, 4});
+  EXPECT_EQ(t.numel(), 24);
+  EXPECT_EQ(t.view().stride(0), 12);
+  EXPECT_EQ(t.view().stride(2), 1);
+  EXPECT_TRUE(t.view().contiguous());
+  for (int64_t i = 0; i < 24; ++i) EXPECT_EQ(t.data()[i], 0.f);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % 64, 0u);
+  t.data()[1 * 12 + 2 * 4 + 3] = 5.f;
+  EXPECT_EQ(*t.view().ptr(1, 2, 3), 5.f);
+  EXPECT_EQ(Shape({2, 3, 4}).str(), "(2, 3, 4)");
+  // A transposed view copies into the right order.
+  View v = t.view();
+  std::swap(v.shape.dims[0], v.shape.dims[1]);
+  std::swap(v.strides[0], v.strides[1]);
+  EXPECT_FALSE(v.contiguous());
+  Tensor c = Tensor::from(v);
+  EXPECT_EQ(c.shape(), (Shape{3, 2, 4}));
+  EXPECT_EQ(*c.view().ptr(2, 1, 3), 5.f);
+  EXPECT_THROW(Tensor(Shape{2, -1}), Error);
+  EXPECT_THROW(Shape({1, 2, 3, 4, 5, 6, 7}), Error);
+}
+
+TEST(Tensor, ResizeReusesStorage) {
+  Tensor t(Shape{100});
+  const float* p = t.data();
+  t.resize(Shape{10, 10});
+  EXPECT_EQ(t.data(), p);
+  t.resize(Shape{5});
+  EXPECT_EQ(t.data(), p);
+}
+
+TEST(Rng, ReproducibleAndIndependent) {
+  Rng a(7), b(7), c(8);
+  EXPECT_EQ(a.u64(0, 5), b.u64(0, 5));
+  EXPECT_NE(a.u64(0, 5), c.u64(0, 5));
+  EXPECT_NE(a.u64(0, 5), a.u64(1, 5));
+  EXPECT_NE(a.u64(0, 5), a.u64(0, 6));
+  // Moments of the normal draws and range of the uniform ones.
+  double s = 0, s2 = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    const double x = a.normal(3, static_cast<uint64_t>(i));
+    s += x;
+    s2 += x * x;
+    const float u = a.uniform(4, static_cast<uint64_t>(i));
+    ASSERT_GE(u, 0.f);
+    ASSERT_LT(u, 1.f);
+  }
+  EXPECT_NEAR(s / n, 0.0, 0.01);
+  EXPECT_NEAR(s2 / n, 1.0, 0.01);
+  std::set<uint64_t> seen;
+  for (int i = 0; i < 1000; ++i) seen.insert(a.below(10, 9, static_cast<uint64_t>(i)));
+  EXPECT_EQ(seen.size(), 10u);
+}
+
+TEST(Simd, ExpIsAccurate) {
+  double worst = 0, worst2 = 0;
+  for (float x = -87.f; x < 88.f; x += 0.00731f) {
+    float buf[16];
+    for (int l = 0; l < 16; ++l) buf[l] = x + 0.0004f * static_cast<float>(l);
+    const simd::vf e = simd::exp(simd::load(buf)), e2 = simd::exp2(simd::load(buf) * 0.125f);
+    for (int l = 0; l < 16; ++l) {
+      const double ref = std::exp(static_cast<double>(buf[l]));
+      worst = std::max(worst, std::abs(e[l] - ref) / ref);
+      const double ref2 = std::exp2(static_cast<double>(buf[l] * 0.125f));
+      worst2 = std::max(worst2, std::abs(e2[l] - ref2) / ref2);
+    }
+  }
+  EXPECT_LT(worst, 3e-7);   // ~2.5 ulp
+  EXPECT_LT(worst2, 3e-7);
+  float special[16] = {-INFINITY, -1000.f, -104.f, 0.f, 89.f, 1000.f, INFINITY, 1.f};
+  const simd::vf e = simd::exp(simd::load(special));
+  EXPECT_EQ(e[0], 0.f);
+  EXPECT_EQ(e[1], 0.f);
+  EXPECT_GE(e[2], 0.f);
+  EXPECT_EQ(e[3], 1.f);
+  EXPECT_EQ(e[4], INFINITY);
+  EXPECT_EQ(e[5], INFINITY);
+  EXPECT_EQ(e[6], INFINITY);
+  EXPECT_EQ(simd::exp2(simd::splat(-INFINITY))[0], 0.f);
+  float v[16];
+  for (int l = 0; l < 16; ++l) v[l] = static_cast<float>((l * 7) % 16) - 3.f;
+  EXPECT_EQ(simd::hmax(simd::load(v)), 12.f);
+  EXPECT_EQ(simd::hsum(simd::load(v)), 72.f);
+}
+
+TEST(Gemm, MatchesLoops) {
+  const int64_t m = 37, n = 23, k = 19;
+  std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n)), c(static_cast<size_t>(m * n), 1.f);
+  Rng r(1);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = r.normal(0, i);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = r.normal(1, i);
+  gemm(false, false, m, n, k, 2.f, a.data(), k, b.data(), n, 0.5f, c.data(), n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t e = 0; e < k; ++e) s += static_cast<double>(a[static_cast<size_t>(i * k + e)]) * b[static_cast<size_t>(e * n + j)];
+      EXPECT_NEAR(c[static_cast<size_t>(i * n + j)], 2 * s + 0.5, 1e-4);
+    }
+}
+
+// Both microkernel shapes over awkward sizes, against plain loops.
+TEST(Microkernel, MatchesLoops) {
+  Rng r(3);
+  for (int64_t m : {1, 5, 6, 7, 64})
+    for (int64_t depth : {1, 3, 64})
+      for (int64_t cols : {1, 63, 64, 130}) {
+        const int64_t np = (cols + 63) / 64;
+        std::vector<float> a(static_cast<size_t>(m * depth)), bt(static_cast<size_t>(cols * depth)),
+            panels(static_cast<size_t>(np * 64 * depth)), c(static_cast<size_t>(m * np * 64));
+        for (size_t i = 0; i < a.size(); ++i) a[i] = r.normal(0, i);
+        for (size_t i = 0; i < bt.size(); ++i) bt[i] = r.normal(1, i);
+        mk::pack_panels(bt.data(), cols, depth, depth, panels.data());
+        mk::gemm_abt(m, np, depth, a.data(), depth, panels.data(), c.data(), np * 64);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < np * 64; ++j) {
+            double s = 0;
+            for (int64_t e = 0; e < depth && j < cols; ++e)
+              s += static_cast<double>(a[static_cast<size_t>(i * depth + e)]) * bt[static_cast<size_t>(j * depth + e)];
+            ASSERT_NEAR(c[static_cast<size_t>(i * np * 64 + j)], s, 1e-4) << m << " " << depth << " " << cols;
+          }
+        // gemm_ab with A read transposed and a row scale: C = diag(s)·C + Aᵀ·B.
+        const int64_t n = mk::round_up(cols, 16);
+        std::vector<float> b(static_cast<size_t>(depth * n)), c2(static_cast<size_t>(m * n)), sc(static_cast<size_t>(m));
+        for (size_t i = 0; i < b.size(); ++i) b[i] = r.normal(2, i);
+        for (size_t i = 0; i < c2.size(); ++i) c2[i] = r.normal(3, i);
+        for (size_t i = 0; i < sc.size(); ++i) sc[i] = r.normal(4, i);
+        std::vector<float> at(static_cast<size_t>(depth * m));  // (depth, m): A transposed
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t e = 0; e < depth; ++e) at[static_cast<size_t>(e * m + i)] = a[static_cast<size_t>(i * depth + e)];
+        std::vector<float> want = c2;
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            double s = static_cast<double>(want[static_cast<size_t>(i * n + j)]) * sc[static_cast<size_t>(i)];
+            for (int64_t e = 0; e < depth; ++e)
+              s += static_cast<double>(a[static_cast<size_t>(i * depth + e)]) * b[static_cast<size_t>(e * n + j)];
+            want[static_cast<size_t>(i * n + j)] = static_cast<float>(s);
+          }
+        mk::gemm_ab(m, n, depth, at.data(), 1, m, b.data(), n, c2.data(), n, sc.data());
+        for (size_t i = 0; i < c2.size(); ++i) ASSERT_NEAR(c2[i], want[i], 1e-4);
+      }
+}
+
+TEST(Error, MessagesCarryValues) {
+  try {
+    check(1 + 1 == 3, "rule broken: got ", 2, " and ", 3.5);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "rule broken: got 2 and 3.5");
+  }
+}
+
+}  // namespace
+}  // namespace clattn

@@ -1,0 +1,142 @@
+// `clattn attend`: run any attention spec on tensors from a safetensors file, and
+// `clattn make-inputs`: write a random input file to try it on.
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "clattn/attention.h"
+#include "clattn/error.h"
+#include "clattn/parallel.h"
+#include "clattn/rng.h"
+#include "clattn/safetensors.h"
+#include "commands.h"
+
+namespace clattn::cli {
+namespace {
+
+struct AttendOptions {
+  std::string spec, input, output;
+  bool causal = false;
+  int threads = 0;
+};
+
+Tensor load_rank(const SafetensorsFile& f, const std::string& name, int rank, const char* layout) {
+  Tensor t = f.get_f32(name);
+  check(t.rank() == rank, "attend: tensor '", name, "' must have rank ", rank, " ", layout,
+        ", got shape ", t.shape().str());
+  return t;
+}
+
+std::vector<int32_t> load_lengths(const SafetensorsFile& f, const std::string& name) {
+  if (!f.has(name)) return {};
+  check(f.info(name).shape.size() == 1, "attend: '", name, "' must be I32 [B]");
+  return f.get_i32(name);
+}
+
+void run_attend(const AttendOptions& o) {
+  if (o.threads > 0) set_threads(o.threads);
+  const SafetensorsFile f = SafetensorsFile::open(o.input);
+  const Tensor q = load_rank(f, "q", 4, "(B, H, N, D)");
+  const Tensor k = load_rank(f, "k", 4, "(B, Hkv, M, D)");
+  const Tensor v = load_rank(f, "v", 4, "(B, Hkv, M, Dv)");
+  const std::vector<int32_t> qlen = load_lengths(f, "query_lengths"), klen = load_lengths(f, "key_lengths");
+  std::optional<Tensor> bias, dout;
+  if (f.has("bias")) bias = load_rank(f, "bias", 2, "(N, M)");
+  if (f.has("do")) dout = load_rank(f, "do", 4, "(B, H, N, Dv)");
+
+  auto att = make_attention(o.spec);
+  AttentionInputs in;
+  in.q = q.view();
+  in.k = k.view();
+  in.v = v.view();
+  in.query_lengths = qlen;
+  in.key_lengths = klen;
+  in.causal = o.causal;
+  if (bias) in.bias = bias->view();
+  Tensor out(Shape{q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
+  Context ctx;
+  const auto t0 = std::chrono::steady_clock::now();
+  att->forward(in, out.view(), ctx);
+  const auto t1 = std::chrono::steady_clock::now();
+  SafetensorsWriter w;
+  w.add("o", out.view());
+  double bwd_ms = 0;
+  if (dout) {
+    Tensor dq(q.shape()), dk(k.shape()), dv(v.shape());
+    const auto t2 = std::chrono::steady_clock::now();
+    att->backward(in, ctx, dout->view(), dq.view(), dk.view(), dv.view());
+    bwd_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t2).count();
+    w.add("dq", dq.view());
+    w.add("dk", dk.view());
+    w.add("dv", dv.view());
+  }
+  w.set_metadata("spec", att->name());
+  w.set_metadata("causal", o.causal ? "true" : "false");
+  w.write(o.output);
+  std::fprintf(stderr, "attend: %s on q %s, k %s, v %s%s: forward %.2f ms%s -> %s\n",
+               att->name().c_str(), q.shape().str().c_str(), k.shape().str().c_str(),
+               v.shape().str().c_str(), o.causal ? " (causal)" : "",
+               std::chrono::duration<double, std::milli>(t1 - t0).count(),
+               dout ? (", backward " + std::to_string(bwd_ms) + " ms").c_str() : "", o.output.c_str());
+}
+
+struct MakeOptions {
+  std::string output;
+  int64_t batch = 1, heads = 8, kv_heads = 0, n = 1024, m = 0, dim = 64;
+  uint64_t seed = 0;
+  bool with_grad = false;
+};
+
+void run_make_inputs(const MakeOptions& o) {
+  const int64_t hkv = o.kv_heads > 0 ? o.kv_heads : o.heads, m = o.m > 0 ? o.m : o.n;
+  check(o.batch >= 1 && o.heads >= 1 && o.n >= 0 && o.dim >= 1 && o.heads % hkv == 0,
+        "make-inputs: need batch >= 1, heads >= 1, n >= 0, dim >= 1 and heads % kv-heads == 0");
+  const Rng rng(o.seed);
+  auto randn = [&](const Shape& s, uint64_t stream) {
+    Tensor t = Tensor::empty_like_shape(s);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = rng.normal(stream, static_cast<uint64_t>(i));
+    return t;
+  };
+  SafetensorsWriter w;
+  w.add("q", randn(Shape{o.batch, o.heads, o.n, o.dim}, 1).view());
+  w.add("k", randn(Shape{o.batch, hkv, m, o.dim}, 2).view());
+  w.add("v", randn(Shape{o.batch, hkv, m, o.dim}, 3).view());
+  if (o.with_grad) w.add("do", randn(Shape{o.batch, o.heads, o.n, o.dim}, 4).view());
+  w.write(o.output);
+}
+
+}  // namespace
+
+void add_attend(CLI::App& app) {
+  auto opts = std::make_shared<AttendOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "attend",
+      "Run an attention spec on tensors from a safetensors file: q (B,H,N,D), k (B,Hkv,M,D), "
+      "v (B,Hkv,M,Dv), optional query_lengths/key_lengths (I32 [B]), bias (N,M) and do "
+      "(B,H,N,Dv). Writes o, and dq, dk, dv when do is given.");
+  sub->add_option("--spec", opts->spec, "attention spec, e.g. full or full:scale=0.125")->required();
+  sub->add_option("--input", opts->input, "input .safetensors")->required();
+  sub->add_option("--output", opts->output, "output .safetensors (written atomically)")->required();
+  sub->add_flag("--causal", opts->causal, "causal mask (query i sees keys j <= i + M - N)");
+  sub->add_option("--threads", opts->threads, "OpenMP threads (default: all)");
+  sub->callback([opts] { run_attend(*opts); });
+}
+
+void add_make_inputs(CLI::App& app) {
+  auto opts = std::make_shared<MakeOptions>();
+  CLI::App* sub = app.add_subcommand("make-inputs", "Write random q, k, v (and do) for `clattn attend`.");
+  sub->add_option("--output", opts->output, "output .safetensors")->required();
+  sub->add_option("--batch", opts->batch, "B");
+  sub->add_option("--heads", opts->heads, "H");
+  sub->add_option("--kv-heads", opts->kv_heads, "Hkv (default H)");
+  sub->add_option("--n", opts->n, "N queries");
+  sub->add_option("--m", opts->m, "M keys (default N)");
+  sub->add_option("--dim", opts->dim, "head dim D");
+  sub->add_option("--seed", opts->seed, "rng seed");
+  sub->add_flag("--with-grad", opts->with_grad, "also write do (B,H,N,D)");
+  sub->callback([opts] { run_make_inputs(*opts); });
+}
+
+}  // namespace clattn::cli

@@ -1,0 +1,324 @@
+// `clattn bench`: times attention variants over a sweep of sequence lengths (llama-bench style:
+// warm-up, repetitions, median and min, a human table and --json), against the machine's measured
+// sgemm peak and against full attention measured in the same run. Per case it also reports the
+// peak memory the variant adds and its relative error to exact attention.
+//
+// Plan of one run: measure sgemm; then per length build the inputs once (bench_util.h explains the
+// recipe), and per spec: allocate output and gradients, reset the peak-RSS counter, create the
+// attention and its Context, run once to warm up, time `repeat` calls, read the peak RSS.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench_util.h"
+#include "clattn/attention.h"
+#include "clattn/error.h"
+#include "clattn/gemm.h"
+#include "clattn/parallel.h"
+#include "clattn/spec.h"
+#include "commands.h"
+
+namespace clattn::cli {
+namespace {
+
+using nlohmann::ordered_json;
+
+constexpr int64_t kMaxErrorLength = 16384;  // rel_err needs exact attention: skipped above this
+constexpr double kMiB = 1024.0 * 1024.0;
+
+struct BenchOptions {
+  std::string attention = "full";
+  std::string lengths = "1024,2048,4096";
+  int64_t batch = 1, heads = 8, kv_heads = 0, dim = 64;
+  int threads = 0;
+  bool backward = false, causal = false, no_error = false;
+  int repeat = 5;
+  std::string json;
+  uint64_t seed = 0;
+  const CLI::Option* kv_heads_opt = nullptr;
+  const CLI::Option* threads_opt = nullptr;
+};
+
+// One table row / JSON result. Optional fields are "-" in the table and null in JSON.
+struct CaseResult {
+  std::string spec;
+  int64_t n = 0;
+  std::optional<std::string> error;
+  double ms_median = 0, ms_min = 0, gflops = 0, peak_fraction = 0, rss_mb = 0;
+  std::optional<double> rel_err, ratio_to_full;
+};
+
+struct Buffers {               // allocated and touched before a case's RSS baseline
+  Tensor out;                  // (B, H, N, D)
+  Tensor dq, dk, dv;           // (B, H, N, D), (B, Hkv, N, D), (B, Hkv, N, D); --backward only
+};
+
+struct MemoryProbe {
+  bool resettable = false;     // /proc/self/clear_refs accepted "5"
+  int64_t base_kib = 0;
+  void start() {
+    const bool reset = resettable && bench::reset_peak_rss();
+    // With a reset VmHWM the case's peak is measured from the current RSS; otherwise only the
+    // growth of the process-wide peak can be seen.
+    base_kib = bench::read_status_kib(reset ? "VmRSS" : "VmHWM");
+  }
+  double stop_mb() const {
+    const int64_t hwm = bench::read_status_kib("VmHWM");
+    if (hwm < 0 || base_kib < 0) return 0;
+    return static_cast<double>(std::max<int64_t>(0, hwm - base_kib)) * 1024.0 / kMiB;
+  }
+};
+
+void validate(const BenchOptions& o) {
+  check(o.batch >= 1, "bench: --batch must be >= 1, got ", o.batch);
+  check(o.heads >= 1, "bench: --heads must be >= 1, got ", o.heads);
+  check(o.kv_heads >= 1, "bench: --kv-heads must be >= 1, got ", o.kv_heads);
+  check(o.heads % o.kv_heads == 0, "bench: --heads must be a multiple of --kv-heads, got heads=",
+        o.heads, " kv-heads=", o.kv_heads);
+  check(o.dim >= 1, "bench: --dim must be >= 1, got ", o.dim);
+  check(o.threads >= 1, "bench: --threads must be >= 1, got ", o.threads);
+  check(o.repeat >= 1, "bench: --repeat must be >= 1, got ", o.repeat);
+}
+
+// Runs one (spec, n) case on prepared inputs; a variant that throws yields an error row.
+CaseResult run_case(const std::string& spec, const AttentionInputs& in, const ConstView& dout,
+                    Buffers& buf, const BenchOptions& o, MemoryProbe& mem, double flops) {
+  CaseResult r;
+  r.spec = spec;
+  r.n = in.q.dim(2);
+  mem.start();
+  try {
+    std::unique_ptr<Attention> att = make_attention(spec);
+    Context ctx;
+    auto call = [&] {
+      att->forward(in, buf.out, ctx);
+      if (o.backward) att->backward(in, ctx, dout, buf.dq, buf.dk, buf.dv);
+    };
+    call();  // warm-up: pays first touches of workspace and context, as a first real call would
+    std::vector<double> ms;
+    for (int i = 0; i < o.repeat; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      call();
+      const auto t1 = std::chrono::steady_clock::now();
+      ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    const bench::TimeStats st = bench::summarise(std::move(ms));
+    r.ms_median = st.median;
+    r.ms_min = st.min;
+    r.gflops = flops / (st.median * 1e-3) * 1e-9;
+  } catch (const std::exception& e) {
+    r.error = e.what();
+  }
+  r.rss_mb = mem.stop_mb();
+  return r;
+}
+
+// The table: widths fixed by the longest spec so rows of a long sweep line up as they stream in.
+struct Table {
+  int spec_w = 4;
+  void header() const {
+    std::printf("%-*s %7s %-6s %10s %10s %9s %7s %7s %8s %9s\n", spec_w, "spec", "n", "mode",
+                "ms_median", "ms_min", "GFLOP/s", "%peak", "x full", "rss MB", "rel_err");
+    std::fflush(stdout);
+  }
+  void row(const CaseResult& r, const char* mode) const {
+    if (r.error) {
+      std::printf("%-*s %7lld %-6s error: %s\n", spec_w, r.spec.c_str(),
+                  static_cast<long long>(r.n), mode, r.error->c_str());
+    } else {
+      char ratio[32] = "-", err[32] = "-";
+      if (r.ratio_to_full) std::snprintf(ratio, sizeof ratio, "%.3f", *r.ratio_to_full);
+      if (r.rel_err) std::snprintf(err, sizeof err, "%.2e", *r.rel_err);
+      std::printf("%-*s %7lld %-6s %10.2f %10.2f %9.1f %6.1f%% %7s %8.1f %9s\n", spec_w,
+                  r.spec.c_str(), static_cast<long long>(r.n), mode, r.ms_median, r.ms_min,
+                  r.gflops, 100.0 * r.peak_fraction, ratio, r.rss_mb, err);
+    }
+    std::fflush(stdout);
+  }
+};
+
+ordered_json to_json(const CaseResult& r, const BenchOptions& o, const char* mode) {
+  auto num = [&](double x) { return r.error ? ordered_json(nullptr) : ordered_json(x); };
+  auto opt = [](const std::optional<double>& x) {
+    return x ? ordered_json(*x) : ordered_json(nullptr);
+  };
+  ordered_json j = {{"spec", r.spec},
+                    {"batch", o.batch},
+                    {"heads", o.heads},
+                    {"dim", o.dim},
+                    {"n", r.n},
+                    {"m", r.n},
+                    {"mode", mode},
+                    {"ms_median", num(r.ms_median)},
+                    {"ms_min", num(r.ms_min)},
+                    {"gflops", num(r.gflops)},
+                    {"peak_fraction", num(r.peak_fraction)},
+                    {"rss_mb", num(r.rss_mb)},
+                    {"rel_err", opt(r.rel_err)},
+                    {"ratio_to_full", opt(r.ratio_to_full)}};
+  if (r.error) j["error"] = *r.error;  // failed cases only: the schema's fields stay null
+  return j;
+}
+
+void run_bench(BenchOptions o) {
+  // Before anything big is allocated, so every buffer follows the same rules (bench_util.cpp).
+  bench::configure_malloc_for_rss();
+  if (o.kv_heads_opt->count() == 0) o.kv_heads = o.heads;
+  if (o.threads_opt->count() == 0) o.threads = max_threads();
+  validate(o);
+  const std::vector<std::string> specs = bench::split_specs(o.attention);
+  const std::vector<int64_t> lengths = bench::parse_lengths(o.lengths);
+
+  // Every spec is built once up front, so a typo fails now rather than after an hour of sweep.
+  // The first spec named `full` is the baseline; it runs first at each length.
+  std::optional<size_t> baseline;
+  bool baseline_is_reference = false;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    std::string canonical;
+    try {
+      canonical = make_attention(specs[i])->name();
+    } catch (const std::exception& e) {
+      fail("bench: --attention item ", i + 1, " ('", specs[i], "') is not a valid spec: ",
+           e.what());
+    }
+    if (!baseline && parse_spec(specs[i]).name == "full") {
+      baseline = i;
+      baseline_is_reference = canonical == make_attention("full")->name();
+    }
+  }
+  std::vector<size_t> order;
+  if (baseline) order.push_back(*baseline);
+  for (size_t i = 0; i < specs.size(); ++i)
+    if (i != baseline) order.push_back(i);
+
+  set_threads(o.threads);
+  const double sgemm = measure_sgemm_gflops(2048);
+  bench::prime_threads_and_blas();
+  MemoryProbe mem;
+  mem.resettable = bench::reset_peak_rss();
+  std::printf("sgemm 2048: %.1f GFLOP/s, %d threads\n", sgemm, o.threads);
+  std::printf("batch %lld, heads %lld (kv %lld), dim %lld, %s%s, repeat %d, seed %llu\n",
+              static_cast<long long>(o.batch), static_cast<long long>(o.heads),
+              static_cast<long long>(o.kv_heads), static_cast<long long>(o.dim),
+              o.backward ? "forward+backward" : "forward", o.causal ? ", causal" : "", o.repeat,
+              static_cast<unsigned long long>(o.seed));
+  if (!mem.resettable)
+    std::printf("note: /proc/self/clear_refs is not writable: rss MB is the growth of the "
+                "process's peak RSS only\n");
+
+  Table table;
+  for (const auto& s : specs) table.spec_w = std::max<int>(table.spec_w, static_cast<int>(s.size()));
+  table.header();
+
+  const char* mode = o.backward ? "fwdbwd" : "fwd";
+  ordered_json doc = {{"machine", {{"sgemm_gflops", sgemm}, {"threads", o.threads}}},
+                      {"results", ordered_json::array()}};
+  // Written now too, so an unwritable path fails before the sweep rather than after its first case.
+  auto write_json = [&] {
+    if (!o.json.empty()) bench::write_file_atomic(o.json, doc.dump(2) + "\n");
+  };
+  write_json();
+  int failed = 0, total = 0;
+  for (const int64_t n : lengths) {
+    const int64_t B = o.batch, H = o.heads, Hkv = o.kv_heads, D = o.dim;
+    bench::Inputs inputs = bench::make_inputs({B, H, Hkv, n, D}, o.seed);
+    Tensor dout;
+    if (o.backward) dout = bench::make_normal(Shape{B, H, n, D}, o.seed);
+    AttentionInputs in;
+    in.q = inputs.q;
+    in.k = inputs.k;
+    in.v = inputs.v;
+    in.causal = o.causal;
+    double flops = 4.0 * static_cast<double>(B) * H * n * n * D * (o.causal ? 0.5 : 1.0);
+    if (o.backward) flops *= 3.5;
+
+    // The rel_err reference: the baseline's own output when it is default full, else one extra
+    // untimed full forward, done between cases so its memory is not charged to any of them.
+    const bool want_error = !o.no_error && n <= kMaxErrorLength;
+    Tensor reference;
+    auto compute_reference = [&] {
+      try {
+        reference = bench::make_zeros(Shape{B, H, n, D});
+        Context ctx;
+        make_attention("full")->forward(in, reference, ctx);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "clattn bench: no rel_err at n=%lld: full attention failed: %s\n",
+                     static_cast<long long>(n), e.what());
+        reference = Tensor();
+      }
+    };
+    if (want_error && !baseline_is_reference) compute_reference();
+
+    std::optional<double> baseline_ms;
+    for (const size_t si : order) {
+      Buffers buf;
+      buf.out = bench::make_zeros(Shape{B, H, n, D});
+      if (o.backward) {
+        buf.dq = bench::make_zeros(Shape{B, H, n, D});
+        buf.dk = bench::make_zeros(Shape{B, Hkv, n, D});
+        buf.dv = bench::make_zeros(Shape{B, Hkv, n, D});
+      }
+      CaseResult r = run_case(specs[si], in, dout.cview(), buf, o, mem, flops);
+      ++total;
+      const bool is_baseline = baseline && si == *baseline;
+      if (r.error) {
+        ++failed;
+      } else {
+        r.peak_fraction = r.gflops / sgemm;
+        if (is_baseline) baseline_ms = r.ms_median;
+        if (baseline_ms) r.ratio_to_full = r.ms_median / *baseline_ms;
+        if (reference.defined()) {
+          r.rel_err = bench::relative_error(buf.out.cview(), reference.cview());
+        } else if (want_error && is_baseline && baseline_is_reference) {
+          r.rel_err = 0.0;  // it is the reference
+          reference = std::move(buf.out);
+        }
+      }
+      if (want_error && is_baseline && !reference.defined()) compute_reference();  // it failed
+      table.row(r, mode);
+      doc["results"].push_back(to_json(r, o, mode));
+      write_json();  // after every row: an interrupted sweep keeps what it measured
+    }
+  }
+  check(failed == 0, "bench: ", failed, " of ", total,
+        " cases failed (rows marked 'error'); the other results are valid");
+}
+
+}  // namespace
+
+void add_bench(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "bench", "Time attention variants over sequence lengths: ms, GFLOP/s against the measured "
+               "sgemm peak, ratio to full, peak memory, error against exact attention");
+  sub->add_option("--attention", o->attention,
+                  "Spec strings separated by ';', e.g. 'full;improved-clustered:clusters=100'")
+      ->capture_default_str();
+  sub->add_option("--lengths", o->lengths, "Sequence lengths N (= M), comma-separated")
+      ->capture_default_str();
+  sub->add_option("--batch", o->batch, "Batch size B")->capture_default_str();
+  sub->add_option("--heads", o->heads, "Query heads H")->capture_default_str();
+  o->kv_heads_opt =
+      sub->add_option("--kv-heads", o->kv_heads, "Key/value heads Hkv (default: --heads)");
+  sub->add_option("--dim", o->dim, "Head dimension D (Dk = Dv)")->capture_default_str();
+  o->threads_opt = sub->add_option("--threads", o->threads, "Threads (default: all available)");
+  sub->add_flag("--backward", o->backward, "Time forward + backward instead of forward only");
+  sub->add_flag("--causal", o->causal, "Causal mask");
+  sub->add_option("--repeat", o->repeat, "Timed calls per case, after one warm-up call")
+      ->capture_default_str();
+  sub->add_option("--json", o->json, "Also write the results as JSON to this file (atomically)");
+  sub->add_option("--seed", o->seed, "Seed of the inputs")->capture_default_str();
+  sub->add_flag("--no-error", o->no_error,
+                "Skip rel_err (otherwise computed against full attention for n <= 16384)");
+  sub->footer(bench::kInputRecipe);
+  sub->callback([o] { run_bench(*o); });
+}
+
+}  // namespace clattn::cli

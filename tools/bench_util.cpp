@@ -1,0 +1,298 @@
+#include "bench_util.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#include "clattn/error.h"
+#include "clattn/gemm.h"
+#include "clattn/parallel.h"
+#include "clattn/rng.h"
+
+namespace clattn::bench {
+namespace {
+
+std::string_view trim(std::string_view s) {
+  const auto b = s.find_first_not_of(" \t\n\r");
+  if (b == std::string_view::npos) return {};
+  const auto e = s.find_last_not_of(" \t\n\r");
+  return s.substr(b, e - b + 1);
+}
+
+std::vector<std::string_view> split(std::string_view list, char sep) {
+  std::vector<std::string_view> items;
+  size_t start = 0;
+  while (true) {
+    const size_t pos = list.find(sep, start);
+    items.push_back(trim(list.substr(start, pos == std::string_view::npos ? pos : pos - start)));
+    if (pos == std::string_view::npos) break;
+    start = pos + 1;
+  }
+  return items;
+}
+
+// Random streams of the inputs: (kind << 40) | head, where head is b * Hx + h of the tensor drawn
+// (or of the centre set, b * Hkv + g). Counters index rows, so a longer sequence extends a shorter
+// one instead of redrawing it.
+enum Kind : uint64_t {
+  kCentres = 1,
+  kQueryPick,
+  kQueryNoise,
+  kKeyPick,
+  kKeyNoise,
+  kValues,
+  kNormal
+};
+constexpr int64_t kCentreCount = 32;
+constexpr int64_t kRowBlock = 512;  // rows per parallel work item
+constexpr float kNoise = 0.5f;      // noise sd relative to the centres' unit sd
+
+uint64_t stream_of(uint64_t kind, int64_t head) { return (kind << 40) | static_cast<uint64_t>(head); }
+
+// Four standard normals from one counter (Box-Muller on both word pairs, cos and sin).
+void normal4(const Rng& rng, uint64_t stream, uint64_t index, float z[4]) {
+  const auto w = rng.bits(stream, index);
+  for (int p = 0; p < 2; ++p) {
+    const double u1 = (static_cast<double>(w[2 * p]) + 1.0) * (1.0 / 4294967296.0);  // (0, 1]
+    const double u2 = static_cast<double>(w[2 * p + 1]) * (1.0 / 4294967296.0);
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    z[2 * p] = static_cast<float>(r * std::cos(6.283185307179586 * u2));
+    z[2 * p + 1] = static_cast<float>(r * std::sin(6.283185307179586 * u2));
+  }
+}
+
+// Row `row` (D entries) of the standard normal stream into dst.
+void normal_row(const Rng& rng, uint64_t stream, int64_t row, int64_t D, float* dst) {
+  const int64_t per_row = (D + 3) / 4;
+  for (int64_t t = 0; t < per_row; ++t) {
+    float z[4];
+    normal4(rng, stream, static_cast<uint64_t>(row * per_row + t), z);
+    const int64_t n = std::min<int64_t>(4, D - 4 * t);
+    for (int64_t e = 0; e < n; ++e) dst[4 * t + e] = z[e];
+  }
+}
+
+// One parallel work item: rows [r0, r1) of one head of one tensor.
+struct FillTask {
+  float* head_base;        // (N, D) of this head
+  uint64_t pick, noise;    // stream kinds; pick == 0 means plain N(0, 1) rows from `noise`
+  int64_t head, centre_set;
+  int64_t r0, r1;
+};
+
+void run_fill(const FillTask& t, const Rng& rng, int64_t D, float amplitude) {
+  if (t.pick == 0) {
+    for (int64_t r = t.r0; r < t.r1; ++r)
+      normal_row(rng, stream_of(t.noise, t.head), r, D, t.head_base + r * D);
+    return;
+  }
+  std::vector<float> centres(static_cast<size_t>(kCentreCount * D));  // (32, D)
+  for (int64_t j = 0; j < kCentreCount; ++j)
+    normal_row(rng, stream_of(kCentres, t.centre_set), j, D, centres.data() + j * D);
+  for (int64_t r = t.r0; r < t.r1; ++r) {
+    const auto j = static_cast<int64_t>(
+        rng.below(kCentreCount, stream_of(t.pick, t.head), static_cast<uint64_t>(r)));
+    float* x = t.head_base + r * D;
+    normal_row(rng, stream_of(t.noise, t.head), r, D, x);
+    const float* c = centres.data() + j * D;
+    for (int64_t e = 0; e < D; ++e) x[e] = amplitude * (c[e] + kNoise * x[e]);
+  }
+}
+
+void add_tasks(std::vector<FillTask>& tasks, float* data, int64_t heads, int64_t N, int64_t D,
+               uint64_t pick, uint64_t noise, int64_t group_div, int64_t heads_per_batch,
+               int64_t sets_per_batch) {
+  for (int64_t hd = 0; hd < heads; ++hd) {
+    const int64_t b = hd / heads_per_batch, h = hd % heads_per_batch;
+    const int64_t set = b * sets_per_batch + h / group_div;
+    for (int64_t r0 = 0; r0 < N; r0 += kRowBlock)
+      tasks.push_back({data + hd * N * D, pick, noise, hd, set, r0, std::min(N, r0 + kRowBlock)});
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> split_specs(std::string_view list) {
+  std::vector<std::string> out;
+  const auto items = split(list, ';');
+  for (size_t i = 0; i < items.size(); ++i) {
+    check(!items[i].empty(), "bench: --attention item ", i + 1, " of '", list,
+          "' is empty (specs are separated by ';')");
+    out.emplace_back(items[i]);
+  }
+  return out;
+}
+
+std::vector<int64_t> parse_lengths(std::string_view list) {
+  std::vector<int64_t> out;
+  const auto items = split(list, ',');
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string_view s = items[i];
+    check(!s.empty(), "bench: --lengths item ", i + 1, " of '", list,
+          "' is empty (lengths are separated by ',')");
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    check(ec == std::errc() && end == s.data() + s.size(), "bench: --lengths item ", i + 1,
+          " ('", s, "') is not an integer");
+    check(v > 0, "bench: --lengths item ", i + 1, " must be > 0, got ", v);
+    out.push_back(v);
+  }
+  return out;
+}
+
+// Recipe (kInputRecipe): x = a * (c_j + 0.5 * eps), c_j, eps ~ N(0, I_D), a = 2 / D^(1/4).
+// Same-centre q·k ≈ a² |c|² ≈ a² D, so its scaled logit a² D / sqrt(D) = 4. Different centres give
+// q·k with sd a² · 1.25 sqrt(D), a scaled logit of sd 1.25 a² = 5 / sqrt(D) (0.6 at D = 64).
+Inputs make_inputs(const InputDims& d, uint64_t seed) {
+  check(d.B > 0 && d.H > 0 && d.Hkv > 0 && d.N > 0 && d.D > 0 && d.H % d.Hkv == 0,
+        "bench: bad input sizes B=", d.B, " H=", d.H, " Hkv=", d.Hkv, " N=", d.N, " D=", d.D);
+  Inputs in;
+  in.q = Tensor::empty_like_shape(Shape{d.B, d.H, d.N, d.D});
+  in.k = Tensor::empty_like_shape(Shape{d.B, d.Hkv, d.N, d.D});
+  in.v = Tensor::empty_like_shape(Shape{d.B, d.Hkv, d.N, d.D});
+  const int64_t group = d.H / d.Hkv;
+  std::vector<FillTask> tasks;
+  add_tasks(tasks, in.q.data(), d.B * d.H, d.N, d.D, kQueryPick, kQueryNoise, group, d.H, d.Hkv);
+  add_tasks(tasks, in.k.data(), d.B * d.Hkv, d.N, d.D, kKeyPick, kKeyNoise, 1, d.Hkv, d.Hkv);
+  add_tasks(tasks, in.v.data(), d.B * d.Hkv, d.N, d.D, 0, kValues, 1, d.Hkv, d.Hkv);
+  const Rng rng(seed);
+  const float amplitude = static_cast<float>(2.0 / std::pow(static_cast<double>(d.D), 0.25));
+  parallel_for(static_cast<int64_t>(tasks.size()),
+               [&](int64_t i) { run_fill(tasks[static_cast<size_t>(i)], rng, d.D, amplitude); });
+  return in;
+}
+
+Tensor make_normal(const Shape& s, uint64_t seed) {
+  check(s.rank >= 2, "bench: make_normal needs rank >= 2, got ", s.str());
+  Tensor t = Tensor::empty_like_shape(s);
+  const int64_t D = s[s.rank - 1], N = s[s.rank - 2], heads = s.numel() / std::max<int64_t>(1, N * D);
+  std::vector<FillTask> tasks;
+  add_tasks(tasks, t.data(), heads, N, D, 0, kNormal, 1, heads, 1);
+  const Rng rng(seed);
+  parallel_for(static_cast<int64_t>(tasks.size()),
+               [&](int64_t i) { run_fill(tasks[static_cast<size_t>(i)], rng, D, 1.f); });
+  return t;
+}
+
+Tensor make_zeros(const Shape& s) {
+  Tensor t = Tensor::empty_like_shape(s);
+  constexpr int64_t kChunk = 1 << 18;
+  const int64_t n = t.numel();
+  float* p = t.data();
+  parallel_for((n + kChunk - 1) / kChunk, [&](int64_t c) {
+    const int64_t e = std::min(n, (c + 1) * kChunk);
+    std::fill(p + c * kChunk, p + e, 0.f);
+  });
+  return t;
+}
+
+double relative_error(ConstView a, ConstView ref) {
+  check(a.shape == ref.shape && a.contiguous() && ref.contiguous(),
+        "bench: relative_error needs contiguous views of one shape, got ", a.shape.str(), " and ",
+        ref.shape.str());
+  double diff = 0, norm = 0;
+  const int64_t n = a.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const double r = ref.data[i], x = static_cast<double>(a.data[i]) - r;
+    diff += x * x;
+    norm += r * r;
+  }
+  if (norm == 0) return diff == 0 ? 0.0 : std::sqrt(diff);
+  return std::sqrt(diff / norm);
+}
+
+// glibc's default malloc keeps freed memory in the process: its mmap threshold is dynamic (after
+// a big mmapped block is freed the threshold rises to its size, so the next buffers of that size
+// come from the brk heap and stay resident after free), and the heap is trimmed only above 128 KiB
+// of free top. A case would then reuse pages an earlier case touched and its peak-RSS growth would
+// read near 0. Fixed settings turn the adjustment off: every block >= 64 KiB is its own mmap,
+// returned to the OS on free (and paid for in first touches by whoever allocates it, like a real
+// first call), and any free heap top is trimmed at once. Small blocks are too small to matter.
+void configure_malloc_for_rss() {
+#if defined(__GLIBC__)
+  mallopt(M_MMAP_THRESHOLD, 64 * 1024);
+  mallopt(M_TRIM_THRESHOLD, 0);
+#endif
+}
+
+bool reset_peak_rss() {
+  const int fd = ::open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::write(fd, "5", 1) == 1;
+  ::close(fd);
+  return ok;
+}
+
+int64_t read_status_kib(const char* key) {
+  std::ifstream f("/proc/self/status");
+  const std::string prefix = std::string(key) + ":";
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind(prefix, 0) != 0) continue;
+    int64_t kib = -1;
+    std::string_view rest = trim(std::string_view(line).substr(prefix.size()));
+    std::from_chars(rest.data(), rest.data() + rest.size(), kib);
+    return kib;
+  }
+  return -1;
+}
+
+void prime_threads_and_blas() {
+  constexpr int64_t n = 256;
+  const int threads = max_threads();
+  std::vector<float> buf(static_cast<size_t>(threads) * 3 * n * n, 0.5f);
+#pragma omp parallel num_threads(threads)
+  {
+    float* a = buf.data() + static_cast<size_t>(thread_id()) * 3 * n * n;
+    gemm(false, true, n, n, n, 1.f, a, n, a + n * n, n, 0.f, a + 2 * n * n, n);
+  }
+}
+
+TimeStats summarise(std::vector<double> ms) {
+  check(!ms.empty(), "bench: no timings to summarise");
+  std::sort(ms.begin(), ms.end());
+  const size_t m = ms.size() / 2;
+  TimeStats s;
+  s.median = ms.size() % 2 ? ms[m] : 0.5 * (ms[m - 1] + ms[m]);
+  s.min = ms.front();
+  return s;
+}
+
+void write_file_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  check(fd >= 0, "bench: cannot create '", tmp, "': ", std::strerror(errno));
+  size_t done = 0;
+  int err = 0;
+  while (done < text.size()) {
+    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      err = w < 0 ? errno : EIO;
+      break;
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    fail("bench: cannot write '", path, "': ", std::strerror(err));
+  }
+}
+
+}  // namespace clattn::bench

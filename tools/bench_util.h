@@ -1,0 +1,67 @@
+// Helpers of `clattn bench`: list parsing, structured inputs, memory probes, timing statistics and
+// atomic file writes. Kept apart from the subcommand so bench.cpp reads as the benchmark's plan.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "clattn/tensor.h"
+
+namespace clattn::bench {
+
+// How `clattn bench` draws its inputs (shown by `clattn bench --help`).
+inline constexpr const char* kInputRecipe =
+    "Inputs (built once per length, shared by every spec, reproducible from --seed and a prefix of\n"
+    "the next length's): per (batch, kv-head), 32 centres c_j ~ N(0, I_D); every query and key row\n"
+    "picks a centre uniformly and is x = a * (c_j + 0.5 * N(0, I_D)) with a = 2 / D^(1/4), so with\n"
+    "the default scale 1/sqrt(D) a query meets keys of its own centre with logits around 4 and the\n"
+    "others with logits of spread ~0.6 -- clustered like real attention, not uniform noise.\n"
+    "Query heads share the centres of their kv head (grouped-query attention). v, dO ~ N(0, 1).\n"
+    "FLOPs are nominal full attention, 4*B*H*N*M*D (half when causal; x3.5 with --backward), so\n"
+    "GFLOP/s of an approximation is 'full-equivalent' throughput. rss MB is the peak resident\n"
+    "memory a case adds beyond its inputs, output and gradients (workspace, context, temporaries).\n"
+    "The first spec named 'full' runs first at each length: it is the 'x full' baseline and, when\n"
+    "it is plain default full, its output is the rel_err reference (else full is run once for it).";
+
+// ';'-separated spec strings, items trimmed; empty items are errors.
+std::vector<std::string> split_specs(std::string_view list);
+// ','-separated positive integers; empty items, non-numbers and values <= 0 are errors.
+std::vector<int64_t> parse_lengths(std::string_view list);
+
+struct InputDims {
+  int64_t B = 1, H = 1, Hkv = 1, N = 1, D = 1;
+};
+
+struct Inputs {
+  Tensor q, k, v;  // (B, H, N, D), (B, Hkv, N, D), (B, Hkv, N, D)
+};
+
+// The structured inputs of kInputRecipe, filled in parallel over (head, row block).
+Inputs make_inputs(const InputDims& d, uint64_t seed);
+// Standard normal entries (the upstream gradient dO of --backward), filled in parallel.
+Tensor make_normal(const Shape& s, uint64_t seed);
+// Zero-filled tensor whose pages are touched now, in parallel (so a case is not charged for them).
+Tensor make_zeros(const Shape& s);
+
+// ||a - ref|| / ||ref|| over all elements, accumulated in double (0 when both are all zero).
+double relative_error(ConstView a, ConstView ref);
+
+// Memory: glibc settings so freed big buffers go back to the OS, and /proc/self probes.
+void configure_malloc_for_rss();
+bool reset_peak_rss();                   // writes "5" to /proc/self/clear_refs; false on failure
+int64_t read_status_kib(const char* key);  // "VmRSS", "VmHWM" from /proc/self/status; -1 if absent
+// Touches OpenBLAS's per-thread buffers and the OpenMP team once, so the first case is not
+// charged for them.
+void prime_threads_and_blas();
+
+struct TimeStats {
+  double median = 0, min = 0;
+};
+TimeStats summarise(std::vector<double> ms);
+
+// Writes text to path.tmp.<pid>, fsyncs and renames it over path.
+void write_file_atomic(const std::string& path, const std::string& text);
+
+}  // namespace clattn::bench

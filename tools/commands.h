@@ -1,0 +1,12 @@
+// Subcommands of the clattn CLI. Each adds itself to the app and runs when selected.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace clattn::cli {
+
+void add_attend(CLI::App& app);
+void add_bench(CLI::App& app);
+void add_make_inputs(CLI::App& app);
+
+}  // namespace clattn::cli
