@@ -89,7 +89,10 @@ void centroids(const AttentionInputs& in, int64_t b, int64_t h, int64_t Dk, int6
     float* c = qc + j * Dk;
     std::fill(c, c + Dk, 0.f);
     const int64_t n = off[j + 1] - off[j];
-    for (int64_t m = off[j]; m < off[j + 1]; ++m) simd::axpy_row(c, in.q.ptr(b, h, order[m]), Dk);
+    for (int64_t m = off[j]; m < off[j + 1]; ++m) {
+      if (m + 8 < off[j + 1]) simd::prefetch_row(in.q.ptr(b, h, order[m + 8]), Dk, false);
+      simd::axpy_row(c, in.q.ptr(b, h, order[m]), Dk);
+    }
     if (n > 0)
       for (int64_t e = 0; e < Dk; ++e) c[e] /= static_cast<float>(n);
   }
@@ -239,9 +242,12 @@ void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
     if (improved) {
       improved_members_fwd(in, d, b, h, scale, st, out, sc);
     } else {
+      constexpr int64_t kAhead = 8;  // rows prefetched ahead of the random-order writes
       for (int64_t j = 0; j < ce; ++j)
-        for (int64_t x = off[j]; x < off[j + 1]; ++x)
+        for (int64_t x = off[j]; x < off[j + 1]; ++x) {
+          if (x + kAhead < nv) simd::prefetch_row(out.ptr(b, h, order[x + kAhead]), Dv, true);
           std::memcpy(out.ptr(b, h, order[x]), resid + j * Dv, sizeof(float) * static_cast<size_t>(Dv));
+        }
     }
   });
 }

@@ -32,6 +32,7 @@ void gather_rows(ConstView t, int64_t b, int64_t hk, const int32_t* idx, int64_t
 // Gathers member rows order[m0, m0 + rows) of a (N, cols) head, times s, zero-padded to cols_pad.
 void gather_members(ConstView t, int64_t b, int64_t h, const int32_t* order, int64_t rows,
                     int64_t cols, int64_t cols_pad, float s, float* dst) {
+  for (int64_t r = 0; r < rows; ++r) simd::prefetch_row(t.ptr(b, h, order[r]), cols, false);
   for (int64_t r = 0; r < rows; ++r) simd::copy_row(dst + r * cols_pad, t.ptr(b, h, order[r]), cols, cols_pad, s);
 }
 
@@ -76,10 +77,8 @@ void improved_members_fwd(const AttentionInputs& in, const AttentionDims& d, int
       }
       std::memset(u, 0, sizeof(float) * static_cast<size_t>(rows * Dvp));
       mk::gemm_ab(rows, Dvp, kw, s, kw, 1, vt, Dvp, u, Dvp, nullptr);
-      for (int64_t r = 0; r < rows; ++r) {
-        float* o = out.ptr(b, h, order[m0 + r]);
-        for (int64_t e = 0; e < Dv; ++e) o[e] = mj * u[r * Dvp + e] + rj[e];
-      }
+      for (int64_t r = 0; r < rows; ++r) simd::prefetch_row(out.ptr(b, h, order[m0 + r]), Dv, true);
+      for (int64_t r = 0; r < rows; ++r) simd::axpby_row(out.ptr(b, h, order[m0 + r]), mj, u + r * Dvp, rj, Dv);
     }
   }
 }

@@ -49,6 +49,11 @@ int64_t hamming_kmeans(const uint64_t* codes, int64_t n, int64_t C, int iteratio
                        const Rng& rng, uint64_t stream, int32_t* assign, uint64_t* centroids,
                        KMeansScratch& ws);
 
+// The same k-means written plainly (every round scans every centroid, no early stop): the tests
+// hold hamming_kmeans to it.
+int64_t hamming_kmeans_ref(const uint64_t* codes, int64_t n, int64_t C, int iterations,
+                           const Rng& rng, uint64_t stream, int32_t* assign, uint64_t* centroids);
+
 // Nearest centroid for each code (first minimum wins); AVX-512 VPOPCNTDQ when the target has it.
 // dist (n) may be null.
 void assign_nearest(const uint64_t* codes, int64_t n, const uint64_t* centroids, int64_t C,

@@ -199,6 +199,55 @@ int64_t hamming_kmeans(const uint64_t* codes, int64_t n, int64_t C, int iteratio
   return C;
 }
 
+int64_t hamming_kmeans_ref(const uint64_t* codes, int64_t n, int64_t C, int iterations,
+                           const Rng& rng, uint64_t stream, int32_t* assign, uint64_t* centroids) {
+  if (n == 0) return 0;
+  std::vector<uint64_t> distinct(codes, codes + n);
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  if (static_cast<int64_t>(distinct.size()) <= C) {
+    std::copy(distinct.begin(), distinct.end(), centroids);
+    for (int64_t i = 0; i < n; ++i)
+      assign[i] = static_cast<int32_t>(std::lower_bound(distinct.begin(), distinct.end(), codes[i]) - distinct.begin());
+    return static_cast<int64_t>(distinct.size());
+  }
+  std::vector<int64_t> pick(static_cast<size_t>(n));
+  std::iota(pick.begin(), pick.end(), int64_t{0});
+  int64_t chosen = 0;
+  for (int64_t t = 0; t < n && chosen < C; ++t) {
+    const int64_t j = t + static_cast<int64_t>(rng.below(static_cast<uint64_t>(n - t), stream, static_cast<uint64_t>(t)));
+    std::swap(pick[static_cast<size_t>(t)], pick[static_cast<size_t>(j)]);
+    const uint64_t code = codes[pick[static_cast<size_t>(t)]];
+    if (std::find(centroids, centroids + chosen, code) == centroids + chosen) centroids[chosen++] = code;
+  }
+  std::vector<uint32_t> dist(static_cast<size_t>(n));
+  for (int it = 0; it < iterations; ++it) {
+    assign_nearest_ref(codes, n, centroids, C, assign, dist.data());
+    std::vector<int64_t> size(static_cast<size_t>(C), 0), ones(static_cast<size_t>(C * 64), 0);
+    for (int64_t i = 0; i < n; ++i) {
+      ++size[static_cast<size_t>(assign[i])];
+      for (int b = 0; b < 64; ++b) ones[static_cast<size_t>(assign[i] * 64 + b)] += (codes[i] >> b) & 1;
+    }
+    for (int64_t c = 0; c < C; ++c)
+      for (int b = 0; b < 64 && size[static_cast<size_t>(c)] > 0; ++b) {
+        const int64_t twice = 2 * ones[static_cast<size_t>(c * 64 + b)], sz = size[static_cast<size_t>(c)];
+        if (twice > sz) centroids[c] |= uint64_t{1} << b;
+        if (twice < sz) centroids[c] &= ~(uint64_t{1} << b);
+      }
+    std::vector<int64_t> far(static_cast<size_t>(n));
+    std::iota(far.begin(), far.end(), int64_t{0});
+    std::stable_sort(far.begin(), far.end(), [&](int64_t a, int64_t b) { return dist[static_cast<size_t>(a)] > dist[static_cast<size_t>(b)]; });
+    size_t next = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      if (size[static_cast<size_t>(c)] != 0) continue;
+      while (next < far.size() && std::find(centroids, centroids + C, codes[far[next]]) != centroids + C) ++next;
+      if (next < far.size()) centroids[c] = codes[far[next++]];
+    }
+  }
+  assign_nearest_ref(codes, n, centroids, C, assign, nullptr);
+  return C;
+}
+
 void counting_sort(const int32_t* assign, int64_t n, int64_t C, int32_t* order, int32_t* offsets) {
   std::fill(offsets, offsets + C + 1, 0);
   for (int64_t i = 0; i < n; ++i) ++offsets[assign[i] + 1];

@@ -202,6 +202,25 @@ inline void copy_row(float* dst, const float* src, int64_t n, int64_t n_pad, flo
   for (; e < n_pad; ++e) dst[e] = 0.f;
 }
 
+// Asks for the cache lines of a row of n floats ahead of a random-order read or write (rows of
+// q and out are visited in cluster order, i.e. at random; the misses dominate otherwise).
+inline void prefetch_row(const float* p, int64_t n, bool for_write) {
+  for (int64_t e = 0; e < n; e += 16) {
+    if (for_write) __builtin_prefetch(p + e, 1, 3);
+    else __builtin_prefetch(p + e, 0, 3);
+  }
+}
+
+// dst[0, n) = a · x[0, n) + y[0, n).
+inline void axpby_row(float* dst, float a, const float* x, const float* y, int64_t n) {
+  int64_t e = 0;
+  for (; e + kLanes <= n; e += kLanes) store(dst + e, load(x + e) * a + load(y + e));
+  if (e < n) {
+    const int r = static_cast<int>(n - e);
+    store_partial(dst + e, load_partial(x + e, r) * a + load_partial(y + e, r), r);
+  }
+}
+
 // dst[0, n) += src[0, n) · s (explicit vectors: compilers keep this scalar when they cannot prove
 // dst and src apart).
 inline void axpy_row(float* dst, const float* src, int64_t n, float s = 1.f) {

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <tuple>
 #include <bit>
 #include <set>
 #include <vector>
@@ -85,6 +86,30 @@ TEST(KMeans, DistinctCodesAndDeterminism) {
   EXPECT_GE(close, n * 6 / 10);
   EXPECT_EQ(std::count(size.begin(), size.end(), 0), 0);
   EXPECT_EQ(std::set<uint64_t>(c1.begin(), c1.end()).size(), 40u);
+}
+
+// The fast k-means (Hamerly bounds, early stop, vector scans) gives exactly the plain one's result.
+TEST(KMeans, MatchesPlainLloyd) {
+  KMeansScratch ws;
+  for (uint64_t seed = 1; seed <= 6; ++seed)
+    for (auto [n, C, fams, flips] : {std::tuple<int64_t, int64_t, int, int>{2000, 37, 20, 6},
+                                      {999, 100, 300, 10}, {3000, 8, 5, 20}, {500, 64, 1000, 30}}) {
+      Rng r(seed);
+      std::vector<uint64_t> codes(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        uint64_t x = r.u64(10, r.below(static_cast<uint64_t>(fams), 12, static_cast<uint64_t>(i)));
+        for (int f = 0; f < flips; ++f) x ^= uint64_t{r.below(2, 13, static_cast<uint64_t>(i * 64 + f))} << r.below(63, 14, static_cast<uint64_t>(i * 64 + f));
+        codes[static_cast<size_t>(i)] = x >> 1;  // 63-bit codes, as the default hash
+      }
+      for (int iters : {0, 1, 3, 10}) {
+        std::vector<int32_t> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+        std::vector<uint64_t> ca(static_cast<size_t>(C)), cb(static_cast<size_t>(C));
+        const int64_t na = hamming_kmeans(codes.data(), n, C, iters, Rng(seed), 5, a.data(), ca.data(), ws);
+        const int64_t nb = hamming_kmeans_ref(codes.data(), n, C, iters, Rng(seed), 5, b.data(), cb.data());
+        ASSERT_EQ(na, nb);
+        ASSERT_EQ(a, b) << "seed " << seed << " n " << n << " C " << C << " iterations " << iters;
+      }
+    }
 }
 
 TEST(KMeans, FewerDistinctCodesThanClusters) {
