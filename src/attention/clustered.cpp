@@ -40,45 +40,39 @@ uint64_t stream_of(uint64_t call, uint64_t purpose, uint64_t head) {
 
 }  // namespace
 
-void clustered_assign(const AttentionInputs& in, const AttentionDims& d, const ClusteredParams& p,
-                      uint64_t call, ClusteredState& st) {
-  const int64_t BH = d.B * d.H;
-  st.cmax = std::max<int64_t>(1, std::min(p.clusters, d.N));
-  st.nclusters.assign(static_cast<size_t>(BH), 0);
-  st.order.resize(static_cast<size_t>(BH * d.N));
-  st.offsets.assign(static_cast<size_t>(BH * (st.cmax + 1)), 0);
-  const Rng rng(p.seed);
-  cluster::LshPlanes planes;
-  if (!p.positional) planes = cluster::draw_planes(rng, stream_of(call, 0, 0), p.bits, d.Dk, p.hash_bias);
+namespace {
 
-  std::vector<ClusterScratch> scratch(static_cast<size_t>(max_threads()));
-  parallel_for(BH, [&](int64_t t) {
-    const int64_t b = t / d.H, h = t % d.H;
-    const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
-    if (nv == 0 || mv == 0) return;  // every output row of this head is 0
-    ClusterScratch& sc = scratch[static_cast<size_t>(thread_id())];
-    sc.assign.resize(static_cast<size_t>(nv));
-    int64_t ce;
-    if (p.positional) {
-      ce = std::min(p.clusters, nv);
-      for (int64_t i = 0; i < nv; ++i) sc.assign[static_cast<size_t>(i)] = static_cast<int32_t>(i * ce / nv);
-    } else if (p.clusters >= nv) {
-      ce = nv;  // every query its own cluster: exact attention
-      std::iota(sc.assign.begin(), sc.assign.end(), 0);
-    } else {
-      sc.codes.resize(static_cast<size_t>(nv));
-      sc.centroids.resize(static_cast<size_t>(p.clusters));
-      sc.proj.resize(static_cast<size_t>(cluster::kHashBlock * 64));
-      cluster::hash_codes(in.q.ptr(b, h, 0), nv, in.q.stride(2), planes, sc.codes.data(), sc.proj.data());
-      ce = cluster::hamming_kmeans(sc.codes.data(), nv, p.clusters, p.iterations, rng,
-                                   stream_of(call, 1, static_cast<uint64_t>(t)),
-                                   sc.assign.data(), sc.centroids.data(), sc.km);
-    }
-    cluster::counting_sort(sc.assign.data(), nv, ce, st.order.data() + t * d.N,
-                           st.offsets.data() + t * (st.cmax + 1));
-    st.nclusters[static_cast<size_t>(t)] = static_cast<int32_t>(ce);
-  });
+// Steps 1-3 of DESIGN §3 for one (b, h): hash the valid queries, Hamming k-means, counting sort
+// into st's segments. Returns C_eff (0 when no query or no key is valid).
+int64_t assign_head(const AttentionInputs& in, const AttentionDims& d, const ClusteredParams& p,
+                    uint64_t call, const Rng& rng, const cluster::LshPlanes& planes, int64_t t,
+                    ClusteredState& st, ClusterScratch& sc) {
+  const int64_t b = t / d.H, h = t % d.H;
+  const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
+  if (nv == 0 || mv == 0) return 0;  // every output row of this head is 0
+  sc.assign.resize(static_cast<size_t>(nv));
+  int64_t ce;
+  if (p.positional) {
+    ce = std::min(p.clusters, nv);
+    for (int64_t i = 0; i < nv; ++i) sc.assign[static_cast<size_t>(i)] = static_cast<int32_t>(i * ce / nv);
+  } else if (p.clusters >= nv) {
+    ce = nv;  // every query its own cluster: exact attention
+    std::iota(sc.assign.begin(), sc.assign.end(), 0);
+  } else {
+    sc.codes.resize(static_cast<size_t>(nv));
+    sc.centroids.resize(static_cast<size_t>(p.clusters));
+    sc.proj.resize(static_cast<size_t>(cluster::kHashBlock * 64));
+    cluster::hash_codes(in.q.ptr(b, h, 0), nv, in.q.stride(2), planes, sc.codes.data(), sc.proj.data());
+    ce = cluster::hamming_kmeans(sc.codes.data(), nv, p.clusters, p.iterations, rng,
+                                 stream_of(call, 1, static_cast<uint64_t>(t)), sc.assign.data(),
+                                 sc.centroids.data(), sc.km);
+  }
+  cluster::counting_sort(sc.assign.data(), nv, ce, st.order.data() + t * d.N,
+                         st.offsets.data() + t * (st.cmax + 1));
+  return ce;
 }
+
+}  // namespace
 
 namespace {
 
@@ -131,10 +125,18 @@ void top_scan(const float* row, int64_t width, int64_t k0, Cand* buf, int64_t& n
 }  // namespace
 
 void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
-                        const ClusteredParams& p, View out, ClusteredState& st,
+                        const ClusteredParams& p, uint64_t call, View out, ClusteredState& st,
                         ClusteredWorkspace& ws) {
-  const int64_t D = d.Dk, Dv = d.Dv, BH = d.B * d.H, cmax = st.cmax;
-  const int64_t np = (d.M + kPanel - 1) / kPanel, Mp = np * kPanel, Dvp = round_up(Dv, mk::kLanes);
+  const int64_t D = d.Dk, Dv = d.Dv, BH = d.B * d.H;
+  st.cmax = std::max<int64_t>(1, std::min(p.clusters, d.N));
+  st.nclusters.assign(static_cast<size_t>(BH), 0);
+  st.order.resize(static_cast<size_t>(BH * d.N));
+  st.offsets.assign(static_cast<size_t>(BH * (st.cmax + 1)), 0);
+  const int64_t cmax = st.cmax;
+  const Rng rng(p.seed);
+  cluster::LshPlanes planes;  // one draw per call, shared by every head
+  if (!p.positional) planes = cluster::draw_planes(rng, stream_of(call, 0, 0), p.bits, D, p.hash_bias);
+  const int64_t Dvp = round_up(Dv, mk::kLanes);
   const float scale = p.scale > 0 ? p.scale : 1.f / std::sqrt(static_cast<float>(D));
   const float c = scale * kLog2e;
   const bool improved = p.topk > 0;
@@ -149,21 +151,15 @@ void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
     st.lse_m.resize(Shape{d.B, d.H, d.N});
   }
   ws.ensure_threads();
-  float* kpan = ws.kpan.floats(static_cast<size_t>(d.B * d.Hkv * Mp * D));    // (B, Hkv, np, D, 64)
-  // V rows for O += P·V: used in place when Dv is a multiple of 16, else padded copies.
-  float* vrow = ws.vrow.floats(static_cast<size_t>(std::max<int64_t>(1, d.B * d.Hkv * mk::rows_operand_size(d.M, Dv))));
-  std::vector<mk::RowsOperand> vops(static_cast<size_t>(d.B * d.Hkv));
-  parallel_for(d.B * d.Hkv, [&](int64_t t) {
-    const int64_t b = t / d.Hkv, hk = t % d.Hkv;
-    mk::pack_panels(in.k.ptr(b, hk, 0), d.M, D, in.k.stride(2), kpan + t * Mp * D);
-    vops[static_cast<size_t>(t)] = mk::rows_operand(in.v.ptr(b, hk, 0), d.M, Dv, in.v.stride(2),
-                                                    vrow + t * mk::rows_operand_size(d.M, Dv));
-  });
 
+  // One task per (b, h) runs the whole pipeline: one barrier per call, and the head's packed keys
+  // live in per-thread scratch instead of a (B, Hkv, M, D) buffer.
   parallel_for(BH, [&](int64_t t) {
     const int64_t b = t / d.H, h = t % d.H, hk = h / d.group();
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
-    const int64_t ce = st.nclusters[static_cast<size_t>(t)];
+    ThreadScratch& sc = ws.mine();
+    const int64_t ce = assign_head(in, d, p, call, rng, planes, t, st, sc.cs);
+    st.nclusters[static_cast<size_t>(t)] = static_cast<int32_t>(ce);
     for (int64_t i = ce > 0 ? nv : 0; i < d.N; ++i)  // padded rows, or all rows when nothing is visible
       std::memset(out.ptr(b, h, i), 0, sizeof(float) * static_cast<size_t>(Dv));
     if (ce == 0) return;
@@ -176,67 +172,66 @@ void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
     const int64_t k = improved ? std::min(p.topk, mv) : 0;
     st.ksel[static_cast<size_t>(t)] = static_cast<int32_t>(k);
     centroids(in, b, h, D, ce, order, off, qc);
-    const float* kp = kpan + (b * d.Hkv + hk) * Mp * D;
-    const mk::RowsOperand vr = vops[static_cast<size_t>(b * d.Hkv + hk)];
-    ThreadScratch& sc = ws.mine();
-    float* qcs = sc.a.floats(static_cast<size_t>(kCb * D));      // (Cb, D) Qc·c
+    // V rows for Vc += P·V: in place when Dv is a multiple of 16, else a padded copy.
+    const mk::RowsOperand vr = mk::rows_operand(in.v.ptr(b, hk, 0), mv, Dv, in.v.stride(2),
+                                                sc.vr.floats(static_cast<size_t>(std::max<int64_t>(1, mk::rows_operand_size(mv, Dv)))));
+    float* qcs = sc.a.floats(static_cast<size_t>(ce * D));       // (C, D) Qc·c
+    float* kt = sc.kp.floats(static_cast<size_t>(kBc * D));      // (8, D, 64) this key tile, packed
     float* s = sc.b.floats(static_cast<size_t>(kCb * kBc));      // (Cb, Bc) scores, then P
-    float* vc = sc.c.floats(static_cast<size_t>(kCb * Dvp));     // (Cb, Dvp) Vc accumulator
-    float* rs = sc.d.floats(static_cast<size_t>(3 * kCb));       // m, l, alpha (Cb each)
-    float *m = rs, *l = rs + kCb, *alpha = rs + 2 * kCb;
-    if (improved) sc.cand.resize(static_cast<size_t>(kCb * 2 * k));
-    int64_t ncand[kCb];
-    float thr[kCb];
-
-    for (int64_t j0 = 0; j0 < ce; j0 += kCb) {
-      const int64_t rows = std::min(kCb, ce - j0);
-      mk::pack_rows(qc + j0 * D, rows, D, D, qcs, rows, D, c);
-      std::fill(m, m + rows, -kInf);
-      std::fill(l, l + rows, 0.f);
-      std::fill(ncand, ncand + rows, int64_t{0});
-      std::fill(thr, thr + rows, -kInf);
-      std::memset(vc, 0, sizeof(float) * static_cast<size_t>(rows * Dvp));
-      // Ac = softmax(s·Qc·Kᵀ) over valid keys, Vc = Ac·V, flash-style over key tiles.
-      for (int64_t k0 = 0; k0 < mv; k0 += kBc) {
-        const int64_t bc = std::min(kBc, mv - k0), npan = (bc + kPanel - 1) / kPanel, width = npan * kPanel;
-        mk::gemm_abt(rows, npan, D, qcs, D, kp + k0 * D, s, kBc);
+    float* vc = sc.c.floats(static_cast<size_t>(ce * Dvp));      // (C, Dvp) Vc accumulators
+    float* rs = sc.d.floats(static_cast<size_t>(3 * ce));        // m, l, alpha: (C) each
+    float *m = rs, *l = rs + ce, *alpha = rs + 2 * ce;
+    if (improved) sc.cand.resize(static_cast<size_t>(ce * 2 * k));
+    sc.ncand.assign(static_cast<size_t>(ce), 0);
+    sc.thr.assign(static_cast<size_t>(ce), -kInf);
+    mk::pack_rows(qc, ce, D, D, qcs, ce, D, c);
+    std::fill(m, m + ce, -kInf);
+    std::fill(l, l + ce, 0.f);
+    std::memset(vc, 0, sizeof(float) * static_cast<size_t>(ce * Dvp));
+    // Ac = softmax(s·Qc·Kᵀ) over valid keys, Vc = Ac·V, flash-style. Key tiles outer: each tile of
+    // K is read from memory once, packed while it is in cache, and serves every centroid block.
+    for (int64_t k0 = 0; k0 < mv; k0 += kBc) {
+      const int64_t bc = std::min(kBc, mv - k0), npan = (bc + kPanel - 1) / kPanel, width = npan * kPanel;
+      mk::pack_panels(in.k.ptr(b, hk, k0), bc, D, in.k.stride(2), kt);
+      for (int64_t j0 = 0; j0 < ce; j0 += kCb) {
+        const int64_t rows = std::min(kCb, ce - j0);
+        mk::gemm_abt(rows, npan, D, qcs + j0 * D, D, kt, s, kBc);
         for (int64_t r = 0; r < rows; ++r) {
+          const int64_t j = j0 + r;
           float* row = s + r * kBc;
-          tile::mask_tail(row, width, mv - k0);
-          if (improved) top_scan(row, width, k0, sc.cand.data() + r * 2 * k, ncand[r], thr[r], k);
-          alpha[r] = tile::online_softmax_row(row, width, m[r], l[r]);
+          tile::mask_tail(row, width, bc);
+          if (improved) top_scan(row, width, k0, sc.cand.data() + j * 2 * k, sc.ncand[static_cast<size_t>(j)], sc.thr[static_cast<size_t>(j)], k);
+          alpha[j] = tile::online_softmax_row(row, width, m[j], l[j]);
         }
-        mk::gemm_ab(rows, Dvp, bc, s, kBc, 1, vr.data + k0 * vr.ld, vr.ld, vc, Dvp, alpha);
+        mk::gemm_ab(rows, Dvp, bc, s, kBc, 1, vr.data + k0 * vr.ld, vr.ld, vc + j0 * Dvp, Dvp, alpha + j0);
       }
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t j = j0 + r;
-        const float inv = 1.f / l[r];  // l > 0: mv >= 1 keys are visible
-        const float lse2 = m[r] + std::log2(l[r]);
-        lse_c[j] = lse2 * kLn2;
-        float* res = resid + j * Dv;
-        for (int64_t e = 0; e < Dv; ++e) res[e] = vc[r * Dvp + e] * inv;
-        mass[j] = 0.f;
-        if (!improved) continue;
-        // T_j: the k best centroid scores, ascending key index; m_j and R_j = Vc_j − Σ_T A v.
-        Cand* cand = sc.cand.data() + r * 2 * k;
-        top_compact(cand, ncand[r], k);
-        int32_t* tk = st.topk_idx.data() + (t * cmax + j) * st.kmax;
-        for (int64_t x = 0; x < k; ++x) tk[x] = cand[x].i;
-        std::sort(tk, tk + k);
-        if (k == mv) {  // T_j holds every key: m_j = 1, R_j = 0 exactly
-          mass[j] = 1.f;
-          std::fill(res, res + Dv, 0.f);
-          continue;
-        }
-        double msum = 0;
-        for (int64_t x = 0; x < k; ++x) {
-          const float a = std::exp2(cand[x].v - lse2);
-          msum += a;
-          const float* v = in.v.ptr(b, hk, cand[x].i);
-          for (int64_t e = 0; e < Dv; ++e) res[e] -= a * v[e];
-        }
-        mass[j] = static_cast<float>(msum);
+    }
+    for (int64_t j = 0; j < ce; ++j) {
+      const float inv = 1.f / l[j];  // l > 0: mv >= 1 keys are visible
+      const float lse2 = m[j] + std::log2(l[j]);
+      lse_c[j] = lse2 * kLn2;
+      float* res = resid + j * Dv;
+      for (int64_t e = 0; e < Dv; ++e) res[e] = vc[j * Dvp + e] * inv;
+      mass[j] = 0.f;
+      if (!improved) continue;
+      // T_j: the k best centroid scores, ascending key index; m_j and R_j = Vc_j − Σ_T A v.
+      Cand* cand = sc.cand.data() + j * 2 * k;
+      top_compact(cand, sc.ncand[static_cast<size_t>(j)], k);
+      int32_t* tk = st.topk_idx.data() + (t * cmax + j) * st.kmax;
+      for (int64_t x = 0; x < k; ++x) tk[x] = cand[x].i;
+      std::sort(tk, tk + k);
+      if (k == mv) {  // T_j holds every key: m_j = 1, R_j = 0 exactly
+        mass[j] = 1.f;
+        std::fill(res, res + Dv, 0.f);
+        continue;
       }
+      double msum = 0;
+      for (int64_t x = 0; x < k; ++x) {
+        const float a = std::exp2(cand[x].v - lse2);
+        msum += a;
+        simd::axpy_row(res, in.v.ptr(b, hk, cand[x].i), Dv, -a);
+      }
+      mass[j] = static_cast<float>(msum);
     }
     // Step 6: members receive their centroid's output (improved: recomputed on T_j).
     if (improved) {

@@ -39,19 +39,16 @@ struct ClusteredState : ContextState {
   Tensor resid;                    // (B, H, cmax, Dv) Vc_j − Σ_{l∈T_j} A_jl v_l (= Vc_j when k = 0)
 };
 
-// Builds the clusters of every (b, h) into st (steps 1-3 of DESIGN §3): hashing, k-means,
-// counting sort. Exposed for the tests and for sharing between the two variants.
-void clustered_assign(const AttentionInputs& in, const AttentionDims& d, const ClusteredParams& p,
-                      uint64_t call, ClusteredState& st);
-
 struct ClusteredWorkspace;
 struct ClusteredWorkspaceDeleter { void operator()(ClusteredWorkspace* w) const; };
 using ClusteredWorkspacePtr = std::unique_ptr<ClusteredWorkspace, ClusteredWorkspaceDeleter>;
 ClusteredWorkspacePtr make_clustered_workspace();
 
-// Forward given clusters already in st (from clustered_assign); fills the rest of st.
+// Forward: clusters every (b, h) (hashing with the planes of rng stream `call`, Hamming k-means,
+// counting sort), then the centroid attention and the broadcast (or improved member stage).
+// Fills st with everything backward needs.
 void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
-                        const ClusteredParams& p, View out, ClusteredState& st,
+                        const ClusteredParams& p, uint64_t call, View out, ClusteredState& st,
                         ClusteredWorkspace& ws);
 void attn_clustered_bwd(const AttentionInputs& in, const AttentionDims& d,
                         const ClusteredParams& p, const ClusteredState& st, ConstView dout,

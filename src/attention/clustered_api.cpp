@@ -32,8 +32,7 @@ class ClusteredAttention final : public Attention {
     const AttentionDims d = validate_inputs(in, caps_, kind_);
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", kind_);
     ClusteredState& st = ctx.state<ClusteredState>();
-    clustered_assign(in, d, p_, calls_++, st);
-    attn_clustered_fwd(in, d, p_, out, st, *ws_);
+    attn_clustered_fwd(in, d, p_, calls_++, out, st, *ws_);
   }
 
   void backward(const AttentionInputs& in, const Context& ctx, ConstView dout, View dq, View dk,

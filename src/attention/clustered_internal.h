@@ -22,7 +22,7 @@ struct Cand {  // a top-k candidate: score (log2 units) and key index
   int32_t i;
 };
 
-// Per-thread scratch of clustered_assign.
+// Per-thread scratch of the clustering steps.
 struct ClusterScratch {
   std::vector<uint64_t> codes, centroids;
   std::vector<int32_t> assign;
@@ -32,16 +32,19 @@ struct ClusterScratch {
 
 // Per-thread tiles, sized on first use and reused by later calls.
 struct ThreadScratch {
+  ClusterScratch cs;                                // hashing and k-means
+  Workspace kp, vr;                                 // a K tile's panels, V rows (forward)
   Workspace a, b, c, d, e, f, g, h, i;              // centroid stage
   Workspace kt, ktp, ktr, vt, vtp, vtr, qm, gm, sm, dp, um, dkt, dvt;  // member stage
-  std::vector<Cand> cand;
+  std::vector<Cand> cand;           // (C, 2k) top-k candidates per centroid
+  std::vector<int64_t> ncand;       // (C) candidates held
+  std::vector<float> thr;           // (C) filter threshold (k-th best so far)
   std::vector<int64_t> cursor;
 };
 
 struct ClusteredWorkspace {
-  Workspace kpan;   // (B, Hkv, np, Dk, 64) K panels
+  Workspace kpan;   // (B, Hkv, np, Dk, 64) K panels (backward)
   Workspace vpan;   // (B, Hkv, np, Dv, 64) V panels (backward)
-  Workspace vrow;   // (B, Hkv, Mp, Dvp) V rows (forward)
   Workspace krow;   // (B, Hkv, Mp, Dkp) K rows (backward)
   Workspace dkvp;   // (B, H, Mp, Dkp + Dvp) backward with GQA: per-query-head partial dK, dV
   std::vector<ThreadScratch> threads;
