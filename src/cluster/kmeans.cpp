@@ -38,18 +38,32 @@ void assign_nearest_ref(const uint64_t* codes, int64_t n, const uint64_t* centro
   }
 }
 
+#if defined(CLATTN_VPOPCNT)
+typedef unsigned long long u64x8 __attribute__((vector_size(64)));
+typedef unsigned long long u64x4 __attribute__((vector_size(32)));
+typedef unsigned long long u64x2 __attribute__((vector_size(16)));
+// Horizontal unsigned min in registers (storing the lanes to an array made GCC spill the
+// accumulators of the hot loop to the stack on every iteration).
+inline uint64_t hmin_u64(u64x8 v) {
+  const u64x4 a = __builtin_shufflevector(v, v, 0, 1, 2, 3), b = __builtin_shufflevector(v, v, 4, 5, 6, 7);
+  const u64x4 m = a < b ? a : b;
+  const u64x2 c = __builtin_shufflevector(m, m, 0, 1), d = __builtin_shufflevector(m, m, 2, 3);
+  const u64x2 e = c < d ? c : d;
+  return e[0] < e[1] ? e[0] : e[1];
+}
+#endif
+
 void assign_nearest(const uint64_t* codes, int64_t n, const uint64_t* centroids, int64_t C,
                     int32_t* assign, uint32_t* dist) {
 #if defined(CLATTN_VPOPCNT)
   // Key = distance << 32 | centroid index: one unsigned min keeps the nearest centroid and, among
-  // equally near ones, the first. Four codes per pass share each centroid load.
-  typedef unsigned long long u64x8 __attribute__((vector_size(64)));
-  constexpr int kCodes = 4;
+  // equally near ones, the first. Several codes per pass share each centroid load.
+  constexpr int kCodes = 8;
   const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
   for (int64_t i = 0; i < n; i += kCodes) {
     const int cnt = static_cast<int>(std::min<int64_t>(kCodes, n - i));
     __m512i x[kCodes], best[kCodes];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int u = 0; u < kCodes; ++u) {
       x[u] = _mm512_set1_epi64(static_cast<long long>(codes[i + std::min(u, cnt - 1)]));
       best[u] = _mm512_set1_epi64(-1);
@@ -59,7 +73,7 @@ void assign_nearest(const uint64_t* codes, int64_t n, const uint64_t* centroids,
                                      : static_cast<__mmask8>((1u << (C - c0)) - 1u);
       const __m512i cv = _mm512_maskz_loadu_epi64(m, centroids + c0);
       const u64x8 idx = (u64x8)lane + static_cast<unsigned long long>(c0);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int u = 0; u < kCodes; ++u) {
         // Vector-extension shift and or: the unmasked shift intrinsic trips GCC 12's
         // -Wmaybe-uninitialized.
@@ -67,11 +81,11 @@ void assign_nearest(const uint64_t* codes, int64_t n, const uint64_t* centroids,
         best[u] = _mm512_mask_min_epu64(best[u], m, best[u], key);
       }
     }
+    uint64_t res[kCodes];
+#pragma GCC unroll 8
+    for (int u = 0; u < kCodes; ++u) res[u] = hmin_u64((u64x8)best[u]);  // constant trip count keeps best[] in registers
     for (int u = 0; u < cnt; ++u) {
-      uint64_t l[8];
-      _mm512_storeu_si512(l, best[u]);
-      uint64_t b = l[0];
-      for (int z = 1; z < 8; ++z) b = std::min(b, l[z]);
+      const uint64_t b = res[u];
       assign[i + u] = static_cast<int32_t>(b & 0xFFFFFFFFu);
       if (dist) dist[i + u] = static_cast<uint32_t>(b >> 32);
     }
