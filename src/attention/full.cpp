@@ -61,20 +61,43 @@ FullWorkspacePtr make_full_workspace() { return FullWorkspacePtr(new FullWorkspa
 
 namespace {
 
-// Keys [0, key_end(i)) are visible to query i (before the bias's own -inf entries).
+// Keys [key_begin(i), key_end(i)) are visible to query i (before the bias's own -inf entries).
+// Query i sits at key position i + off (off = M − N, the prefix-cache convention); causal keeps
+// keys up to that position; a window keeps |position − j| <= window/2, or with causal the last
+// `window` positions. Both bounds are non-decreasing in i.
 struct RowLimits {
   int64_t mv, off;
   bool causal;
-  int64_t key_end(int64_t i) const { return causal ? std::clamp(i + off + 1, int64_t{0}, mv) : mv; }
+  int64_t window = 0;  // 0: no band
+  int64_t key_begin(int64_t i) const {
+    if (window == 0) return 0;
+    return std::clamp(causal ? i + off - window + 1 : i + off - window / 2, int64_t{0}, mv);
+  }
+  int64_t key_end(int64_t i) const {
+    if (causal) return std::clamp(i + off + 1, int64_t{0}, mv);
+    return window == 0 ? mv : std::clamp(i + off + window / 2 + 1, int64_t{0}, mv);
+  }
 };
 
-// Adds the bias (in log2 units) and writes -inf past the visible limit, over a row of `width`
-// scores for keys k0 .. k0 + width.
-inline void mask_row(float* row, int64_t width, int64_t lim, const float* bias_row) {
-  const int64_t vis = std::clamp(lim, int64_t{0}, width);
+// Adds the bias (in log2 units) and writes -inf outside the visible keys [lo, hi), over a row of
+// `width` scores for keys k0 .. k0 + width (lo, hi relative to k0).
+inline void mask_row(float* row, int64_t width, int64_t lo, int64_t hi, const float* bias_row) {
+  const int64_t a = std::clamp(lo, int64_t{0}, width), e = std::clamp(hi, a, width);
+  for (int64_t j = 0; j < a; ++j) row[j] = -kInf;
   if (bias_row)
-    for (int64_t j = 0; j < vis; ++j) row[j] += bias_row[j] * kLog2e;
-  for (int64_t j = vis; j < width; ++j) row[j] = -kInf;
+    for (int64_t j = a; j < e; ++j) row[j] += bias_row[j] * kLog2e;
+  for (int64_t j = e; j < width; ++j) row[j] = -kInf;
+}
+
+// First i in [lo, hi) with pred(i) true, for a predicate that is false then true (hi if none).
+template <class Pred>
+int64_t first_row(int64_t lo, int64_t hi, Pred pred) {
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (pred(mid)) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
 }
 
 const float* bias_row_ptr(const AttentionInputs& in, int64_t i, int64_t k0) {
@@ -84,7 +107,7 @@ const float* bias_row_ptr(const AttentionInputs& in, int64_t i, int64_t k0) {
 }  // namespace
 
 void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scale, View out,
-                   float* lse, FullWorkspace& ws) {
+                   float* lse, FullWorkspace& ws, int64_t window) {
   const int64_t D = d.Dk, Dv = d.Dv, np = (d.M + kPanel - 1) / kPanel, Mp = np * kPanel;
   const int64_t Dvp = round_up(Dv, mk::kLanes);
   const float c = scale * kLog2e;
@@ -137,19 +160,19 @@ void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scal
     std::fill(m, m + rows, -kInf);
     std::fill(l, l + rows, 0.f);
     std::memset(oacc, 0, sizeof(float) * static_cast<size_t>(rows * Dvp));
-    const RowLimits lim{valid_keys(in, d, b), d.M - d.N, in.causal};
-    const int64_t kend = lim.key_end(q0 + rows - 1);
+    const RowLimits lim{valid_keys(in, d, b), d.M - d.N, in.causal, window};
+    const int64_t kbeg = lim.key_begin(q0) / kPanel * kPanel, kend = lim.key_end(q0 + rows - 1);
     const float* kp = kpan + (b * d.Hkv + hk) * Mp * D;
     const mk::RowsOperand vr = vops[static_cast<size_t>(b * d.Hkv + hk)];
 
-    for (int64_t k0 = 0; k0 < kend; k0 += kBc) {
+    for (int64_t k0 = kbeg; k0 < kend; k0 += kBc) {
       const int64_t bc = std::min(kBc, kend - k0), npan = (bc + kPanel - 1) / kPanel;
       const int64_t width = npan * kPanel;
       mk::gemm_abt(rows, npan, D, qs, D, kp + (k0 / kPanel) * D * kPanel, s, kBc);
       for (int64_t r = 0; r < rows; ++r) {
         float* row = s + r * kBc;
-        const int64_t i = q0 + r, visible = lim.key_end(i) - k0;
-        if (visible < width || in.bias.data) mask_row(row, width, visible, bias_row_ptr(in, i, k0));
+        const int64_t i = q0 + r, lo = lim.key_begin(i) - k0, hi = lim.key_end(i) - k0;
+        if (lo > 0 || hi < width || in.bias.data) mask_row(row, width, lo, hi, bias_row_ptr(in, i, k0));
         alpha[r] = tile::online_softmax_row(row, width, m[r], l[r]);
       }
       // O = diag(alpha)·O + P·V
@@ -171,7 +194,8 @@ void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scal
 }
 
 void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scale, ConstView out,
-                   const float* lse, ConstView dout, View dq, View dk, View dv, FullWorkspace& ws) {
+                   const float* lse, ConstView dout, View dq, View dk, View dv, FullWorkspace& ws,
+                   int64_t window) {
   const int64_t D = d.Dk, Dv = d.Dv, np = (d.M + kPanel - 1) / kPanel, Mp = np * kPanel;
   const int64_t Dkp = round_up(D, mk::kLanes), Dvp = round_up(Dv, mk::kLanes);
   const int64_t G = d.group(), BH = d.B * d.H;
@@ -211,7 +235,7 @@ void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
   parallel_for(BH * P, [&](int64_t t) {
     const int64_t b = t / (d.H * P), h = t / P % d.H, chunk = t % P, hk = h / G;
     const int64_t nv = valid_queries(in, d, b);
-    const RowLimits lim{valid_keys(in, d, b), d.M - d.N, in.causal};
+    const RowLimits lim{valid_keys(in, d, b), d.M - d.N, in.causal, window};
     const int64_t nkt = (lim.mv + kBcB - 1) / kBcB;
     const int64_t kt0 = chunk * nkt / P, kt1 = (chunk + 1) * nkt / P;
     float* dqt = dqp + t * d.N * Dkp;  // (N, Dkp) this task's dQ
@@ -232,9 +256,11 @@ void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
       const int64_t npan = (bc + kPanel - 1) / kPanel, width = npan * kPanel;
       std::memset(dkacc, 0, sizeof(float) * static_cast<size_t>(width * Dkp));
       std::memset(dvacc, 0, sizeof(float) * static_cast<size_t>(width * Dvp));
-      const int64_t qstart = in.causal ? std::max<int64_t>(0, k0 - lim.off) : 0;
-      for (int64_t q0 = qstart; q0 < nv; q0 += kBrB) {
-        const int64_t rows = std::min(kBrB, nv - q0);
+      // Only the queries whose visible keys meet this tile (both bounds are monotone in i).
+      const int64_t qstart = first_row(0, nv, [&](int64_t i) { return lim.key_end(i) > k0; });
+      const int64_t qend = first_row(qstart, nv, [&](int64_t i) { return lim.key_begin(i) >= k0 + bc; });
+      for (int64_t q0 = qstart; q0 < qend; q0 += kBrB) {
+        const int64_t rows = std::min(kBrB, qend - q0);
         mk::pack_rows(in.q.ptr(b, h, q0), rows, D, in.q.stride(2), qs, rows, Dkp, c);
         mk::pack_rows(dout.ptr(b, h, q0), rows, Dv, dout.stride(2), dot, rows, Dvp);
         // S = (c·Q)·Kᵀ ; P = 2^(S - lse2)  (the forward's softmax, recomputed)
@@ -242,7 +268,7 @@ void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = q0 + r;
           float* row = p + r * kBcB;
-          mask_row(row, width, lim.key_end(i) - k0, bias_row_ptr(in, i, k0));
+          mask_row(row, width, lim.key_begin(i) - k0, lim.key_end(i) - k0, bias_row_ptr(in, i, k0));
           exp2_row(row, width, lse2h[i]);
         }
         // O = P·V  ->  dV += Pᵀ·dO
@@ -302,6 +328,16 @@ void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
     });
 }
 
+void save_output(ConstView out, Tensor& dst) {
+  dst.resize(out.shape);
+  View v = dst.view();
+  parallel_for(out.dim(0) * out.dim(1), [&](int64_t t) {
+    const int64_t b = t / out.dim(1), h = t % out.dim(1);
+    for (int64_t i = 0; i < out.dim(2); ++i)
+      std::memcpy(v.ptr(b, h, i), out.ptr(b, h, i), sizeof(float) * static_cast<size_t>(out.dim(3)));
+  });
+}
+
 namespace {
 
 class FullAttention final : public Attention {
@@ -320,8 +356,7 @@ class FullAttention final : public Attention {
     FullState& st = ctx.state<FullState>();
     st.lse.resize(Shape{d.B, d.H, d.N});
     attn_full_fwd(in, d, scale_for(d), out, st.lse.data(), *ws_);
-    st.out.resize(out.shape);
-    copy_rows(out, st.out.view());
+    save_output(out, st.out);
   }
 
   void backward(const AttentionInputs& in, const Context& ctx, ConstView dout, View dq, View dk,
@@ -342,14 +377,6 @@ class FullAttention final : public Attention {
   float scale_for(const AttentionDims& d) const {
     return scale_ > 0 ? scale_ : 1.f / std::sqrt(static_cast<float>(d.Dk));
   }
-  static void copy_rows(ConstView src, View dst) {
-    parallel_for(src.dim(0) * src.dim(1), [&](int64_t t) {
-      const int64_t b = t / src.dim(1), h = t % src.dim(1);
-      for (int64_t i = 0; i < src.dim(2); ++i)
-        std::memcpy(dst.ptr(b, h, i), src.ptr(b, h, i), sizeof(float) * static_cast<size_t>(src.dim(3)));
-    });
-  }
-
   float scale_;
   Capabilities caps_;
   FullWorkspacePtr ws_;

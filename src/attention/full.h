@@ -24,15 +24,23 @@ using FullWorkspacePtr = std::unique_ptr<FullWorkspace, FullWorkspaceDeleter>;
 FullWorkspacePtr make_full_workspace();
 
 // Fast kernels. Inputs must already be validated (validate_inputs). out (B, H, N, Dv), lse (B, H, N).
+// window > 0 restricts query i (at key position i + M − N) to keys within window/2 of it, or with
+// causal to the last `window` positions up to it: the `local` variant.
 void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scale, View out,
-                   float* lse, FullWorkspace& ws);
+                   float* lse, FullWorkspace& ws, int64_t window = 0);
 // Accumulates into dq, dk, dv. out and lse as left by attn_full_fwd.
 void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scale, ConstView out,
-                   const float* lse, ConstView dout, View dq, View dk, View dv, FullWorkspace& ws);
+                   const float* lse, ConstView dout, View dq, View dk, View dv, FullWorkspace& ws,
+                   int64_t window = 0);
+
+// Copies an output (B, H, N, Dv) view into dst, reusing dst's storage: the FullState.out that the
+// backward's D_i = dO_i · O_i needs.
+void save_output(ConstView out, Tensor& dst);
 
 // Reference: one row at a time in double, obviously right, O(M) memory per row.
-void attn_full_ref_fwd(const AttentionInputs& in, float scale, View out, float* lse);
+void attn_full_ref_fwd(const AttentionInputs& in, float scale, View out, float* lse,
+                       int64_t window = 0);
 void attn_full_ref_bwd(const AttentionInputs& in, float scale, ConstView dout, View dq, View dk,
-                       View dv);
+                       View dv, int64_t window = 0);
 
 }  // namespace clattn

@@ -1,6 +1,7 @@
 // Reference full attention: the definition, row by row in double. Slow on purpose; the tests hold
 // the tiled kernels of full.cpp (and every approximation's limits) against it.
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <vector>
 
@@ -14,9 +15,13 @@ struct RowCtx {
   AttentionDims d;
   double scale;
   int64_t b, h, i;
+  int64_t window;
   bool visible(int64_t j) const {
+    const int64_t pos = i + (d.M - d.N);  // the query's key position
     if (j >= valid_keys(in, d, b)) return false;
-    if (in.causal && j > i + (d.M - d.N)) return false;
+    if (in.causal && j > pos) return false;
+    if (window > 0 && in.causal && j <= pos - window) return false;
+    if (window > 0 && !in.causal && std::abs(pos - j) > window / 2) return false;
     return !(in.bias.data && std::isinf(in.bias.data[i * in.bias.stride(0) + j]));
   }
   double logit(int64_t j) const {
@@ -46,7 +51,8 @@ struct RowCtx {
 
 }  // namespace
 
-void attn_full_ref_fwd(const AttentionInputs& in, float scale, View out, float* lse) {
+void attn_full_ref_fwd(const AttentionInputs& in, float scale, View out, float* lse,
+                       int64_t window) {
   const AttentionDims d = validate_inputs(in, Capabilities{true, true, true, true, true, true, true},
                                           "full (reference)");
   const double s = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(d.Dk));
@@ -59,7 +65,7 @@ void attn_full_ref_fwd(const AttentionInputs& in, float scale, View out, float* 
         float* l = lse ? lse + (b * d.H + h) * d.N + i : nullptr;
         if (l) *l = 0.f;
         if (i >= valid_queries(in, d, b)) continue;  // padded query: 0
-        RowCtx rc{in, d, s, b, h, i};
+        RowCtx rc{in, d, s, b, h, i, window};
         double row_lse = 0;
         if (!rc.probs(p, row_lse)) {
           if (l) *l = std::numeric_limits<float>::infinity();
@@ -76,7 +82,7 @@ void attn_full_ref_fwd(const AttentionInputs& in, float scale, View out, float* 
 }
 
 void attn_full_ref_bwd(const AttentionInputs& in, float scale, ConstView dout, View dq, View dk,
-                       View dv) {
+                       View dv, int64_t window) {
   const AttentionDims d = validate_inputs(in, Capabilities{true, true, true, true, true, true, true},
                                           "full (reference)");
   const double s = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(d.Dk));
@@ -84,7 +90,7 @@ void attn_full_ref_bwd(const AttentionInputs& in, float scale, ConstView dout, V
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t h = 0; h < d.H; ++h)
       for (int64_t i = 0; i < valid_queries(in, d, b); ++i) {
-        RowCtx rc{in, d, s, b, h, i};
+        RowCtx rc{in, d, s, b, h, i, window};
         double row_lse;
         if (!rc.probs(p, row_lse)) continue;
         const int64_t hk = h / d.group();

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <limits>
 #include <vector>
 
@@ -18,8 +20,10 @@ using testing::Problem;
 using testing::ProblemData;
 
 // L = Σ dO ∘ O with O from a direct double evaluation of masked softmax attention.
+// window > 0: the `local` band (query at key position i + M − N).
 double loss_double(const Problem& p, const std::vector<double>& q, const std::vector<double>& k,
-                   const std::vector<double>& v, const ProblemData& pd, double scale) {
+                   const std::vector<double>& v, const ProblemData& pd, double scale,
+                   int64_t window) {
   const int64_t G = p.H / p.Hkv;
   double loss = 0;
   for (int64_t b = 0; b < p.B; ++b)
@@ -30,7 +34,9 @@ double loss_double(const Problem& p, const std::vector<double>& q, const std::ve
         std::vector<double> s(static_cast<size_t>(p.M), -std::numeric_limits<double>::infinity());
         double mx = -std::numeric_limits<double>::infinity();
         for (int64_t j = 0; j < nk; ++j) {
-          if (p.causal && j > i + p.M - p.N) continue;
+          const int64_t pos = i + p.M - p.N;
+          if (p.causal && j > pos) continue;
+          if (window > 0 && (p.causal ? j <= pos - window : std::abs(pos - j) > window / 2)) continue;
           double x = 0;
           for (int64_t e = 0; e < p.Dk; ++e)
             x += q[static_cast<size_t>(((b * p.H + h) * p.N + i) * p.Dk + e)] *
@@ -55,11 +61,11 @@ double loss_double(const Problem& p, const std::vector<double>& q, const std::ve
   return loss;
 }
 
-void check_gradients(const Problem& p) {
+void check_gradients(const Problem& p, const std::string& spec = "full", int64_t window = 0) {
   SCOPED_TRACE(::testing::Message() << "N=" << p.N << " M=" << p.M << " causal=" << p.causal
                                     << " bias=" << p.bias << " H=" << p.H << " Hkv=" << p.Hkv);
   ProblemData pd = make_problem(p);
-  auto att = make_attention("full");
+  auto att = make_attention(spec);
   Tensor out(Shape{p.B, p.H, p.N, p.Dv});
   Context ctx;
   att->forward(pd.inputs(), out.view(), ctx);
@@ -72,9 +78,9 @@ void check_gradients(const Problem& p) {
   auto fd = [&](std::vector<double>& x, size_t idx) {
     const double x0 = x[idx];
     x[idx] = x0 + eps;
-    const double lp = loss_double(p, q, k, v, pd, scale);
+    const double lp = loss_double(p, q, k, v, pd, scale, window);
     x[idx] = x0 - eps;
-    const double lm = loss_double(p, q, k, v, pd, scale);
+    const double lm = loss_double(p, q, k, v, pd, scale, window);
     x[idx] = x0;
     return (lp - lm) / (2 * eps);
   };
@@ -99,6 +105,12 @@ TEST(FullGradients, FiniteDifferencesInDouble) {
   check_gradients(Problem{.B = 1, .H = 1, .Hkv = 1, .N = 8, .M = 5, .Dk = 4, .Dv = 2, .causal = true, .bias = true});
   // Across tile boundaries of both passes (64-query and 256/512-key tiles).
   check_gradients(Problem{.B = 1, .H = 1, .Hkv = 1, .N = 70, .M = 300, .Dk = 2, .Dv = 2, .causal = true});
+}
+
+TEST(LocalGradients, FiniteDifferencesInDouble) {
+  check_gradients(Problem{.B = 1, .H = 2, .Hkv = 1, .N = 9, .M = 7, .Dk = 3, .Dv = 4}, "local:window=4", 4);
+  check_gradients(Problem{.B = 2, .H = 2, .Hkv = 2, .N = 8, .M = 8, .Dk = 4, .Dv = 3, .causal = true, .qlen = {8, 5}, .klen = {6, 8}}, "local:window=3", 3);
+  check_gradients(Problem{.B = 1, .H = 1, .Hkv = 1, .N = 80, .M = 300, .Dk = 2, .Dv = 2}, "local:window=200", 200);
 }
 
 // The fast kernel agrees with the reference at sizes spanning many tiles, including a scale

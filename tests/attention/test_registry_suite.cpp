@@ -48,6 +48,16 @@ std::vector<Entry> entries() {
        [](const AttentionInputs& in, ConstView g, View dq, View dk, View dv) {
          attn_full_ref_bwd(in, 0.3f, g, dq, dk, dv);
        }},
+      {"local:window=16",
+       [](const AttentionInputs& in, const Context&, View o) { attn_full_ref_fwd(in, 0.f, o, nullptr, 16); },
+       [](const AttentionInputs& in, ConstView g, View dq, View dk, View dv) {
+         attn_full_ref_bwd(in, 0.f, g, dq, dk, dv, 16);
+       }},
+      {"local:window=129,scale=0.2",
+       [](const AttentionInputs& in, const Context&, View o) { attn_full_ref_fwd(in, 0.2f, o, nullptr, 129); },
+       [](const AttentionInputs& in, ConstView g, View dq, View dk, View dv) {
+         attn_full_ref_bwd(in, 0.2f, g, dq, dk, dv, 129);
+       }},
       {"clustered:clusters=5",
        [](const AttentionInputs& in, const Context& ctx, View o) {
          attn_clustered_ref_fwd(in, params_of("clustered"), ctx.state<ClusteredState>(), o);
