@@ -100,6 +100,7 @@ struct VariantInfo {
   std::string name;
   std::string params;  // "scale=<float>" style summary of accepted parameters
   std::string summary;
+  std::string example;  // a complete spec string, e.g. "local:window=256"
 };
 std::vector<VariantInfo> registered_attentions();
 

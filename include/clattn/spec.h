@@ -51,6 +51,7 @@ class SpecReader {
 using AttentionFactory = std::function<std::unique_ptr<Attention>(const Spec&)>;
 struct Registration {
   std::string name, params, summary;
+  std::string example;  // a complete spec that builds this variant
   AttentionFactory make;
 };
 const std::vector<Registration>& registrations();

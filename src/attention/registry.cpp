@@ -10,22 +10,22 @@ namespace clattn {
 
 const std::vector<Registration>& registrations() {
   static const std::vector<Registration> kAll = {
-      {"full", "scale=<float>", "exact softmax attention, tiled (FlashAttention-2 style)", make_full},
+      {"full", "scale=<float>", "exact softmax attention, tiled (FlashAttention-2 style)", "full", make_full},
       {"clustered",
        "clusters=<int, required>, bits=63, iterations=10, hash_bias=true, clustering=lsh|positional, "
        "scale=<float>, seed=0",
        "queries grouped by Hamming k-means on LSH codes; one attention per centroid (Vyas et al. 2020)",
-       make_clustered},
+       "clustered:clusters=100", make_clustered},
       {"improved-clustered",
        "as clustered, plus topk=32",
        "clustered, with each query's exact attention on its centroid's top-k keys",
-       make_improved_clustered},
+       "improved-clustered:clusters=100,topk=32", make_improved_clustered},
       {"local", "window=<int, required>, scale=<float>",
        "sliding-window softmax attention: |i - j| <= window/2 (causal: the last window positions)",
-       make_local},
+       "local:window=256", make_local},
       {"conditional-full", "length_limit=512, then an inner spec",
        "full attention up to length_limit queries, the inner variant beyond",
-       make_conditional_full},
+       "conditional-full:length_limit=512,improved-clustered:clusters=100", make_conditional_full},
   };
   return kAll;
 }
@@ -46,7 +46,7 @@ std::unique_ptr<Attention> make_attention(std::string_view text) {
 
 std::vector<VariantInfo> registered_attentions() {
   std::vector<VariantInfo> out;
-  for (const Registration& r : registrations()) out.push_back({r.name, r.params, r.summary});
+  for (const Registration& r : registrations()) out.push_back({r.name, r.params, r.summary, r.example});
   return out;
 }
 

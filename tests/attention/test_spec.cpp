@@ -71,9 +71,8 @@ TEST(Registry, BuildsEveryVariant) {
   EXPECT_NE(make_attention("full:scale=0.125")->name().find("scale=0.125"), std::string::npos);
   for (const VariantInfo& v : registered_attentions()) {
     EXPECT_FALSE(v.summary.empty()) << v.name;
-    const std::string spec = v.name == "full" ? "full"
-                             : v.name == "conditional-full" ? "conditional-full:clustered:clusters=4"
-                                                             : v.name + ":clusters=4";
+    const std::string& spec = v.example;
+    EXPECT_EQ(parse_spec(spec).name, v.name);
     auto a = make_attention(spec);
     // The canonical name parses back to an equivalent variant.
     EXPECT_EQ(make_attention(a->name())->name(), a->name()) << spec;
