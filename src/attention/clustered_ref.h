@@ -5,16 +5,9 @@
 #include <vector>
 
 #include "attention/clustered.h"
+#include "attention/ref_problem.h"
 
 namespace clattn {
-
-struct RefProblem {
-  AttentionDims d;
-  double scale = 0;
-  std::vector<double> q, k, v;       // contiguous (B, H, N, Dk), (B, Hkv, M, Dk), (B, Hkv, M, Dv)
-  std::vector<int32_t> qlen, klen;   // empty = full
-  static RefProblem from(const AttentionInputs& in, float scale);
-};
 
 // out (B, H, N, Dv) with the clusters (order, offsets) and top-k sets of st.
 void attn_clustered_ref(const RefProblem& pr, const ClusteredState& st, std::vector<double>& out);

@@ -10,6 +10,7 @@
 
 #include "attention/clustered.h"
 #include "attention/full.h"
+#include "attention/linear.h"
 #include "clattn/attention.h"
 #include "common/test_util.h"
 
@@ -58,6 +59,13 @@ std::vector<Entry> entries() {
        [](const AttentionInputs& in, ConstView g, View dq, View dk, View dv) {
          attn_full_ref_bwd(in, 0.2f, g, dq, dk, dv, 129);
        }},
+      {"linear",
+       [](const AttentionInputs& in, const Context&, View o) {
+         std::vector<double> ref;
+         attn_linear_ref(RefProblem::from(in, 0.f), ref);
+         for (int64_t i = 0; i < o.numel(); ++i) o.data[i] = static_cast<float>(ref[static_cast<size_t>(i)]);
+       },
+       nullptr},
       {"clustered:clusters=5",
        [](const AttentionInputs& in, const Context& ctx, View o) {
          attn_clustered_ref_fwd(in, params_of("clustered"), ctx.state<ClusteredState>(), o);
