@@ -16,6 +16,7 @@
 
 #include "attention/clustered_internal.h"
 #include "attention/tile_ops.h"
+#include "attention/topk_select.h"
 #include "attention/variants.h"
 #include "clattn/parallel.h"
 #include "core/microkernel.h"
@@ -89,36 +90,6 @@ void centroids(const AttentionInputs& in, int64_t b, int64_t h, int64_t Dk, int6
     }
     if (n > 0)
       for (int64_t e = 0; e < Dk; ++e) c[e] /= static_cast<float>(n);
-  }
-}
-
-inline bool cand_before(const Cand& a, const Cand& b) { return a.v > b.v || (a.v == b.v && a.i < b.i); }
-
-// Keeps the k best of buf[0, n) (by value, lower key index on ties); returns the worst kept value
-// once k are held (the filter threshold), else -inf.
-float top_compact(Cand* buf, int64_t& n, int64_t k) {
-  if (n > k) {
-    std::nth_element(buf, buf + (k - 1), buf + n, cand_before);
-    n = k;
-  }
-  if (n < k) return -kInf;
-  float t = kInf;
-  for (int64_t i = 0; i < n; ++i) t = std::min(t, buf[i].v);
-  return t;
-}
-
-// Adds the entries of a score row above the running threshold to the candidate buffer (2k long).
-void top_scan(const float* row, int64_t width, int64_t k0, Cand* buf, int64_t& n, float& thr, int64_t k) {
-  for (int64_t j = 0; j < width; j += simd::kLanes) {
-    uint32_t m = simd::mask_gt(simd::load(row + j), thr);
-    while (m) {
-      const int l = __builtin_ctz(m);
-      m &= m - 1;
-      const float v = row[j + l];
-      if (!(v > thr)) continue;  // the threshold rose within this vector
-      buf[n++] = Cand{v, static_cast<int32_t>(k0 + j + l)};
-      if (n == 2 * k) thr = top_compact(buf, n, k);
-    }
   }
 }
 

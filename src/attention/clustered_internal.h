@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "attention/clustered.h"
+#include "attention/topk_select.h"
 #include "clattn/parallel.h"
 #include "clattn/tensor.h"
 #include "cluster/cluster.h"
@@ -16,11 +17,6 @@ namespace clattn {
 inline constexpr int64_t kCb = 64;   // centroid rows per block
 inline constexpr int64_t kBc = 512;  // keys per tile of the centroid attention
 inline constexpr int64_t kMb = 64;   // member rows per block of the improved member stage
-
-struct Cand {  // a top-k candidate: score (log2 units) and key index
-  float v;
-  int32_t i;
-};
 
 // Per-thread scratch of the clustering steps.
 struct ClusterScratch {

@@ -221,6 +221,18 @@ inline void axpby_row(float* dst, float a, const float* x, const float* y, int64
   }
 }
 
+// Σ a[e]·b[e] over n floats.
+inline float dot(const float* a, const float* b, int64_t n) {
+  vf acc{};
+  int64_t e = 0;
+  for (; e + kLanes <= n; e += kLanes) acc += load(a + e) * load(b + e);
+  if (e < n) {
+    const int r = static_cast<int>(n - e);
+    acc += load_partial(a + e, r) * load_partial(b + e, r);
+  }
+  return hsum(acc);
+}
+
 // dst[0, n) += src[0, n) · s (explicit vectors: compilers keep this scalar when they cannot prove
 // dst and src apart).
 inline void axpy_row(float* dst, const float* src, int64_t n, float s = 1.f) {

@@ -1,0 +1,243 @@
+// Top-k attention: scores in tiles with the tile microkernel on K packed once per head (as in
+// full.cpp), a streaming top-k per query row, then the softmax and the weighted sum over the k
+// kept keys. The backward recomputes the k scores of each query from its saved keys and
+// log-sum-exp. Queries that see fewer than k keys keep all of them, so k >= valid keys is exactly
+// full attention.
+#include "attention/topk.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "attention/tile_ops.h"
+#include "attention/topk_select.h"
+#include "attention/variants.h"
+#include "clattn/parallel.h"
+#include "core/microkernel.h"
+#include "core/simd.h"
+
+namespace clattn {
+
+using mk::kPanel;
+using tile::kInf;
+using tile::kLn2;
+using tile::kLog2e;
+
+namespace {
+
+constexpr int64_t kBr = 64;   // queries per tile
+constexpr int64_t kBc = 512;  // keys per tile
+
+struct Scratch {
+  Workspace qs, s;
+  std::vector<Cand> cand;
+  std::vector<int64_t> ncand;
+  std::vector<float> thr, p;
+};
+
+}  // namespace
+
+struct TopkWorkspace {
+  Workspace kpan;   // (B, Hkv, np, Dk, 64)
+  Workspace part;   // (B, H, M, Dk + Dv) backward with GQA: per-query-head partial dK, dV
+  std::vector<Scratch> threads;
+  Scratch& mine() { return threads[static_cast<size_t>(thread_id())]; }
+};
+void TopkWorkspaceDeleter::operator()(TopkWorkspace* w) const { delete w; }
+TopkWorkspacePtr make_topk_workspace() { return TopkWorkspacePtr(new TopkWorkspace); }
+
+void attn_topk_fwd(const AttentionInputs& in, const AttentionDims& d, int64_t k, float scale,
+                   View out, TopkState& st, TopkWorkspace& ws) {
+  const int64_t D = d.Dk, Dv = d.Dv, np = (d.M + kPanel - 1) / kPanel, Mp = np * kPanel;
+  const float c = scale * kLog2e;
+  st.k = k;
+  st.idx.assign(static_cast<size_t>(d.B * d.H * d.N * k), -1);
+  st.cnt.assign(static_cast<size_t>(d.B * d.H * d.N), 0);
+  st.lse.resize(Shape{d.B, d.H, d.N});
+  ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
+  float* kpan = ws.kpan.floats(static_cast<size_t>(std::max<int64_t>(1, d.B * d.Hkv * Mp * D)));
+  parallel_for(d.B * d.Hkv, [&](int64_t t) {
+    mk::pack_panels(in.k.ptr(t / d.Hkv, t % d.Hkv, 0), d.M, D, in.k.stride(2), kpan + t * Mp * D);
+  });
+  const int64_t ntiles = (d.N + kBr - 1) / kBr;
+  parallel_for(d.B * d.H * ntiles, [&](int64_t task) {
+    const int64_t t = task / ntiles, q0 = (in.causal ? ntiles - 1 - task % ntiles : task % ntiles) * kBr;
+    const int64_t b = t / d.H, h = t % d.H, hk = h / d.group();
+    const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b), off = d.M - d.N;
+    auto key_end = [&](int64_t i) { return in.causal ? std::clamp(i + off + 1, int64_t{0}, mv) : mv; };
+    for (int64_t i = std::max(q0, nv); i < std::min(q0 + kBr, d.N); ++i) {  // padded rows
+      std::memset(out.ptr(b, h, i), 0, sizeof(float) * static_cast<size_t>(Dv));
+      st.lse.data()[t * d.N + i] = 0.f;
+    }
+    const int64_t rows = std::min(kBr, nv - q0);
+    if (rows <= 0) return;
+    Scratch& sc = ws.mine();
+    float* qs = sc.qs.floats(static_cast<size_t>(kBr * D));   // (Br, D) q·c
+    float* s = sc.s.floats(static_cast<size_t>(kBr * kBc));   // (Br, Bc) scores
+    sc.cand.resize(static_cast<size_t>(kBr * 2 * k));
+    sc.ncand.assign(static_cast<size_t>(rows), 0);
+    sc.thr.assign(static_cast<size_t>(rows), -kInf);
+    sc.p.resize(static_cast<size_t>(k));
+    mk::pack_rows(in.q.ptr(b, h, q0), rows, D, in.q.stride(2), qs, rows, D, c);
+    const float* kp = kpan + (b * d.Hkv + hk) * Mp * D;
+    const int64_t kend = key_end(q0 + rows - 1);
+    for (int64_t k0 = 0; k0 < kend; k0 += kBc) {
+      const int64_t npan = (std::min(kBc, kend - k0) + kPanel - 1) / kPanel, width = npan * kPanel;
+      mk::gemm_abt(rows, npan, D, qs, D, kp + k0 * D, s, kBc);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = s + r * kBc;
+        tile::mask_tail(row, width, key_end(q0 + r) - k0);
+        top_scan(row, width, k0, sc.cand.data() + r * 2 * k, sc.ncand[static_cast<size_t>(r)],
+                 sc.thr[static_cast<size_t>(r)], k);
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = q0 + r;
+      Cand* cand = sc.cand.data() + r * 2 * k;
+      int64_t n = sc.ncand[static_cast<size_t>(r)];
+      top_compact(cand, n, k);
+      float* o = out.ptr(b, h, i);
+      std::memset(o, 0, sizeof(float) * static_cast<size_t>(Dv));
+      if (n == 0) {  // no visible key
+        st.lse.data()[t * d.N + i] = kInf;
+        continue;
+      }
+      float mx = -kInf;
+      for (int64_t x = 0; x < n; ++x) mx = std::max(mx, cand[x].v);
+      float sum = 0.f;
+      for (int64_t x = 0; x < n; ++x) sum += (sc.p[static_cast<size_t>(x)] = std::exp2(cand[x].v - mx));
+      int32_t* idx = st.idx.data() + (t * d.N + i) * k;
+      for (int64_t x = 0; x < n; ++x) {
+        idx[x] = cand[x].i;
+        simd::axpy_row(o, in.v.ptr(b, hk, cand[x].i), Dv, sc.p[static_cast<size_t>(x)] / sum);
+      }
+      st.cnt[static_cast<size_t>(t * d.N + i)] = static_cast<int32_t>(n);
+      st.lse.data()[t * d.N + i] = (mx + std::log2(sum)) * kLn2;
+    }
+  });
+}
+
+void attn_topk_bwd(const AttentionInputs& in, const AttentionDims& d, float scale,
+                   const TopkState& st, ConstView dout, View dq, View dk, View dv,
+                   TopkWorkspace& ws) {
+  const int64_t D = d.Dk, Dv = d.Dv, G = d.group(), k = st.k;
+  ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
+  // With GQA several query heads write the same key rows: each gets its own partial dK, dV.
+  float* part = G > 1 ? ws.part.floats(static_cast<size_t>(d.B * d.H * d.M * (D + Dv))) : nullptr;
+  parallel_for(d.B * d.H, [&](int64_t t) {
+    const int64_t b = t / d.H, h = t % d.H, hk = h / G, nv = valid_queries(in, d, b);
+    float* pk = part ? part + t * d.M * (D + Dv) : nullptr;  // (M, D + Dv)
+    if (pk) std::memset(pk, 0, sizeof(float) * static_cast<size_t>(d.M * (D + Dv)));
+    Scratch& sc = ws.mine();
+    sc.p.resize(static_cast<size_t>(2 * k));
+    float* p = sc.p.data();
+    float* ds = p + k;
+    for (int64_t i = 0; i < nv; ++i) {
+      const int64_t n = st.cnt[static_cast<size_t>(t * d.N + i)];
+      if (n == 0) continue;
+      const int32_t* idx = st.idx.data() + (t * d.N + i) * k;
+      const float* q = in.q.ptr(b, h, i);
+      const float* g = dout.ptr(b, h, i);
+      const float lse = st.lse.data()[t * d.N + i];
+      // P = softmax over the kept keys of s q·k ; dP = dO·v ; dS = P ∘ (dP − Σ P dP) · s
+      float di = 0.f;
+      for (int64_t x = 0; x < n; ++x) {
+        p[x] = std::exp(scale * simd::dot(q, in.k.ptr(b, hk, idx[x]), D) - lse);
+        ds[x] = simd::dot(g, in.v.ptr(b, hk, idx[x]), Dv);
+        di += p[x] * ds[x];
+      }
+      float* gq = dq.ptr(b, h, i);
+      for (int64_t x = 0; x < n; ++x) {
+        const float sx = p[x] * (ds[x] - di) * scale;
+        simd::axpy_row(gq, in.k.ptr(b, hk, idx[x]), D, sx);
+        simd::axpy_row(pk ? pk + idx[x] * (D + Dv) : dk.ptr(b, hk, idx[x]), q, D, sx);
+        simd::axpy_row(pk ? pk + idx[x] * (D + Dv) + D : dv.ptr(b, hk, idx[x]), g, Dv, p[x]);
+      }
+    }
+  });
+  if (part)
+    parallel_for(d.B * d.Hkv, [&](int64_t t) {
+      const int64_t b = t / d.Hkv, hk = t % d.Hkv;
+      for (int64_t j = 0; j < valid_keys(in, d, b); ++j)
+        for (int64_t g = 0; g < G; ++g) {
+          const float* src = part + ((b * d.H + hk * G + g) * d.M + j) * (D + Dv);
+          simd::axpy_row(dk.ptr(b, hk, j), src, D);
+          simd::axpy_row(dv.ptr(b, hk, j), src + D, Dv);
+        }
+    });
+}
+
+namespace {
+
+class TopkAttention final : public Attention {
+ public:
+  TopkAttention(int64_t k, float scale) : k_(k), scale_(scale), ws_(make_topk_workspace()) {
+    caps_ = Capabilities{.causal = true, .query_lengths = true, .key_lengths = true, .bias = false,
+                         .cross = true, .gqa = true, .trainable = true};
+  }
+  std::string name() const override {
+    return detail::concat("topk:topk=", k_, scale_ > 0 ? detail::concat(",scale=", scale_) : std::string());
+  }
+  const Capabilities& capabilities() const override { return caps_; }
+  void forward(const AttentionInputs& in, View out, Context& ctx) override {
+    const AttentionDims d = validate_inputs(in, caps_, "topk");
+    validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "topk");
+    attn_topk_fwd(in, d, k_, scale_for(d), out, ctx.state<TopkState>(), *ws_);
+  }
+  void backward(const AttentionInputs& in, const Context& ctx, ConstView dout, View dq, View dk,
+                View dv) override {
+    const AttentionDims d = validate_inputs(in, caps_, "topk");
+    const TopkState& st = ctx.state<TopkState>();
+    check(st.lse.shape() == Shape{d.B, d.H, d.N}, "topk: backward inputs have shapes other than ",
+          "the forward's (q is now ", in.q.shape.str(), ")");
+    validate_output(dout, Shape{d.B, d.H, d.N, d.Dv}, "dout", "topk");
+    validate_output(dq, in.q.shape, "dq", "topk");
+    validate_output(dk, in.k.shape, "dk", "topk");
+    validate_output(dv, in.v.shape, "dv", "topk");
+    attn_topk_bwd(in, d, scale_for(d), st, dout, dq, dk, dv, *ws_);
+  }
+
+ private:
+  float scale_for(const AttentionDims& d) const {
+    return scale_ > 0 ? scale_ : 1.f / std::sqrt(static_cast<float>(d.Dk));
+  }
+  int64_t k_;
+  float scale_;
+  Capabilities caps_;
+  TopkWorkspacePtr ws_;
+};
+
+}  // namespace
+
+void attn_topk_ref(const RefProblem& pr, const TopkState& st, std::vector<double>& out) {
+  const AttentionDims& d = pr.d;
+  out.assign(static_cast<size_t>(d.B * d.H * d.N * d.Dv), 0.0);
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < d.H; ++h)
+      for (int64_t i = 0; i < pr.nq(b); ++i) {
+        const int64_t t = b * d.H + h, n = st.cnt[static_cast<size_t>(t * d.N + i)];
+        const int32_t* idx = st.idx.data() + (t * d.N + i) * st.k;
+        std::vector<double> s(static_cast<size_t>(n));
+        double mx = -INFINITY, z = 0;
+        for (int64_t x = 0; x < n; ++x) {
+          double a = 0;
+          for (int64_t e = 0; e < d.Dk; ++e) a += pr.qe(b, h, i, e) * pr.ke(b, h, idx[x], e);
+          s[static_cast<size_t>(x)] = a * pr.scale;
+          mx = std::max(mx, a * pr.scale);
+        }
+        for (auto& a : s) z += (a = std::exp(a - mx));
+        double* o = out.data() + (t * d.N + i) * d.Dv;
+        for (int64_t x = 0; x < n; ++x)
+          for (int64_t e = 0; e < d.Dv; ++e) o[e] += s[static_cast<size_t>(x)] / z * pr.ve(b, h, idx[x], e);
+      }
+}
+
+std::unique_ptr<Attention> make_topk(const Spec& spec) {
+  SpecReader r(spec);
+  const int64_t k = r.get_int("topk", 32, 1, int64_t{1} << 30);
+  const double scale = r.get_float("scale", 0.0, 1e-6, 1e6);
+  r.finish();
+  return std::make_unique<TopkAttention>(k, static_cast<float>(scale));
+}
+
+}  // namespace clattn

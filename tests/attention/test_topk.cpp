@@ -1,0 +1,115 @@
+// Top-k attention: k covering every visible key is full attention; the kept keys are the true
+// top-k by exact score; gradients match central finite differences in double (selection fixed).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "attention/full.h"
+#include "attention/topk.h"
+#include "clattn/attention.h"
+#include "common/test_util.h"
+
+namespace clattn {
+namespace {
+
+using testing::make_problem;
+using testing::nmse;
+using testing::Problem;
+using testing::ProblemData;
+
+TEST(Topk, CoveringAllKeysIsFullAttention) {
+  for (bool causal : {false, true})
+    for (auto [n, m] : {std::pair<int32_t, int32_t>{65, 65}, {100, 700}, {700, 100}, {1, 3}}) {
+      Problem p{.B = 2, .H = 2, .Hkv = 1, .N = n, .M = m, .Dk = 16, .Dv = 8, .causal = causal, .qlen = {n, (n + 1) / 2}, .klen = {m, (m + 2) / 3}};
+      ProblemData pd = make_problem(p);
+      auto att = make_attention("topk:topk=" + std::to_string(m));
+      Tensor out(Shape{2, 2, n, 8}), ref(Shape{2, 2, n, 8});
+      Context ctx;
+      att->forward(pd.inputs(), out.view(), ctx);
+      attn_full_ref_fwd(pd.inputs(), 0.f, ref.view(), nullptr);
+      EXPECT_LE(nmse(ref.view(), out.view()), 1e-10) << n << " " << m << " causal " << causal;
+    }
+}
+
+TEST(Topk, KeepsTheBestScores) {
+  Problem p{.B = 1, .H = 2, .Hkv = 2, .N = 150, .M = 1100, .Dk = 16, .Dv = 8, .causal = true};
+  ProblemData pd = make_problem(p);
+  auto att = make_attention("topk:topk=20");
+  Tensor out(Shape{1, 2, 150, 8});
+  Context ctx;
+  att->forward(pd.inputs(), out.view(), ctx);
+  const TopkState& st = ctx.state<TopkState>();
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t i = 0; i < 150; ++i) {
+      const int64_t visible = i + 1100 - 150 + 1, n = st.cnt[static_cast<size_t>(h * 150 + i)];
+      ASSERT_EQ(n, std::min<int64_t>(20, visible));
+      std::vector<double> s(static_cast<size_t>(visible));
+      for (int64_t j = 0; j < visible; ++j) {
+        double a = 0;
+        for (int64_t e = 0; e < 16; ++e) a += static_cast<double>(pd.q.view().ptr(0, h, i)[e]) * pd.k.view().ptr(0, h, j)[e];
+        s[static_cast<size_t>(j)] = a;
+      }
+      std::vector<double> sorted = s;
+      std::sort(sorted.rbegin(), sorted.rend());
+      const double kth = sorted[static_cast<size_t>(n - 1)];
+      for (int64_t x = 0; x < n; ++x) {
+        const int32_t j = st.idx[static_cast<size_t>((h * 150 + i) * 20 + x)];
+        ASSERT_GE(j, 0);
+        ASSERT_LT(j, visible);
+        EXPECT_GE(s[static_cast<size_t>(j)], kth - 1e-4) << "row " << i;
+      }
+    }
+}
+
+TEST(TopkGradients, FiniteDifferencesInDouble) {
+  for (const Problem& p : {Problem{.B = 1, .H = 2, .Hkv = 2, .N = 9, .M = 12, .Dk = 4, .Dv = 3},
+                           Problem{.B = 2, .H = 4, .Hkv = 2, .N = 10, .M = 10, .Dk = 3, .Dv = 4, .causal = true, .qlen = {10, 6}, .klen = {8, 10}},
+                           Problem{.B = 1, .H = 2, .Hkv = 1, .N = 40, .M = 600, .Dk = 2, .Dv = 2}}) {
+    ProblemData pd = make_problem(p);
+    auto att = make_attention("topk:topk=5");
+    Tensor out(Shape{p.B, p.H, p.N, p.Dv});
+    Context ctx;
+    att->forward(pd.inputs(), out.view(), ctx);
+    Tensor dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
+    att->backward(pd.inputs(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+    const TopkState& st = ctx.state<TopkState>();
+    RefProblem pr = RefProblem::from(pd.inputs(), 0.f);
+    auto loss = [&]() {
+      std::vector<double> o;
+      attn_topk_ref(pr, st, o);
+      double l = 0;
+      for (size_t i = 0; i < o.size(); ++i) l += o[i] * pd.dout.data()[i];
+      return l;
+    };
+    auto compare = [&](std::vector<double>& x, const Tensor& g, const char* what) {
+      double num = 0, den = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double x0 = x[i];
+        x[i] = x0 + 1e-6;
+        const double lp = loss();
+        x[i] = x0 - 1e-6;
+        const double lm = loss();
+        x[i] = x0;
+        const double f = (lp - lm) / 2e-6, a = g.data()[i];
+        num += (f - a) * (f - a);
+        den += f * f;
+      }
+      EXPECT_LE(num, 1e-8 * std::max(den, 1.0)) << what;
+    };
+    compare(pr.q, dq, "dq");
+    compare(pr.k, dk, "dk");
+    compare(pr.v, dv, "dv");
+  }
+}
+
+TEST(Topk, SpecErrors) {
+  EXPECT_THROW(make_attention("topk:topk=0"), Error);
+  EXPECT_THROW(make_attention("topk:k=3"), Error);
+  EXPECT_EQ(make_attention("topk")->name(), "topk:topk=32");
+}
+
+}  // namespace
+}  // namespace clattn
