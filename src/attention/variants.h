@@ -16,5 +16,6 @@ std::unique_ptr<Attention> make_conditional_full(const Spec& spec);
 std::unique_ptr<Attention> make_local(const Spec& spec);
 std::unique_ptr<Attention> make_linear(const Spec& spec);
 std::unique_ptr<Attention> make_topk(const Spec& spec);
+std::unique_ptr<Attention> make_smyrf(const Spec& spec);
 
 }  // namespace clattn

@@ -66,4 +66,13 @@ void assign_nearest_ref(const uint64_t* codes, int64_t n, const uint64_t* centro
 // increasing index); offsets (C + 1) delimit the segments. O(n + C).
 void counting_sort(const int32_t* assign, int64_t n, int64_t C, int32_t* order, int32_t* offsets);
 
+// Stable sort of indices 0..n-1 by a float key (LSD radix, 3 passes of 11 bits): O(n), so sorting
+// every round of SMYRF grows linearly with the sequence. order (n) gets the indices; equal keys
+// keep increasing index order. scratch is resized as needed.
+struct RadixScratch {
+  std::vector<uint32_t> keys, keys2;
+  std::vector<int32_t> idx2;
+};
+void sort_by_key(const float* key, int64_t n, int32_t* order, RadixScratch& ws);
+
 }  // namespace clattn::cluster

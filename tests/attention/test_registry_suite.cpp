@@ -11,6 +11,7 @@
 #include "attention/clustered.h"
 #include "attention/full.h"
 #include "attention/linear.h"
+#include "attention/smyrf.h"
 #include "attention/topk.h"
 #include "clattn/attention.h"
 #include "common/test_util.h"
@@ -71,6 +72,13 @@ std::vector<Entry> entries() {
        [](const AttentionInputs& in, const Context& ctx, View o) {
          std::vector<double> ref;
          attn_topk_ref(RefProblem::from(in, 0.f), ctx.state<TopkState>(), ref);
+         for (int64_t i = 0; i < o.numel(); ++i) o.data[i] = static_cast<float>(ref[static_cast<size_t>(i)]);
+       },
+       nullptr},
+      {"smyrf:hashes=2,q_cluster=8,k_cluster=6",
+       [](const AttentionInputs& in, const Context& ctx, View o) {
+         std::vector<double> ref;
+         attn_smyrf_ref(RefProblem::from(in, 0.f), ctx.state<SmyrfState>(), ref);
          for (int64_t i = 0; i < o.numel(); ++i) o.data[i] = static_cast<float>(ref[static_cast<size_t>(i)]);
        },
        nullptr},

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 #include <tuple>
 #include <bit>
 #include <set>
@@ -121,6 +123,25 @@ TEST(KMeans, FewerDistinctCodesThanClusters) {
   for (size_t i = 0; i < 6; ++i) EXPECT_EQ(c[static_cast<size_t>(a[i])], codes[i]);
   EXPECT_EQ(hamming_kmeans(codes.data(), 0, 10, 10, Rng(1), 0, a.data(), c.data(), ws), 0);
   EXPECT_THROW(hamming_kmeans(codes.data(), 6, 0, 10, Rng(1), 0, a.data(), c.data(), ws), Error);
+}
+
+TEST(Sort, RadixSortByFloatKey) {
+  Rng r(9);
+  for (int64_t n : {0, 1, 7, 1000, 70000}) {
+    std::vector<float> key(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) key[static_cast<size_t>(i)] = i % 13 == 0 ? 0.5f : (i % 17 == 0 ? -0.f : r.normal(0, static_cast<uint64_t>(i)) * 100.f);
+    if (n > 5) key[3] = -INFINITY, key[4] = INFINITY, key[5] = 0.f;
+    std::vector<int32_t> order(static_cast<size_t>(n)), want(static_cast<size_t>(n));
+    RadixScratch ws;
+    sort_by_key(key.data(), n, order.data(), ws);
+    std::iota(want.begin(), want.end(), 0);
+    std::stable_sort(want.begin(), want.end(), [&](int32_t a, int32_t b) {
+      // -0 sorts before +0 in the bit order; compare as the sort does
+      return key[static_cast<size_t>(a)] < key[static_cast<size_t>(b)] ||
+             (key[static_cast<size_t>(a)] == key[static_cast<size_t>(b)] && std::signbit(key[static_cast<size_t>(a)]) && !std::signbit(key[static_cast<size_t>(b)]));
+    });
+    EXPECT_EQ(order, want) << n;
+  }
 }
 
 TEST(Sort, CountingSortSegments) {

@@ -1,0 +1,44 @@
+// SMYRF (Daras et al. 2020): asymmetric LSH clustering of queries and keys, attention inside
+// clusters, rounds combined by log-sum-exp (DESIGN §3).
+#pragma once
+
+#include <vector>
+
+#include "attention/ref_problem.h"
+#include "clattn/attention.h"
+
+namespace clattn {
+
+struct SmyrfParams {
+  int64_t hashes = 2, q_cluster = 32, k_cluster = 32;
+  float scale = 0.f;  // 0 = 1/sqrt(Dk)
+  uint64_t seed = 0;
+};
+
+// The partition of every round, held fixed for backward: queries and keys sorted by their
+// projection; cluster c of a round is sorted queries [c·q_cluster, ...) and sorted keys
+// [c·k_cluster, ...).
+struct SmyrfState : ContextState {
+  int64_t rounds = 0, qc = 0, kc = 0;
+  std::vector<int32_t> qperm;  // (B, H, rounds, N) valid queries in projection order
+  std::vector<int32_t> kperm;  // (B, H, rounds, M) valid keys in projection order
+  Tensor lse2;                 // (B, H, N) log2-sum-exp2 over all rounds (+inf: no key seen)
+  Tensor out;                  // (B, H, N, Dv) the forward's output (backward's D_i)
+};
+
+struct SmyrfWorkspace;
+struct SmyrfWorkspaceDeleter { void operator()(SmyrfWorkspace* w) const; };
+using SmyrfWorkspacePtr = std::unique_ptr<SmyrfWorkspace, SmyrfWorkspaceDeleter>;
+SmyrfWorkspacePtr make_smyrf_workspace();
+
+void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const SmyrfParams& p,
+                    uint64_t call, View out, SmyrfState& st, SmyrfWorkspace& ws);
+void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const SmyrfParams& p,
+                    const SmyrfState& st, ConstView dout, View dq, View dk, View dv,
+                    SmyrfWorkspace& ws);
+
+// Reference in double with st's partition: every query attends, in every round, the keys of its
+// cluster (causal: not after it, but always its own position); the rounds' keys form one softmax.
+void attn_smyrf_ref(const RefProblem& pr, const SmyrfState& st, std::vector<double>& out);
+
+}  // namespace clattn

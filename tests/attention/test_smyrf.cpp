@@ -1,0 +1,117 @@
+// SMYRF: one cluster covering everything is full attention; the forward equals its reference
+// with the partition held fixed; gradients match central finite differences in double.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "attention/full.h"
+#include "attention/smyrf.h"
+#include "clattn/attention.h"
+#include "common/test_util.h"
+
+namespace clattn {
+namespace {
+
+using testing::make_problem;
+using testing::nmse;
+using testing::Problem;
+using testing::ProblemData;
+
+TEST(Smyrf, SingleClusterIsFullAttention) {
+  // One round and one cluster of everything: exactly full attention (also causal: the self key is
+  // always in the cluster then).
+  for (bool causal : {false, true})
+    for (auto [n, m] : {std::pair<int32_t, int32_t>{40, 40}, {64, 64}, {1, 1}, {30, 50}}) {
+      if (causal && n != m) continue;
+      Problem p{.B = 2, .H = 2, .Hkv = 1, .N = n, .M = m, .Dk = 16, .Dv = 8, .causal = causal, .qlen = {n, (n + 1) / 2}, .klen = {m, (m + 2) / 3}};
+      ProblemData pd = make_problem(p);
+      auto att = make_attention("smyrf:hashes=1,q_cluster=64,k_cluster=64");
+      Tensor out(Shape{2, 2, n, 8}), ref(Shape{2, 2, n, 8});
+      Context ctx;
+      att->forward(pd.inputs(), out.view(), ctx);
+      attn_full_ref_fwd(pd.inputs(), 0.f, ref.view(), nullptr);
+      EXPECT_LE(nmse(ref.view(), out.view()), 1e-10) << n << " " << m << " causal " << causal;
+    }
+}
+
+TEST(Smyrf, RoundsAreReproducibleAndFresh) {
+  ProblemData pd = make_problem(Problem{.B = 1, .H = 2, .Hkv = 2, .N = 300, .M = 300, .Dk = 16, .Dv = 16});
+  Tensor o1(Shape{1, 2, 300, 16}), o2(Shape{1, 2, 300, 16});
+  Context c1, c2, c3;
+  make_attention("smyrf:seed=3")->forward(pd.inputs(), o1.view(), c1);
+  auto att = make_attention("smyrf:seed=3");
+  att->forward(pd.inputs(), o2.view(), c2);
+  for (int64_t i = 0; i < o1.numel(); ++i) ASSERT_EQ(o1.data()[i], o2.data()[i]);
+  att->forward(pd.inputs(), o2.view(), c3);  // a second call draws new directions
+  EXPECT_NE(c2.state<SmyrfState>().qperm, c3.state<SmyrfState>().qperm);
+}
+
+TEST(Smyrf, MoreRoundsApproximateBetter) {
+  // Queries and keys around a few centres: more hashes cover more of each query's mass.
+  Problem p{.B = 1, .H = 4, .Hkv = 4, .N = 512, .M = 512, .Dk = 16, .Dv = 16};
+  ProblemData pd = make_problem(p);
+  for (int64_t i = 0; i < pd.q.numel(); ++i) pd.q.data()[i] *= 2.f;
+  Tensor ref(Shape{1, 4, 512, 16});
+  attn_full_ref_fwd(pd.inputs(), 0.f, ref.view(), nullptr);
+  double prev = 1e9;
+  for (int hashes : {1, 4, 16}) {
+    Tensor out(Shape{1, 4, 512, 16});
+    Context ctx;
+    make_attention("smyrf:hashes=" + std::to_string(hashes))->forward(pd.inputs(), out.view(), ctx);
+    const double e = nmse(ref.view(), out.view());
+    EXPECT_LT(e, prev) << hashes;
+    prev = e;
+  }
+}
+
+TEST(SmyrfGradients, FiniteDifferencesInDouble) {
+  for (const Problem& p : {Problem{.B = 1, .H = 2, .Hkv = 2, .N = 10, .M = 10, .Dk = 4, .Dv = 3},
+                           Problem{.B = 2, .H = 4, .Hkv = 2, .N = 9, .M = 9, .Dk = 3, .Dv = 4, .causal = true, .qlen = {9, 6}, .klen = {7, 9}},
+                           Problem{.B = 1, .H = 2, .Hkv = 1, .N = 12, .M = 20, .Dk = 3, .Dv = 2}}) {
+    ProblemData pd = make_problem(p);
+    auto att = make_attention("smyrf:hashes=3,q_cluster=4,k_cluster=5");
+    Tensor out(Shape{p.B, p.H, p.N, p.Dv});
+    Context ctx;
+    att->forward(pd.inputs(), out.view(), ctx);
+    Tensor dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
+    att->backward(pd.inputs(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+    const SmyrfState& st = ctx.state<SmyrfState>();
+    RefProblem pr = RefProblem::from(pd.inputs(), 0.f);
+    auto loss = [&]() {
+      std::vector<double> o;
+      attn_smyrf_ref(pr, st, o);
+      double l = 0;
+      for (size_t i = 0; i < o.size(); ++i) l += o[i] * pd.dout.data()[i];
+      return l;
+    };
+    auto compare = [&](std::vector<double>& x, const Tensor& g, const char* what) {
+      double num = 0, den = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double x0 = x[i];
+        x[i] = x0 + 1e-6;
+        const double lp = loss();
+        x[i] = x0 - 1e-6;
+        const double lm = loss();
+        x[i] = x0;
+        const double f = (lp - lm) / 2e-6, a = g.data()[i];
+        num += (f - a) * (f - a);
+        den += f * f;
+      }
+      EXPECT_LE(num, 1e-8 * std::max(den, 1.0)) << what << " causal " << p.causal;
+    };
+    compare(pr.q, dq, "dq");
+    compare(pr.k, dk, "dk");
+    compare(pr.v, dv, "dv");
+  }
+}
+
+TEST(Smyrf, SpecErrors) {
+  EXPECT_THROW(make_attention("smyrf:hashes=0"), Error);
+  EXPECT_THROW(make_attention("smyrf:q_cluster=65"), Error);
+  EXPECT_THROW(make_attention("smyrf:clusters=3"), Error);
+}
+
+}  // namespace
+}  // namespace clattn
