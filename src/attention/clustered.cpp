@@ -77,19 +77,17 @@ int64_t assign_head(const AttentionInputs& in, const AttentionDims& d, const Clu
 
 namespace {
 
-// Qc_j = mean of the member queries of every cluster: (ce, Dk) rows into qc.
-void centroids(const AttentionInputs& in, int64_t b, int64_t h, int64_t Dk, int64_t ce,
-               const int32_t* order, const int32_t* off, float* qc) {
+// Qc_j = mean of the member queries of every cluster: (ce, Dk) rows into qc. One pass over the
+// queries in position order (assign (nv) = cluster of each), so q streams from memory instead of
+// being read in cluster order.
+void centroids(const AttentionInputs& in, int64_t b, int64_t h, int64_t Dk, int64_t ce, int64_t nv,
+               const int32_t* assign, const int32_t* off, float* qc) {
+  std::fill(qc, qc + ce * Dk, 0.f);
+  for (int64_t i = 0; i < nv; ++i) simd::axpy_row(qc + assign[i] * Dk, in.q.ptr(b, h, i), Dk);
   for (int64_t j = 0; j < ce; ++j) {
-    float* c = qc + j * Dk;
-    std::fill(c, c + Dk, 0.f);
     const int64_t n = off[j + 1] - off[j];
-    for (int64_t m = off[j]; m < off[j + 1]; ++m) {
-      if (m + 8 < off[j + 1]) simd::prefetch_row(in.q.ptr(b, h, order[m + 8]), Dk, false);
-      simd::axpy_row(c, in.q.ptr(b, h, order[m]), Dk);
-    }
     if (n > 0)
-      for (int64_t e = 0; e < Dk; ++e) c[e] /= static_cast<float>(n);
+      for (int64_t e = 0; e < Dk; ++e) qc[j * Dk + e] /= static_cast<float>(n);
   }
 }
 
@@ -134,7 +132,6 @@ void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
     for (int64_t i = ce > 0 ? nv : 0; i < d.N; ++i)  // padded rows, or all rows when nothing is visible
       std::memset(out.ptr(b, h, i), 0, sizeof(float) * static_cast<size_t>(Dv));
     if (ce == 0) return;
-    const int32_t* order = st.order.data() + t * d.N;
     const int32_t* off = st.offsets.data() + t * (cmax + 1);
     float* qc = st.qc.data() + t * cmax * D;        // (cmax, D)
     float* lse_c = st.lse_c.data() + t * cmax;      // (cmax)
@@ -142,7 +139,8 @@ void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
     float* mass = st.mass.data() + t * cmax;        // (cmax)
     const int64_t k = improved ? std::min(p.topk, mv) : 0;
     st.ksel[static_cast<size_t>(t)] = static_cast<int32_t>(k);
-    centroids(in, b, h, D, ce, order, off, qc);
+    const int32_t* assign = sc.cs.assign.data();  // (nv) cluster of each valid query
+    centroids(in, b, h, D, ce, nv, assign, off, qc);
     // V rows for Vc += P·V: in place when Dv is a multiple of 16, else a padded copy.
     const mk::RowsOperand vr = mk::rows_operand(in.v.ptr(b, hk, 0), mv, Dv, in.v.stride(2),
                                                 sc.vr.floats(static_cast<size_t>(std::max<int64_t>(1, mk::rows_operand_size(mv, Dv)))));
@@ -208,12 +206,9 @@ void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
     if (improved) {
       improved_members_fwd(in, d, b, h, scale, st, out, sc);
     } else {
-      constexpr int64_t kAhead = 8;  // rows prefetched ahead of the random-order writes
-      for (int64_t j = 0; j < ce; ++j)
-        for (int64_t x = off[j]; x < off[j + 1]; ++x) {
-          if (x + kAhead < nv) simd::prefetch_row(out.ptr(b, h, order[x + kAhead]), Dv, true);
-          std::memcpy(out.ptr(b, h, order[x]), resid + j * Dv, sizeof(float) * static_cast<size_t>(Dv));
-        }
+      // In position order: out streams to memory; the (ce, Dv) centroid outputs stay in cache.
+      for (int64_t i = 0; i < nv; ++i)
+        std::memcpy(out.ptr(b, h, i), resid + assign[i] * Dv, sizeof(float) * static_cast<size_t>(Dv));
     }
   });
 }
