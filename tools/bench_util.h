@@ -19,6 +19,7 @@ inline constexpr const char* kInputRecipe =
     "the default scale 1/sqrt(D) a query meets keys of its own centre with logits around 4 and the\n"
     "others with logits of spread ~0.6 -- clustered like real attention, not uniform noise.\n"
     "Query heads share the centres of their kv head (grouped-query attention). v, dO ~ N(0, 1).\n"
+    "Shared-QK attention (reformer) gets k = q, so its rel_err column is '-'.\n"
     "FLOPs are nominal full attention, 4*B*H*N*M*D (half when causal; x3.5 with --backward), so\n"
     "GFLOP/s of an approximation is 'full-equivalent' throughput. rss MB is the peak resident\n"
     "memory a case adds beyond its inputs, output and gradients (workspace, context, temporaries).\n"

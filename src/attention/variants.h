@@ -17,5 +17,6 @@ std::unique_ptr<Attention> make_local(const Spec& spec);
 std::unique_ptr<Attention> make_linear(const Spec& spec);
 std::unique_ptr<Attention> make_topk(const Spec& spec);
 std::unique_ptr<Attention> make_smyrf(const Spec& spec);
+std::unique_ptr<Attention> make_reformer(const Spec& spec);
 
 }  // namespace clattn

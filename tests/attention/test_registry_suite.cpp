@@ -11,6 +11,7 @@
 #include "attention/clustered.h"
 #include "attention/full.h"
 #include "attention/linear.h"
+#include "attention/reformer.h"
 #include "attention/smyrf.h"
 #include "attention/topk.h"
 #include "clattn/attention.h"
@@ -32,6 +33,7 @@ struct Entry {
   std::string spec;
   std::function<void(const AttentionInputs&, const Context&, View)> ref_fwd;
   std::function<void(const AttentionInputs&, ConstView, View, View, View)> ref_bwd;
+  bool shared_qk = false;  // k must be q (reformer): problems get M = N, Hkv = H, k = q
 };
 
 ClusteredParams params_of(const std::string& spec) {
@@ -82,6 +84,13 @@ std::vector<Entry> entries() {
          for (int64_t i = 0; i < o.numel(); ++i) o.data[i] = static_cast<float>(ref[static_cast<size_t>(i)]);
        },
        nullptr},
+      {"reformer:rounds=2,chunk=8",
+       [](const AttentionInputs& in, const Context& ctx, View o) {
+         std::vector<double> ref;
+         attn_reformer_ref(RefProblem::from(in, 0.f), ctx.state<ReformerState>(), ref);
+         for (int64_t i = 0; i < o.numel(); ++i) o.data[i] = static_cast<float>(ref[static_cast<size_t>(i)]);
+       },
+       nullptr, true},
       {"clustered:clusters=5",
        [](const AttentionInputs& in, const Context& ctx, View o) {
          attn_clustered_ref_fwd(in, params_of("clustered"), ctx.state<ClusteredState>(), o);
@@ -100,17 +109,33 @@ std::vector<Entry> entries() {
   };
 }
 
+// The problem's data as the entry's variant takes it: shared-QK variants get k = q (and the
+// shapes that allows).
+Problem adapt(const Entry& e, Problem p) {
+  if (!e.shared_qk) return p;
+  p.Hkv = p.H;
+  p.M = p.N;
+  for (auto& l : p.klen) l = std::min<int32_t>(l, static_cast<int32_t>(p.N));
+  return p;
+}
+ProblemData data_for(const Entry& e, const Problem& p) {
+  ProblemData pd = make_problem(adapt(e, p));
+  if (e.shared_qk) pd.k = Tensor::from(pd.q.view());
+  return pd;
+}
+
 class RegistrySuite : public ::testing::TestWithParam<Entry> {
  protected:
   // Forward + backward of the variant and of its reference on one problem; compares both.
-  void run(const Problem& p, double tol = 1e-9) {
+  void run(const Problem& p_in, double tol = 1e-9) {
+    const Entry& e = GetParam();
+    const Problem p = adapt(e, p_in);  // the shapes the variant is tested at
     SCOPED_TRACE(::testing::Message() << "B=" << p.B << " H=" << p.H << " Hkv=" << p.Hkv
                                       << " N=" << p.N << " M=" << p.M << " Dk=" << p.Dk
                                       << " Dv=" << p.Dv << " causal=" << p.causal
                                       << " bias=" << p.bias << " qlen=" << p.qlen.size()
                                       << " klen=" << p.klen.size());
-    const Entry& e = GetParam();
-    ProblemData pd = make_problem(p);
+    ProblemData pd = data_for(e, p);
     const AttentionInputs in = pd.inputs();
     auto att = make_attention(e.spec);
     Guarded out(Shape{p.B, p.H, p.N, p.Dv});
@@ -207,13 +232,14 @@ TEST_P(RegistrySuite, FullyMaskedRowsAreZeroNotNaN) {
   // Batch 1 has no valid key; with causal and M < N the first N - M queries see nothing either.
   const bool causal = att->capabilities().causal;
   Problem p{.B = 2, .H = 1, .Hkv = 1, .N = 20, .M = 5, .Dk = 4, .Dv = 4, .causal = causal, .klen = {5, 0}};
-  ProblemData pd = make_problem(p);
+  if (!att->capabilities().cross) p.M = 20, p.klen = {20, 0};
+  ProblemData pd = data_for(GetParam(), p);
   Tensor out(Shape{2, 1, 20, 4});
   Context ctx;
   att->forward(pd.inputs(), out.view(), ctx);
   for (int64_t b = 0; b < 2; ++b)
     for (int64_t i = 0; i < 20; ++i) {
-      const bool sees = b == 0 && (!causal || i >= 15);
+      const bool sees = b == 0 && (!causal || i + p.M - p.N >= 0);
       for (int64_t e = 0; e < 4; ++e) {
         const float x = out.view().ptr(b, 0, i)[e];
         ASSERT_FALSE(std::isnan(x));
@@ -223,7 +249,7 @@ TEST_P(RegistrySuite, FullyMaskedRowsAreZeroNotNaN) {
       }
     }
   if (!att->capabilities().trainable) return;
-  Tensor dq(Shape{2, 1, 20, 4}), dk(Shape{2, 1, 5, 4}), dv(Shape{2, 1, 5, 4});
+  Tensor dq(Shape{2, 1, 20, 4}), dk(Shape{2, 1, p.M, 4}), dv(Shape{2, 1, p.M, 4});
   att->backward(pd.inputs(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
   EXPECT_TRUE(testing::all_finite(dq.view()) && testing::all_finite(dk.view()) &&
               testing::all_finite(dv.view()));
@@ -235,7 +261,7 @@ TEST_P(RegistrySuite, EmptySequences) {
   auto att = make_attention(GetParam().spec);
   for (auto [n, m] : {std::pair<int64_t, int64_t>{0, 0}, {0, 5}, {5, 0}}) {
     if (n != m && !att->capabilities().cross) continue;
-    ProblemData pd = make_problem(Problem{.B = 1, .H = 1, .Hkv = 1, .N = n, .M = m, .Dk = 4, .Dv = 4});
+    ProblemData pd = data_for(GetParam(), Problem{.B = 1, .H = 1, .Hkv = 1, .N = n, .M = m, .Dk = 4, .Dv = 4});
     Tensor out(Shape{1, 1, n, 4});
     out.fill(7.f);
     Context ctx;
@@ -249,7 +275,7 @@ TEST_P(RegistrySuite, EmptySequences) {
 
 TEST_P(RegistrySuite, Deterministic) {
   auto att = make_attention(GetParam().spec);
-  ProblemData pd = make_problem(Problem{.B = 1, .H = 4, .Hkv = 2, .N = 300, .M = 300, .Dk = 16, .Dv = 16});
+  ProblemData pd = data_for(GetParam(), Problem{.B = 1, .H = 4, .Hkv = 2, .N = 300, .M = 300, .Dk = 16, .Dv = 16});
   Tensor a(Shape{1, 4, 300, 16}), b(Shape{1, 4, 300, 16});
   Context c1, c2;
   att->forward(pd.inputs(), a.view(), c1);
@@ -270,7 +296,8 @@ TEST_P(RegistrySuite, BadInputsAreErrors) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  const Problem ok{.B = 2, .H = 4, .Hkv = 2, .N = 10, .M = 10, .Dk = 8, .Dv = 8};
+  const Problem ok{.B = 2, .H = 4, .Hkv = GetParam().shared_qk ? 4 : 2, .N = 10, .M = 10, .Dk = 8, .Dv = 8};
+  auto make_problem = [&](const Problem& p) { return data_for(GetParam(), p); };
   const Shape out_ok{2, 4, 10, 8};
   {
     ProblemData pd = make_problem(ok);
@@ -330,13 +357,13 @@ TEST_P(RegistrySuite, BadInputsAreErrors) {
     ProblemData pd = make_problem(ok);
     if (att->capabilities().trainable) {
       Context empty;
-      Tensor dq(Shape{2, 4, 10, 8}), dk(Shape{2, 2, 10, 8}), dv(Shape{2, 2, 10, 8});
+      Tensor dq(Shape{2, 4, 10, 8}), dk(Shape{2, ok.Hkv, 10, 8}), dv(Shape{2, ok.Hkv, 10, 8});
       EXPECT_THROW(att->backward(pd.inputs(), empty, pd.dout.view(), dq.view(), dk.view(), dv.view()),
                    Error);
       Tensor out(out_ok);
       Context ctx;
       att->forward(pd.inputs(), out.view(), ctx);
-      Tensor dk_bad(Shape{2, 2, 10, 9});
+      Tensor dk_bad(Shape{2, ok.Hkv, 10, 9});
       EXPECT_THROW(att->backward(pd.inputs(), ctx, pd.dout.view(), dq.view(), dk_bad.view(), dv.view()),
                    Error);
     }

@@ -1,0 +1,42 @@
+// Reformer LSH attention (Kitaev et al. 2020), shared-QK (DESIGN §3).
+#pragma once
+
+#include <vector>
+
+#include "attention/ref_problem.h"
+#include "clattn/attention.h"
+
+namespace clattn {
+
+struct ReformerParams {
+  int64_t rounds = 1, chunk = 32;
+  int64_t buckets = 0;  // 0 = auto: 2·ceil(N/chunk), made factorisable above 128
+  uint64_t seed = 0;
+};
+
+// The partition of every round, held fixed for backward: positions sorted by (bucket, position).
+struct ReformerState : ContextState {
+  int64_t rounds = 0, chunk = 0, buckets = 0;
+  std::vector<int32_t> perm;  // (B, H, rounds, N)
+  Tensor lse2;                // (B, H, N) log2-sum-exp2 over every round's visible keys
+  Tensor out;                 // (B, H, N, Dv) the forward's output (backward's D_i)
+};
+
+struct ReformerWorkspace;
+struct ReformerWorkspaceDeleter { void operator()(ReformerWorkspace* w) const; };
+using ReformerWorkspacePtr = std::unique_ptr<ReformerWorkspace, ReformerWorkspaceDeleter>;
+ReformerWorkspacePtr make_reformer_workspace();
+
+// Bucket count actually used for a sequence of n (the auto rule, or p.buckets checked).
+int64_t reformer_buckets(const ReformerParams& p, int64_t n);
+
+void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const ReformerParams& p,
+                       uint64_t call, View out, ReformerState& st, ReformerWorkspace& ws);
+// All gradient goes to dq (k is q); dk is left unchanged.
+void attn_reformer_bwd(const AttentionInputs& in, const AttentionDims& d, const ReformerState& st,
+                       ConstView dout, View dq, View dv, ReformerWorkspace& ws);
+
+// Reference in double with st's partition (pr.k is ignored: keys are pr.q normalised).
+void attn_reformer_ref(const RefProblem& pr, const ReformerState& st, std::vector<double>& out);
+
+}  // namespace clattn

@@ -1,0 +1,150 @@
+// Reformer: one chunk holding everything is full shared-QK attention with the self rule; exact
+// gradients (through both roles of q) against finite differences in double; the shared-QK
+// contract; bucket counts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "attention/reformer.h"
+#include "clattn/attention.h"
+#include "common/test_util.h"
+
+namespace clattn {
+namespace {
+
+using testing::make_problem;
+using testing::Problem;
+using testing::ProblemData;
+
+ProblemData shared(const Problem& p) {
+  ProblemData pd = make_problem(p);
+  pd.k = Tensor::from(pd.q.view());
+  return pd;
+}
+
+// softmax over j != i (j < valid keys, j <= i when causal) of q_i · q_j/|q_j|; self only when
+// nothing else is visible.
+std::vector<double> shared_qk_attention(const ProblemData& pd, const Problem& p) {
+  std::vector<double> out(static_cast<size_t>(p.B * p.H * p.N * p.Dv), 0.0);
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t h = 0; h < p.H; ++h)
+      for (int64_t i = 0; i < (p.qlen.empty() ? p.N : p.qlen[static_cast<size_t>(b)]); ++i) {
+        const int64_t mv = p.klen.empty() ? p.N : p.klen[static_cast<size_t>(b)];
+        std::vector<int64_t> keys;
+        for (int64_t j = 0; j < mv; ++j)
+          if (j != i && (!p.causal || j <= i)) keys.push_back(j);
+        if (keys.empty() && i < mv) keys.push_back(i);
+        if (keys.empty()) continue;
+        std::vector<double> s;
+        double mx = -INFINITY, z = 0;
+        for (int64_t j : keys) {
+          double dot = 0, nn = 0;
+          for (int64_t e = 0; e < p.Dk; ++e) {
+            dot += static_cast<double>(pd.q.view().ptr(b, h, i)[e]) * pd.q.view().ptr(b, h, j)[e];
+            nn += static_cast<double>(pd.q.view().ptr(b, h, j)[e]) * pd.q.view().ptr(b, h, j)[e];
+          }
+          s.push_back(dot / std::sqrt(nn));
+          mx = std::max(mx, s.back());
+        }
+        for (auto& x : s) z += (x = std::exp(x - mx));
+        for (size_t x = 0; x < keys.size(); ++x)
+          for (int64_t e = 0; e < p.Dv; ++e)
+            out[static_cast<size_t>(((b * p.H + h) * p.N + i) * p.Dv + e)] += s[x] / z * pd.v.view().ptr(b, h, keys[x])[e];
+      }
+  return out;
+}
+
+TEST(Reformer, OneChunkIsSharedQkFullAttention) {
+  for (bool causal : {false, true})
+    for (int32_t n : {1, 2, 17, 32}) {
+      Problem p{.B = 2, .H = 2, .Hkv = 2, .N = n, .M = n, .Dk = 8, .Dv = 4, .causal = causal, .qlen = {n, (n + 1) / 2}, .klen = {n, (n + 2) / 3}};
+      ProblemData pd = shared(p);
+      auto att = make_attention("reformer:rounds=2,chunk=32");
+      Tensor out(Shape{2, 2, n, 4});
+      Context ctx;
+      att->forward(pd.inputs(), out.view(), ctx);
+      const std::vector<double> ref = shared_qk_attention(pd, p);
+      double num = 0, den = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        num += (ref[i] - out.data()[i]) * (ref[i] - out.data()[i]);
+        den += ref[i] * ref[i];
+      }
+      EXPECT_LE(num, 1e-10 * std::max(den, 1e-30)) << n << " causal " << causal;
+    }
+}
+
+TEST(ReformerGradients, FiniteDifferencesInDouble) {
+  for (const Problem& p : {Problem{.B = 1, .H = 2, .Hkv = 2, .N = 12, .M = 12, .Dk = 4, .Dv = 3},
+                           Problem{.B = 2, .H = 1, .Hkv = 1, .N = 10, .M = 10, .Dk = 3, .Dv = 2, .causal = true, .qlen = {10, 7}, .klen = {8, 10}}}) {
+    ProblemData pd = shared(p);
+    auto att = make_attention("reformer:rounds=3,chunk=3");
+    Tensor out(Shape{p.B, p.H, p.N, p.Dv});
+    Context ctx;
+    att->forward(pd.inputs(), out.view(), ctx);
+    Tensor dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
+    att->backward(pd.inputs(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+    for (int64_t i = 0; i < dk.numel(); ++i) ASSERT_EQ(dk.data()[i], 0.f) << "k is q: dk stays unchanged";
+    const ReformerState& st = ctx.state<ReformerState>();
+    RefProblem pr = RefProblem::from(pd.inputs(), 0.f);
+    auto loss = [&]() {
+      std::vector<double> o;
+      attn_reformer_ref(pr, st, o);
+      double l = 0;
+      for (size_t i = 0; i < o.size(); ++i) l += o[i] * pd.dout.data()[i];
+      return l;
+    };
+    auto compare = [&](std::vector<double>& x, const Tensor& g, const char* what) {
+      double num = 0, den = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double x0 = x[i];
+        x[i] = x0 + 1e-6;
+        const double lp = loss();
+        x[i] = x0 - 1e-6;
+        const double lm = loss();
+        x[i] = x0;
+        const double f = (lp - lm) / 2e-6, a = g.data()[i];
+        num += (f - a) * (f - a);
+        den += f * f;
+      }
+      EXPECT_LE(num, 1e-8 * std::max(den, 1.0)) << what << " causal " << p.causal;
+    };
+    compare(pr.q, dq, "dq");
+    compare(pr.v, dv, "dv");
+  }
+}
+
+TEST(Reformer, SharedQkContract) {
+  Problem p{.B = 1, .H = 2, .Hkv = 2, .N = 40, .M = 40, .Dk = 8, .Dv = 8};
+  ProblemData pd = make_problem(p);  // k independent of q
+  auto att = make_attention("reformer");
+  Tensor out(Shape{1, 2, 40, 8});
+  Context ctx;
+  try {
+    att->forward(pd.inputs(), out.view(), ctx);
+    ADD_FAILURE() << "k != q accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("k identical to q"), std::string::npos) << e.what();
+  }
+  // The same view for q and k is accepted without comparing values.
+  AttentionInputs in = pd.inputs();
+  in.k = in.q;
+  EXPECT_NO_THROW(att->forward(in, out.view(), ctx));
+}
+
+TEST(Reformer, BucketsAndSpec) {
+  ReformerParams p;
+  EXPECT_EQ(reformer_buckets(p, 1000), 64);      // 2·ceil(1000/32)
+  const int64_t nb = reformer_buckets(p, 16384);  // 1024 -> factorised 32·32
+  EXPECT_EQ(nb, 1024);
+  EXPECT_GE(reformer_buckets(p, 20000), 2 * ((20000 + 31) / 32));
+  EXPECT_THROW(make_attention("reformer:buckets=7"), Error);
+  EXPECT_THROW(make_attention("reformer:buckets=262"), Error);  // 2·131: not even·even
+  EXPECT_NO_THROW(make_attention("reformer:buckets=256,rounds=4,chunk=64,seed=1"));
+  EXPECT_THROW(make_attention("reformer:chunk=65"), Error);
+  EXPECT_THROW(make_attention("reformer:scale=0.5"), Error);
+}
+
+}  // namespace
+}  // namespace clattn
