@@ -18,5 +18,6 @@ std::unique_ptr<Attention> make_linear(const Spec& spec);
 std::unique_ptr<Attention> make_topk(const Spec& spec);
 std::unique_ptr<Attention> make_smyrf(const Spec& spec);
 std::unique_ptr<Attention> make_reformer(const Spec& spec);
+std::unique_ptr<Attention> make_routing(const Spec& spec);
 
 }  // namespace clattn

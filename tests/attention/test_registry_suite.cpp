@@ -12,6 +12,7 @@
 #include "attention/full.h"
 #include "attention/linear.h"
 #include "attention/reformer.h"
+#include "attention/routing.h"
 #include "attention/smyrf.h"
 #include "attention/topk.h"
 #include "clattn/attention.h"
@@ -91,6 +92,13 @@ std::vector<Entry> entries() {
          for (int64_t i = 0; i < o.numel(); ++i) o.data[i] = static_cast<float>(ref[static_cast<size_t>(i)]);
        },
        nullptr, true},
+      {"routing:clusters=3",
+       [](const AttentionInputs& in, const Context& ctx, View o) {
+         std::vector<double> ref;
+         attn_routing_ref(RefProblem::from(in, 0.f), ctx.state<RoutingState>(), ref);
+         for (int64_t i = 0; i < o.numel(); ++i) o.data[i] = static_cast<float>(ref[static_cast<size_t>(i)]);
+       },
+       nullptr},
       {"clustered:clusters=5",
        [](const AttentionInputs& in, const Context& ctx, View o) {
          attn_clustered_ref_fwd(in, params_of("clustered"), ctx.state<ClusteredState>(), o);

@@ -1,0 +1,50 @@
+// Routing attention (Roy et al. 2020; DESIGN §3).
+#pragma once
+
+#include <vector>
+
+#include "attention/ref_problem.h"
+#include "clattn/attention.h"
+
+namespace clattn {
+
+struct RoutingParams {
+  int64_t clusters = 0;   // C (required)
+  int64_t window = 0;     // 0 = auto: ceil(N / C) queries and ceil(M / C) keys per cluster
+  int iterations = 10;    // spherical k-means rounds (eval mode)
+  bool train = false;     // mode=train: EMA centroids (layer state) instead of k-means
+  float decay = 0.999f;   // EMA decay
+  float scale = 0.f;      // 0 = 1/sqrt(Dk)
+  uint64_t seed = 0;
+};
+
+// The routing of one forward, held fixed for backward. Per (b, h), cluster c has members
+// mem[mem_off[c], mem_off[c + 1]) (its `window` queries most similar to the centroid, plus the
+// queries no cluster chose whose nearest centroid it is) and keys keys[c·wk, ...) (its window).
+struct RoutingState : ContextState {
+  int64_t C = 0, wk = 0, cap = 0;  // clusters, key window, member capacity per head
+  std::vector<int32_t> keys;       // (B, H, C, wk) key window of each cluster (-1 past the end)
+  std::vector<int32_t> nkeys;      // (B, H, C)
+  std::vector<int32_t> mem_off;    // (B, H, C + 1) into mem
+  std::vector<int32_t> mem;        // (B, H, cap) member queries
+  std::vector<float> weight;       // (B, H, cap) 1 / number of clusters the member is in
+  std::vector<float> lse2;         // (B, H, cap) the member's log2-sum-exp2 in that cluster
+};
+
+struct RoutingWorkspace;
+struct RoutingWorkspaceDeleter { void operator()(RoutingWorkspace* w) const; };
+using RoutingWorkspacePtr = std::unique_ptr<RoutingWorkspace, RoutingWorkspaceDeleter>;
+RoutingWorkspacePtr make_routing_workspace();
+
+// centroids (H, C, Dk): the EMA state in train mode (updated in place), ignored in eval mode.
+void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const RoutingParams& p,
+                      uint64_t call, float* ema, View out, RoutingState& st, RoutingWorkspace& ws);
+void attn_routing_bwd(const AttentionInputs& in, const AttentionDims& d, const RoutingParams& p,
+                      const RoutingState& st, ConstView dout, View dq, View dk, View dv,
+                      RoutingWorkspace& ws);
+
+// Reference in double with st's routing: each member attends its cluster's keys (causal: not
+// after it, always itself), outputs averaged by weight.
+void attn_routing_ref(const RefProblem& pr, const RoutingState& st, std::vector<double>& out);
+
+}  // namespace clattn
