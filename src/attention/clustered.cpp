@@ -17,6 +17,7 @@
 #include "attention/clustered_internal.h"
 #include "attention/tile_ops.h"
 #include "attention/topk_select.h"
+#include "attention/grad_util.h"
 #include "attention/variants.h"
 #include "clattn/parallel.h"
 #include "core/microkernel.h"
@@ -327,19 +328,7 @@ void attn_clustered_bwd(const AttentionInputs& in, const AttentionDims& d,
       for (int64_t x = off[j]; x < off[j + 1]; ++x) simd::axpy_row(dq.ptr(b, h, order[x]), dqc + j * Dkp, D, inv);
     }
   });
-  if (dkvp)
-    parallel_for(d.B * d.Hkv, [&](int64_t t) {
-      const int64_t b = t / d.Hkv, hk = t % d.Hkv, mv = valid_keys(in, d, b);
-      for (int64_t j = 0; j < mv; ++j) {
-        float* gk = dk.ptr(b, hk, j);
-        float* gv = dv.ptr(b, hk, j);
-        for (int64_t g = 0; g < G; ++g) {
-          const float* part = dkvp + ((b * d.H + hk * G + g) * Mp + j) * (Dkp + Dvp);
-          simd::axpy_row(gk, part, D);
-          simd::axpy_row(gv, part + Dkp, Dv);
-        }
-      }
-    });
+  if (dkvp) reduce_group_partials(in, d, dkvp, Mp, Dkp + Dvp, Dkp, dk, dv);
 }
 
 }  // namespace clattn

@@ -12,6 +12,7 @@
 #include <limits>
 #include <vector>
 
+#include "attention/grad_util.h"
 #include "attention/variants.h"
 #include "clattn/parallel.h"
 #include "core/microkernel.h"
@@ -313,19 +314,7 @@ void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
       for (int64_t ch = 0; ch < P; ++ch) simd::axpy_row(g, dqp + ((t * P + ch) * d.N + i) * Dkp, D);
     }
   });
-  if (dkvp)
-    parallel_for(d.B * d.Hkv, [&](int64_t t) {
-      const int64_t b = t / d.Hkv, hk = t % d.Hkv, mv = valid_keys(in, d, b);
-      for (int64_t j = 0; j < mv; ++j) {
-        float* gk = dk.ptr(b, hk, j);
-        float* gv = dv.ptr(b, hk, j);
-        for (int64_t g = 0; g < G; ++g) {
-          const float* part = dkvp + ((b * d.H + hk * G + g) * Mp + j) * (Dkp + Dvp);
-          simd::axpy_row(gk, part, D);
-          simd::axpy_row(gv, part + Dkp, Dv);
-        }
-      }
-    });
+  if (dkvp) reduce_group_partials(in, d, dkvp, Mp, Dkp + Dvp, Dkp, dk, dv);
 }
 
 void save_output(ConstView out, Tensor& dst) {

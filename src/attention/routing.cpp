@@ -19,6 +19,7 @@
 #include "attention/full.h"
 #include "attention/tile_ops.h"
 #include "attention/topk_select.h"
+#include "attention/grad_util.h"
 #include "attention/variants.h"
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
@@ -436,16 +437,7 @@ void attn_routing_bwd(const AttentionInputs& in, const AttentionDims& d, const R
       }
     }
   });
-  if (part)
-    parallel_for(d.B * d.Hkv, [&](int64_t t) {
-      const int64_t b = t / d.Hkv, hk = t % d.Hkv;
-      for (int64_t j = 0; j < valid_keys(in, d, b); ++j)
-        for (int64_t g = 0; g < G; ++g) {
-          const float* src = part + ((b * d.H + hk * G + g) * d.M + j) * (dm.Dkp + dm.Dvp);
-          simd::axpy_row(dk.ptr(b, hk, j), src, dm.D);
-          simd::axpy_row(dv.ptr(b, hk, j), src + dm.Dkp, dm.Dv);
-        }
-    });
+  if (part) reduce_group_partials(in, d, part, d.M, dm.Dkp + dm.Dvp, dm.Dkp, dk, dv);
 }
 
 void attn_routing_ref(const RefProblem& pr, const RoutingState& st, std::vector<double>& out) {

@@ -11,6 +11,7 @@
 
 #include "attention/tile_ops.h"
 #include "attention/topk_select.h"
+#include "attention/grad_util.h"
 #include "attention/variants.h"
 #include "clattn/parallel.h"
 #include "core/microkernel.h"
@@ -155,16 +156,7 @@ void attn_topk_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
       }
     }
   });
-  if (part)
-    parallel_for(d.B * d.Hkv, [&](int64_t t) {
-      const int64_t b = t / d.Hkv, hk = t % d.Hkv;
-      for (int64_t j = 0; j < valid_keys(in, d, b); ++j)
-        for (int64_t g = 0; g < G; ++g) {
-          const float* src = part + ((b * d.H + hk * G + g) * d.M + j) * (D + Dv);
-          simd::axpy_row(dk.ptr(b, hk, j), src, D);
-          simd::axpy_row(dv.ptr(b, hk, j), src + D, Dv);
-        }
-    });
+  if (part) reduce_group_partials(in, d, part, d.M, D + Dv, D, dk, dv);
 }
 
 namespace {

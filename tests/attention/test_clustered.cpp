@@ -10,6 +10,7 @@
 #include "attention/clustered_ref.h"
 #include "attention/full.h"
 #include "clattn/attention.h"
+#include "common/fd.h"
 #include "common/test_util.h"
 
 namespace clattn {
@@ -203,42 +204,10 @@ TEST(Clustered, ConditionalFullSwitchesAtTheLimit) {
 // Gradients against central finite differences of the double reference, clusters and top-k
 // sets held fixed (the centroids still move with the queries).
 void check_gradients(const std::string& spec, const Problem& p) {
-  SCOPED_TRACE(spec + " N=" + std::to_string(p.N) + " M=" + std::to_string(p.M));
-  ProblemData pd = clustered_data(p, 3, 0.8f);
-  auto att = make_attention(spec);
-  Tensor out(Shape{p.B, p.H, p.N, p.Dv});
-  Context ctx;
-  att->forward(pd.inputs(), out.view(), ctx);
-  Tensor dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
-  att->backward(pd.inputs(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
-  const ClusteredState& st = ctx.state<ClusteredState>();
-  RefProblem pr = RefProblem::from(pd.inputs(), 0.f);
-  auto loss = [&]() {
-    std::vector<double> o;
-    attn_clustered_ref(pr, st, o);
-    double l = 0;
-    for (size_t i = 0; i < o.size(); ++i) l += o[i] * pd.dout.data()[i];
-    return l;
-  };
-  const double eps = 1e-6;
-  auto compare = [&](std::vector<double>& x, const Tensor& g, const char* what) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < x.size(); ++i) {
-      const double x0 = x[i];
-      x[i] = x0 + eps;
-      const double lp = loss();
-      x[i] = x0 - eps;
-      const double lm = loss();
-      x[i] = x0;
-      const double f = (lp - lm) / (2 * eps), a = g.data()[i];
-      num += (f - a) * (f - a);
-      den += f * f;
-    }
-    EXPECT_LE(num, 1e-8 * std::max(den, 1.0)) << what << " relative error " << std::sqrt(num / std::max(den, 1e-30));
-  };
-  compare(pr.q, dq, "dq");
-  compare(pr.k, dk, "dk");
-  compare(pr.v, dv, "dv");
+  testing::check_fd_gradients(spec, clustered_data(p, 3, 0.8f),
+                              [](const RefProblem& pr, const Context& ctx, std::vector<double>& o) {
+                                attn_clustered_ref(pr, ctx.state<ClusteredState>(), o);
+                              });
 }
 
 TEST(ClusteredGradients, FiniteDifferencesInDouble) {

@@ -10,6 +10,7 @@
 
 #include "attention/full.h"
 #include "clattn/attention.h"
+#include "common/fd.h"
 #include "common/test_util.h"
 
 namespace clattn {
@@ -74,28 +75,11 @@ void check_gradients(const Problem& p, const std::string& spec = "full", int64_t
 
   auto to_d = [](const Tensor& t) { return std::vector<double>(t.data(), t.data() + t.numel()); };
   std::vector<double> q = to_d(pd.q), k = to_d(pd.k), v = to_d(pd.v);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(p.Dk)), eps = 1e-6;
-  auto fd = [&](std::vector<double>& x, size_t idx) {
-    const double x0 = x[idx];
-    x[idx] = x0 + eps;
-    const double lp = loss_double(p, q, k, v, pd, scale, window);
-    x[idx] = x0 - eps;
-    const double lm = loss_double(p, q, k, v, pd, scale, window);
-    x[idx] = x0;
-    return (lp - lm) / (2 * eps);
-  };
-  auto compare = [&](std::vector<double>& x, const Tensor& g, const char* what) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < x.size(); ++i) {
-      const double f = fd(x, i), a = g.data()[i];
-      num += (f - a) * (f - a);
-      den += f * f;
-    }
-    EXPECT_LE(num, 1e-8 * std::max(den, 1.0)) << what << " relative error " << std::sqrt(num / std::max(den, 1e-30));
-  };
-  compare(q, dq, "dq");
-  compare(k, dk, "dk");
-  compare(v, dv, "dv");
+  const double scale = 1.0 / std::sqrt(static_cast<double>(p.Dk));
+  auto loss = [&]() { return loss_double(p, q, k, v, pd, scale, window); };
+  testing::expect_fd_match(q, dq, loss, "dq");
+  testing::expect_fd_match(k, dk, loss, "dk");
+  testing::expect_fd_match(v, dv, loss, "dv");
 }
 
 TEST(FullGradients, FiniteDifferencesInDouble) {

@@ -8,6 +8,7 @@
 
 #include "attention/linear.h"
 #include "clattn/attention.h"
+#include "common/fd.h"
 #include "common/test_util.h"
 
 namespace clattn {
@@ -45,40 +46,8 @@ TEST(Linear, EqualsDirectEvaluation) {
 }
 
 void check_gradients(const Problem& p) {
-  SCOPED_TRACE(::testing::Message() << "N=" << p.N << " M=" << p.M << " causal=" << p.causal);
-  ProblemData pd = make_problem(p);
-  auto att = make_attention("linear");
-  Tensor out(Shape{p.B, p.H, p.N, p.Dv});
-  Context ctx;
-  att->forward(pd.inputs(), out.view(), ctx);
-  Tensor dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
-  att->backward(pd.inputs(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
-  RefProblem pr = RefProblem::from(pd.inputs(), 0.f);
-  auto loss = [&]() {
-    std::vector<double> o;
-    attn_linear_ref(pr, o);
-    double l = 0;
-    for (size_t i = 0; i < o.size(); ++i) l += o[i] * pd.dout.data()[i];
-    return l;
-  };
-  auto compare = [&](std::vector<double>& x, const Tensor& g, const char* what) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < x.size(); ++i) {
-      const double x0 = x[i];
-      x[i] = x0 + 1e-6;
-      const double lp = loss();
-      x[i] = x0 - 1e-6;
-      const double lm = loss();
-      x[i] = x0;
-      const double f = (lp - lm) / 2e-6, a = g.data()[i];
-      num += (f - a) * (f - a);
-      den += f * f;
-    }
-    EXPECT_LE(num, 1e-8 * std::max(den, 1.0)) << what << " relative error " << std::sqrt(num / std::max(den, 1e-30));
-  };
-  compare(pr.q, dq, "dq");
-  compare(pr.k, dk, "dk");
-  compare(pr.v, dv, "dv");
+  testing::check_fd_gradients("linear", make_problem(p),
+                              [](const RefProblem& pr, const Context&, std::vector<double>& o) { attn_linear_ref(pr, o); });
 }
 
 TEST(LinearGradients, FiniteDifferencesInDouble) {

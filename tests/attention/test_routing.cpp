@@ -10,6 +10,7 @@
 #include "attention/full.h"
 #include "attention/routing.h"
 #include "clattn/attention.h"
+#include "common/fd.h"
 #include "common/test_util.h"
 
 namespace clattn {
@@ -76,40 +77,10 @@ TEST(Routing, TrainModeUpdatesEmaDeterministically) {
 TEST(RoutingGradients, FiniteDifferencesInDouble) {
   for (const Problem& p : {Problem{.B = 1, .H = 2, .Hkv = 2, .N = 12, .M = 10, .Dk = 4, .Dv = 3},
                            Problem{.B = 2, .H = 4, .Hkv = 2, .N = 9, .M = 9, .Dk = 3, .Dv = 4, .causal = true, .qlen = {9, 6}, .klen = {7, 9}}}) {
-    ProblemData pd = make_problem(p);
-    auto att = make_attention("routing:clusters=3,window=4");
-    Tensor out(Shape{p.B, p.H, p.N, p.Dv});
-    Context ctx;
-    att->forward(pd.inputs(), out.view(), ctx);
-    Tensor dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
-    att->backward(pd.inputs(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
-    const RoutingState& st = ctx.state<RoutingState>();
-    RefProblem pr = RefProblem::from(pd.inputs(), 0.f);
-    auto loss = [&]() {
-      std::vector<double> o;
-      attn_routing_ref(pr, st, o);
-      double l = 0;
-      for (size_t i = 0; i < o.size(); ++i) l += o[i] * pd.dout.data()[i];
-      return l;
-    };
-    auto compare = [&](std::vector<double>& x, const Tensor& g, const char* what) {
-      double num = 0, den = 0;
-      for (size_t i = 0; i < x.size(); ++i) {
-        const double x0 = x[i];
-        x[i] = x0 + 1e-6;
-        const double lp = loss();
-        x[i] = x0 - 1e-6;
-        const double lm = loss();
-        x[i] = x0;
-        const double f = (lp - lm) / 2e-6, a = g.data()[i];
-        num += (f - a) * (f - a);
-        den += f * f;
-      }
-      EXPECT_LE(num, 1e-8 * std::max(den, 1.0)) << what << " causal " << p.causal;
-    };
-    compare(pr.q, dq, "dq");
-    compare(pr.k, dk, "dk");
-    compare(pr.v, dv, "dv");
+    testing::check_fd_gradients("routing:clusters=3,window=4", make_problem(p),
+                                [](const RefProblem& pr, const Context& ctx, std::vector<double>& o) {
+                                  attn_routing_ref(pr, ctx.state<RoutingState>(), o);
+                                });
   }
 }
 
