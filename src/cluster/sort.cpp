@@ -5,6 +5,7 @@
 namespace clattn::cluster {
 
 void sort_by_key(const float* key, int64_t n, int32_t* order, RadixScratch& ws) {
+  if (n <= 0) return;
   ws.keys.resize(static_cast<size_t>(n));
   ws.keys2.resize(static_cast<size_t>(n));
   ws.idx2.resize(static_cast<size_t>(n));
