@@ -36,7 +36,8 @@ constexpr int64_t kMaxChunk = 64;
 
 struct Scratch {
   std::vector<int32_t> bucket, keys;
-  std::vector<float> mrun, lrun, invn;
+  std::vector<float> invn;  // (N) 1 / |q|
+  tile::RoundMix mix;       // rounds combined by log-sum-exp
   Workspace khat, proj, qs, kr, kt, vr, vt, s, o, go, dp, dqc, dkc, dvc, dkhat, misc;
 };
 
@@ -188,8 +189,7 @@ void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const 
     float* khat = sc.khat.floats(static_cast<size_t>(d.N * dm.Dkp));  // (N, Dkp) unit keys
     sc.invn.resize(static_cast<size_t>(d.N));
     normalise(in, b, h, dm, khat, sc.invn.data());
-    sc.mrun.assign(static_cast<size_t>(d.N), -kInf);
-    sc.lrun.assign(static_cast<size_t>(d.N), 0.f);
+    sc.mix.reset(d.N);
     sc.bucket.resize(static_cast<size_t>(d.N));
     float* proj = sc.proj.floats(static_cast<size_t>(nrot));
     std::vector<int32_t> offsets(static_cast<size_t>(nb + 1));
@@ -225,44 +225,17 @@ void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const 
         std::memset(o, 0, sizeof(float) * static_cast<size_t>(blk.nq * dm.Dvp));
         float lse_r[kMaxChunk];
         for (int64_t q = 0; q < blk.nq; ++q) {
-          float* row = blk.s + q * blk.kw;
-          const float m = std::max(tile::row_max(row, blk.kw), blk.self_s[q]);
-          if (m == -kInf) {
-            lse_r[q] = -kInf;
-            std::fill(row, row + blk.kw, 0.f);
-            continue;
-          }
-          const float ps = std::exp2(blk.self_s[q] - m);
-          const float l = tile::exp2_row(row, blk.kw, m) + ps;
-          for (int64_t x = 0; x < blk.kw; ++x) row[x] /= l;
-          if (blk.self[q]) simd::axpy_row(o + q * dm.Dvp, in.v.ptr(b, h, blk.qi[q]), dm.Dv, ps / l);
-          lse_r[q] = m + std::log2(l);
+          float ps;
+          lse_r[q] = tile::softmax_row_extra(blk.s + q * blk.kw, blk.kw, blk.self_s[q], ps);
+          if (blk.self[q] && ps > 0.f) simd::axpy_row(o + q * dm.Dvp, in.v.ptr(b, h, blk.qi[q]), dm.Dv, ps);
         }
         mk::gemm_ab(blk.nq, dm.Dvp, blk.nk, blk.s, blk.kw, 1, blk.vr, dm.Dvp, o, dm.Dvp, nullptr);
-        for (int64_t q = 0; q < blk.nq; ++q) {  // rounds combine online by log-sum-exp
-          const int64_t i = blk.qi[q];
-          if (lse_r[q] == -kInf || i >= nv) continue;
-          float& mr = sc.mrun[static_cast<size_t>(i)];
-          float& lr = sc.lrun[static_cast<size_t>(i)];
-          const float mn = std::max(mr, lse_r[q]);
-          const float keep = std::exp2(mr - mn), add = std::exp2(lse_r[q] - mn);
-          float* dst = out.ptr(b, h, i);
-          for (int64_t e = 0; e < dm.Dv; ++e) dst[e] = dst[e] * keep + o[q * dm.Dvp + e] * add;
-          lr = lr * keep + add;
-          mr = mn;
-        }
+        for (int64_t q = 0; q < blk.nq; ++q)  // rounds combine online by log-sum-exp
+          if (blk.qi[q] < nv) sc.mix.add(out.ptr(b, h, blk.qi[q]), o + q * dm.Dvp, dm.Dv, blk.qi[q], lse_r[q]);
       }
     }
-    for (int64_t i = 0; i < nv; ++i) {
-      const float lr = sc.lrun[static_cast<size_t>(i)];
-      if (lr > 0.f) {
-        float* dst = out.ptr(b, h, i);
-        for (int64_t e = 0; e < dm.Dv; ++e) dst[e] /= lr;
-        lse2[i] = sc.mrun[static_cast<size_t>(i)] + std::log2(lr);
-      } else {
-        lse2[i] = kInf;  // nothing visible (e.g. a padded own key): output 0
-      }
-    }
+    // Nothing visible in any round (e.g. a padded own key): output 0, lse2 = +inf.
+    for (int64_t i = 0; i < nv; ++i) lse2[i] = sc.mix.finish(out.ptr(b, h, i), dm.Dv, i);
   });
 }
 

@@ -318,18 +318,10 @@ void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const R
         build_block(in, b, h, hk, dm, c, off, mv, blk, sc);
         std::memset(o, 0, sizeof(float) * static_cast<size_t>(blk.rows * dm.Dvp));
         for (int64_t r = 0; r < blk.rows; ++r) {
-          float* row = blk.s + r * blk.kw;
-          const float mx = std::max(tile::row_max(row, blk.kw), blk.own[r]);
-          if (mx == -kInf) {  // nothing visible in this cluster
-            lse2[m0 + r] = kInf;
-            std::fill(row, row + blk.kw, 0.f);
-            continue;
-          }
-          const float po = std::exp2(blk.own[r] - mx);
-          const float l = tile::exp2_row(row, blk.kw, mx) + po;
-          for (int64_t x2 = 0; x2 < blk.kw; ++x2) row[x2] /= l;
-          if (blk.own_j[r] >= 0) simd::axpy_row(o + r * dm.Dvp, in.v.ptr(b, hk, blk.own_j[r]), dm.Dv, po / l);
-          lse2[m0 + r] = mx + std::log2(l);
+          float po;
+          const float l2 = tile::softmax_row_extra(blk.s + r * blk.kw, blk.kw, blk.own[r], po);
+          lse2[m0 + r] = l2 == -kInf ? kInf : l2;  // nothing visible in this cluster: P = 0 in backward
+          if (blk.own_j[r] >= 0 && po > 0.f) simd::axpy_row(o + r * dm.Dvp, in.v.ptr(b, hk, blk.own_j[r]), dm.Dv, po);
         }
         mk::gemm_ab(blk.rows, dm.Dvp, blk.nk, blk.s, blk.kw, 1, blk.vr, dm.Dvp, o, dm.Dvp, nullptr);
         for (int64_t r = 0; r < blk.rows; ++r)

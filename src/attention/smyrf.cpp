@@ -43,7 +43,7 @@ namespace {
 struct Scratch {
   std::vector<float> proj;            // (N) projections of one round
   cluster::RadixScratch radix;
-  std::vector<float> mrun, lrun;  // (N) running log2 max and sum over rounds
+  tile::RoundMix mix;             // rounds combined by log-sum-exp
   Workspace qs, qr, kr, kt, vr, vt, s, o, go, dp, dqc, dkc, dvc, misc;
 };
 
@@ -168,8 +168,7 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
     for (int64_t i = 0; i < nv; ++i) mq = std::max(mq, static_cast<double>(simd::dot(in.q.ptr(b, h, i), in.q.ptr(b, h, i), D)));
     for (int64_t j = 0; j < mv; ++j) mk2 = std::max(mk2, static_cast<double>(simd::dot(in.k.ptr(b, hk, j), in.k.ptr(b, hk, j), D)));
     const double total = mq + mk2;
-    sc.mrun.assign(static_cast<size_t>(nv), -kInf);
-    sc.lrun.assign(static_cast<size_t>(nv), 0.f);
+    sc.mix.reset(nv);
     for (int64_t r = 0; r < R; ++r) {
       const float* a = dirs.data() + r * (D + 2);
       int32_t* qp = st.qperm.data() + (t * R + r) * d.N;
@@ -200,45 +199,16 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
         std::memset(o, 0, sizeof(float) * static_cast<size_t>(blk.nq * Dvp));
         float lse_r[64];
         for (int64_t q = 0; q < blk.nq; ++q) {
-          float* row = blk.s + q * blk.kw;
-          const float m = std::max(tile::row_max(row, blk.kw), blk.own[q]);
-          if (m == -kInf) {
-            lse_r[q] = -kInf;
-            std::fill(row, row + blk.kw, 0.f);
-            continue;
-          }
-          const float po = std::exp2(blk.own[q] - m);
-          const float l = tile::exp2_row(row, blk.kw, m) + po;
-          for (int64_t x = 0; x < blk.kw; ++x) row[x] /= l;
-          if (blk.own_j[q] >= 0) simd::axpy_row(o + q * Dvp, in.v.ptr(b, hk, blk.own_j[q]), Dv, po / l);
-          lse_r[q] = m + std::log2(l);
+          float po;
+          lse_r[q] = tile::softmax_row_extra(blk.s + q * blk.kw, blk.kw, blk.own[q], po);
+          if (blk.own_j[q] >= 0 && po > 0.f) simd::axpy_row(o + q * Dvp, in.v.ptr(b, hk, blk.own_j[q]), Dv, po);
         }
         mk::gemm_ab(blk.nq, Dvp, blk.nk, blk.s, blk.kw, 1, blk.vr, Dvp, o, Dvp, nullptr);
-        // Online combination of the rounds: out accumulates Σ_r 2^(lse_r − M) O_r.
-        for (int64_t q = 0; q < blk.nq; ++q) {
-          if (lse_r[q] == -kInf) continue;
-          const int64_t i = blk.qi[q];
-          float& mr = sc.mrun[static_cast<size_t>(i)];
-          float& lr = sc.lrun[static_cast<size_t>(i)];
-          const float mn = std::max(mr, lse_r[q]);
-          const float keep = std::exp2(mr - mn), add = std::exp2(lse_r[q] - mn);
-          float* dst = out.ptr(b, h, i);
-          for (int64_t e = 0; e < Dv; ++e) dst[e] = dst[e] * keep + o[q * Dvp + e] * add;
-          lr = lr * keep + add;
-          mr = mn;
-        }
+        for (int64_t q = 0; q < blk.nq; ++q) sc.mix.add(out.ptr(b, h, blk.qi[q]), o + q * Dvp, Dv, blk.qi[q], lse_r[q]);
       }
     }
-    for (int64_t i = 0; i < nv; ++i) {
-      const float lr = sc.lrun[static_cast<size_t>(i)];
-      if (lr > 0.f) {
-        float* dst = out.ptr(b, h, i);
-        for (int64_t e = 0; e < Dv; ++e) dst[e] /= lr;
-        lse2[i] = sc.mrun[static_cast<size_t>(i)] + std::log2(lr);
-      } else {
-        lse2[i] = kInf;  // saw no key in any round: output 0, backward contributes 0
-      }
-    }
+    // A query that saw no key in any round keeps output 0 and lse2 = +inf (backward adds 0).
+    for (int64_t i = 0; i < nv; ++i) lse2[i] = sc.mix.finish(out.ptr(b, h, i), Dv, i);
   });
 }
 
