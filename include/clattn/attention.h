@@ -85,6 +85,10 @@ AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& cap
 void validate_output(ConstView t, const Shape& expected, std::string_view what,
                      std::string_view who);
 
+// Checks the backward's gradient views: dout (B, H, N, Dv) and dq, dk, dv shaped like q, k, v.
+void validate_backward(const AttentionInputs& in, const AttentionDims& d, ConstView dout,
+                       ConstView dq, ConstView dk, ConstView dv, std::string_view who);
+
 // Valid query / key count of batch b (lengths default to the full size).
 inline int64_t valid_queries(const AttentionInputs& in, const AttentionDims& d, int64_t b) {
   return in.query_lengths.empty() ? d.N : in.query_lengths[static_cast<size_t>(b)];

@@ -43,10 +43,7 @@ class ClusteredAttention final : public Attention {
               st.qc.shape() == Shape{d.B, d.H, st.cmax, d.Dk},
           kind_, ": backward inputs have shapes other than the forward's (q is now ",
           in.q.shape.str(), ")");
-    validate_output(dout, Shape{d.B, d.H, d.N, d.Dv}, "dout", kind_);
-    validate_output(dq, in.q.shape, "dq", kind_);
-    validate_output(dk, in.k.shape, "dk", kind_);
-    validate_output(dv, in.v.shape, "dv", kind_);
+    validate_backward(in, d, dout, dq, dk, dv, kind_);
     attn_clustered_bwd(in, d, p_, st, dout, dq, dk, dv, *ws_);
   }
 

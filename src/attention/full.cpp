@@ -329,44 +329,49 @@ void save_output(ConstView out, Tensor& dst) {
 
 namespace {
 
+// Exact attention, and with window > 0 the `local` band of it (same kernels, band-limited).
 class FullAttention final : public Attention {
  public:
-  explicit FullAttention(float scale) : scale_(scale), ws_(make_full_workspace()) {
-    caps_ = Capabilities{true, true, true, true, true, true, true};
+  FullAttention(float scale, int64_t window)
+      : kind_(window > 0 ? "local" : "full"), scale_(scale), window_(window), ws_(make_full_workspace()) {
+    // The band variant takes no bias: an additive (N, M) bias would defeat its linear memory.
+    caps_ = Capabilities{.causal = true, .query_lengths = true, .key_lengths = true,
+                         .bias = window == 0, .cross = true, .gqa = true, .trainable = true};
   }
   std::string name() const override {
-    return scale_ > 0 ? detail::concat("full:scale=", scale_) : std::string("full");
+    std::string s = window_ > 0 ? detail::concat("local:window=", window_) : std::string("full");
+    if (scale_ > 0) s += detail::concat(window_ > 0 ? ",scale=" : ":scale=", scale_);
+    return s;
   }
   const Capabilities& capabilities() const override { return caps_; }
 
   void forward(const AttentionInputs& in, View out, Context& ctx) override {
-    const AttentionDims d = validate_inputs(in, caps_, "full");
-    validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "full");
+    const AttentionDims d = validate_inputs(in, caps_, kind_);
+    validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", kind_);
     FullState& st = ctx.state<FullState>();
     st.lse.resize(Shape{d.B, d.H, d.N});
-    attn_full_fwd(in, d, scale_for(d), out, st.lse.data(), *ws_);
+    attn_full_fwd(in, d, scale_for(d), out, st.lse.data(), *ws_, window_);
     save_output(out, st.out);
   }
 
   void backward(const AttentionInputs& in, const Context& ctx, ConstView dout, View dq, View dk,
                 View dv) override {
-    const AttentionDims d = validate_inputs(in, caps_, "full");
+    const AttentionDims d = validate_inputs(in, caps_, kind_);
     const FullState& st = ctx.state<FullState>();
-    check(st.out.shape() == Shape{d.B, d.H, d.N, d.Dv}, "full: backward inputs have shapes ",
+    check(st.out.shape() == Shape{d.B, d.H, d.N, d.Dv}, kind_, ": backward inputs have shapes ",
           "other than the forward's: forward saved out ", st.out.shape().str(), ", q is now ",
           in.q.shape.str());
-    validate_output(dout, Shape{d.B, d.H, d.N, d.Dv}, "dout", "full");
-    validate_output(dq, in.q.shape, "dq", "full");
-    validate_output(dk, in.k.shape, "dk", "full");
-    validate_output(dv, in.v.shape, "dv", "full");
-    attn_full_bwd(in, d, scale_for(d), st.out.view(), st.lse.data(), dout, dq, dk, dv, *ws_);
+    validate_backward(in, d, dout, dq, dk, dv, kind_);
+    attn_full_bwd(in, d, scale_for(d), st.out.view(), st.lse.data(), dout, dq, dk, dv, *ws_, window_);
   }
 
  private:
   float scale_for(const AttentionDims& d) const {
     return scale_ > 0 ? scale_ : 1.f / std::sqrt(static_cast<float>(d.Dk));
   }
+  std::string kind_;
   float scale_;
+  int64_t window_;
   Capabilities caps_;
   FullWorkspacePtr ws_;
 };
@@ -377,7 +382,16 @@ std::unique_ptr<Attention> make_full(const Spec& spec) {
   SpecReader r(spec);
   const double scale = r.get_float("scale", 0.0, 1e-6, 1e6);
   r.finish();
-  return std::make_unique<FullAttention>(static_cast<float>(scale));
+  return std::make_unique<FullAttention>(static_cast<float>(scale), 0);
+}
+
+std::unique_ptr<Attention> make_local(const Spec& spec) {
+  SpecReader r(spec);
+  check(r.has("window"), "spec '", spec.text, "': window is required (e.g. local:window=256)");
+  const int64_t window = r.get_int("window", 0, 1, int64_t{1} << 40);
+  const double scale = r.get_float("scale", 0.0, 1e-6, 1e6);
+  r.finish();
+  return std::make_unique<FullAttention>(static_cast<float>(scale), window);
 }
 
 }  // namespace clattn

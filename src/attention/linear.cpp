@@ -305,10 +305,7 @@ class LinearAttention final : public Attention {
     const AttentionDims d = validate_inputs(in, caps_, "linear");
     check(ctx.state<LinearState>().shape == in.q.shape, "linear: backward inputs have shapes ",
           "other than the forward's (q is now ", in.q.shape.str(), ")");
-    validate_output(dout, Shape{d.B, d.H, d.N, d.Dv}, "dout", "linear");
-    validate_output(dq, in.q.shape, "dq", "linear");
-    validate_output(dk, in.k.shape, "dk", "linear");
-    validate_output(dv, in.v.shape, "dv", "linear");
+    validate_backward(in, d, dout, dq, dk, dv, "linear");
     attn_linear_bwd(in, d, dout, dq, dk, dv, *ws_);
   }
 

@@ -406,10 +406,7 @@ class ReformerAttention final : public Attention {
     const ReformerState& st = ctx.state<ReformerState>();
     check(st.out.shape() == Shape{d.B, d.H, d.N, d.Dv}, "reformer: backward inputs have shapes ",
           "other than the forward's (q is now ", in.q.shape.str(), ")");
-    validate_output(dout, Shape{d.B, d.H, d.N, d.Dv}, "dout", "reformer");
-    validate_output(dq, in.q.shape, "dq", "reformer");
-    validate_output(dk, in.k.shape, "dk", "reformer");
-    validate_output(dv, in.v.shape, "dv", "reformer");
+    validate_backward(in, d, dout, dq, dk, dv, "reformer");
     attn_reformer_bwd(in, d, st, dout, dq, dv, *ws_);
   }
 

@@ -515,10 +515,7 @@ class RoutingAttention final : public Attention {
     const RoutingState& st = ctx.state<RoutingState>();
     check(st.mem_off.size() == static_cast<size_t>(d.B * d.H * (st.C + 1)) && st.C == p_.clusters,
           "routing: backward inputs have shapes other than the forward's (q is now ", in.q.shape.str(), ")");
-    validate_output(dout, Shape{d.B, d.H, d.N, d.Dv}, "dout", "routing");
-    validate_output(dq, in.q.shape, "dq", "routing");
-    validate_output(dk, in.k.shape, "dk", "routing");
-    validate_output(dv, in.v.shape, "dv", "routing");
+    validate_backward(in, d, dout, dq, dk, dv, "routing");
     attn_routing_bwd(in, d, p_, st, dout, dq, dk, dv, *ws_);
   }
 

@@ -366,10 +366,7 @@ class SmyrfAttention final : public Attention {
     const SmyrfState& st = ctx.state<SmyrfState>();
     check(st.out.shape() == Shape{d.B, d.H, d.N, d.Dv}, "smyrf: backward inputs have shapes ",
           "other than the forward's (q is now ", in.q.shape.str(), ")");
-    validate_output(dout, Shape{d.B, d.H, d.N, d.Dv}, "dout", "smyrf");
-    validate_output(dq, in.q.shape, "dq", "smyrf");
-    validate_output(dk, in.k.shape, "dk", "smyrf");
-    validate_output(dv, in.v.shape, "dv", "smyrf");
+    validate_backward(in, d, dout, dq, dk, dv, "smyrf");
     attn_smyrf_bwd(in, d, p_, st, dout, dq, dk, dv, *ws_);
   }
 

@@ -182,10 +182,7 @@ class TopkAttention final : public Attention {
     const TopkState& st = ctx.state<TopkState>();
     check(st.lse.shape() == Shape{d.B, d.H, d.N}, "topk: backward inputs have shapes other than ",
           "the forward's (q is now ", in.q.shape.str(), ")");
-    validate_output(dout, Shape{d.B, d.H, d.N, d.Dv}, "dout", "topk");
-    validate_output(dq, in.q.shape, "dq", "topk");
-    validate_output(dk, in.k.shape, "dk", "topk");
-    validate_output(dv, in.v.shape, "dv", "topk");
+    validate_backward(in, d, dout, dq, dk, dv, "topk");
     attn_topk_bwd(in, d, scale_for(d), st, dout, dq, dk, dv, *ws_);
   }
 

@@ -130,4 +130,12 @@ void validate_output(ConstView t, const Shape& expected, std::string_view what,
   check(t.numel() == 0 || t.data != nullptr, who, ": ", what, " is missing");
 }
 
+void validate_backward(const AttentionInputs& in, const AttentionDims& d, ConstView dout,
+                       ConstView dq, ConstView dk, ConstView dv, std::string_view who) {
+  validate_output(dout, Shape{d.B, d.H, d.N, d.Dv}, "dout", who);
+  validate_output(dq, in.q.shape, "dq", who);
+  validate_output(dk, in.k.shape, "dk", who);
+  validate_output(dv, in.v.shape, "dv", who);
+}
+
 }  // namespace clattn
