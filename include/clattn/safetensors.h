@@ -4,6 +4,7 @@
 // throws clattn::Error naming the file, the tensor and the broken rule. Writing is atomic.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -15,8 +16,10 @@
 
 namespace clattn {
 
-enum class DType { F32, F16, BF16, I32, I64, U8, I8, F64 };
+// Every dtype of the Hugging Face format, so any valid file opens; the getters convert a subset.
+enum class DType { F32, F16, BF16, I32, I64, U8, I8, F64, BOOL, I16, U16, U32, U64, F8_E4M3, F8_E5M2 };
 const char* dtype_name(DType t);  // "F32", ...
+size_t dtype_size(DType t);       // bytes per element: 4 for F32, 2 for F16, ...
 
 struct TensorInfo {
   DType dtype;

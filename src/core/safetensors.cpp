@@ -1,5 +1,13 @@
-// Safetensors reading (memory-mapped, validated before any tensor is touched) and atomic writing.
-// The format: u64 little-endian header length, a JSON header, then the data buffer.
+// Safetensors reading (memory-mapped, the whole header validated before any tensor is touched) and
+// atomic writing. The format: u64 little-endian header length, a JSON header, then the data buffer.
+//
+// Reading trusts nothing in the file: every offset is checked against the mapped size, every
+// element count against 64-bit overflow, so a lying header yields an Error, never a stray read.
+// Tolerated: holes in the data buffer (the HF reader rejects them; here they are simply never
+// read), duplicate keys (nlohmann keeps the last) and NUL padding after the JSON (nlohmann ends its
+// input at a NUL).
+// One thing no check can catch: a file truncated by another process *after* open() raises SIGBUS
+// on access, as with any memory map.
 #include "clattn/safetensors.h"
 
 #include <fcntl.h>
@@ -8,58 +16,225 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string_view>
+#include <tuple>
+#include <utility>
 
 #include "clattn/error.h"
 
 namespace clattn {
+
+// The data buffer is copied with memcpy in host order, and the format is little-endian.
+static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
+
 namespace {
 
-constexpr uint64_t kMaxHeader = 100ull << 20;  // 100 MB: anything larger is a lie or an attack
+using json = nlohmann::json;
+
+constexpr uint64_t kMaxHeader = 100ull << 20;  // 100 MB, as the HF reader: larger is a lie or an attack
+constexpr size_t kMaxShown = 120;              // longest name or JSON value quoted in a message
 
 struct DTypeInfo {
   DType t;
   const char* name;
   size_t size;
 };
-constexpr DTypeInfo kDTypes[] = {{DType::F32, "F32", 4}, {DType::F16, "F16", 2},
-                                 {DType::BF16, "BF16", 2}, {DType::I32, "I32", 4},
-                                 {DType::I64, "I64", 8},   {DType::U8, "U8", 1},
-                                 {DType::I8, "I8", 1},     {DType::F64, "F64", 8}};
+constexpr DTypeInfo kDTypes[] = {
+    {DType::F32, "F32", 4},   {DType::F16, "F16", 2},   {DType::BF16, "BF16", 2},
+    {DType::I32, "I32", 4},   {DType::I64, "I64", 8},   {DType::U8, "U8", 1},
+    {DType::I8, "I8", 1},     {DType::F64, "F64", 8},   {DType::BOOL, "BOOL", 1},
+    {DType::I16, "I16", 2},   {DType::U16, "U16", 2},   {DType::U32, "U32", 4},
+    {DType::U64, "U64", 8},   {DType::F8_E4M3, "F8_E4M3", 1}, {DType::F8_E5M2, "F8_E5M2", 1}};
 
-float half_to_float(uint16_t h) {
+const DTypeInfo* find_dtype(std::string_view name) {
+  for (const auto& d : kDTypes)
+    if (name == d.name) return &d;
+  return nullptr;
+}
+
+std::string known_dtypes() {
+  std::string s;
+  for (const auto& d : kDTypes) s += (s.empty() ? "" : ", ") + std::string(d.name);
+  return s;
+}
+
+// A name or text from the file, cut short: a hostile header may hold a 100 MB key.
+std::string clip(std::string_view s, size_t max = kMaxShown) {
+  if (s.size() <= max) return std::string(s);
+  return std::string(s.substr(0, max)) + "...";
+}
+
+// A JSON value for an error message. Never dumps a nested value: dump() recurses, and a hostile
+// header can nest brackets a million deep (the parser and destructor of nlohmann are iterative).
+std::string brief(const json& j) {
+  if (j.is_primitive()) return clip(j.dump());
+  const bool flat = j.size() <= 16 &&
+                    std::all_of(j.begin(), j.end(), [](const json& x) { return x.is_primitive(); });
+  if (flat) return clip(j.dump());
+  return j.is_array() ? "an array of " + std::to_string(j.size())
+                      : "an object of " + std::to_string(j.size()) + " keys";
+}
+
+// A JSON integer >= 0 (nlohmann stores "-0" as a signed integer, hence the second case).
+std::optional<uint64_t> as_index(const json& j) {
+  if (j.is_number_unsigned()) return j.get<uint64_t>();
+  if (j.is_number_integer() && j.get<int64_t>() >= 0) return static_cast<uint64_t>(j.get<int64_t>());
+  return std::nullopt;
+}
+
+// f16 bits -> f32 bits: rebias the exponent, renormalise subnormals, keep inf and NaN payloads.
+float f16_to_f32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
   uint32_t bits;
-  if (exp == 0) {
-    if (man == 0) {
-      bits = sign;
-    } else {  // subnormal: renormalise
-      int e = -1;
-      uint32_t m = man;
-      do {
-        ++e;
-        m <<= 1;
-      } while (!(m & 0x400u));
-      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (m & 0x3FFu) << 13;
-    }
+  if (exp == 0 && man == 0) {
+    bits = sign;  // signed zero
+  } else if (exp == 0) {
+    // Subnormal: value man · 2^-24. Shift the leading 1 up to the implicit-bit position (bit 10);
+    // each shift lowers the exponent by one from that of the smallest normal, 2^-14.
+    const int shift = std::countl_zero(static_cast<uint16_t>(man)) - 5;  // 1..10
+    const uint32_t m = (man << shift) & 0x3FFu;
+    bits = sign | static_cast<uint32_t>(127 - 14 - shift) << 23 | m << 13;
   } else if (exp == 31) {
-    bits = sign | 0x7F800000u | man << 13;  // inf or NaN
+    bits = sign | 0x7F800000u | man << 13;  // inf (man 0) or NaN (payload kept, so still NaN)
   } else {
     bits = sign | (exp + 127 - 15) << 23 | man << 13;
   }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+  return std::bit_cast<float>(bits);
 }
 
-float bf16_to_float(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+// bf16 is the top half of an f32: every value, subnormal, inf and NaN maps exactly.
+float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+
+// Parses and checks one tensor entry of the header against a data buffer of data_size bytes.
+TensorInfo parse_entry(const json& e, const std::string& where, uint64_t data_size) {
+  check(e.is_object(), where, ": entry must be an object with dtype, shape and data_offsets, got ",
+        brief(e));
+  const auto dt = e.find("dtype"), sh = e.find("shape"), of = e.find("data_offsets");
+  check(dt != e.end() && dt->is_string(), where, ": entry needs a string 'dtype', got ",
+        dt == e.end() ? "none" : brief(*dt));
+  check(sh != e.end() && sh->is_array(), where, ": entry needs an array 'shape', got ",
+        sh == e.end() ? "none" : brief(*sh));
+  check(of != e.end() && of->is_array(), where, ": entry needs an array 'data_offsets', got ",
+        of == e.end() ? "none" : brief(*of));
+
+  TensorInfo info{};
+  const DTypeInfo* d = find_dtype(dt->get_ref<const std::string&>());
+  check(d != nullptr, where, ": unknown dtype ", brief(*dt), " (known: ", known_dtypes(), ")");
+  info.dtype = d->t;
+
+  // numel and bytes in 64 bits, each multiplication checked: the dims come from the file.
+  constexpr uint64_t kMaxI64 = std::numeric_limits<int64_t>::max();
+  uint64_t numel = 1;
+  for (const json& x : *sh) {
+    const std::optional<uint64_t> v = as_index(x);
+    check(v.has_value(), where, ": shape dims must be integers >= 0, got ", brief(*sh));
+    check(*v <= kMaxI64 && !__builtin_mul_overflow(numel, *v, &numel), where, ": shape ", brief(*sh),
+          " overflows a 64-bit element count");
+    info.shape.push_back(static_cast<int64_t>(*v));
+  }
+  uint64_t bytes = 0;
+  check(numel <= kMaxI64 && !__builtin_mul_overflow(numel, uint64_t{d->size}, &bytes), where,
+        ": shape ", brief(*sh), " of ", d->name, " overflows a 64-bit byte count");
+
+  const std::optional<uint64_t> b = of->size() == 2 ? as_index((*of)[0]) : std::nullopt;
+  const std::optional<uint64_t> en = of->size() == 2 ? as_index((*of)[1]) : std::nullopt;
+  check(b.has_value() && en.has_value(), where,
+        ": data_offsets must be [begin, end] with integers >= 0, got ", brief(*of));
+  info.begin = *b;
+  info.end = *en;
+  check(info.begin <= info.end, where, ": data_offsets begin ", info.begin, " > end ", info.end);
+  check(info.end <= data_size, where, ": data_offsets end ", info.end,
+        " is beyond the data buffer of ", data_size, " bytes (truncated file?)");
+  check(info.end - info.begin == bytes, where, ": data_offsets span ", info.end - info.begin,
+        " bytes but shape ", brief(*sh), " of ", d->name, " needs ", bytes, " bytes");
+  return info;
+}
+
+void parse_metadata(const json& m, const std::string& where, std::map<std::string, std::string>& out) {
+  check(m.is_object(), where, ": __metadata__ must be an object of strings, got ", brief(m));
+  for (auto it = m.begin(); it != m.end(); ++it) {
+    check(it.value().is_string(), where, ": __metadata__ value of '", clip(it.key()),
+          "' must be a string, got ", brief(it.value()));
+    out[it.key()] = it.value().get<std::string>();
+  }
+}
+
+// Rejects what the JSON writer cannot encode (invalid UTF-8) now, where the caller sees which name.
+void check_utf8(const std::string& s, const char* what) {
+  try {
+    (void)json(s).dump();
+  } catch (const json::exception&) {
+    fail("safetensors writer: ", what, " '", clip(s), "' is not valid UTF-8 (JSON cannot hold it)");
+  }
+}
+
+void check_new_name(const std::string& name, bool taken) {
+  check(!name.empty(), "safetensors writer: tensor names must not be empty");
+  check(name != "__metadata__", "safetensors writer: '__metadata__' is reserved, not a tensor name");
+  check(!taken, "safetensors writer: tensor '", clip(name), "' added twice");
+  check_utf8(name, "tensor name");
+}
+
+// The temporary file of an atomic write: closed and removed unless committed (renamed into place).
+class TempFile {
+ public:
+  TempFile(const std::string& path, const std::string& tmp) : path_(path), tmp_(tmp) {
+    fd_ = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    check(fd_ >= 0, "safetensors writer '", path, "': cannot create '", tmp, "': ", std::strerror(errno));
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  ~TempFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(tmp_.c_str());
+  }
+
+  void put(const void* p, size_t n) {
+    const auto* c = static_cast<const uint8_t*>(p);
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, c, n);
+      if (w < 0 && errno == EINTR) continue;
+      // A regular file never returns 0 for n > 0; if one does, retrying would spin forever.
+      check(w > 0, "safetensors writer '", path_, "': cannot write '", tmp_, "': ",
+            w == 0 ? "no progress" : std::strerror(errno));
+      c += w;
+      n -= static_cast<size_t>(w);
+    }
+  }
+
+  void commit() {
+    check(::fsync(fd_) == 0, "safetensors writer '", path_, "': cannot fsync '", tmp_, "': ",
+          std::strerror(errno));
+    const int fd = std::exchange(fd_, -1);  // close() frees the descriptor even when it fails
+    check(::close(fd) == 0, "safetensors writer '", path_, "': cannot close '", tmp_, "': ",
+          std::strerror(errno));
+    check(::rename(tmp_.c_str(), path_.c_str()) == 0, "safetensors writer '", path_,
+          "': cannot rename '", tmp_, "' into place: ", std::strerror(errno));
+    committed_ = true;
+  }
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+// Best effort: make the rename itself durable. The file is complete either way, so failures here
+// (a read-only or odd directory) are not errors.
+void sync_parent_dir(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)::fsync(fd);
+  ::close(fd);
 }
 
 }  // namespace
@@ -70,136 +245,117 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
+size_t dtype_size(DType t) {
+  for (const auto& d : kDTypes)
+    if (d.t == t) return d.size;
+  return 0;
+}
+
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  SafetensorsFile f;
+  SafetensorsFile f;  // owns the map once made: any failed check below unmaps it
   f.path_ = path;
+  const std::string where = "safetensors '" + path + "'";
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  check(fd >= 0, "safetensors '", path, "': cannot open: ", std::strerror(errno));
+  check(fd >= 0, where, ": cannot open: ", std::strerror(errno));
   struct stat sb {};
-  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+  if (::fstat(fd, &sb) != 0) {
+    const int err = errno;
     ::close(fd);
-    fail("safetensors '", path, "': not a regular file");
+    fail(where, ": cannot stat: ", std::strerror(err));
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    ::close(fd);
+    fail(where, ": not a regular file");
   }
   const size_t size = static_cast<size_t>(sb.st_size);
   if (size < 8) {
     ::close(fd);
-    fail("safetensors '", path, "': file is ", size, " bytes, shorter than the 8-byte header length");
+    fail(where, ": file is ", size, " bytes, shorter than the 8-byte header length");
   }
-  void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  check(map != MAP_FAILED, "safetensors '", path, "': cannot map: ", std::strerror(errno));
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_err = errno;
+  ::close(fd);  // the mapping keeps the file alive
+  check(map != MAP_FAILED, where, ": cannot map ", size, " bytes: ", std::strerror(map_err));
   f.map_ = static_cast<const uint8_t*>(map);
   f.map_size_ = size;
 
-  uint64_t hlen = 0;
+  uint64_t hlen = 0;  // u64 little-endian
   for (int i = 7; i >= 0; --i) hlen = hlen << 8 | f.map_[i];
-  check(hlen > 0 && hlen <= kMaxHeader, "safetensors '", path, "': header length ", hlen,
-        " is absurd (must be in [1, ", kMaxHeader, "])");
-  check(hlen <= size - 8, "safetensors '", path, "': header length ", hlen,
-        " runs past the end of the ", size, "-byte file (truncated?)");
+  check(hlen > 0 && hlen <= kMaxHeader, where, ": header length ", hlen,
+        " is absurd (must be in [1, ", kMaxHeader, "] bytes)");
+  check(hlen <= size - 8, where, ": header length ", hlen, " runs past the end of the ", size,
+        "-byte file (truncated?)");
   f.data_start_ = 8 + static_cast<size_t>(hlen);
   const uint64_t data_size = size - f.data_start_;
 
-  nlohmann::json header;
+  json header;
   try {
-    header = nlohmann::json::parse(f.map_ + 8, f.map_ + 8 + hlen);
-  } catch (const nlohmann::json::exception& e) {
-    fail("safetensors '", path, "': header is not valid JSON: ", e.what());
+    header = json::parse(f.map_ + 8, f.map_ + f.data_start_);
+  } catch (const json::exception& e) {
+    // Clipped: nlohmann quotes the offending token, which may be the whole header.
+    fail(where, ": header is not valid JSON: ", clip(e.what(), 4 * kMaxShown));
   }
-  check(header.is_object(), "safetensors '", path, "': header must be a JSON object");
-  std::vector<std::pair<uint64_t, std::string>> spans;
+  check(header.is_object(), where, ": header must be a JSON object, got ", brief(header));
+
+  std::vector<std::tuple<uint64_t, uint64_t, const std::string*>> spans;  // (begin, end, name)
   for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& name = it.key();
-    const auto& e = it.value();
-    if (name == "__metadata__") {
-      check(e.is_object(), "safetensors '", path, "': __metadata__ must be an object of strings");
-      for (auto m = e.begin(); m != e.end(); ++m) {
-        check(m.value().is_string(), "safetensors '", path, "': __metadata__ value of '", m.key(),
-              "' is not a string");
-        f.metadata_[m.key()] = m.value().get<std::string>();
-      }
+    if (it.key() == "__metadata__") {
+      parse_metadata(it.value(), where, f.metadata_);
       continue;
     }
-    const std::string where = "safetensors '" + path + "': tensor '" + name + "'";
-    check(e.is_object(), where, ": entry must be an object");
-    check(e.contains("dtype") && e["dtype"].is_string(), where, ": missing string 'dtype'");
-    check(e.contains("shape") && e["shape"].is_array(), where, ": missing array 'shape'");
-    check(e.contains("data_offsets") && e["data_offsets"].is_array() && e["data_offsets"].size() == 2,
-          where, ": 'data_offsets' must be [begin, end]");
-    TensorInfo info{};
-    const std::string dt = e["dtype"].get<std::string>();
-    size_t esize = 0;
-    for (const auto& d : kDTypes)
-      if (dt == d.name) {
-        info.dtype = d.t;
-        esize = d.size;
-      }
-    check(esize != 0, where, ": unknown dtype '", dt, "'");
-    uint64_t numel = 1;
-    for (const auto& x : e["shape"]) {
-      check(x.is_number_integer() && x.get<int64_t>() >= 0, where, ": shape entries must be integers >= 0, got ",
-            x.dump());
-      const uint64_t v = x.get<uint64_t>();
-      check(v == 0 || numel <= (uint64_t{1} << 62) / v, where, ": shape ", e["shape"].dump(),
-            " has too many elements");
-      numel *= v;
-      info.shape.push_back(static_cast<int64_t>(v));
-    }
-    for (const auto& x : e["data_offsets"])
-      check(x.is_number_integer() && x.get<int64_t>() >= 0, where,
-            ": data_offsets must be integers >= 0, got ", e["data_offsets"].dump());
-    info.begin = e["data_offsets"][0].get<uint64_t>();
-    info.end = e["data_offsets"][1].get<uint64_t>();
-    check(info.begin <= info.end, where, ": data_offsets begin ", info.begin, " > end ", info.end);
-    check(info.end <= data_size, where, ": data_offsets end ", info.end,
-          " is beyond the data buffer of ", data_size, " bytes (truncated file?)");
-    check(info.end - info.begin == numel * esize, where, ": data_offsets span ",
-          info.end - info.begin, " bytes but shape ", e["shape"].dump(), " of ", dt, " needs ",
-          numel * esize);
-    if (info.end > info.begin) spans.emplace_back(info.begin, name);
-    f.infos_[name] = info;
+    const TensorInfo info = parse_entry(it.value(), where + ": tensor '" + clip(it.key()) + "'", data_size);
+    if (info.end > info.begin) spans.emplace_back(info.begin, info.end, &it.key());
+    f.infos_.emplace(it.key(), info);
   }
+  // Sorted by begin, two non-empty spans overlap iff some adjacent pair does.
   std::sort(spans.begin(), spans.end());
   for (size_t i = 1; i < spans.size(); ++i) {
-    const TensorInfo& prev = f.infos_[spans[i - 1].second];
-    check(prev.end <= spans[i].first, "safetensors '", path, "': tensors '", spans[i - 1].second,
-          "' and '", spans[i].second, "' overlap in the data buffer");
+    const auto& [b0, e0, n0] = spans[i - 1];
+    const auto& [b1, e1, n1] = spans[i];
+    check(e0 <= b1, where, ": tensors '", clip(*n0), "' [", b0, ", ", e0, ") and '", clip(*n1), "' [",
+          b1, ", ", e1, ") overlap in the data buffer");
   }
   return f;
 }
 
 SafetensorsFile::~SafetensorsFile() {
-  if (map_) munmap(const_cast<uint8_t*>(map_), map_size_);
+  if (map_) ::munmap(const_cast<uint8_t*>(map_), map_size_);
 }
 
 SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept { *this = std::move(o); }
 
 SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
   if (this != &o) {
-    if (map_) munmap(const_cast<uint8_t*>(map_), map_size_);
+    if (map_) ::munmap(const_cast<uint8_t*>(map_), map_size_);
     path_ = std::move(o.path_);
     infos_ = std::move(o.infos_);
     metadata_ = std::move(o.metadata_);
-    map_ = o.map_;
-    map_size_ = o.map_size_;
-    data_start_ = o.data_start_;
-    o.map_ = nullptr;
-    o.map_size_ = 0;
+    map_ = std::exchange(o.map_, nullptr);
+    map_size_ = std::exchange(o.map_size_, 0);
+    data_start_ = std::exchange(o.data_start_, 0);
   }
   return *this;
 }
 
 std::vector<std::string> SafetensorsFile::names() const {
   std::vector<std::string> n;
+  n.reserve(infos_.size());
   for (const auto& [k, v] : infos_) n.push_back(k);
   return n;
 }
 
 const TensorInfo& SafetensorsFile::info(const std::string& name) const {
-  auto it = infos_.find(name);
+  const auto it = infos_.find(name);
   if (it == infos_.end()) {
     std::string have;
-    for (const auto& [k, v] : infos_) have += (have.empty() ? "" : ", ") + k;
+    size_t shown = 0;
+    for (const auto& [k, v] : infos_) {
+      if (++shown > 20) {
+        have += ", ... (" + std::to_string(infos_.size()) + " in all)";
+        break;
+      }
+      have += (have.empty() ? "" : ", ") + clip(k);
+    }
     fail("safetensors '", path_, "': no tensor '", name, "' (has: ", have.empty() ? "none" : have, ")");
   }
   return it->second;
@@ -207,129 +363,115 @@ const TensorInfo& SafetensorsFile::info(const std::string& name) const {
 
 Tensor SafetensorsFile::get_f32(const std::string& name) const {
   const TensorInfo& in = info(name);
-  check(in.shape.size() <= static_cast<size_t>(kMaxRank), "safetensors '", path_, "': tensor '",
-        name, "' has rank ", in.shape.size(), " > ", kMaxRank);
+  const std::string where = "safetensors '" + path_ + "': tensor '" + name + "'";
+  check(in.dtype == DType::F32 || in.dtype == DType::F16 || in.dtype == DType::BF16, where, " is ",
+        dtype_name(in.dtype), "; get_f32 reads F32, F16 or BF16");
+  check(in.shape.size() <= static_cast<size_t>(kMaxRank), where, " has rank ", in.shape.size(),
+        ", more than the ", kMaxRank, " a Tensor holds");
   Tensor t = Tensor::empty_like_shape(Shape(in.shape));
+  // The data buffer is only byte-aligned (offsets are arbitrary), hence memcpy, never a cast.
   const uint8_t* src = map_ + data_start_ + in.begin;
-  const int64_t n = t.numel();
-  switch (in.dtype) {
-    case DType::F32:
-      std::memcpy(t.data(), src, static_cast<size_t>(n) * 4);
-      break;
-    case DType::F16:
-    case DType::BF16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        t.data()[i] = in.dtype == DType::F16 ? half_to_float(h) : bf16_to_float(h);
-      }
-      break;
-    default:
-      fail("safetensors '", path_, "': tensor '", name, "' is ", dtype_name(in.dtype),
-           "; expected F32, F16 or BF16");
+  const size_t n = static_cast<size_t>(t.numel());
+  float* dst = t.data();  // (numel) contiguous
+  if (in.dtype == DType::F32) {
+    if (n) std::memcpy(dst, src, n * 4);
+  } else {
+    const bool half = in.dtype == DType::F16;
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      dst[i] = half ? f16_to_f32(h) : bf16_to_f32(h);
+    }
   }
   return t;
 }
 
 std::vector<int32_t> SafetensorsFile::get_i32(const std::string& name) const {
   const TensorInfo& in = info(name);
+  const std::string where = "safetensors '" + path_ + "': tensor '" + name + "'";
+  check(in.dtype == DType::I32 || in.dtype == DType::I64, where, " is ", dtype_name(in.dtype),
+        "; get_i32 reads I32 (or I64 whose values fit)");
   const uint8_t* src = map_ + data_start_ + in.begin;
-  const size_t n = in.end - in.begin;
-  std::vector<int32_t> out;
+  const size_t n = (in.end - in.begin) / dtype_size(in.dtype);
+  std::vector<int32_t> out(n);  // (numel) flattened
   if (in.dtype == DType::I32) {
-    out.resize(n / 4);
-    std::memcpy(out.data(), src, n);
-  } else if (in.dtype == DType::I64) {
-    out.resize(n / 8);
-    for (size_t i = 0; i < out.size(); ++i) {
-      int64_t v;
-      std::memcpy(&v, src + 8 * i, 8);
-      check(v >= INT32_MIN && v <= INT32_MAX, "safetensors '", path_, "': tensor '", name,
-            "' value ", v, " at ", i, " does not fit in int32");
-      out[i] = static_cast<int32_t>(v);
-    }
-  } else {
-    fail("safetensors '", path_, "': tensor '", name, "' is ", dtype_name(in.dtype),
-         "; expected I32 (or I64)");
+    if (n) std::memcpy(out.data(), src, n * 4);
+    return out;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    int64_t v;
+    std::memcpy(&v, src + 8 * i, 8);
+    check(v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max(),
+          where, " (I64): value ", v, " at flat index ", i, " does not fit in int32");
+    out[i] = static_cast<int32_t>(v);
   }
   return out;
 }
 
 void SafetensorsWriter::add(const std::string& name, ConstView t) {
-  check(!name.empty(), "safetensors writer: tensor names must not be empty");
-  check(name != "__metadata__" && !entries_.count(name), "safetensors writer: tensor '", name,
-        "' added twice (or reserved name)");
-  Tensor c = Tensor::from(t);
-  Entry e{DType::F32, {}, {}};
-  for (int i = 0; i < t.rank(); ++i) e.shape.push_back(t.dim(i));
-  e.bytes.resize(static_cast<size_t>(c.numel()) * 4);
-  if (c.numel()) std::memcpy(e.bytes.data(), c.data(), e.bytes.size());
-  entries_[name] = std::move(e);
+  check_new_name(name, entries_.count(name) != 0);
+  for (int i = 0; i < t.rank(); ++i)
+    check(t.dim(i) >= 0, "safetensors writer: tensor '", name, "' has a negative dim: ", t.shape.str());
+  const size_t n = static_cast<size_t>(t.numel());
+  check(n == 0 || t.data != nullptr, "safetensors writer: tensor '", name, "' of shape ",
+        t.shape.str(), " has no data (an empty view)");
+  Entry e{DType::F32, std::vector<int64_t>(t.shape.dims.begin(), t.shape.dims.begin() + t.rank()), {}};
+  e.bytes.resize(n * 4);  // (numel) F32, row-major
+  if (n && t.contiguous()) {
+    std::memcpy(e.bytes.data(), t.data, n * 4);
+  } else if (n) {
+    const Tensor c = Tensor::from(t);
+    std::memcpy(e.bytes.data(), c.data(), n * 4);
+  }
+  entries_.emplace(name, std::move(e));
 }
 
 void SafetensorsWriter::add_i32(const std::string& name, const std::vector<int64_t>& shape,
                                 std::span<const int32_t> values) {
-  check(!name.empty(), "safetensors writer: tensor names must not be empty");
-  check(name != "__metadata__" && !entries_.count(name), "safetensors writer: tensor '", name,
-        "' added twice (or reserved name)");
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  check(n == static_cast<int64_t>(values.size()), "safetensors writer: tensor '", name, "' has ",
-        values.size(), " values for a shape of ", n, " elements");
+  check_new_name(name, entries_.count(name) != 0);
+  uint64_t n = 1;
+  for (int64_t d : shape) {
+    check(d >= 0, "safetensors writer: tensor '", name, "' shape dims must be >= 0, got ", d);
+    check(!__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n), "safetensors writer: tensor '",
+          name, "' shape overflows a 64-bit element count");
+  }
+  check(n == values.size(), "safetensors writer: tensor '", name, "' has ", values.size(),
+        " values for a shape of ", n, " elements");
   Entry e{DType::I32, shape, {}};
-  e.bytes.resize(values.size() * 4);
+  e.bytes.resize(values.size() * 4);  // (numel) I32
   if (!values.empty()) std::memcpy(e.bytes.data(), values.data(), e.bytes.size());
-  entries_[name] = std::move(e);
+  entries_.emplace(name, std::move(e));
 }
 
 void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
-  metadata_[key] = value;
+  check_utf8(key, "metadata key");
+  check_utf8(value, "metadata value");
+  metadata_[key] = value;  // setting a key again replaces its value
 }
 
 void SafetensorsWriter::write(const std::string& path) const {
-  nlohmann::json header = nlohmann::json::object();
+  json header = json::object();
   uint64_t off = 0;
-  for (const auto& [name, e] : entries_) {
-    header[name] = {{"dtype", dtype_name(e.dtype)}, {"shape", e.shape},
-                    {"data_offsets", {off, off + e.bytes.size()}}};
+  for (const auto& [name, e] : entries_) {  // std::map: sorted names, contiguous offsets
+    json entry = json::object();
+    entry["dtype"] = dtype_name(e.dtype);
+    entry["shape"] = e.shape;
+    entry["data_offsets"] = json::array({off, off + e.bytes.size()});
+    header[name] = std::move(entry);
     off += e.bytes.size();
   }
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   std::string h = header.dump();
-  h.append((8 - h.size() % 8) % 8, ' ');  // data buffer starts 8-byte aligned, as HF writes it
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  check(fd >= 0, "safetensors '", path, "': cannot create '", tmp, "': ", std::strerror(errno));
-  auto put = [&](const void* p, size_t n) {
-    const auto* c = static_cast<const uint8_t*>(p);
-    while (n > 0) {
-      const ssize_t w = ::write(fd, c, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        const int err = errno;
-        ::close(fd);
-        ::unlink(tmp.c_str());
-        fail("safetensors '", path, "': write failed: ", std::strerror(err));
-      }
-      c += w;
-      n -= static_cast<size_t>(w);
-    }
-  };
-  uint8_t len[8];
+  h.append((8 - h.size() % 8) % 8, ' ');  // the data buffer starts 8-byte aligned, as HF writes it
+
+  TempFile tmp(path, path + ".tmp." + std::to_string(::getpid()));
+  uint8_t len[8];  // u64 little-endian
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(h.size()) >> (8 * i));
-  put(len, 8);
-  put(h.data(), h.size());
-  for (const auto& [name, e] : entries_) put(e.bytes.data(), e.bytes.size());
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    fail("safetensors '", path, "': cannot flush: ", std::strerror(err));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    fail("safetensors '", path, "': cannot rename into place: ", std::strerror(err));
-  }
+  tmp.put(len, 8);
+  tmp.put(h.data(), h.size());
+  for (const auto& [name, e] : entries_) tmp.put(e.bytes.data(), e.bytes.size());
+  tmp.commit();
+  sync_parent_dir(path);
 }
 
 }  // namespace clattn
