@@ -1,8 +1,11 @@
 // `clattn attend`: run any attention spec on tensors from a safetensors file, and
 // `clattn make-inputs`: write a random input file to try it on.
+// attend checks only what it reads (presence, dtype, rank); shapes and their agreement are the
+// attention's own preconditions (validate_inputs), so they are not repeated here.
 #include <chrono>
 #include <cstdio>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -22,21 +25,39 @@ struct AttendOptions {
   int threads = 0;
 };
 
-Tensor load_rank(const SafetensorsFile& f, const std::string& name, int rank, const char* layout) {
-  Tensor t = f.get_f32(name);
-  check(t.rank() == rank, "attend: tensor '", name, "' must have rank ", rank, " ", layout,
-        ", got shape ", t.shape().str());
-  return t;
+// "(2, 3)": the info shape may have any rank, so not via Shape (which caps it).
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::ostringstream os;
+  os << '(';
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << (s.size() == 1 ? ",)" : ")");
+  return os.str();
+}
+
+Tensor load_rank(const SafetensorsFile& f, const std::string& name, size_t rank, const char* layout) {
+  check(f.has(name), "attend: '", f.path(), "' has no tensor '", name, "' ", layout);
+  const TensorInfo& info = f.info(name);
+  check(info.shape.size() == rank, "attend: tensor '", name, "' must have rank ", rank, " ", layout,
+        ", got shape ", shape_str(info.shape));
+  return f.get_f32(name);  // throws naming the dtype unless F32, F16 or BF16
 }
 
 std::vector<int32_t> load_lengths(const SafetensorsFile& f, const std::string& name) {
   if (!f.has(name)) return {};
-  check(f.info(name).shape.size() == 1, "attend: '", name, "' must be I32 [B]");
-  return f.get_i32(name);
+  const TensorInfo& info = f.info(name);
+  check(info.shape.size() == 1, "attend: '", name, "' must be I32 [B] (one length per batch item), got ",
+        dtype_name(info.dtype), " of shape ", shape_str(info.shape));
+  return f.get_i32(name);  // throws naming the dtype unless I32 (or I64 that fits)
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void run_attend(const AttendOptions& o) {
   if (o.threads > 0) set_threads(o.threads);
+  // The spec first: a typo fails at once, before a large input is read.
+  auto att = make_attention(o.spec);
   const SafetensorsFile f = SafetensorsFile::open(o.input);
   const Tensor q = load_rank(f, "q", 4, "(B, H, N, D)");
   const Tensor k = load_rank(f, "k", 4, "(B, Hkv, M, D)");
@@ -46,7 +67,6 @@ void run_attend(const AttendOptions& o) {
   if (f.has("bias")) bias = load_rank(f, "bias", 2, "(N, M)");
   if (f.has("do")) dout = load_rank(f, "do", 4, "(B, H, N, Dv)");
 
-  auto att = make_attention(o.spec);
   AttentionInputs in;
   in.q = q.view();
   in.k = k.view();
@@ -55,19 +75,22 @@ void run_attend(const AttendOptions& o) {
   in.key_lengths = klen;
   in.causal = o.causal;
   if (bias) in.bias = bias->view();
-  Tensor out(Shape{q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
+  Tensor out(Shape{q.dim(0), q.dim(1), q.dim(2), v.dim(3)});  // (B, H, N, Dv)
   Context ctx;
   const auto t0 = std::chrono::steady_clock::now();
   att->forward(in, out.view(), ctx);
-  const auto t1 = std::chrono::steady_clock::now();
+  const double fwd_ms = ms_since(t0);
   SafetensorsWriter w;
   w.add("o", out.view());
-  double bwd_ms = 0;
+  std::string bwd;
   if (dout) {
-    Tensor dq(q.shape()), dk(k.shape()), dv(v.shape());
-    const auto t2 = std::chrono::steady_clock::now();
+    // backward accumulates (+=), so the gradients start at zero.
+    Tensor dq(q.shape()), dk(k.shape()), dv(v.shape());  // like q, k, v
+    const auto t1 = std::chrono::steady_clock::now();
     att->backward(in, ctx, dout->view(), dq.view(), dk.view(), dv.view());
-    bwd_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t2).count();
+    char buf[48];
+    std::snprintf(buf, sizeof buf, ", backward %.2f ms", ms_since(t1));
+    bwd = buf;
     w.add("dq", dq.view());
     w.add("dk", dk.view());
     w.add("dv", dv.view());
@@ -75,24 +98,33 @@ void run_attend(const AttendOptions& o) {
   w.set_metadata("spec", att->name());
   w.set_metadata("causal", o.causal ? "true" : "false");
   w.write(o.output);
-  std::fprintf(stderr, "attend: %s on q %s, k %s, v %s%s: forward %.2f ms%s -> %s\n",
+  std::fprintf(stderr, "attend: %s on q %s, k %s, v %s%s%s%s%s: forward %.2f ms%s -> %s\n",
                att->name().c_str(), q.shape().str().c_str(), k.shape().str().c_str(),
-               v.shape().str().c_str(), o.causal ? " (causal)" : "",
-               std::chrono::duration<double, std::milli>(t1 - t0).count(),
-               dout ? (", backward " + std::to_string(bwd_ms) + " ms").c_str() : "", o.output.c_str());
+               v.shape().str().c_str(), bias ? ", bias" : "", qlen.empty() ? "" : ", query_lengths",
+               klen.empty() ? "" : ", key_lengths", o.causal ? " (causal)" : "", fwd_ms, bwd.c_str(),
+               o.output.c_str());
 }
 
 struct MakeOptions {
   std::string output;
   int64_t batch = 1, heads = 8, kv_heads = 0, n = 1024, m = 0, dim = 64;
   uint64_t seed = 0;
-  bool with_grad = false;
+  bool with_grad = false, with_bias = false;
+  std::vector<int32_t> query_lengths, key_lengths;
 };
 
 void run_make_inputs(const MakeOptions& o) {
+  check(o.kv_heads >= 0 && o.m >= 0, "make-inputs: --kv-heads and --m must be >= 0 (0: same as --heads, --n), got ",
+        o.kv_heads, " and ", o.m);
   const int64_t hkv = o.kv_heads > 0 ? o.kv_heads : o.heads, m = o.m > 0 ? o.m : o.n;
-  check(o.batch >= 1 && o.heads >= 1 && o.n >= 0 && o.dim >= 1 && o.heads % hkv == 0,
-        "make-inputs: need batch >= 1, heads >= 1, n >= 0, dim >= 1 and heads % kv-heads == 0");
+  check(o.batch >= 1 && o.heads >= 1 && o.n >= 0 && o.dim >= 1,
+        "make-inputs: need batch >= 1, heads >= 1, n >= 0 and dim >= 1, got batch ", o.batch, ", heads ",
+        o.heads, ", n ", o.n, ", dim ", o.dim);
+  check(o.heads % hkv == 0, "make-inputs: heads must be a multiple of kv-heads, got ", o.heads, " and ", hkv);
+  for (const auto* l : {&o.query_lengths, &o.key_lengths})
+    check(l->empty() || static_cast<int64_t>(l->size()) == o.batch,
+          "make-inputs: --query-lengths and --key-lengths need one value per batch item (", o.batch,
+          "), got ", l->size());
   const Rng rng(o.seed);
   auto randn = [&](const Shape& s, uint64_t stream) {
     Tensor t = Tensor::empty_like_shape(s);
@@ -100,10 +132,14 @@ void run_make_inputs(const MakeOptions& o) {
     return t;
   };
   SafetensorsWriter w;
-  w.add("q", randn(Shape{o.batch, o.heads, o.n, o.dim}, 1).view());
-  w.add("k", randn(Shape{o.batch, hkv, m, o.dim}, 2).view());
-  w.add("v", randn(Shape{o.batch, hkv, m, o.dim}, 3).view());
-  if (o.with_grad) w.add("do", randn(Shape{o.batch, o.heads, o.n, o.dim}, 4).view());
+  w.add("q", randn(Shape{o.batch, o.heads, o.n, o.dim}, 1).view());  // (B, H, N, D)
+  w.add("k", randn(Shape{o.batch, hkv, m, o.dim}, 2).view());        // (B, Hkv, M, D)
+  w.add("v", randn(Shape{o.batch, hkv, m, o.dim}, 3).view());        // (B, Hkv, M, D)
+  if (o.with_grad) w.add("do", randn(Shape{o.batch, o.heads, o.n, o.dim}, 4).view());  // (B, H, N, D)
+  if (o.with_bias) w.add("bias", randn(Shape{o.n, m}, 5).view());                      // (N, M)
+  // Lengths are written as given: out-of-range values are for attend to refuse, which is useful.
+  if (!o.query_lengths.empty()) w.add_i32("query_lengths", {o.batch}, o.query_lengths);
+  if (!o.key_lengths.empty()) w.add_i32("key_lengths", {o.batch}, o.key_lengths);
   w.write(o.output);
 }
 
@@ -126,7 +162,8 @@ void add_attend(CLI::App& app) {
 
 void add_make_inputs(CLI::App& app) {
   auto opts = std::make_shared<MakeOptions>();
-  CLI::App* sub = app.add_subcommand("make-inputs", "Write random q, k, v (and do) for `clattn attend`.");
+  CLI::App* sub = app.add_subcommand(
+      "make-inputs", "Write random q, k, v (and do, bias, lengths if asked) for `clattn attend`.");
   sub->add_option("--output", opts->output, "output .safetensors")->required();
   sub->add_option("--batch", opts->batch, "B");
   sub->add_option("--heads", opts->heads, "H");
@@ -136,6 +173,11 @@ void add_make_inputs(CLI::App& app) {
   sub->add_option("--dim", opts->dim, "head dim D");
   sub->add_option("--seed", opts->seed, "rng seed");
   sub->add_flag("--with-grad", opts->with_grad, "also write do (B,H,N,D)");
+  sub->add_flag("--with-bias", opts->with_bias, "also write an additive bias (N,M) (full only)");
+  sub->add_option("--query-lengths", opts->query_lengths, "valid queries per batch item, e.g. 70,33")
+      ->delimiter(',');
+  sub->add_option("--key-lengths", opts->key_lengths, "valid keys per batch item, e.g. 90,41")
+      ->delimiter(',');
   sub->callback([opts] { run_make_inputs(*opts); });
 }
 

@@ -23,8 +23,9 @@ struct Spec {
   std::string inner;  // wrappers: the inner spec after the key=value pairs ("" when none)
 };
 
-// Splits name and key=value pairs; rejects empty names, missing '=', empty keys or values and
-// repeated keys.
+// Splits name and key=value pairs; rejects whitespace, empty names, items, keys or values and
+// repeated keys. The first item that is not key=value starts `inner` (make_attention refuses it
+// for every variant but a wrapper, so a forgotten '=' is still an error).
 Spec parse_spec(std::string_view text);
 
 // Reads typed parameters of one spec; finish() rejects any parameter nobody asked for.

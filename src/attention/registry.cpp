@@ -48,15 +48,26 @@ const std::vector<Registration>& registrations() {
 std::unique_ptr<Attention> make_attention(std::string_view text) {
   const Spec spec = parse_spec(text);
   std::ostringstream names;
-  for (const Registration& r : registrations()) {
-    if (r.name == spec.name) {
-      check(spec.inner.empty() || r.name == "conditional-full", "spec '", spec.text, "': '",
-            spec.inner, "' is not a key=value parameter (", r.name, " takes no inner spec)");
-      return r.make(spec);
-    }
-    names << (names.tellp() > 0 ? ", " : "") << r.name;
+  for (const Registration& r : registrations()) names << (names.tellp() > 0 ? ", " : "") << r.name;
+  auto find = [](const std::string& name) -> const Registration* {
+    for (const Registration& r : registrations())
+      if (r.name == name) return &r;
+    return nullptr;
+  };
+  const Registration* r = find(spec.name);
+  check(r != nullptr, "unknown attention '", spec.name, "' in spec '", spec.text,
+        "'; registered: ", names.str());
+  if (!spec.inner.empty()) {
+    check(r->name == "conditional-full", "spec '", spec.text, "': '", spec.inner,
+          "' is not a key=value parameter (", r->name, " takes no inner spec)");
+    // Checked here so that a parameter missing its '=' ("conditional-full:length_limit") is
+    // reported against the spec the user wrote, not as an unknown attention 'length_limit'.
+    const std::string inner_name = parse_spec(spec.inner).name;
+    check(find(inner_name) != nullptr, "spec '", spec.text, "': '", spec.inner,
+          "' is neither a key=value parameter nor an inner spec (unknown attention '", inner_name,
+          "'; registered: ", names.str(), ")");
   }
-  fail("unknown attention '", spec.name, "' in spec '", spec.text, "'; registered: ", names.str());
+  return r->make(spec);
 }
 
 std::vector<VariantInfo> registered_attentions() {

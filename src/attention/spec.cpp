@@ -1,10 +1,11 @@
-// Spec strings: "name[:key=value,...[,inner-spec]]". Parsing is strict: no whitespace, no empty
-// keys or values, no repeated keys; the first item after ':' that is not key=value (no '=', or a
-// ':' before its '=') starts the inner spec of a wrapper (everything after it, verbatim). Only
-// wrappers accept one: the registry rejects it for every other variant.
+// Spec strings: "name[:key=value,...[,inner-spec]]". Parsing is strict: no whitespace (an error,
+// not trimmed), no empty items, keys or values, no repeated keys; the first item after ':' that is
+// not key=value (no '=', or a ':' before its '=') starts the inner spec of a wrapper (everything
+// after it, verbatim). Only wrappers accept one: the registry rejects it for every other variant.
 #include "clattn/spec.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -30,6 +31,8 @@ Spec parse_spec(std::string_view text) {
   while (!rest.empty()) {
     const size_t comma = rest.find(',');
     const std::string_view item = rest.substr(0, comma);
+    // Caught here, or ",x=1" would pass for an inner spec and the error would say the wrong thing.
+    check(!item.empty(), "spec '", text, "' has an empty parameter (',' right after ':' or ',,')");
     const size_t eq = item.find('=');
     if (eq == std::string_view::npos || item.substr(0, eq).find(':') != std::string_view::npos) {
       // Not key=value (no '=', or a name with ':' before it): the inner spec of a wrapper,
@@ -52,6 +55,15 @@ Spec parse_spec(std::string_view text) {
   return s;
 }
 
+namespace {
+
+// A factory may read a key twice (e.g. once to decide a default); list it once in errors.
+void note_accepted(std::vector<std::string>& accepted, const std::string& key) {
+  if (std::find(accepted.begin(), accepted.end(), key) == accepted.end()) accepted.push_back(key);
+}
+
+}  // namespace
+
 SpecReader::SpecReader(const Spec& spec) : spec_(spec) {}
 
 const std::string* SpecReader::find(const std::string& key) const {
@@ -62,38 +74,44 @@ const std::string* SpecReader::find(const std::string& key) const {
 
 bool SpecReader::has(const std::string& key) const { return find(key) != nullptr; }
 
+// The whole value must parse (strtod's syntax: "0.125", "1e-3"; not "1.5x", "nan", "inf").
+// Overflow and underflow ("1e400", "1e-400") are numbers, reported as out of range.
 double SpecReader::get_float(const std::string& key, double dflt, double lo, double hi) {
-  accepted_.push_back(key);
+  note_accepted(accepted_, key);
   const std::string* v = find(key);
   if (!v) return dflt;
   used_.insert(key);
   errno = 0;
   char* end = nullptr;
   const double x = std::strtod(v->c_str(), &end);
-  check(end == v->c_str() + v->size() && errno == 0 && std::isfinite(x), "spec '", spec_.text,
+  const bool out_of_double = errno == ERANGE;
+  check(end == v->c_str() + v->size() && (std::isfinite(x) || out_of_double), "spec '", spec_.text,
         "': ", key, " must be a number, got '", *v, "'");
-  check(x >= lo && x <= hi, "spec '", spec_.text, "': ", key, " must be in [", lo, ", ", hi,
-        "], got ", *v);
+  check(!out_of_double && x >= lo && x <= hi, "spec '", spec_.text, "': ", key, " must be in [", lo,
+        ", ", hi, "], got ", *v);
   return x;
 }
 
+// Decimal digits with an optional sign only: "1.5", "1e3" and "0x10" are errors; values beyond
+// int64 are reported as out of range.
 int64_t SpecReader::get_int(const std::string& key, int64_t dflt, int64_t lo, int64_t hi) {
-  accepted_.push_back(key);
+  note_accepted(accepted_, key);
   const std::string* v = find(key);
   if (!v) return dflt;
   used_.insert(key);
   errno = 0;
   char* end = nullptr;
   const long long x = std::strtoll(v->c_str(), &end, 10);
-  check(end == v->c_str() + v->size() && errno == 0, "spec '", spec_.text, "': ", key,
+  const bool out_of_int64 = errno == ERANGE;
+  check(end == v->c_str() + v->size(), "spec '", spec_.text, "': ", key,
         " must be an integer, got '", *v, "'");
-  check(x >= lo && x <= hi, "spec '", spec_.text, "': ", key, " must be in [", lo, ", ", hi,
-        "], got ", *v);
+  check(!out_of_int64 && x >= lo && x <= hi, "spec '", spec_.text, "': ", key, " must be in [", lo,
+        ", ", hi, "], got ", *v);
   return x;
 }
 
 bool SpecReader::get_bool(const std::string& key, bool dflt) {
-  accepted_.push_back(key);
+  note_accepted(accepted_, key);
   const std::string* v = find(key);
   if (!v) return dflt;
   used_.insert(key);
@@ -104,7 +122,7 @@ bool SpecReader::get_bool(const std::string& key, bool dflt) {
 
 std::string SpecReader::get_choice(const std::string& key, const std::string& dflt,
                                    const std::vector<std::string>& choices) {
-  accepted_.push_back(key);
+  note_accepted(accepted_, key);
   const std::string* v = find(key);
   if (!v) return dflt;
   used_.insert(key);

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# End-to-end checks of the clattn CLI: attend round trips and every error path exits non-zero with
-# a message, never a crash. Usage: bash tests/cli/run.sh /path/to/clattn
+# End-to-end checks of the clattn CLI: attend round trips (forward only, forward + backward, masks
+# and bias) and every error path exits non-zero with a message, never a crash (exit >= 128 is a
+# signal). Needs only bash and coreutils: inputs come from `clattn make-inputs` or are written by
+# hand below. Usage: bash tests/cli/run.sh /path/to/clattn
 set -u
 bin=${1:?usage: run.sh /path/to/clattn}
 dir=$(mktemp -d)
@@ -13,34 +15,104 @@ bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 # expect_ok DESCRIPTION CMD...: exit 0
 expect_ok() {
   local what=$1; shift
-  if "$@" >"$dir/out" 2>"$dir/err"; then ok; else bad "$what (exit $?): $(cat "$dir/err")"; fi
+  if "$@" >"$dir/out" 2>"$dir/err"; then ok; else bad "$what (exit $?): $(head -c 400 "$dir/err")"; fi
 }
-# expect_error DESCRIPTION NEEDLE CMD...: exit in [1, 127] and stderr mentions NEEDLE
+# expect_error DESCRIPTION NEEDLE CMD...: exit in [1, 127], stderr says "error" and mentions NEEDLE
 expect_error() {
   local what=$1 needle=$2; shift 2
   "$@" >"$dir/out" 2>"$dir/err"
   local rc=$?
-  if [ "$rc" -ge 1 ] && [ "$rc" -lt 128 ] && grep -qi -- "$needle" "$dir/err"; then ok
+  if [ "$rc" -ge 1 ] && [ "$rc" -lt 128 ] && grep -qi -- "error" "$dir/err" && grep -qi -- "$needle" "$dir/err"; then ok
   else bad "$what: exit $rc, stderr: $(head -c 400 "$dir/err")"; fi
 }
+# header_of FILE: the JSON header of a safetensors file (8-byte little-endian length, then JSON)
+header_of() {
+  local n
+  n=$(od -An -t u8 -N8 "$1" | tr -d ' ')
+  tail -c +9 "$1" | head -c "$n"
+}
+# expect_tensors DESCRIPTION FILE NAMES...: the file holds exactly these tensors (and metadata)
+expect_tensors() {
+  local what=$1 file=$2; shift 2
+  local got want
+  got=$(header_of "$file" | grep -o '"[a-z_]*":{' | cut -d'"' -f2 | grep -vx __metadata__ | sort | tr '\n' ' ')
+  want=$(printf '%s\n' "$@" | sort | tr '\n' ' ')
+  [ "$got" = "$want" ] && ok || bad "$what: tensors '$got', expected '$want'"
+}
+# st_file FILE HEADER NBYTES: a hand-made safetensors file with NBYTES of zero data.
+st_file() {
+  local file=$1 header=$2 nbytes=$3 n=${#2} i hex=""
+  for i in 0 1 2 3 4 5 6 7; do hex+=$(printf '\\x%02x' $(((n >> (8 * i)) & 255))); done
+  { printf "$hex"; printf '%s' "$header"; head -c "$nbytes" /dev/zero; } >"$file"
+}
+# entry NAME DTYPE SHAPE BEGIN END: one header entry
+entry() { printf '"%s":{"dtype":"%s","shape":[%s],"data_offsets":[%d,%d]}' "$@"; }
 
-expect_ok "make-inputs" "$bin" make-inputs --output "$dir/in.safetensors" --batch 2 --heads 4 --kv-heads 2 --n 70 --m 90 --dim 16 --with-grad
-expect_ok "attend full fwd+bwd" "$bin" attend --spec full --input "$dir/in.safetensors" --output "$dir/out.safetensors"
-expect_ok "attend full causal" "$bin" attend --spec full:scale=0.2 --causal --input "$dir/in.safetensors" --output "$dir/out2.safetensors"
-expect_ok "attend improved-clustered" "$bin" attend --spec improved-clustered:clusters=5,topk=4 --input "$dir/in.safetensors" --output "$dir/out3.safetensors"
-# The output is itself a valid input to a second run (round trip through the reader).
-[ -s "$dir/out.safetensors" ] && ok || bad "no output written"
+in=$dir/in.safetensors       # with do: forward and backward
+fwd=$dir/fwd.safetensors     # without do: forward only
+masked=$dir/masked.safetensors
+expect_ok "make-inputs with grad" "$bin" make-inputs --output "$in" --batch 2 --heads 4 --kv-heads 2 --n 70 --m 90 --dim 16 --with-grad
+expect_ok "make-inputs forward only" "$bin" make-inputs --output "$fwd" --batch 1 --heads 2 --n 33 --dim 8 --seed 3
+expect_ok "make-inputs masks and bias" "$bin" make-inputs --output "$masked" --batch 2 --heads 2 --n 40 --m 50 --dim 8 --with-grad --with-bias --query-lengths 40,17 --key-lengths 50,9
+expect_tensors "make-inputs writes q, k, v, do" "$in" q k v do
+expect_tensors "make-inputs writes lengths and bias" "$masked" q k v do bias query_lengths key_lengths
+
+expect_ok "attend forward only" "$bin" attend --spec full --input "$fwd" --output "$dir/o_fwd.safetensors"
+grep -q "attend: full on q (1, 2, 33, 8)" "$dir/err" && ok || bad "summary line: $(cat "$dir/err")"
+expect_tensors "forward only writes o" "$dir/o_fwd.safetensors" o
+expect_ok "attend full fwd+bwd" "$bin" attend --spec full --input "$in" --output "$dir/out.safetensors"
+expect_tensors "fwd+bwd writes o, dq, dk, dv" "$dir/out.safetensors" o dq dk dv
+header_of "$dir/out.safetensors" | grep -q '"shape":\[2,4,70,16\]' && ok || bad "o is not (2, 4, 70, 16)"
+expect_ok "attend full causal" "$bin" attend --spec full:scale=0.2 --causal --input "$in" --output "$dir/out2.safetensors"
+expect_ok "attend masks and bias" "$bin" attend --spec full --causal --input "$masked" --output "$dir/out_m.safetensors"
+expect_ok "attend improved-clustered" "$bin" attend --spec improved-clustered:clusters=5,topk=4 --threads 2 --input "$in" --output "$dir/out3.safetensors"
+expect_ok "attend improved-clustered again" "$bin" attend --spec improved-clustered:clusters=5,topk=4 --threads 2 --input "$in" --output "$dir/out4.safetensors"
+cmp -s "$dir/out3.safetensors" "$dir/out4.safetensors" && ok || bad "same spec, seed and input gave different outputs"
 ls "$dir" | grep -q '\.tmp\.' && bad "temporary file left behind" || ok
 
+# Broken files: each is refused with a message, never a crash.
 expect_error "missing input" "cannot open" "$bin" attend --spec full --input "$dir/nope.safetensors" --output "$dir/x.safetensors"
-head -c 1000 "$dir/in.safetensors" >"$dir/trunc.safetensors"
+head -c 1000 "$in" >"$dir/trunc.safetensors"
 expect_error "truncated input" "safetensors" "$bin" attend --spec full --input "$dir/trunc.safetensors" --output "$dir/x.safetensors"
 printf '\xff\xff\xff\xff\xff\xff\xff\x7f{}' >"$dir/lying.safetensors"
 expect_error "absurd header length" "header length" "$bin" attend --spec full --input "$dir/lying.safetensors" --output "$dir/x.safetensors"
-expect_error "bad spec" "unknown attention" "$bin" attend --spec fulll --input "$dir/in.safetensors" --output "$dir/x.safetensors"
-expect_error "bad parameter" "unknown parameter" "$bin" attend --spec full:foo=1 --input "$dir/in.safetensors" --output "$dir/x.safetensors"
-expect_error "causal refused" "causal" "$bin" attend --spec clustered:clusters=3 --causal --input "$dir/in.safetensors" --output "$dir/x.safetensors"
+: >"$dir/empty.safetensors"
+expect_error "empty file" "safetensors" "$bin" attend --spec full --input "$dir/empty.safetensors" --output "$dir/x.safetensors"
 expect_error "missing tensor" "no tensor 'q'" "$bin" attend --spec full --input "$dir/out.safetensors" --output "$dir/x.safetensors"
+
+# Hand-made inputs, q, k, v of shape (1, 1, 2, 4) (32 bytes each) plus one wrong tensor.
+kv="$(entry k F32 1,1,2,4 32 64),$(entry v F32 1,1,2,4 64 96)"
+st_file "$dir/h_ok.safetensors" "{$(entry q F32 1,1,2,4 0 32),$kv,$(entry key_lengths I32 1 96 100),$(entry bias F32 2,2 100 116)}" 116
+expect_ok "hand-made input with lengths and bias" "$bin" attend --spec full --input "$dir/h_ok.safetensors" --output "$dir/h_out.safetensors"
+st_file "$dir/h1.safetensors" "{$(entry q F32 1,2,4 0 32),$kv}" 96
+expect_error "q of rank 3" "'q' must have rank 4" "$bin" attend --spec full --input "$dir/h1.safetensors" --output "$dir/x.safetensors"
+st_file "$dir/h2.safetensors" "{$(entry q I32 1,1,2,4 0 32),$kv}" 96
+expect_error "q of dtype I32" "I32" "$bin" attend --spec full --input "$dir/h2.safetensors" --output "$dir/x.safetensors"
+st_file "$dir/h3.safetensors" "{$(entry q F32 1,1,2,4 0 32),$kv,$(entry key_lengths F32 1 96 100)}" 100
+expect_error "key_lengths of dtype F32" "key_lengths" "$bin" attend --spec full --input "$dir/h3.safetensors" --output "$dir/x.safetensors"
+st_file "$dir/h4.safetensors" "{$(entry q F32 1,1,2,4 0 32),$kv,$(entry query_lengths I32 1,1 96 100)}" 100
+expect_error "query_lengths of rank 2" "must be I32 \[B\]" "$bin" attend --spec full --input "$dir/h4.safetensors" --output "$dir/x.safetensors"
+st_file "$dir/h5.safetensors" "{$(entry q F32 1,1,2,4 0 32),$kv,$(entry bias F32 4 96 112)}" 112
+expect_error "bias of rank 1" "'bias' must have rank 2" "$bin" attend --spec full --input "$dir/h5.safetensors" --output "$dir/x.safetensors"
+st_file "$dir/h6.safetensors" "{$(entry q F32 1,1,2,4 0 32),$kv,$(entry do F32 1,1,2 96 104)}" 104
+expect_error "do of rank 3" "'do' must have rank 4" "$bin" attend --spec full --input "$dir/h6.safetensors" --output "$dir/x.safetensors"
+
+# Bad specs and inputs the attention itself refuses.
+expect_error "bad spec" "unknown attention" "$bin" attend --spec fulll --input "$in" --output "$dir/x.safetensors"
+expect_error "bad spec before bad file" "unknown attention" "$bin" attend --spec fulll --input "$dir/nope.safetensors" --output "$dir/x.safetensors"
+expect_error "bad parameter" "unknown parameter" "$bin" attend --spec full:foo=1 --input "$in" --output "$dir/x.safetensors"
+expect_error "out-of-range parameter" "must be in" "$bin" attend --spec full:scale=-1 --input "$in" --output "$dir/x.safetensors"
+expect_error "malformed spec" "empty parameter" "$bin" attend --spec full:,scale=1 --input "$in" --output "$dir/x.safetensors"
+expect_error "causal refused" "causal" "$bin" attend --spec clustered:clusters=3 --causal --input "$in" --output "$dir/x.safetensors"
+expect_error "bias refused" "bias" "$bin" attend --spec clustered:clusters=3 --input "$masked" --output "$dir/x.safetensors"
+expect_ok "make-inputs lengths out of range" "$bin" make-inputs --output "$dir/long.safetensors" --batch 2 --heads 2 --n 8 --dim 4 --key-lengths 8,12
+expect_error "key length beyond M" "key_lengths" "$bin" attend --spec full --input "$dir/long.safetensors" --output "$dir/x.safetensors"
+expect_error "make-inputs bad sizes" "heads" "$bin" make-inputs --output "$dir/x.safetensors" --heads 6 --kv-heads 4
+expect_error "make-inputs lengths per batch" "one value per batch item" "$bin" make-inputs --output "$dir/x.safetensors" --batch 3 --key-lengths 1,2
+"$bin" attend --input "$in" --output "$dir/x.safetensors" >"$dir/out" 2>"$dir/err"
+rc=$?
+[ "$rc" -ge 1 ] && [ "$rc" -lt 128 ] && grep -q -- "--spec" "$dir/err" && ok || bad "missing --spec: exit $rc, $(cat "$dir/err")"
+
 expect_error "bench bad lengths" "lengths" "$bin" bench --lengths 64,abc
 expect_ok "bench smoke" "$bin" bench --attention 'full;clustered:clusters=4;improved-clustered:clusters=4,topk=8' --lengths 64,200 --heads 2 --dim 16 --repeat 2 --backward --json "$dir/b.json"
 grep -q '"results"' "$dir/b.json" && ok || bad "bench json has no results"
