@@ -76,7 +76,8 @@ void run_attend(const AttendOptions& o) {
   in.causal = o.causal;
   if (bias) in.bias = bias->view();
   Tensor out(Shape{q.dim(0), q.dim(1), q.dim(2), v.dim(3)});  // (B, H, N, Dv)
-  Context ctx;
+  // Without dO there is no backward: the forward need not keep its backward state.
+  Context ctx = dout ? Context() : Context::for_inference();
   const auto t0 = std::chrono::steady_clock::now();
   att->forward(in, out.view(), ctx);
   const double fwd_ms = ms_since(t0);

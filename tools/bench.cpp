@@ -101,7 +101,8 @@ CaseResult run_case(const std::string& spec, const AttentionInputs& in_given, co
     // Shared-QK attention (reformer) takes the queries as its keys (see the --help recipe).
     AttentionInputs in = in_given;
     if (shares_qk(spec)) in.k = in.q;
-    Context ctx;
+    // A forward-only case times inference: no backward state is kept (Context::for_inference).
+    Context ctx = o.backward ? Context() : Context::for_inference();
     auto call = [&] {
       att->forward(in, buf.out, ctx);
       if (o.backward) att->backward(in, ctx, dout, buf.dq, buf.dk, buf.dv);
@@ -251,7 +252,7 @@ void run_bench(BenchOptions o) {
     auto compute_reference = [&] {
       try {
         reference = bench::make_zeros(Shape{B, H, n, D});
-        Context ctx;
+        Context ctx = Context::for_inference();
         make_attention("full")->forward(in, reference, ctx);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "clattn bench: no rel_err at n=%lld: full attention failed: %s\n",

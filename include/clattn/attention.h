@@ -46,8 +46,19 @@ struct ContextState {
 };
 
 // What forward leaves for backward. Reusing one Context across calls reuses its buffers.
+// Context::for_inference() makes one for forward-only use (serving, evaluation, benchmarks of the
+// forward): forward then skips what only backward reads, such as the copy of the output that
+// full, smyrf and reformer keep for D_i = dO_i · O_i (an extra pass over (B, H, N, Dv) each
+// call), and a backward given such a context is refused.
 class Context {
  public:
+  Context() = default;
+  static Context for_inference() {
+    Context c;
+    c.inference_ = true;
+    return c;
+  }
+  bool inference() const { return inference_; }
   template <class T>
   T& state() {
     if (!state_ || typeid(*state_) != typeid(T)) state_ = std::make_unique<T>();
@@ -55,6 +66,8 @@ class Context {
   }
   template <class T>
   const T& state() const {
+    check(!inference_, "attention: backward needs a training context, but this one was made by ",
+          "Context::for_inference(), whose forward keeps no backward state");
     check(state_ && typeid(*state_) == typeid(T),
           "attention: backward needs the context filled by forward of the same variant");
     return static_cast<const T&>(*state_);
@@ -63,6 +76,7 @@ class Context {
 
  private:
   std::unique_ptr<ContextState> state_;
+  bool inference_ = false;
 };
 
 class Attention {

@@ -351,7 +351,7 @@ class FullAttention final : public Attention {
     FullState& st = ctx.state<FullState>();
     st.lse.resize(Shape{d.B, d.H, d.N});
     attn_full_fwd(in, d, scale_for(d), out, st.lse.data(), *ws_, window_);
-    save_output(out, st.out);
+    if (!ctx.inference()) save_output(out, st.out);
   }
 
   void backward(const AttentionInputs& in, const Context& ctx, ConstView dout, View dq, View dk,

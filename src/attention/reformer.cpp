@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "attention/full.h"
+#include "attention/gather.h"
 #include "attention/tile_ops.h"
 #include "attention/variants.h"
 #include "clattn/parallel.h"
@@ -34,11 +35,28 @@ namespace {
 
 constexpr int64_t kMaxChunk = 64;
 
+// One chunk's rows, staged once per round: a chunk is the "current" chunk of its own queries and
+// the "previous" chunk of the next one, so keeping two consecutive chunks (plus the last chunk,
+// which the first wraps to) gathered means every position's rows are read once per round.
+struct Slot {
+  int64_t n = 0, w = 0;     // members, width (n rounded up to 16)
+  int32_t idx[kMaxChunk];   // positions
+  alignas(64) float nrm[kMaxChunk];  // |q|
+  float* kt = nullptr;      // (Dk, w) unit keys k̂ = q/|q|, transposed; columns past n zero
+  float* vr = nullptr;      // (w, Dvp) values; rows past n zero
+  // backward only
+  float* kr = nullptr;      // (w, Dkp) unit keys as rows
+  float* vt = nullptr;      // (Dv, w) values transposed
+  float* gq = nullptr;      // (w, Dkp) ∂L/∂q through the query role
+  float* gk = nullptr;      // (w, Dkp) ∂L/∂k̂
+  float* gv = nullptr;      // (w, Dvp) ∂L/∂v
+};
+
 struct Scratch {
-  std::vector<int32_t> bucket, keys;
-  std::vector<float> invn;  // (N) 1 / |q|
-  tile::RoundMix mix;       // rounds combined by log-sum-exp
-  Workspace khat, proj, qs, kr, kt, vr, vt, s, o, go, dp, dqc, dkc, dvc, dkhat, misc;
+  std::vector<int32_t> bucket;  // (R, N)
+  std::vector<int32_t> offsets;
+  Slot slots[3];
+  Workspace proj, slot_mem, s, o, go, dp;
 };
 
 }  // namespace
@@ -79,7 +97,7 @@ int64_t reformer_buckets(const ReformerParams& p, int64_t n) {
 namespace {
 
 // Keys of chunk c (positions), in perm order: chunk c then chunk c − 1 (wrapping; not repeated
-// when there is a single chunk).
+// when there is a single chunk). The reference's statement of the partition.
 int64_t chunk_keys(const int32_t* perm, int64_t n, int64_t ch, int64_t c, std::vector<int32_t>& keys) {
   const int64_t nch = (n + ch - 1) / ch;
   keys.clear();
@@ -91,243 +109,328 @@ int64_t chunk_keys(const int32_t* perm, int64_t n, int64_t ch, int64_t c, std::v
   return static_cast<int64_t>(keys.size());
 }
 
-// Masks row r (query position i) over keys kj[0, nk) of width kw: invisible keys and the query's
-// own position get -inf; returns true when the self key must be used instead (nothing else seen).
-bool mask_reformer_row(float* row, int64_t kw, const int32_t* kj, int64_t nk, int64_t i,
-                       int64_t mv, bool causal) {
-  bool any = false;
-  for (int64_t x = 0; x < kw; ++x) {
-    const bool vis = x < nk && kj[x] < mv && kj[x] != i && (!causal || kj[x] <= i);
-    if (!vis) row[x] = -kInf;
-    any |= vis;
-  }
-  return !any && i < mv;
-}
-
 struct Dims {
   int64_t N, D, Dv, Dkp, Dvp;
 };
 
-// Scores of one chunk: qs (nq, Dkp) = q·log2 e, key rows, values, S (nq, kw) masked; self[r] says
-// row r falls back to its own key (logit in self_s[r]).
-struct ChunkBlock {
-  int64_t nq, nk, kw;
-  const int32_t* qi;
-  const int32_t* kj;
-  float *qs, *kr, *vr, *s;
-  bool self[kMaxChunk];
-  float self_s[kMaxChunk];
-};
+// Carves the three slots out of one allocation (sized for the widest chunk).
+void carve_slots(Scratch& sc, const Dims& dm, bool backward) {
+  const int64_t W = kMaxChunk;
+  const int64_t per = dm.Dkp * W + W * dm.Dvp + (backward ? 3 * W * dm.Dkp + dm.Dvp * W + W * dm.Dvp : 0);
+  float* m = sc.slot_mem.floats(static_cast<size_t>(3 * per));
+  for (Slot& sl : sc.slots) {
+    sl.kt = m, m += dm.Dkp * W;
+    sl.vr = m, m += W * dm.Dvp;
+    if (!backward) continue;
+    sl.kr = m, m += W * dm.Dkp;
+    sl.vt = m, m += dm.Dvp * W;
+    sl.gq = m, m += W * dm.Dkp;
+    sl.gk = m, m += W * dm.Dkp;
+    sl.gv = m, m += W * dm.Dvp;
+  }
+}
 
-void build_chunk(const AttentionInputs& in, int64_t b, int64_t h, const Dims& dm, int64_t mv,
-                 const float* khat, ChunkBlock& blk, Scratch& sc) {
-  const int64_t kw = round_up(std::max<int64_t>(blk.nk, 1), mk::kLanes);
-  blk.kw = kw;
-  blk.qs = sc.qs.floats(static_cast<size_t>(kMaxChunk * dm.Dkp));
-  blk.kr = sc.kr.floats(static_cast<size_t>(kw * dm.Dkp));
-  blk.vr = sc.vr.floats(static_cast<size_t>(kw * dm.Dvp));
-  blk.s = sc.s.floats(static_cast<size_t>(kMaxChunk * kw));
-  float* kt = sc.kt.floats(static_cast<size_t>(dm.Dkp * kw));  // (D, kw)
-  for (int64_t r = 0; r < blk.nq; ++r) simd::copy_row(blk.qs + r * dm.Dkp, in.q.ptr(b, h, blk.qi[r]), dm.D, dm.Dkp, kLog2e);
+// Gathers chunk c of perm into sl: norms, unit keys (transposed, and as rows for backward),
+// values; zeroes the backward accumulators.
+// ahead: the positions of the chunk staged next, whose rows are requested meanwhile.
+void stage_chunk(const float* qb, int64_t qrs, const float* vb, int64_t vrs, const Dims& dm,
+                 const int32_t* perm, int64_t ch, int64_t c, Slot& sl, bool backward,
+                 const gather::Ahead& ahead) {
+  sl.n = std::min(ch, dm.N - c * ch);
+  sl.w = round_up(sl.n, mk::kLanes);
+  std::copy(perm + c * ch, perm + c * ch + sl.n, sl.idx);
+  gather::transposed(qb, qrs, sl.idx, sl.n, dm.D, sl.kt, sl.w, ahead);
+  // |q| from the staged columns (no second read of the rows), 16 members at a time.
+  alignas(64) float inv[kMaxChunk];
+  for (int64_t x = 0; x < sl.w; x += mk::kLanes) {
+    simd::vf ss{};
+    for (int64_t e = 0; e < dm.D; ++e) {
+      const simd::vf k = simd::load(sl.kt + e * sl.w + x);
+      ss += k * k;
+    }
+    simd::store(sl.nrm + x, ss);
+  }
+  for (int64_t x = 0; x < sl.w; ++x) {
+    sl.nrm[x] = std::sqrt(sl.nrm[x]);
+    inv[x] = sl.nrm[x] > 0.f ? 1.f / sl.nrm[x] : 0.f;
+  }
+  for (int64_t e = 0; e < dm.D; ++e)
+    for (int64_t x = 0; x < sl.w; x += mk::kLanes)
+      simd::store(sl.kt + e * sl.w + x, simd::load(sl.kt + e * sl.w + x) * simd::load(inv + x));
+  if (!backward) {
+    gather::rows(vb, vrs, sl.idx, sl.n, dm.Dv, sl.vr, dm.Dvp, sl.w, 1.f, ahead);
+    return;
+  }
+  gather::transpose(sl.kt, sl.w, dm.D, sl.w, sl.kr, dm.Dkp);  // (Dk, w)ᵀ -> (w, Dkp) rows
+  gather::transposed(vb, vrs, sl.idx, sl.n, dm.Dv, sl.vt, sl.w, ahead);
+  std::memset(sl.gq, 0, sizeof(float) * static_cast<size_t>(sl.w * dm.Dkp));
+  std::memset(sl.gk, 0, sizeof(float) * static_cast<size_t>(sl.w * dm.Dkp));
+  std::memset(sl.gv, 0, sizeof(float) * static_cast<size_t>(sl.w * dm.Dvp));
+}
+
+// Scores of chunk `cur` against its keys [cur | prev] (prev null: a single chunk), log2 units,
+// S (n, kw) with kw = cur.w + prev.w: s_ij = |q_i| (k̂_i · k̂_j) · log2 e = (q_i · k̂_j) log2 e.
+// Invisible keys and the query's own position get -inf; self_s[r] keeps the own logit and
+// self[r] says row r must fall back to it (nothing else visible).
+int64_t chunk_scores(const Slot& cur, const Slot* prev, const Dims& dm, int64_t mv, bool causal,
+                     float* s, float* self_s, bool* self) {
+  const int64_t kw = cur.w + (prev ? prev->w : 0);
+  std::memset(s, 0, sizeof(float) * static_cast<size_t>(cur.n * kw));
+  // A = the chunk's own unit keys read as rows (transposed access), B = the key panels.
+  mk::gemm_ab(cur.n, cur.w, dm.D, cur.kt, 1, cur.w, cur.kt, cur.w, s, kw, nullptr);
+  if (prev) mk::gemm_ab(cur.n, prev->w, dm.D, cur.kt, 1, cur.w, prev->kt, prev->w, s + cur.w, kw, nullptr);
+  int32_t cols[2 * kMaxChunk];
   for (int64_t x = 0; x < kw; ++x) {
-    if (x < blk.nk) {
-      simd::copy_row(blk.kr + x * dm.Dkp, khat + blk.kj[x] * dm.Dkp, dm.Dkp, dm.Dkp);
-      simd::copy_row(blk.vr + x * dm.Dvp, in.v.ptr(b, h, blk.kj[x]), dm.Dv, dm.Dvp);
-    } else {
-      std::memset(blk.kr + x * dm.Dkp, 0, sizeof(float) * static_cast<size_t>(dm.Dkp));
-      std::memset(blk.vr + x * dm.Dvp, 0, sizeof(float) * static_cast<size_t>(dm.Dvp));
+    const bool in_cur = x < cur.w;
+    const int64_t y = in_cur ? x : x - cur.w;
+    const Slot& sl = in_cur ? cur : *prev;
+    cols[x] = y < sl.n ? sl.idx[y] : -1;
+  }
+  for (int64_t r = 0; r < cur.n; ++r) {
+    float* row = s + r * kw;
+    const float f = cur.nrm[r] * kLog2e;
+    for (int64_t x = 0; x < kw; x += mk::kLanes) simd::store(row + x, simd::load(row + x) * f);
+    self_s[r] = row[r];
+    const int64_t i = cur.idx[r];
+    bool any = false;
+    for (int64_t x = 0; x < kw; ++x) {
+      const int64_t j = cols[x];
+      const bool vis = j >= 0 && j < mv && j != i && (!causal || j <= i);
+      if (!vis) row[x] = -kInf;
+      any |= vis;
+    }
+    self[r] = !any && i < mv;
+    if (!self[r]) self_s[r] = -kInf;
+  }
+  return kw;
+}
+
+// argmax over [x, −x] of x (half floats), the first in the order x0, −x0, x1, −x1, ... on ties:
+// the first u with |x_u| maximal, as u when x_u ≥ 0 and u + half otherwise.
+int64_t argmax_pm(const float* x, int64_t half) {
+  constexpr int L = simd::kLanes;
+  simd::vf m = simd::splat(0.f);  // |x| ≥ 0, so zero-padded lanes never win a strict maximum
+  for (int64_t u = 0; u < half; u += L) {
+    const simd::vf v = half - u >= L ? simd::load(x + u) : simd::load_partial(x + u, static_cast<int>(half - u));
+    m = simd::vmax(m, simd::vmax(v, -v));
+  }
+  const float mx = simd::hmax(m);
+  int64_t best = 0;
+  for (int64_t u = 0; u < half; u += L) {
+    const simd::vf v = half - u >= L ? simd::load(x + u) : simd::load_partial(x + u, static_cast<int>(half - u));
+    const uint32_t below = simd::mask_gt_v(simd::splat(mx), simd::vmax(v, -v));
+    const uint32_t hit = ~below & ((half - u >= L) ? 0xFFFFu : ((1u << (half - u)) - 1));
+    if (hit) {
+      best = u + __builtin_ctz(hit);
+      break;
     }
   }
-  mk::pack_transposed(blk.kr, kw, dm.D, dm.Dkp, kt, kw);
-  std::memset(blk.s, 0, sizeof(float) * static_cast<size_t>(blk.nq * kw));
-  mk::gemm_ab(blk.nq, kw, dm.D, blk.qs, dm.Dkp, 1, kt, kw, blk.s, kw, nullptr);
-  for (int64_t r = 0; r < blk.nq; ++r) {
-    const int64_t i = blk.qi[r];
-    blk.self[r] = mask_reformer_row(blk.s + r * kw, kw, blk.kj, blk.nk, i, mv, in.causal);
-    blk.self_s[r] = blk.self[r] ? simd::dot(blk.qs + r * dm.Dkp, khat + i * dm.Dkp, dm.D) : -kInf;
+  return x[best] >= 0.f ? best : best + half;
+}
+
+// Buckets of every position for every round: one tile product of q against all rounds'
+// rotations (the argmax is unchanged by the positive factor 1/|q|, so q is hashed as is).
+void hash_positions(const float* qb, int64_t qrs, const Dims& dm, const float* rot, int64_t R,
+                    int64_t f1, int64_t f2, int64_t nrot, float* proj, int32_t* bucket) {
+  const int64_t ncol = round_up(R * nrot, mk::kLanes), rows = 64;
+  for (int64_t j0 = 0; j0 < dm.N; j0 += rows) {
+    const int64_t nr = std::min(rows, dm.N - j0);
+    std::memset(proj, 0, sizeof(float) * static_cast<size_t>(nr * ncol));
+    mk::gemm_ab(nr, ncol, dm.D, qb + j0 * qrs, qrs, 1, rot, ncol, proj, ncol, nullptr);
+    for (int64_t x = 0; x < nr; ++x)
+      for (int64_t r = 0; r < R; ++r) {
+        const float* pr = proj + x * ncol + r * nrot;
+        int64_t bk = argmax_pm(pr, f1 / 2);
+        if (f2 > 1) bk += f1 * argmax_pm(pr + f1 / 2, f2 / 2);
+        bucket[r * dm.N + j0 + x] = static_cast<int32_t>(bk);
+      }
   }
 }
 
-// k̂ rows (N, Dkp) and 1/|q| of one head.
-void normalise(const AttentionInputs& in, int64_t b, int64_t h, const Dims& dm, float* khat,
-               float* invn) {
-  for (int64_t j = 0; j < dm.N; ++j) {
-    const float* q = in.q.ptr(b, h, j);
-    const float nrm = std::sqrt(simd::dot(q, q, dm.D));
-    invn[j] = nrm > 0.f ? 1.f / nrm : 0.f;
-    simd::copy_row(khat + j * dm.Dkp, q, dm.D, dm.Dkp, invn[j]);
-  }
+// The positions of chunk c when it is staged from memory (the last chunk is staged first, at
+// the start of the round), for the gathers of the chunk before it to request.
+gather::Ahead ahead_of(const int32_t* perm, int64_t ch, int64_t c, int64_t nch, int64_t n) {
+  if (c >= nch - 1) return {};
+  return {perm + c * ch, std::min(ch, n - c * ch)};
 }
+
+// Which slot holds chunk c: the last chunk has its own (the first chunk's previous), the others
+// alternate.
+int slot_of(int64_t c, int64_t nch) { return c == nch - 1 ? 2 : static_cast<int>(c % 2); }
 
 }  // namespace
 
 void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const ReformerParams& p,
                        uint64_t call, View out, ReformerState& st, ReformerWorkspace& ws) {
   const Dims dm{d.N, d.Dk, d.Dv, round_up(d.Dk, mk::kLanes), round_up(d.Dv, mk::kLanes)};
-  const int64_t R = p.rounds, nb = reformer_buckets(p, d.N);
+  const int64_t R = p.rounds, nb = reformer_buckets(p, d.N), ch = p.chunk;
   const auto [f1, f2] = factorise(nb);
   st.rounds = R;
-  st.chunk = p.chunk;
+  st.chunk = ch;
   st.buckets = nb;
-  st.perm.assign(static_cast<size_t>(d.B * d.H * R * d.N), 0);
+  st.perm.resize(static_cast<size_t>(d.B * d.H * R * d.N));
   st.lse2.resize(Shape{d.B, d.H, d.N});
-  // Rotations per round, shared by all heads: (D, f1/2) and, factorised, (D, f2/2).
-  const int64_t nrot = f1 / 2 + (f2 > 1 ? f2 / 2 : 0);
+  // Rotations of all rounds, shared by all heads, as one (D, ncol) operand: round r's columns
+  // [r·nrot, (r+1)·nrot) are its (D, f1/2) rotation and, factorised, its (D, f2/2) one.
+  const int64_t nrot = f1 / 2 + (f2 > 1 ? f2 / 2 : 0), ncol = round_up(R * nrot, mk::kLanes);
   const Rng rng(p.seed);
-  std::vector<float> rot(static_cast<size_t>(R * d.Dk * nrot));  // (R, D, nrot)
-  for (size_t i = 0; i < rot.size(); ++i) rot[i] = rng.normal(call, i);
+  std::vector<float> rot(static_cast<size_t>(d.Dk * ncol), 0.f);  // (D, ncol)
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t e = 0; e < d.Dk; ++e)
+      for (int64_t u = 0; u < nrot; ++u)
+        rot[static_cast<size_t>(e * ncol + r * nrot + u)] =
+            rng.normal(call, static_cast<uint64_t>((r * d.Dk + e) * nrot + u));
   ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
 
   parallel_for(d.B * d.H, [&](int64_t t) {
     const int64_t b = t / d.H, h = t % d.H;
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
     Scratch& sc = ws.threads[static_cast<size_t>(thread_id())];
-    float* lse2 = st.lse2.data() + t * d.N;
-    for (int64_t i = 0; i < d.N; ++i) std::memset(out.ptr(b, h, i), 0, sizeof(float) * static_cast<size_t>(dm.Dv));
-    std::fill(lse2, lse2 + d.N, 0.f);
+    float* L = st.lse2.data() + t * d.N;  // running log2-sum-exp2 of the rounds (blend_round)
+    float* ob = out.ptr(b, h, 0);
+    const int64_t ors = out.stride(2);
+    for (int64_t i = nv; i < d.N; ++i) std::memset(ob + i * ors, 0, sizeof(float) * static_cast<size_t>(dm.Dv));
+    std::fill(L + nv, L + d.N, 0.f);
     if (nv == 0 || d.N == 0) return;
-    float* khat = sc.khat.floats(static_cast<size_t>(d.N * dm.Dkp));  // (N, Dkp) unit keys
-    sc.invn.resize(static_cast<size_t>(d.N));
-    normalise(in, b, h, dm, khat, sc.invn.data());
-    sc.mix.reset(d.N);
-    sc.bucket.resize(static_cast<size_t>(d.N));
-    float* proj = sc.proj.floats(static_cast<size_t>(nrot));
-    std::vector<int32_t> offsets(static_cast<size_t>(nb + 1));
+    const float* qb = in.q.ptr(b, h, 0);
+    const float* vb = in.v.ptr(b, h, 0);
+    const int64_t qrs = in.q.stride(2), vrs = in.v.stride(2);
+    sc.bucket.resize(static_cast<size_t>(R * d.N));
+    sc.offsets.resize(static_cast<size_t>(nb + 1));
+    hash_positions(qb, qrs, dm, rot.data(), R, f1, f2, nrot, sc.proj.floats(static_cast<size_t>(64 * ncol)),
+                   sc.bucket.data());
+    carve_slots(sc, dm, false);
+    float* s = sc.s.floats(static_cast<size_t>(kMaxChunk * 2 * kMaxChunk));  // (n, kw)
+    float* o = sc.o.floats(static_cast<size_t>(kMaxChunk * dm.Dvp));         // (n, Dvp)
+    const int64_t nch = (d.N + ch - 1) / ch;
     for (int64_t r = 0; r < R; ++r) {
-      const float* rr = rot.data() + r * d.Dk * nrot;
-      for (int64_t j = 0; j < d.N; ++j) {
-        std::fill(proj, proj + nrot, 0.f);
-        for (int64_t e = 0; e < d.Dk; ++e) simd::axpy_row(proj, rr + e * nrot, nrot, khat[j * dm.Dkp + e]);
-        auto argmax2 = [&](const float* x, int64_t half) {  // argmax over [x, −x]
-          int64_t best = 0;
-          float bv = -kInf;
-          for (int64_t u = 0; u < half; ++u) {
-            if (x[u] > bv) bv = x[u], best = u;
-            if (-x[u] > bv) bv = -x[u], best = u + half;
-          }
-          return best;
-        };
-        int64_t bk = argmax2(proj, f1 / 2);
-        if (f2 > 1) bk += f1 * argmax2(proj + f1 / 2, f2 / 2);
-        sc.bucket[static_cast<size_t>(j)] = static_cast<int32_t>(bk);
-      }
       int32_t* perm = st.perm.data() + (t * R + r) * d.N;
-      cluster::counting_sort(sc.bucket.data(), d.N, nb, perm, offsets.data());
-      const int64_t nch = (d.N + p.chunk - 1) / p.chunk;
-      float* o = sc.o.floats(static_cast<size_t>(kMaxChunk * dm.Dvp));
+      cluster::counting_sort(sc.bucket.data() + r * d.N, d.N, nb, perm, sc.offsets.data());
+      stage_chunk(qb, qrs, vb, vrs, dm, perm, ch, nch - 1, sc.slots[2], false, ahead_of(perm, ch, 0, nch, d.N));
       for (int64_t c = 0; c < nch; ++c) {
-        ChunkBlock blk;
-        blk.qi = perm + c * p.chunk;
-        blk.nq = std::min(p.chunk, d.N - c * p.chunk);
-        blk.nk = chunk_keys(perm, d.N, p.chunk, c, sc.keys);
-        blk.kj = sc.keys.data();
-        build_chunk(in, b, h, dm, mv, khat, blk, sc);
-        std::memset(o, 0, sizeof(float) * static_cast<size_t>(blk.nq * dm.Dvp));
+        const gather::Ahead ahead = ahead_of(perm, ch, c + 1, nch, d.N);
+        Slot& cur = sc.slots[slot_of(c, nch)];
+        if (c < nch - 1) stage_chunk(qb, qrs, vb, vrs, dm, perm, ch, c, cur, false, ahead);
+        const Slot* prev = nch == 1 ? nullptr : &sc.slots[slot_of(c == 0 ? nch - 1 : c - 1, nch)];
+        float self_s[kMaxChunk];
+        bool self[kMaxChunk];
+        const int64_t kw = chunk_scores(cur, prev, dm, mv, in.causal, s, self_s, self);
+        std::memset(o, 0, sizeof(float) * static_cast<size_t>(cur.n * dm.Dvp));
         float lse_r[kMaxChunk];
-        for (int64_t q = 0; q < blk.nq; ++q) {
-          float ps;
-          lse_r[q] = tile::softmax_row_extra(blk.s + q * blk.kw, blk.kw, blk.self_s[q], ps);
-          if (blk.self[q] && ps > 0.f) simd::axpy_row(o + q * dm.Dvp, in.v.ptr(b, h, blk.qi[q]), dm.Dv, ps);
+        float ps[kMaxChunk];
+        for (int64_t q = 0; q < cur.n; ++q) lse_r[q] = tile::softmax_row_extra(s + q * kw, kw, self_s[q], ps[q]);
+        mk::gemm_ab(cur.n, dm.Dvp, cur.n, s, kw, 1, cur.vr, dm.Dvp, o, dm.Dvp, nullptr);
+        if (prev) mk::gemm_ab(cur.n, dm.Dvp, prev->n, s + cur.w, kw, 1, prev->vr, dm.Dvp, o, dm.Dvp, nullptr);
+        for (int64_t q = 0; q < cur.n; ++q) {
+          if (self[q] && ps[q] > 0.f) simd::axpy_row(o + q * dm.Dvp, cur.vr + q * dm.Dvp, dm.Dv, ps[q]);
+          if (r > 0) gather::prefetch_one(ob, ors, ahead, q, dm.Dv, true);  // round 0 only writes
+          const int64_t i = cur.idx[q];
+          if (i < nv) tile::blend_round(ob + i * ors, o + q * dm.Dvp, dm.Dv, L[i], lse_r[q], r == 0);
         }
-        mk::gemm_ab(blk.nq, dm.Dvp, blk.nk, blk.s, blk.kw, 1, blk.vr, dm.Dvp, o, dm.Dvp, nullptr);
-        for (int64_t q = 0; q < blk.nq; ++q)  // rounds combine online by log-sum-exp
-          if (blk.qi[q] < nv) sc.mix.add(out.ptr(b, h, blk.qi[q]), o + q * dm.Dvp, dm.Dv, blk.qi[q], lse_r[q]);
       }
     }
     // Nothing visible in any round (e.g. a padded own key): output 0, lse2 = +inf.
-    for (int64_t i = 0; i < nv; ++i) lse2[i] = sc.mix.finish(out.ptr(b, h, i), dm.Dv, i);
+    for (int64_t i = 0; i < nv; ++i)
+      if (L[i] == -kInf) L[i] = kInf;
+    simd::store_fence();
   });
 }
 
 void attn_reformer_bwd(const AttentionInputs& in, const AttentionDims& d, const ReformerState& st,
                        ConstView dout, View dq, View dv, ReformerWorkspace& ws) {
   const Dims dm{d.N, d.Dk, d.Dv, round_up(d.Dk, mk::kLanes), round_up(d.Dv, mk::kLanes)};
-  const int64_t R = st.rounds;
+  const int64_t R = st.rounds, ch = st.chunk;
   ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
   parallel_for(d.B * d.H, [&](int64_t t) {
     const int64_t b = t / d.H, h = t % d.H;
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
     if (nv == 0 || d.N == 0) return;
     Scratch& sc = ws.threads[static_cast<size_t>(thread_id())];
-    float* khat = sc.khat.floats(static_cast<size_t>(d.N * dm.Dkp));   // (N, Dkp)
-    float* dkhat = sc.dkhat.floats(static_cast<size_t>(d.N * dm.Dkp)); // (N, Dkp) ∂L/∂k̂
-    sc.invn.resize(static_cast<size_t>(d.N));
-    normalise(in, b, h, dm, khat, sc.invn.data());
-    std::memset(dkhat, 0, sizeof(float) * static_cast<size_t>(d.N * dm.Dkp));
+    const float* qb = in.q.ptr(b, h, 0);
+    const float* vb = in.v.ptr(b, h, 0);
+    const float* gb = dout.ptr(b, h, 0);
+    const int64_t qrs = in.q.stride(2), vrs = in.v.stride(2), grs = dout.stride(2);
     const float* lse2 = st.lse2.data() + t * d.N;
-    float* di = sc.misc.floats(static_cast<size_t>(d.N));  // D_i = dO_i · O_i
-    for (int64_t i = 0; i < nv; ++i) di[i] = simd::dot(dout.ptr(b, h, i), st.out.view().ptr(b, h, i), dm.Dv);
-    float* go = sc.go.floats(static_cast<size_t>(kMaxChunk * dm.Dvp));
+    carve_slots(sc, dm, true);
+    float* di = sc.o.floats(static_cast<size_t>(d.N));  // (N) D_i = dO_i · O_i
+    for (int64_t i = 0; i < nv; ++i) di[i] = simd::dot(gb + i * grs, st.out.view().ptr(b, h, i), dm.Dv);
+    float* s = sc.s.floats(static_cast<size_t>(kMaxChunk * 2 * kMaxChunk));   // (n, kw) S, then P
+    float* dp = sc.dp.floats(static_cast<size_t>(kMaxChunk * 2 * kMaxChunk)); // (n, kw) dP, then dS
+    float* go = sc.go.floats(static_cast<size_t>(kMaxChunk * dm.Dvp));        // (n, Dvp) dO rows
+    // A slot's accumulators are complete once its chunk has served as current and as previous:
+    // dq_j += gq + (gk − (k̂·gk) k̂)/|q| (k̂ = q/|q|), dv_j += gv.
+    auto flush = [&](const Slot& sl) {
+      for (int64_t x = 0; x < sl.n; ++x) {
+        const int64_t j = sl.idx[x];
+        const float* kh = sl.kr + x * dm.Dkp;
+        const float* gk = sl.gk + x * dm.Dkp;
+        const float inv = sl.nrm[x] > 0.f ? 1.f / sl.nrm[x] : 0.f, pr = simd::dot(kh, gk, dm.D);
+        float* gq = dq.ptr(b, h, j);
+        for (int64_t e = 0; e < dm.D; ++e) gq[e] += sl.gq[x * dm.Dkp + e] + (gk[e] - pr * kh[e]) * inv;
+        simd::axpy_row(dv.ptr(b, h, j), sl.gv + x * dm.Dvp, dm.Dv);
+      }
+    };
+    const int64_t nch = (d.N + ch - 1) / ch;
     for (int64_t r = 0; r < R; ++r) {
       const int32_t* perm = st.perm.data() + (t * R + r) * d.N;
-      const int64_t nch = (d.N + st.chunk - 1) / st.chunk;
+      stage_chunk(qb, qrs, vb, vrs, dm, perm, ch, nch - 1, sc.slots[2], true, ahead_of(perm, ch, 0, nch, d.N));
       for (int64_t c = 0; c < nch; ++c) {
-        ChunkBlock blk;
-        blk.qi = perm + c * st.chunk;
-        blk.nq = std::min(st.chunk, d.N - c * st.chunk);
-        blk.nk = chunk_keys(perm, d.N, st.chunk, c, sc.keys);
-        blk.kj = sc.keys.data();
-        build_chunk(in, b, h, dm, mv, khat, blk, sc);
-        const int64_t kw = blk.kw;
-        float* vt = sc.vt.floats(static_cast<size_t>(dm.Dvp * kw));          // (Dv, kw)
-        float* dp = sc.dp.floats(static_cast<size_t>(kMaxChunk * kw));       // (nq, kw) dP, then dS
-        float* dqc = sc.dqc.floats(static_cast<size_t>(kMaxChunk * dm.Dkp)); // (nq, Dkp)
-        float* dkc = sc.dkc.floats(static_cast<size_t>(kw * dm.Dkp));        // (kw, Dkp)
-        float* dvc = sc.dvc.floats(static_cast<size_t>(kw * dm.Dvp));        // (kw, Dvp)
-        float ps[kMaxChunk];
-        for (int64_t q = 0; q < blk.nq; ++q) {
-          const int64_t i = blk.qi[q];
+        const gather::Ahead ahead = ahead_of(perm, ch, c + 1, nch, d.N);
+        Slot& cur = sc.slots[slot_of(c, nch)];
+        if (c < nch - 1) stage_chunk(qb, qrs, vb, vrs, dm, perm, ch, c, cur, true, ahead);
+        Slot* prev = nch == 1 ? nullptr : &sc.slots[slot_of(c == 0 ? nch - 1 : c - 1, nch)];
+        float self_s[kMaxChunk], ps[kMaxChunk], nrm_dss[kMaxChunk];
+        bool self[kMaxChunk];
+        const int64_t kw = chunk_scores(cur, prev, dm, mv, in.causal, s, self_s, self);
+        for (int64_t q = 0; q < cur.n; ++q) {
+          const int64_t i = cur.idx[q];
+          gather::prefetch_one(gb, grs, ahead, q, dm.Dv);
+          gather::prefetch_one(dq.ptr(b, h, 0), dq.stride(2), ahead, q, dm.D, true);
+          gather::prefetch_one(dv.ptr(b, h, 0), dv.stride(2), ahead, q, dm.Dv, true);
           if (i < nv) {
-            simd::copy_row(go + q * dm.Dvp, dout.ptr(b, h, i), dm.Dv, dm.Dvp);
-            tile::exp2_row(blk.s + q * kw, kw, lse2[i]);  // P against the all-round log-sum-exp
-            ps[q] = std::exp2(blk.self_s[q] - lse2[i]);
-          } else {  // padded query: no output, no gradient
+            gather::rows(gb, grs, cur.idx + q, 1, dm.Dv, go + q * dm.Dvp, dm.Dvp, 1);
+            tile::exp2_row(s + q * kw, kw, lse2[i]);  // P against the all-round log-sum-exp
+            ps[q] = std::exp2(self_s[q] - lse2[i]);
+          } else {  // padded query: no output, no gradient through its query role
             std::memset(go + q * dm.Dvp, 0, sizeof(float) * static_cast<size_t>(dm.Dvp));
-            std::fill(blk.s + q * kw, blk.s + (q + 1) * kw, 0.f);
+            std::fill(s + q * kw, s + (q + 1) * kw, 0.f);
             ps[q] = 0.f;
           }
         }
-        mk::pack_transposed(blk.vr, kw, dm.Dv, dm.Dvp, vt, kw);
-        std::memset(dp, 0, sizeof(float) * static_cast<size_t>(blk.nq * kw));
-        mk::gemm_ab(blk.nq, kw, dm.Dv, go, dm.Dvp, 1, vt, kw, dp, kw, nullptr);
-        std::memset(dqc, 0, sizeof(float) * static_cast<size_t>(blk.nq * dm.Dkp));
-        for (int64_t q = 0; q < blk.nq; ++q) {
-          const int64_t i = blk.qi[q];
-          if (i >= nv) {
-            std::fill(dp + q * kw, dp + (q + 1) * kw, 0.f);
-            continue;
-          }
-          const float* prow = blk.s + q * kw;
+        // dP = dO·Vᵀ over [cur | prev]
+        std::memset(dp, 0, sizeof(float) * static_cast<size_t>(cur.n * kw));
+        mk::gemm_ab(cur.n, cur.w, dm.Dv, go, dm.Dvp, 1, cur.vt, cur.w, dp, kw, nullptr);
+        if (prev) mk::gemm_ab(cur.n, prev->w, dm.Dv, go, dm.Dvp, 1, prev->vt, prev->w, dp + cur.w, kw, nullptr);
+        for (int64_t q = 0; q < cur.n; ++q) {
+          const int64_t i = cur.idx[q];
+          const float* prow = s + q * kw;
           float* drow = dp + q * kw;
-          for (int64_t x = 0; x < kw; ++x) drow[x] = prow[x] * (drow[x] - di[i]);
-          if (blk.self[q]) {  // the self-key fallback: s_ii = q_i · k̂_i
-            const float dss = ps[q] * (simd::dot(go + q * dm.Dvp, in.v.ptr(b, h, i), dm.Dv) - di[i]);
-            simd::axpy_row(dqc + q * dm.Dkp, khat + i * dm.Dkp, dm.D, dss);
-            simd::axpy_row(dkhat + i * dm.Dkp, in.q.ptr(b, h, i), dm.D, dss);
-            simd::axpy_row(dv.ptr(b, h, i), go + q * dm.Dvp, dm.Dv, ps[q]);
+          const float dd = i < nv ? di[i] : 0.f;
+          for (int64_t x = 0; x < kw; ++x) drow[x] = prow[x] * (drow[x] - dd);
+          nrm_dss[q] = 0.f;
+          if (self[q] && ps[q] > 0.f) {  // the self-key fallback: s_ii = q_i · k̂_i
+            const float dss = ps[q] * (simd::dot(go + q * dm.Dvp, vb + i * vrs, dm.Dv) - dd);
+            simd::axpy_row(cur.gq + q * dm.Dkp, cur.kr + q * dm.Dkp, dm.D, dss);
+            nrm_dss[q] = dss * cur.nrm[q];
+            simd::axpy_row(cur.gv + q * dm.Dvp, go + q * dm.Dvp, dm.Dv, ps[q]);
           }
         }
-        // s = q·k̂ -> dq += dS·K̂ ; dk̂ += dSᵀ·q (against q·log2 e, undone by ln 2) ; dv += Pᵀ·dO
-        mk::gemm_ab(blk.nq, dm.Dkp, blk.nk, dp, kw, 1, blk.kr, dm.Dkp, dqc, dm.Dkp, nullptr);
-        std::memset(dkc, 0, sizeof(float) * static_cast<size_t>(kw * dm.Dkp));
-        std::memset(dvc, 0, sizeof(float) * static_cast<size_t>(kw * dm.Dvp));
-        mk::gemm_ab(blk.nk, dm.Dkp, blk.nq, dp, 1, kw, blk.qs, dm.Dkp, dkc, dm.Dkp, nullptr);
-        mk::gemm_ab(blk.nk, dm.Dvp, blk.nq, blk.s, 1, kw, go, dm.Dvp, dvc, dm.Dvp, nullptr);
-        for (int64_t q = 0; q < blk.nq; ++q)
-          if (blk.qi[q] < nv) simd::axpy_row(dq.ptr(b, h, blk.qi[q]), dqc + q * dm.Dkp, dm.D);
-        for (int64_t x = 0; x < blk.nk; ++x) {
-          simd::axpy_row(dkhat + blk.kj[x] * dm.Dkp, dkc + x * dm.Dkp, dm.D, kLn2);
-          simd::axpy_row(dv.ptr(b, h, blk.kj[x]), dvc + x * dm.Dvp, dm.Dv);
+        // natural logits s_ij = q_i·k̂_j: ∂q_i (query role) += dS·K̂ ; ∂k̂_j += dSᵀ·q_i, q_i = |q_i| k̂_i ;
+        // ∂v_j += Pᵀ·dO
+        mk::gemm_ab(cur.n, dm.Dkp, cur.n, dp, kw, 1, cur.kr, dm.Dkp, cur.gq, dm.Dkp, nullptr);
+        if (prev) mk::gemm_ab(cur.n, dm.Dkp, prev->n, dp + cur.w, kw, 1, prev->kr, dm.Dkp, cur.gq, dm.Dkp, nullptr);
+        for (int64_t q = 0; q < cur.n; ++q) {
+          float* drow = dp + q * kw;
+          for (int64_t x = 0; x < kw; ++x) drow[x] *= cur.nrm[q];
+          simd::axpy_row(cur.gk + q * dm.Dkp, cur.kr + q * dm.Dkp, dm.D, nrm_dss[q]);
         }
+        mk::gemm_ab(cur.n, dm.Dkp, cur.n, dp, 1, kw, cur.kr, dm.Dkp, cur.gk, dm.Dkp, nullptr);
+        if (prev) mk::gemm_ab(prev->n, dm.Dkp, cur.n, dp + cur.w, 1, kw, cur.kr, dm.Dkp, prev->gk, dm.Dkp, nullptr);
+        mk::gemm_ab(cur.n, dm.Dvp, cur.n, s, 1, kw, go, dm.Dvp, cur.gv, dm.Dvp, nullptr);
+        if (prev) mk::gemm_ab(prev->n, dm.Dvp, cur.n, s + cur.w, 1, kw, go, dm.Dvp, prev->gv, dm.Dvp, nullptr);
+        if (c >= 1) flush(sc.slots[slot_of(c - 1, nch)]);  // chunk c − 1: current and previous done
       }
-    }
-    // k̂ = q/|q| -> dq += (dk̂ − (k̂·dk̂) k̂) / |q|
-    for (int64_t j = 0; j < d.N; ++j) {
-      const float* kh = khat + j * dm.Dkp;
-      const float* g = dkhat + j * dm.Dkp;
-      const float proj = simd::dot(kh, g, dm.D), inv = sc.invn[static_cast<size_t>(j)];
-      float* gq = dq.ptr(b, h, j);
-      for (int64_t e = 0; e < dm.D; ++e) gq[e] += (g[e] - proj * kh[e]) * inv;
+      flush(sc.slots[2]);  // the last chunk, the first one's previous
     }
   });
 }
@@ -397,7 +500,7 @@ class ReformerAttention final : public Attention {
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "reformer");
     ReformerState& st = ctx.state<ReformerState>();
     attn_reformer_fwd(in, d, p_, calls_++, out, st, *ws_);
-    save_output(out, st.out);
+    if (!ctx.inference()) save_output(out, st.out);
   }
   void backward(const AttentionInputs& in, const Context& ctx, ConstView dout, View dq, View dk,
                 View dv) override {

@@ -23,6 +23,7 @@
 #include <numeric>
 
 #include "attention/full.h"
+#include "attention/gather.h"
 #include "attention/tile_ops.h"
 #include "attention/grad_util.h"
 #include "attention/variants.h"
@@ -41,10 +42,10 @@ using tile::kLog2e;
 namespace {
 
 struct Scratch {
-  std::vector<float> proj;            // (N) projections of one round
+  std::vector<float> qproj, kproj;  // (R, nv), (R, mv) projections of every round
+  std::vector<float> qsq, ksq;      // (nv), (mv) squared norms
   cluster::RadixScratch radix;
-  tile::RoundMix mix;             // rounds combined by log-sum-exp
-  Workspace qs, qr, kr, kt, vr, vt, s, o, go, dp, dqc, dkc, dvc, misc;
+  Workspace qs, kr, kt, vr, vt, s, o, go, dp, dqc, dkc, dvc, misc;
 };
 
 }  // namespace
@@ -62,48 +63,47 @@ int64_t num_clusters(const SmyrfState& st, int64_t nv, int64_t mv) {
   return std::max((nv + st.qc - 1) / st.qc, (mv + st.kc - 1) / st.kc);
 }
 
-// One (round, cluster) of one head, gathered: scaled query rows, key rows, their transposes, and
-// the scores S (nq, kw) in log2 units with the masks applied; own[r] is the causal self-key
-// logit of row r (-inf when not needed), own_j[r] its key index.
+// The rows of one (batch, head): base pointers and row strides of q, k, v.
+struct HeadRows {
+  const float *q, *k, *v;
+  int64_t qrs, krs, vrs;
+  HeadRows(const AttentionInputs& in, int64_t b, int64_t h, int64_t hk)
+      : q(in.q.ptr(b, h, 0)), k(in.k.ptr(b, hk, 0)), v(in.v.ptr(b, hk, 0)),
+        qrs(in.q.stride(2)), krs(in.k.stride(2)), vrs(in.v.stride(2)) {}
+};
+
+// One (round, cluster) of one head: query positions qi[0, nq), key positions kj[0, nk), score
+// width kw = nk rounded up to 16; own[r] is the causal self-key logit of row r (-inf when not
+// needed), own_j[r] its key index.
 struct Block {
   int64_t nq = 0, nk = 0, kw = 0;
   const int32_t* qi = nullptr;
   const int32_t* kj = nullptr;
-  float* qs;   // (nq, Dkp) q · c
-  float* kr;   // (kw, Dkp) key rows
-  float* vr;   // (kw, Dvp) value rows
-  float* s;    // (nq, kw)
   float own[64];
   int32_t own_j[64];
 };
 
-void build_block(const AttentionInputs& in, const AttentionDims& d, int64_t b, int64_t h, float c,
-                 int64_t mv, Block& blk, Scratch& sc) {
-  const int64_t D = d.Dk, Dv = d.Dv, Dkp = round_up(D, mk::kLanes), Dvp = round_up(Dv, mk::kLanes);
-  const int64_t hk = h / d.group(), kw = round_up(std::max<int64_t>(blk.nk, 1), mk::kLanes);
-  blk.kw = kw;
-  blk.qs = sc.qs.floats(static_cast<size_t>(64 * Dkp));
-  blk.kr = sc.kr.floats(static_cast<size_t>(kw * Dkp));
-  blk.vr = sc.vr.floats(static_cast<size_t>(kw * Dvp));
-  blk.s = sc.s.floats(static_cast<size_t>(64 * kw));
-  float* kt = sc.kt.floats(static_cast<size_t>(Dkp * kw));  // (D, kw)
-  for (int64_t r = 0; r < blk.nq; ++r) simd::copy_row(blk.qs + r * Dkp, in.q.ptr(b, h, blk.qi[r]), D, Dkp, c);
-  for (int64_t x = 0; x < kw; ++x) {
-    if (x < blk.nk) {
-      simd::copy_row(blk.kr + x * Dkp, in.k.ptr(b, hk, blk.kj[x]), D, Dkp);
-      simd::copy_row(blk.vr + x * Dvp, in.v.ptr(b, hk, blk.kj[x]), Dv, Dvp);
-    } else {
-      std::memset(blk.kr + x * Dkp, 0, sizeof(float) * static_cast<size_t>(Dkp));
-      std::memset(blk.vr + x * Dvp, 0, sizeof(float) * static_cast<size_t>(Dvp));
-    }
-  }
-  mk::pack_transposed(blk.kr, kw, D, Dkp, kt, kw);
-  std::memset(blk.s, 0, sizeof(float) * static_cast<size_t>(blk.nq * kw));
-  mk::gemm_ab(blk.nq, kw, D, blk.qs, Dkp, 1, kt, kw, blk.s, kw, nullptr);
+Block make_block(const SmyrfState& st, const int32_t* qp, const int32_t* kp, int64_t nv,
+                 int64_t mv, int64_t cl) {
+  Block blk;
+  blk.qi = qp + std::min(cl * st.qc, nv);
+  blk.nq = std::clamp(nv - cl * st.qc, int64_t{0}, st.qc);
+  blk.kj = kp + std::min(cl * st.kc, mv);
+  blk.nk = std::clamp(mv - cl * st.kc, int64_t{0}, st.kc);
+  blk.kw = round_up(std::max<int64_t>(blk.nk, 1), mk::kLanes);
+  return blk;
+}
+
+// S (nq, kw) = qs · kt in log2 units, masked: key columns past nk, and with causal the keys after
+// each query's position; own/own_j get the causal self key when the cluster lacks it.
+void block_scores(const AttentionInputs& in, const AttentionDims& d, const HeadRows& hr,
+                  int64_t mv, const float* qs, int64_t Dkp, const float* kt, Block& blk, float* s) {
+  std::memset(s, 0, sizeof(float) * static_cast<size_t>(blk.nq * blk.kw));
+  mk::gemm_ab(blk.nq, blk.kw, d.Dk, qs, Dkp, 1, kt, blk.kw, s, blk.kw, nullptr);
   const int64_t off = d.M - d.N;
   for (int64_t r = 0; r < blk.nq; ++r) {
-    float* row = blk.s + r * kw;
-    tile::mask_tail(row, kw, blk.nk);
+    float* row = s + r * blk.kw;
+    tile::mask_tail(row, blk.kw, blk.nk);
     blk.own[r] = -kInf;
     blk.own_j[r] = -1;
     if (!in.causal) continue;
@@ -115,24 +115,32 @@ void build_block(const AttentionInputs& in, const AttentionDims& d, int64_t b, i
     }
     if (!self_in && pos >= 0 && pos < mv) {
       blk.own_j[r] = static_cast<int32_t>(pos);
-      blk.own[r] = simd::dot(blk.qs + r * Dkp, in.k.ptr(b, hk, pos), D);
+      blk.own[r] = simd::dot(qs + r * Dkp, hr.k + pos * hr.krs, d.Dk);
     }
   }
 }
 
-// Requests the rows block `cl` will gather (sorted order means random rows; at long N they are
-// out of cache, and fetching them one block ahead hides the latency).
-void prefetch_block(const AttentionInputs& in, const AttentionDims& d, int64_t b, int64_t h,
-                    const int32_t* qp, const int32_t* kp, int64_t nv, int64_t mv, int64_t qc,
-                    int64_t kc, int64_t cl, ConstView extra) {
-  const int64_t hk = h / d.group();
-  for (int64_t x = cl * qc; x < std::min(nv, (cl + 1) * qc); ++x) {
-    simd::prefetch_row(in.q.ptr(b, h, qp[x]), d.Dk, false);
-    if (!extra.empty()) simd::prefetch_row(extra.ptr(b, h, qp[x]), d.Dv, true);
+// proj (R, n) row i = a_r[0, D)·x_i (the transform's last coordinates are added by
+// finish_projections once the maximum norm is known); sq (n) = |x_i|². One pass over the rows
+// serves every round. Returns max |x_i|².
+double project_rows(const float* base, int64_t rs, int64_t n, int64_t D, const float* dirs,
+                    int64_t R, float* proj, float* sq) {
+  double mx = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = base + i * rs;
+    sq[i] = simd::dot(row, row, D);
+    mx = std::max(mx, static_cast<double>(sq[i]));
+    for (int64_t r = 0; r < R; ++r) proj[r * n + i] = simd::dot(dirs + r * (D + 2), row, D);
   }
-  for (int64_t x = cl * kc; x < std::min(mv, (cl + 1) * kc); ++x) {
-    simd::prefetch_row(in.k.ptr(b, hk, kp[x]), d.Dk, false);
-    simd::prefetch_row(in.v.ptr(b, hk, kp[x]), d.Dv, false);
+  return mx;
+}
+
+// Adds a_r[extra]·sqrt(MQ² + MK² − |x_i|²), the coordinate that makes |F(q)| = |G(k)|.
+void finish_projections(int64_t n, int64_t D, const float* dirs, int64_t R, int64_t extra,
+                        double total, float* proj, const float* sq) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float t = static_cast<float>(std::sqrt(std::max(0.0, total - static_cast<double>(sq[i]))));
+    for (int64_t r = 0; r < R; ++r) proj[r * n + i] += dirs[r * (D + 2) + extra] * t;
   }
 }
 
@@ -140,14 +148,15 @@ void prefetch_block(const AttentionInputs& in, const AttentionDims& d, int64_t b
 
 void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const SmyrfParams& p,
                     uint64_t call, View out, SmyrfState& st, SmyrfWorkspace& ws) {
-  const int64_t D = d.Dk, Dv = d.Dv, Dvp = round_up(Dv, mk::kLanes), R = p.hashes;
+  const int64_t D = d.Dk, Dv = d.Dv, Dkp = round_up(D, mk::kLanes), Dvp = round_up(Dv, mk::kLanes);
+  const int64_t R = p.hashes;
   const float scale = p.scale > 0 ? p.scale : 1.f / std::sqrt(static_cast<float>(D));
   const float c = scale * kLog2e;
   st.rounds = R;
   st.qc = p.q_cluster;
   st.kc = p.k_cluster;
-  st.qperm.assign(static_cast<size_t>(d.B * d.H * R * d.N), 0);
-  st.kperm.assign(static_cast<size_t>(d.B * d.H * R * d.M), 0);
+  st.qperm.resize(static_cast<size_t>(d.B * d.H * R * d.N));
+  st.kperm.resize(static_cast<size_t>(d.B * d.H * R * d.M));
   st.lse2.resize(Shape{d.B, d.H, d.N});
   // One Gaussian direction of the transformed space (D + 2) per round, shared by all heads.
   const Rng rng(p.seed);
@@ -156,59 +165,63 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
   ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
 
   parallel_for(d.B * d.H, [&](int64_t t) {
-    const int64_t b = t / d.H, h = t % d.H, hk = h / d.group();
+    const int64_t b = t / d.H, h = t % d.H;
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
+    const HeadRows hr(in, b, h, h / d.group());
     Scratch& sc = ws.threads[static_cast<size_t>(thread_id())];
-    float* lse2 = st.lse2.data() + t * d.N;
-    for (int64_t i = 0; i < d.N; ++i) std::memset(out.ptr(b, h, i), 0, sizeof(float) * static_cast<size_t>(Dv));
-    std::fill(lse2, lse2 + d.N, 0.f);
+    float* L = st.lse2.data() + t * d.N;  // running log2-sum-exp2 of the rounds (blend_round)
+    float* ob = out.ptr(b, h, 0);
+    const int64_t ors = out.stride(2);
+    for (int64_t i = nv; i < d.N; ++i) std::memset(ob + i * ors, 0, sizeof(float) * static_cast<size_t>(Dv));
+    std::fill(L + nv, L + d.N, 0.f);
     if (nv == 0) return;
-    // Norms for the asymmetric transform.
-    double mq = 0, mk2 = 0;
-    for (int64_t i = 0; i < nv; ++i) mq = std::max(mq, static_cast<double>(simd::dot(in.q.ptr(b, h, i), in.q.ptr(b, h, i), D)));
-    for (int64_t j = 0; j < mv; ++j) mk2 = std::max(mk2, static_cast<double>(simd::dot(in.k.ptr(b, hk, j), in.k.ptr(b, hk, j), D)));
-    const double total = mq + mk2;
-    sc.mix.reset(nv);
+    sc.qproj.resize(static_cast<size_t>(R * nv));
+    sc.kproj.resize(static_cast<size_t>(R * mv));
+    sc.qsq.resize(static_cast<size_t>(nv));
+    sc.ksq.resize(static_cast<size_t>(mv));
+    const double total = project_rows(hr.q, hr.qrs, nv, D, dirs.data(), R, sc.qproj.data(), sc.qsq.data()) +
+                         project_rows(hr.k, hr.krs, mv, D, dirs.data(), R, sc.kproj.data(), sc.ksq.data());
+    finish_projections(nv, D, dirs.data(), R, D + 1, total, sc.qproj.data(), sc.qsq.data());  // F(q) = [q, 0, ·]
+    finish_projections(mv, D, dirs.data(), R, D, total, sc.kproj.data(), sc.ksq.data());      // G(k) = [k, ·, 0]
+    const int64_t kwm = round_up(st.kc, mk::kLanes);
+    float* qs = sc.qs.floats(static_cast<size_t>(64 * Dkp));   // (nq, Dkp) q · c
+    float* kt = sc.kt.floats(static_cast<size_t>(Dkp * kwm));  // (Dk, kw) keys transposed
+    float* vr = sc.vr.floats(static_cast<size_t>(st.kc * Dvp)); // (nk, Dvp)
+    float* s = sc.s.floats(static_cast<size_t>(64 * kwm));     // (nq, kw)
+    float* o = sc.o.floats(static_cast<size_t>(64 * Dvp));     // (nq, Dvp) this round's output
     for (int64_t r = 0; r < R; ++r) {
-      const float* a = dirs.data() + r * (D + 2);
       int32_t* qp = st.qperm.data() + (t * R + r) * d.N;
       int32_t* kp = st.kperm.data() + (t * R + r) * d.M;
-      auto sort_by_projection = [&](ConstView x, int64_t head, int64_t n, int64_t extra, int32_t* perm) {
-        sc.proj.resize(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i) {
-          const float* row = x.ptr(b, head, i);
-          const double sq = simd::dot(row, row, D);
-          sc.proj[static_cast<size_t>(i)] =
-              simd::dot(a, row, D) + a[extra] * static_cast<float>(std::sqrt(std::max(0.0, total - sq)));
-        }
-        cluster::sort_by_key(sc.proj.data(), n, perm, sc.radix);  // stable: ties keep index order
-      };
-      sort_by_projection(in.q, h, nv, D + 1, qp);   // F(q) = [q, 0, ·]
-      sort_by_projection(in.k, hk, mv, D, kp);      // G(k) = [k, ·, 0]
+      cluster::sort_by_key(sc.qproj.data() + r * nv, nv, qp, sc.radix);  // stable: ties keep index order
+      cluster::sort_by_key(sc.kproj.data() + r * mv, mv, kp, sc.radix);
       const int64_t nc = num_clusters(st, nv, mv);
-      float* o = sc.o.floats(static_cast<size_t>(64 * Dvp));  // (nq, Dvp) this round's output
       for (int64_t cl = 0; cl < nc; ++cl) {
-        prefetch_block(in, d, b, h, qp, kp, nv, mv, st.qc, st.kc, cl + 3, out);
-        Block blk;
-        blk.qi = qp + std::min(cl * st.qc, nv);
-        blk.nq = std::clamp(nv - cl * st.qc, int64_t{0}, st.qc);
-        blk.kj = kp + std::min(cl * st.kc, mv);
-        blk.nk = std::clamp(mv - cl * st.kc, int64_t{0}, st.kc);
-        if (blk.nq == 0) continue;
-        build_block(in, d, b, h, c, mv, blk, sc);
+        Block blk = make_block(st, qp, kp, nv, mv, cl);
+        if (blk.nq == 0) break;  // queries run out first: later clusters have none either
+        const Block next = cl + 1 < nc ? make_block(st, qp, kp, nv, mv, cl + 1) : Block{};
+        const gather::Ahead qa{next.qi, next.nq}, ka{next.kj, next.nk};
+        gather::rows(hr.q, hr.qrs, blk.qi, blk.nq, D, qs, Dkp, blk.nq, c, qa);
+        gather::transposed(hr.k, hr.krs, blk.kj, blk.nk, D, kt, blk.kw, ka);
+        gather::rows(hr.v, hr.vrs, blk.kj, blk.nk, Dv, vr, Dvp, blk.nk, 1.f, ka);
+        block_scores(in, d, hr, mv, qs, Dkp, kt, blk, s);
         std::memset(o, 0, sizeof(float) * static_cast<size_t>(blk.nq * Dvp));
         float lse_r[64];
         for (int64_t q = 0; q < blk.nq; ++q) {
           float po;
-          lse_r[q] = tile::softmax_row_extra(blk.s + q * blk.kw, blk.kw, blk.own[q], po);
-          if (blk.own_j[q] >= 0 && po > 0.f) simd::axpy_row(o + q * Dvp, in.v.ptr(b, hk, blk.own_j[q]), Dv, po);
+          lse_r[q] = tile::softmax_row_extra(s + q * blk.kw, blk.kw, blk.own[q], po);
+          if (blk.own_j[q] >= 0 && po > 0.f) simd::axpy_row(o + q * Dvp, hr.v + blk.own_j[q] * hr.vrs, Dv, po);
         }
-        mk::gemm_ab(blk.nq, Dvp, blk.nk, blk.s, blk.kw, 1, blk.vr, Dvp, o, Dvp, nullptr);
-        for (int64_t q = 0; q < blk.nq; ++q) sc.mix.add(out.ptr(b, h, blk.qi[q]), o + q * Dvp, Dv, blk.qi[q], lse_r[q]);
+        mk::gemm_ab(blk.nq, Dvp, blk.nk, s, blk.kw, 1, vr, Dvp, o, Dvp, nullptr);
+        for (int64_t q = 0; q < blk.nq; ++q) {
+          if (r > 0) gather::prefetch_one(ob, ors, qa, q, Dv, true);  // round 0 only writes
+          tile::blend_round(ob + blk.qi[q] * ors, o + q * Dvp, Dv, L[blk.qi[q]], lse_r[q], r == 0);
+        }
       }
     }
-    // A query that saw no key in any round keeps output 0 and lse2 = +inf (backward adds 0).
-    for (int64_t i = 0; i < nv; ++i) lse2[i] = sc.mix.finish(out.ptr(b, h, i), Dv, i);
+    // A query that saw no key in any round keeps output 0 and gets lse2 = +inf (backward adds 0).
+    for (int64_t i = 0; i < nv; ++i)
+      if (L[i] == -kInf) L[i] = kInf;
+    simd::store_fence();
   });
 }
 
@@ -224,6 +237,7 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
   parallel_for(d.B * d.H, [&](int64_t t) {
     const int64_t b = t / d.H, h = t % d.H, hk = h / G;
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
+    const HeadRows hr(in, b, h, hk);
     float* pk = part ? part + t * d.M * (Dkp + Dvp) : nullptr;  // (M, Dkp + Dvp)
     if (pk) std::memset(pk, 0, sizeof(float) * static_cast<size_t>(d.M * (Dkp + Dvp)));
     auto gk = [&](int64_t j) { return pk ? pk + j * (Dkp + Dvp) : dk.ptr(b, hk, j); };
@@ -233,60 +247,73 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
     const float* lse2 = st.lse2.data() + t * d.N;
     float* di = sc.misc.floats(static_cast<size_t>(nv));  // (nv) D_i = dO_i · O_i
     for (int64_t i = 0; i < nv; ++i) di[i] = simd::dot(dout.ptr(b, h, i), st.out.view().ptr(b, h, i), Dv);
-    float* go = sc.go.floats(static_cast<size_t>(64 * Dvp));
+    const int64_t kwm = round_up(st.kc, mk::kLanes);
+    float* qs = sc.qs.floats(static_cast<size_t>(64 * Dkp));     // (nq, Dkp) q · c
+    float* kr = sc.kr.floats(static_cast<size_t>(kwm * Dkp));    // (nk, Dkp) key rows
+    float* kt = sc.kt.floats(static_cast<size_t>(Dkp * kwm));    // (Dk, kw) their transpose
+    float* vt = sc.vt.floats(static_cast<size_t>(Dvp * kwm));    // (Dv, kw) V_cᵀ
+    float* s = sc.s.floats(static_cast<size_t>(64 * kwm));       // (nq, kw) S, then P
+    float* go = sc.go.floats(static_cast<size_t>(64 * Dvp));     // (nq, Dvp) dO rows
+    float* dp = sc.dp.floats(static_cast<size_t>(64 * kwm));     // (nq, kw) dP, then dS
+    float* dqc = sc.dqc.floats(static_cast<size_t>(64 * Dkp));   // (nq, Dkp)
+    float* dkc = sc.dkc.floats(static_cast<size_t>(kwm * Dkp));  // (kw, Dkp)
+    float* dvc = sc.dvc.floats(static_cast<size_t>(kwm * Dvp));  // (kw, Dvp)
+    const float* gob = dout.ptr(b, h, 0);
+    const int64_t grs = dout.stride(2);
     for (int64_t r = 0; r < R; ++r) {
       const int32_t* qp = st.qperm.data() + (t * R + r) * d.N;
       const int32_t* kp = st.kperm.data() + (t * R + r) * d.M;
       const int64_t nc = num_clusters(st, nv, mv);
       for (int64_t cl = 0; cl < nc; ++cl) {
-        prefetch_block(in, d, b, h, qp, kp, nv, mv, st.qc, st.kc, cl + 3, dout);
-        Block blk;
-        blk.qi = qp + std::min(cl * st.qc, nv);
-        blk.nq = std::clamp(nv - cl * st.qc, int64_t{0}, st.qc);
-        blk.kj = kp + std::min(cl * st.kc, mv);
-        blk.nk = std::clamp(mv - cl * st.kc, int64_t{0}, st.kc);
-        if (blk.nq == 0) continue;
-        build_block(in, d, b, h, c, mv, blk, sc);
+        Block blk = make_block(st, qp, kp, nv, mv, cl);
+        if (blk.nq == 0) break;
+        const Block next = cl + 1 < nc ? make_block(st, qp, kp, nv, mv, cl + 1) : Block{};
+        const gather::Ahead qa{next.qi, next.nq}, ka{next.kj, next.nk};
         const int64_t kw = blk.kw;
-        float* vt = sc.vt.floats(static_cast<size_t>(Dvp * kw));    // (Dv, kw) V_cᵀ
-        float* dp = sc.dp.floats(static_cast<size_t>(64 * kw));     // (nq, kw) dP, then dS
-        float* dqc = sc.dqc.floats(static_cast<size_t>(64 * Dkp));  // (nq, Dkp)
-        float* dkc = sc.dkc.floats(static_cast<size_t>(kw * Dkp));  // (kw, Dkp)
-        float* dvc = sc.dvc.floats(static_cast<size_t>(kw * Dvp));  // (kw, Dvp)
-        for (int64_t q = 0; q < blk.nq; ++q)
-          simd::copy_row(go + q * Dvp, dout.ptr(b, h, blk.qi[q]), Dv, Dvp);
+        gather::rows(hr.q, hr.qrs, blk.qi, blk.nq, D, qs, Dkp, blk.nq, c, qa);
+        gather::rows(hr.k, hr.krs, blk.kj, blk.nk, D, kr, Dkp, blk.nk, 1.f, ka);
+        gather::transpose(kr, Dkp, blk.nk, D, kt, kw);
+        gather::transposed(hr.v, hr.vrs, blk.kj, blk.nk, Dv, vt, kw, ka);
+        gather::rows(gob, grs, blk.qi, blk.nq, Dv, go, Dvp, blk.nq, 1.f, qa);
+        block_scores(in, d, hr, mv, qs, Dkp, kt, blk, s);
         // P = 2^(S − lse2) against the all-round log-sum-exp: one softmax over every round's keys
         float po[64];
         for (int64_t q = 0; q < blk.nq; ++q) {
           const float l2 = lse2[blk.qi[q]];
-          tile::exp2_row(blk.s + q * kw, kw, l2);
+          tile::exp2_row(s + q * kw, kw, l2);
           po[q] = std::exp2(blk.own[q] - l2);
         }
-        mk::pack_transposed(blk.vr, kw, Dv, Dvp, vt, kw);
         std::memset(dp, 0, sizeof(float) * static_cast<size_t>(blk.nq * kw));
         mk::gemm_ab(blk.nq, kw, Dv, go, Dvp, 1, vt, kw, dp, kw, nullptr);
         std::memset(dqc, 0, sizeof(float) * static_cast<size_t>(blk.nq * Dkp));
         for (int64_t q = 0; q < blk.nq; ++q) {
           const int64_t i = blk.qi[q];
-          const float* prow = blk.s + q * kw;
+          const float* prow = s + q * kw;
           float* drow = dp + q * kw;
           for (int64_t x = 0; x < kw; ++x) drow[x] = prow[x] * (drow[x] - di[i]) * scale;
           if (blk.own_j[q] >= 0) {  // the causal self key of this round
             const int64_t j = blk.own_j[q];
-            const float dso = po[q] * (simd::dot(go + q * Dvp, in.v.ptr(b, hk, j), Dv) - di[i]) * scale;
-            simd::axpy_row(dqc + q * Dkp, in.k.ptr(b, hk, j), D, dso);
-            simd::axpy_row(gk(j), in.q.ptr(b, h, i), D, dso);
+            const float dso = po[q] * (simd::dot(go + q * Dvp, hr.v + j * hr.vrs, Dv) - di[i]) * scale;
+            simd::axpy_row(dqc + q * Dkp, hr.k + j * hr.krs, D, dso);
+            simd::axpy_row(gk(j), hr.q + i * hr.qrs, D, dso);
             simd::axpy_row(gv(j), go + q * Dvp, Dv, po[q]);
           }
         }
         // dQ += dS·K_c ; dK_c += dSᵀ·(c Q)/c ; dV_c += Pᵀ·dO
-        mk::gemm_ab(blk.nq, Dkp, blk.nk, dp, kw, 1, blk.kr, Dkp, dqc, Dkp, nullptr);
+        mk::gemm_ab(blk.nq, Dkp, blk.nk, dp, kw, 1, kr, Dkp, dqc, Dkp, nullptr);
         std::memset(dkc, 0, sizeof(float) * static_cast<size_t>(kw * Dkp));
         std::memset(dvc, 0, sizeof(float) * static_cast<size_t>(kw * Dvp));
-        mk::gemm_ab(blk.nk, Dkp, blk.nq, dp, 1, kw, blk.qs, Dkp, dkc, Dkp, nullptr);
-        mk::gemm_ab(blk.nk, Dvp, blk.nq, blk.s, 1, kw, go, Dvp, dvc, Dvp, nullptr);
-        for (int64_t q = 0; q < blk.nq; ++q) simd::axpy_row(dq.ptr(b, h, blk.qi[q]), dqc + q * Dkp, D);
+        mk::gemm_ab(blk.nk, Dkp, blk.nq, dp, 1, kw, qs, Dkp, dkc, Dkp, nullptr);
+        mk::gemm_ab(blk.nk, Dvp, blk.nq, s, 1, kw, go, Dvp, dvc, Dvp, nullptr);
+        for (int64_t q = 0; q < blk.nq; ++q) {
+          if (q < next.nq) simd::prefetch_row(dq.ptr(b, h, next.qi[q]), D, true);
+          simd::axpy_row(dq.ptr(b, h, blk.qi[q]), dqc + q * Dkp, D);
+        }
         for (int64_t x = 0; x < blk.nk; ++x) {
+          if (x < next.nk) {
+            simd::prefetch_row(gk(next.kj[x]), D, true);
+            simd::prefetch_row(gv(next.kj[x]), Dv, true);
+          }
           simd::axpy_row(gk(blk.kj[x]), dkc + x * Dkp, D, 1.f / c);
           simd::axpy_row(gv(blk.kj[x]), dvc + x * Dvp, Dv);
         }
@@ -358,7 +385,7 @@ class SmyrfAttention final : public Attention {
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "smyrf");
     SmyrfState& st = ctx.state<SmyrfState>();
     attn_smyrf_fwd(in, d, p_, calls_++, out, st, *ws_);
-    save_output(out, st.out);
+    if (!ctx.inference()) save_output(out, st.out);
   }
   void backward(const AttentionInputs& in, const Context& ctx, ConstView dout, View dq, View dk,
                 View dv) override {

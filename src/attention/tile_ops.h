@@ -72,30 +72,29 @@ inline float softmax_row_extra(float* row, int64_t kw, float extra, float& p_ext
   return m + std::log2(l);
 }
 
-// Rounds (hashes) combined by log-sum-exp, online: dst accumulates Σ_r 2^(lse_r − M) O_r with a
-// running maximum M and sum per query, as the flash-attention accumulator does across tiles.
-struct RoundMix {
-  std::vector<float> m, l;  // (n) running log2 maximum and sum
-  void reset(int64_t n) {
-    m.assign(static_cast<size_t>(n), -kInf);
-    l.assign(static_cast<size_t>(n), 0.f);
+// Rounds (hashes) combined by log-sum-exp, online, each round visiting every query once: dst
+// always holds the normalised mix of the rounds seen so far and L their combined log2-sum-exp2,
+//   dst <- a·dst + (1 − a)·o,  a = 2^L / (2^L + 2^lse),  L <- log2(2^L + 2^lse),
+// so the first round stores (no zeroing pass before) and the last leaves the final output (no
+// normalising pass after). o is one round's normalised output; lse = -inf means the round saw no
+// key (o is 0 then). A query no round let see a key ends with dst 0 and L = -inf. The first
+// round's rows are streamed (simd::stream_row): fence before the output is read.
+inline void blend_round(float* dst, const float* o, int64_t dv, float& L, float lse, bool first) {
+  if (first) {  // every query's first visit: nothing to read back
+    simd::stream_row(dst, o, dv);
+    L = lse;
+    return;
   }
-  void add(float* dst, const float* o, int64_t dv, int64_t i, float lse2) {
-    if (lse2 == -kInf) return;
-    float& mr = m[static_cast<size_t>(i)];
-    const float mn = std::max(mr, lse2), keep = std::exp2(mr - mn), add = std::exp2(lse2 - mn);
-    for (int64_t e = 0; e < dv; ++e) dst[e] = dst[e] * keep + o[e] * add;
-    l[static_cast<size_t>(i)] = l[static_cast<size_t>(i)] * keep + add;
-    mr = mn;
+  if (L == -kInf && lse != -kInf) {
+    std::copy(o, o + dv, dst);
+    L = lse;
+    return;
   }
-  // Normalises dst; returns the combined log2-sum-exp2, +inf when no round saw a key (dst is 0
-  // then, and a backward's exp2(s − lse) vanishes).
-  float finish(float* dst, int64_t dv, int64_t i) const {
-    const float lr = l[static_cast<size_t>(i)];
-    if (!(lr > 0.f)) return kInf;
-    for (int64_t e = 0; e < dv; ++e) dst[e] /= lr;
-    return m[static_cast<size_t>(i)] + std::log2(lr);
-  }
-};
+  if (lse == -kInf) return;
+  const float mx = std::max(L, lse), a = std::exp2(L - mx), c = std::exp2(lse - mx);
+  const float inv = 1.f / (a + c);
+  simd::blend_row(dst, a * inv, o, c * inv, dv);
+  L = mx + std::log2(a + c);
+}
 
 }  // namespace clattn::tile

@@ -108,7 +108,9 @@ AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& cap
           ", ", d.M, "), got ", in.bias.shape.str());
   }
   check_finite(in.q, "q", who);
-  check_finite(in.k, "k", who);
+  // Shared-QK callers pass q as k: the same memory needs no second pass.
+  if (in.k.data != in.q.data || !(in.k.shape == in.q.shape) || in.k.strides != in.q.strides)
+    check_finite(in.k, "k", who);
   check_finite(in.v, "v", who);
   // The bias may hold -inf (a mask) but never NaN or +inf.
   if (!in.bias.empty())

@@ -70,8 +70,8 @@ void counting_sort(const int32_t* assign, int64_t n, int64_t C, int32_t* order, 
 // every round of SMYRF grows linearly with the sequence. order (n) gets the indices; equal keys
 // keep increasing index order. scratch is resized as needed.
 struct RadixScratch {
-  std::vector<uint32_t> keys, keys2;
-  std::vector<int32_t> idx2;
+  std::vector<uint32_t> keys, keys2, count;
+  std::vector<int32_t> idx2, idx3;
 };
 void sort_by_key(const float* key, int64_t n, int32_t* order, RadixScratch& ws);
 

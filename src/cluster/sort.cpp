@@ -9,33 +9,50 @@ void sort_by_key(const float* key, int64_t n, int32_t* order, RadixScratch& ws) 
   ws.keys.resize(static_cast<size_t>(n));
   ws.keys2.resize(static_cast<size_t>(n));
   ws.idx2.resize(static_cast<size_t>(n));
-  // Order-preserving map of IEEE floats to unsigned integers: flip all bits of negatives, the
-  // sign bit of positives.
+  ws.idx3.resize(static_cast<size_t>(n));
+  constexpr int kBits = 11, kBuckets = 1 << kBits, kPasses = 3;
+  constexpr uint32_t kMask = kBuckets - 1;
+  // Order-preserving map of IEEE floats to unsigned integers (flip all bits of negatives, the
+  // sign bit of positives), and the histograms of all three digits in the same read.
+  std::vector<uint32_t>& count = ws.count;
+  count.assign(static_cast<size_t>(kPasses * kBuckets), 0);
+  uint32_t* keys = ws.keys.data();
   for (int64_t i = 0; i < n; ++i) {
     uint32_t u;
     std::memcpy(&u, key + i, 4);
-    ws.keys[static_cast<size_t>(i)] = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    order[i] = static_cast<int32_t>(i);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    keys[i] = u;
+    ++count[u & kMask];
+    ++count[kBuckets + ((u >> kBits) & kMask)];
+    ++count[2 * kBuckets + (u >> (2 * kBits))];
   }
-  uint32_t* src_k = ws.keys.data();
-  uint32_t* dst_k = ws.keys2.data();
-  int32_t* src_i = order;
-  int32_t* dst_i = ws.idx2.data();
-  constexpr int kBits = 11, kBuckets = 1 << kBits;
-  for (int shift = 0; shift < 32; shift += kBits) {
-    int64_t count[kBuckets + 1] = {};
-    for (int64_t i = 0; i < n; ++i) ++count[((src_k[i] >> shift) & (kBuckets - 1)) + 1];
-    for (int b = 0; b < kBuckets; ++b) count[b + 1] += count[b];
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t pos = count[(src_k[i] >> shift) & (kBuckets - 1)]++;
-      dst_k[pos] = src_k[i];
-      dst_i[pos] = src_i[i];
+  for (int p = 0; p < kPasses; ++p) {  // exclusive prefix sums: the first slot of each digit
+    uint32_t* c = count.data() + p * kBuckets;
+    uint32_t run = 0;
+    for (int b = 0; b < kBuckets; ++b) {
+      const uint32_t x = c[b];
+      c[b] = run;
+      run += x;
     }
-    std::swap(src_k, dst_k);
-    std::swap(src_i, dst_i);
   }
-  // Three passes: the result sits in the scratch index buffer.
-  if (src_i != order) std::memcpy(order, src_i, sizeof(int32_t) * static_cast<size_t>(n));
+  // Pass 0 starts from the identity; pass 2 writes only the indices, straight into order.
+  uint32_t* c0 = count.data();
+  uint32_t* c1 = count.data() + kBuckets;
+  uint32_t* c2 = count.data() + 2 * kBuckets;
+  uint32_t* k2 = ws.keys2.data();
+  int32_t* i2 = ws.idx2.data();
+  int32_t* i3 = ws.idx3.data();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t pos = c0[keys[i] & kMask]++;
+    k2[pos] = keys[i];
+    i2[pos] = static_cast<int32_t>(i);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t pos = c1[(k2[i] >> kBits) & kMask]++;
+    keys[pos] = k2[i];
+    i3[pos] = i2[i];
+  }
+  for (int64_t i = 0; i < n; ++i) order[c2[keys[i] >> (2 * kBits)]++] = i3[i];
 }
 
 }  // namespace clattn::cluster

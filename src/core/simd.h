@@ -204,11 +204,20 @@ inline void copy_row(float* dst, const float* src, int64_t n, int64_t n_pad, flo
 
 // Asks for the cache lines of a row of n floats ahead of a random-order read or write (rows of
 // q and out are visited in cluster order, i.e. at random; the misses dominate otherwise).
+// On x86 the instruction is emitted through asm volatile: GCC 12 deletes __builtin_prefetch
+// calls of a fully unrolled row under a condition (seen in the gathers of gather.h, where not one
+// prefetch survived in the object code).
+inline void prefetch_line(const float* p, bool for_write) {
+#if defined(__x86_64__)
+  if (for_write) asm volatile("prefetchw %0" : : "m"(*reinterpret_cast<const char*>(p)));
+  else asm volatile("prefetcht0 %0" : : "m"(*reinterpret_cast<const char*>(p)));
+#else
+  if (for_write) __builtin_prefetch(p, 1, 3);
+  else __builtin_prefetch(p, 0, 3);
+#endif
+}
 inline void prefetch_row(const float* p, int64_t n, bool for_write) {
-  for (int64_t e = 0; e < n; e += 16) {
-    if (for_write) __builtin_prefetch(p + e, 1, 3);
-    else __builtin_prefetch(p + e, 0, 3);
-  }
+  for (int64_t e = 0; e < n; e += 16) prefetch_line(p + e, for_write);
 }
 
 // dst[0, n) = a · x[0, n) + y[0, n).
@@ -218,6 +227,35 @@ inline void axpby_row(float* dst, float a, const float* x, const float* y, int64
   if (e < n) {
     const int r = static_cast<int>(n - e);
     store_partial(dst + e, load_partial(x + e, r) * a + load_partial(y + e, r), r);
+  }
+}
+
+// dst[0, n) = src[0, n) for a row written once and not read again soon (a round's output in its
+// random destination row): non-temporal stores when dst is 64-byte aligned and n a multiple of
+// 16, so the row costs no read-for-ownership and evicts nothing; plain stores otherwise. Call
+// store_fence() before other threads read the rows.
+inline void stream_row(float* dst, const float* src, int64_t n) {
+#if defined(__AVX512F__)
+  if ((reinterpret_cast<uintptr_t>(dst) & 63) == 0 && n % kLanes == 0) {
+    for (int64_t e = 0; e < n; e += kLanes) _mm512_stream_ps(dst + e, _mm512_loadu_ps(src + e));
+    return;
+  }
+#endif
+  std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n));
+}
+inline void store_fence() {
+#if defined(__AVX512F__)
+  _mm_sfence();
+#endif
+}
+
+// dst[0, n) = a · dst[0, n) + b · x[0, n).
+inline void blend_row(float* dst, float a, const float* x, float b, int64_t n) {
+  int64_t e = 0;
+  for (; e + kLanes <= n; e += kLanes) store(dst + e, load(dst + e) * a + load(x + e) * b);
+  if (e < n) {
+    const int r = static_cast<int>(n - e);
+    store_partial(dst + e, load_partial(dst + e, r) * a + load_partial(x + e, r) * b, r);
   }
 }
 

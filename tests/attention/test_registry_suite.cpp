@@ -291,6 +291,25 @@ TEST_P(RegistrySuite, Deterministic) {
   for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.data()[i], b.data()[i]);
 }
 
+// An inference context gives the same output, and a backward on it is refused by name.
+TEST_P(RegistrySuite, InferenceContext) {
+  ProblemData pd = data_for(GetParam(), Problem{.B = 2, .H = 2, .Hkv = 2, .N = 65, .M = 65, .Dk = 8, .Dv = 8});
+  Tensor a(Shape{2, 2, 65, 8}), b(Shape{2, 2, 65, 8});
+  Context train, infer = Context::for_inference();
+  make_attention(GetParam().spec)->forward(pd.inputs(), a.view(), train);
+  auto att = make_attention(GetParam().spec);
+  att->forward(pd.inputs(), b.view(), infer);
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.data()[i], b.data()[i]);
+  if (!att->capabilities().trainable) return;
+  Tensor dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
+  try {
+    att->backward(pd.inputs(), infer, pd.dout.view(), dq.view(), dk.view(), dv.view());
+    ADD_FAILURE() << "backward accepted an inference context";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("for_inference"), std::string::npos) << e.what();
+  }
+}
+
 // Bad inputs: every one is an Error naming the problem, never a crash.
 TEST_P(RegistrySuite, BadInputsAreErrors) {
   auto att = make_attention(GetParam().spec);
