@@ -254,6 +254,12 @@ gather::Ahead ahead_of(const int32_t* perm, int64_t ch, int64_t c, int64_t nch, 
   return {perm + c * ch, std::min(ch, n - c * ch)};
 }
 
+// Entry (e, u) of round r's rotation (D, nrot): the first f1/2 columns hash b1, the rest b2.
+float rotation(const ReformerParams& p, uint64_t call, int64_t D, int64_t nrot, int64_t r, int64_t e,
+               int64_t u) {
+  return Rng(p.seed).normal(call, static_cast<uint64_t>((r * D + e) * nrot + u));
+}
+
 // Which slot holds chunk c: the last chunk has its own (the first chunk's previous), the others
 // alternate.
 int slot_of(int64_t c, int64_t nch) { return c == nch - 1 ? 2 : static_cast<int>(c % 2); }
@@ -273,13 +279,11 @@ void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const 
   // Rotations of all rounds, shared by all heads, as one (D, ncol) operand: round r's columns
   // [r·nrot, (r+1)·nrot) are its (D, f1/2) rotation and, factorised, its (D, f2/2) one.
   const int64_t nrot = f1 / 2 + (f2 > 1 ? f2 / 2 : 0), ncol = round_up(R * nrot, mk::kLanes);
-  const Rng rng(p.seed);
   std::vector<float> rot(static_cast<size_t>(d.Dk * ncol), 0.f);  // (D, ncol)
   for (int64_t r = 0; r < R; ++r)
     for (int64_t e = 0; e < d.Dk; ++e)
       for (int64_t u = 0; u < nrot; ++u)
-        rot[static_cast<size_t>(e * ncol + r * nrot + u)] =
-            rng.normal(call, static_cast<uint64_t>((r * d.Dk + e) * nrot + u));
+        rot[static_cast<size_t>(e * ncol + r * nrot + u)] = rotation(p, call, d.Dk, nrot, r, e, u);
   ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
 
   parallel_for(d.B * d.H, [&](int64_t t) {
@@ -433,6 +437,34 @@ void attn_reformer_bwd(const AttentionInputs& in, const AttentionDims& d, const 
       flush(sc.slots[2]);  // the last chunk, the first one's previous
     }
   });
+}
+
+void reformer_buckets_ref(const RefProblem& pr, const ReformerParams& p, uint64_t call, int64_t b,
+                          int64_t h, int64_t round, std::vector<int32_t>& bucket) {
+  const AttentionDims& d = pr.d;
+  const int64_t nb = reformer_buckets(p, d.N);
+  const auto [f1, f2] = factorise(nb);
+  const int64_t nrot = f1 / 2 + (f2 > 1 ? f2 / 2 : 0);
+  bucket.resize(static_cast<size_t>(d.N));
+  for (int64_t i = 0; i < d.N; ++i) {
+    double nn = 0;
+    for (int64_t e = 0; e < d.Dk; ++e) nn += pr.qe(b, h, i, e) * pr.qe(b, h, i, e);
+    const double inv = nn > 0 ? 1 / std::sqrt(nn) : 0;
+    auto argmax = [&](int64_t u0, int64_t half) {  // over [x·R, −x·R], first maximum in that order
+      int64_t best = 0;
+      double bv = -INFINITY;
+      for (int64_t u = 0; u < half; ++u) {
+        double x = 0;
+        for (int64_t e = 0; e < d.Dk; ++e) x += pr.qe(b, h, i, e) * inv * rotation(p, call, d.Dk, nrot, round, e, u0 + u);
+        if (x > bv) bv = x, best = u;
+        if (-x > bv) bv = -x, best = u + half;
+      }
+      return best;
+    };
+    int64_t bk = argmax(0, f1 / 2);
+    if (f2 > 1) bk += f1 * argmax(f1 / 2, f2 / 2);
+    bucket[static_cast<size_t>(i)] = static_cast<int32_t>(bk);
+  }
 }
 
 void attn_reformer_ref(const RefProblem& pr, const ReformerState& st, std::vector<double>& out) {

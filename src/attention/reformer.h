@@ -36,6 +36,12 @@ void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const 
 void attn_reformer_bwd(const AttentionInputs& in, const AttentionDims& d, const ReformerState& st,
                        ConstView dout, View dq, View dv, ReformerWorkspace& ws);
 
+// Reference hash in double: the bucket of every position of (b, h) in round `round`, the argmax
+// over [x·R, −x·R] of the unit query x (factorised above 128 buckets: b1 + f1·b2), with the
+// rotations the forward draws for call number `call`. The forward's perm sorts by (bucket, position).
+void reformer_buckets_ref(const RefProblem& pr, const ReformerParams& p, uint64_t call, int64_t b,
+                          int64_t h, int64_t round, std::vector<int32_t>& bucket);
+
 // Reference in double with st's partition (pr.k is ignored: keys are pr.q normalised).
 void attn_reformer_ref(const RefProblem& pr, const ReformerState& st, std::vector<double>& out);
 

@@ -17,6 +17,7 @@
 #include <numeric>
 
 #include "attention/full.h"
+#include "attention/gather.h"
 #include "attention/tile_ops.h"
 #include "attention/topk_select.h"
 #include "attention/grad_util.h"
@@ -35,15 +36,66 @@ using tile::kLog2e;
 
 namespace {
 
-constexpr int64_t kRows = 64;  // members per block
+constexpr int64_t kRows = 64;    // members per block
+constexpr int64_t kScore = 256;  // rows per block of the cosine pass
+
+// For every column c < C of a stream of score rows: its `w` largest entries (ties to the lower
+// row), kept as a threshold-filtered candidate buffer per column (topk_select.h), so after the
+// first rows a whole vector of 16 columns is usually rejected by one compare. The buffer holds 4w
+// candidates: each compaction (a selection over the buffer) then makes room for 3w insertions,
+// which halves the selection work of a 2w buffer. Rows arrive block by block; finish() writes
+// ascending row indices.
+struct TopColumns {
+  static constexpr int64_t kSlack = 4;
+  int64_t C = 0, w = 0;
+  std::vector<Cand> cand;     // (C, 4w)
+  std::vector<int64_t> ncand; // (C)
+  std::vector<float> thr;     // (C rounded up to 16)
+  void reset(int64_t c, int64_t width) {
+    C = c;
+    w = width;
+    cand.resize(static_cast<size_t>(C * kSlack * w));
+    ncand.assign(static_cast<size_t>(C), 0);
+    thr.assign(static_cast<size_t>(round_up(C, simd::kLanes)), w > 0 ? -kInf : kInf);
+  }
+  // rows (n, ld) of scores, the first being row r0 of the stream.
+  void add(const float* scores, int64_t n, int64_t ld, int64_t r0) {
+    for (int64_t r = 0; r < n; ++r) {
+      const float* row = scores + r * ld;
+      for (int64_t c0 = 0; c0 < C; c0 += simd::kLanes) {
+        const int lanes = static_cast<int>(std::min<int64_t>(simd::kLanes, C - c0));
+        uint32_t m = simd::mask_gt_v(simd::load_partial(row + c0, lanes), simd::load(thr.data() + c0)) &
+                     ((lanes == 32 ? 0u : (1u << lanes)) - 1u);
+        while (m) {
+          const int l = __builtin_ctz(m);
+          m &= m - 1;
+          const int64_t c = c0 + l;
+          Cand* buf = cand.data() + c * kSlack * w;
+          int64_t& nc = ncand[static_cast<size_t>(c)];
+          buf[nc++] = Cand{row[c], static_cast<int32_t>(r0 + r)};
+          if (nc == kSlack * w) thr[static_cast<size_t>(c)] = top_compact(buf, nc, w);
+        }
+      }
+    }
+  }
+  void finish(int32_t* out, int64_t out_ld) {
+    for (int64_t c = 0; c < C; ++c) {
+      Cand* buf = cand.data() + c * kSlack * w;
+      int64_t nc = ncand[static_cast<size_t>(c)];
+      top_compact(buf, nc, w);
+      int32_t* o = out + c * out_ld;
+      for (int64_t x = 0; x < w; ++x) o[x] = buf[x].i;
+      std::sort(o, o + w);
+    }
+  }
+};
 
 struct Scratch {
-  std::vector<int32_t> assign, prev, idx, qcount, fallback;
-  std::vector<Cand> cand;
-  std::vector<int64_t> ncand;
-  std::vector<float> thr;
-  std::vector<float> sums;
-  Workspace x, cent, cpan, sq, sk, qs, kr, kt, vr, vt, s, o, go, dp, dqc, dkc, dvc;
+  std::vector<int32_t> assign, prev, idx, qcount, nearest, qsel, nfall;
+  std::vector<float> qinv, kinv;  // (nv), (mv) 1/|x|
+  std::vector<float> sums, unit;
+  TopColumns qtop, ktop;
+  Workspace xs, cent, cpan, sblk, qs, kr, kt, vr, vt, s, o, go, dp, dqc, dkc, dvc;
 };
 
 }  // namespace
@@ -58,91 +110,78 @@ RoutingWorkspacePtr make_routing_workspace() { return RoutingWorkspacePtr(new Ro
 
 namespace {
 
-void unit_row(const float* x, int64_t D, int64_t Dp, float* dst) {
-  const float n = std::sqrt(simd::dot(x, x, D));
-  simd::copy_row(dst, x, D, Dp, n > 0.f ? 1.f / n : 0.f);
+// 1/|x| of rows (n, D) with row stride rs (0 for a zero row).
+void inverse_norms(const float* base, int64_t rs, int64_t n, int64_t D, float* inv) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float nn = std::sqrt(simd::dot(base + i * rs, base + i * rs, D));
+    inv[i] = nn > 0.f ? 1.f / nn : 0.f;
+  }
 }
 
-// scores (n, Cp) = rows (n, Dp) · centroidsᵀ, centroids packed as panels.
-void cosine_scores(const float* rows, int64_t n, int64_t D, int64_t Dp, const float* cpan,
-                   int64_t C, float* scores) {
-  const int64_t np = (C + kPanel - 1) / kPanel;
-  mk::gemm_abt(n, np, D, rows, Dp, cpan, scores, np * kPanel);
-}
-
-// First index of the maximum of row[0, C): a vector max, then the scan for its first position.
+// First index of the maximum of row[0, C): a vector max, then the first lane holding it. A
+// partial last vector is padded with -inf (load_partial's zeros would beat negative cosines).
 int32_t argmax_row(const float* row, int64_t C) {
+  constexpr int L = simd::kLanes;
+  auto lanes_at = [&](int64_t c) {
+    if (C - c >= L) return simd::load(row + c);
+    alignas(64) float tail[L];
+    std::fill(tail, tail + L, -kInf);
+    std::copy(row + c, row + C, tail);
+    return simd::load(tail);
+  };
   simd::vf m = simd::splat(-kInf);
-  int64_t c = 0;
-  for (; c + simd::kLanes <= C; c += simd::kLanes) m = simd::vmax(m, simd::load(row + c));
-  float best = simd::hmax(m);
-  for (; c < C; ++c) best = std::max(best, row[c]);
-  for (c = 0; c < C; ++c)
-    if (row[c] == best) break;
-  return static_cast<int32_t>(c);
-}
-
-// For every column c < C of scores (n, ld): its `w` largest entries (ties to the lower row),
-// as ascending row indices in out (C, w). Rows stream in order; each column keeps a threshold-
-// filtered candidate buffer (topk_select.h), so after the first rows a whole vector of 16
-// columns is usually rejected by one compare.
-void top_columns(const float* scores, int64_t n, int64_t ld, int64_t C, int64_t w,
-                 std::vector<Cand>& cand, std::vector<int64_t>& ncand, std::vector<float>& thr,
-                 int32_t* out, int64_t out_ld) {
-  cand.resize(static_cast<size_t>(C * 2 * w));
-  ncand.assign(static_cast<size_t>(C), 0);
-  thr.assign(static_cast<size_t>(round_up(C, simd::kLanes)), -kInf);
-  for (int64_t r = 0; r < n; ++r) {
-    const float* row = scores + r * ld;
-    for (int64_t c0 = 0; c0 < C; c0 += simd::kLanes) {
-      const int lanes = static_cast<int>(std::min<int64_t>(simd::kLanes, C - c0));
-      uint32_t m = simd::mask_gt_v(simd::load_partial(row + c0, lanes), simd::load(thr.data() + c0)) &
-                   ((lanes == 32 ? 0u : (1u << lanes)) - 1u);
-      while (m) {
-        const int l = __builtin_ctz(m);
-        m &= m - 1;
-        const int64_t c = c0 + l;
-        Cand* buf = cand.data() + c * 2 * w;
-        int64_t& nc = ncand[static_cast<size_t>(c)];
-        buf[nc++] = Cand{row[c], static_cast<int32_t>(r)};
-        if (nc == 2 * w) thr[static_cast<size_t>(c)] = top_compact(buf, nc, w);
-      }
-    }
+  for (int64_t c = 0; c < C; c += L) m = simd::vmax(m, lanes_at(c));
+  const float best = simd::hmax(m);
+  for (int64_t c = 0; c < C; c += L) {
+    const uint32_t hit = ~simd::mask_gt_v(simd::splat(best), lanes_at(c)) & 0xFFFFu;
+    if (hit) return static_cast<int32_t>(c + __builtin_ctz(hit));
   }
-  for (int64_t c = 0; c < C; ++c) {
-    Cand* buf = cand.data() + c * 2 * w;
-    int64_t nc = ncand[static_cast<size_t>(c)];
-    top_compact(buf, nc, w);
-    int32_t* o = out + c * out_ld;
-    for (int64_t x = 0; x < w; ++x) o[x] = buf[x].i;
-    std::sort(o, o + w);
-  }
+  return 0;  // a row of NaN (never: inputs are finite)
 }
 
 struct Dims {
   int64_t D, Dv, Dkp, Dvp;
 };
 
-// A block of one cluster's members against its key window: scaled query rows, key/value rows,
-// scores (rows, kw) with masks, and the causal own-key logits.
+// Cosines of rows (n, D) (row stride rs, inverse norms inv) against the packed centroids, block
+// by block in scratch: every block feeds the top-window selection, and `each` sees every row's
+// cosines (nearest centroid, EMA sums).
+template <class Each>
+void cosine_pass(const float* base, int64_t rs, int64_t n, const float* inv, const Dims& dm,
+                 const float* cpan, int64_t C, float* blk, TopColumns& top, Each&& each) {
+  const int64_t np = (C + kPanel - 1) / kPanel, ld = np * kPanel;
+  for (int64_t r0 = 0; r0 < n; r0 += kScore) {
+    const int64_t nr = std::min(kScore, n - r0);
+    mk::gemm_abt(nr, np, dm.D, base + r0 * rs, rs, cpan, blk, ld);
+    for (int64_t r = 0; r < nr; ++r) {
+      float* row = blk + r * ld;
+      const simd::vf f = simd::splat(inv[r0 + r]);
+      for (int64_t c = 0; c < ld; c += simd::kLanes) simd::store(row + c, simd::load(row + c) * f);
+      each(r0 + r, row);
+    }
+    top.add(blk, nr, ld, r0);
+  }
+}
+
+// A block of one cluster's members against its key window (gathered once per cluster): scaled
+// query rows, scores (rows, kw) with masks, and the causal own-key logits.
 struct Block {
   int64_t rows, nk, kw;
   const int32_t* qi;
   const int32_t* kj;
-  float *qs, *kr, *vr, *s;
+  float *qs, *s;
   float own[kRows];
   int32_t own_j[kRows];
 };
 
 void build_block(const AttentionInputs& in, int64_t b, int64_t h, int64_t hk, const Dims& dm,
-                 float c, int64_t off, int64_t mv, Block& blk, Scratch& sc) {
-  const int64_t kw = round_up(std::max<int64_t>(blk.nk, 1), mk::kLanes);
-  blk.kw = kw;
+                 float c, int64_t off, int64_t mv, const float* kt, Block& blk, Scratch& sc) {
+  const int64_t kw = blk.kw;
   blk.qs = sc.qs.floats(static_cast<size_t>(kRows * dm.Dkp));
   blk.s = sc.s.floats(static_cast<size_t>(kRows * kw));
-  for (int64_t r = 0; r < blk.rows; ++r) simd::copy_row(blk.qs + r * dm.Dkp, in.q.ptr(b, h, blk.qi[r]), dm.D, dm.Dkp, c);
+  gather::rows(in.q.ptr(b, h, 0), in.q.stride(2), blk.qi, blk.rows, dm.D, blk.qs, dm.Dkp, blk.rows, c);
   std::memset(blk.s, 0, sizeof(float) * static_cast<size_t>(blk.rows * kw));
-  mk::gemm_ab(blk.rows, kw, dm.D, blk.qs, dm.Dkp, 1, sc.kt.floats(0), kw, blk.s, kw, nullptr);
+  mk::gemm_ab(blk.rows, kw, dm.D, blk.qs, dm.Dkp, 1, kt, kw, blk.s, kw, nullptr);
   for (int64_t r = 0; r < blk.rows; ++r) {
     float* row = blk.s + r * kw;
     tile::mask_tail(row, kw, blk.nk);
@@ -162,22 +201,11 @@ void build_block(const AttentionInputs& in, int64_t b, int64_t h, int64_t hk, co
   }
 }
 
-// Gathers a cluster's key window once: rows (kw, Dkp), transpose (D, kw) in sc.kt, values (kw, Dvp).
-void gather_window(const AttentionInputs& in, int64_t b, int64_t hk, const Dims& dm,
-                   const int32_t* kj, int64_t nk, Scratch& sc, float** kr, float** vr) {
-  const int64_t kw = round_up(std::max<int64_t>(nk, 1), mk::kLanes);
-  *kr = sc.kr.floats(static_cast<size_t>(kw * dm.Dkp));
-  *vr = sc.vr.floats(static_cast<size_t>(kw * dm.Dvp));
-  for (int64_t x = 0; x < kw; ++x) {
-    if (x < nk) {
-      simd::copy_row(*kr + x * dm.Dkp, in.k.ptr(b, hk, kj[x]), dm.D, dm.Dkp);
-      simd::copy_row(*vr + x * dm.Dvp, in.v.ptr(b, hk, kj[x]), dm.Dv, dm.Dvp);
-    } else {
-      std::memset(*kr + x * dm.Dkp, 0, sizeof(float) * static_cast<size_t>(dm.Dkp));
-      std::memset(*vr + x * dm.Dvp, 0, sizeof(float) * static_cast<size_t>(dm.Dvp));
-    }
-  }
-  mk::pack_transposed(*kr, kw, dm.D, dm.Dkp, sc.kt.floats(static_cast<size_t>(dm.Dkp * kw)), kw);
+// Requests the key window of the next cluster (its key and value rows) while this one computes.
+void prefetch_window(const AttentionInputs& in, int64_t b, int64_t hk, const Dims& dm,
+                     const int32_t* kj, int64_t nk) {
+  gather::prefetch(in.k.ptr(b, hk, 0), in.k.stride(2), kj, nk, dm.D);
+  gather::prefetch(in.v.ptr(b, hk, 0), in.v.stride(2), kj, nk, dm.Dv);
 }
 
 }  // namespace
@@ -195,9 +223,10 @@ void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const R
   st.keys.assign(static_cast<size_t>(BH * C * st.wk), -1);
   st.nkeys.assign(static_cast<size_t>(BH * C), 0);
   st.mem_off.assign(static_cast<size_t>(BH * (C + 1)), 0);
-  st.mem.assign(static_cast<size_t>(BH * st.cap), 0);
-  st.weight.assign(static_cast<size_t>(BH * st.cap), 0.f);
-  st.lse2.assign(static_cast<size_t>(BH * st.cap), 0.f);
+  st.mem.resize(static_cast<size_t>(BH * st.cap));
+  st.weight.resize(static_cast<size_t>(BH * st.cap));
+  st.lse2.resize(static_cast<size_t>(BH * st.cap));
+  st.centroids.assign(static_cast<size_t>(BH * C * d.Dk), 0.f);
   ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
   float* ema_sum = p.train ? ws.ema_sum.floats(static_cast<size_t>(BH * C * (d.Dk + 1))) : nullptr;
   const Rng rng(p.seed);
@@ -209,18 +238,23 @@ void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const R
     for (int64_t i = 0; i < d.N; ++i) std::memset(out.ptr(b, h, i), 0, sizeof(float) * static_cast<size_t>(dm.Dv));
     if (ema_sum) std::memset(ema_sum + t * C * (d.Dk + 1), 0, sizeof(float) * static_cast<size_t>(C * (d.Dk + 1)));
     if (nv == 0 || mv == 0) return;
-    // Unit copies: X = [û (nv rows); k̂ (mv rows)], (n, Dkp).
+    const float* qb = in.q.ptr(b, h, 0);
+    const float* kb = in.k.ptr(b, hk, 0);
+    const int64_t qrs = in.q.stride(2), krs = in.k.stride(2);
+    sc.qinv.resize(static_cast<size_t>(nv));
+    sc.kinv.resize(static_cast<size_t>(mv));
+    inverse_norms(qb, qrs, nv, dm.D, sc.qinv.data());
+    inverse_norms(kb, krs, mv, dm.D, sc.kinv.data());
+    // Row r of the routing set [q̂ (nv rows); k̂ (mv rows)].
+    auto unit_row = [&](int64_t r, float* dst, int64_t pad) {
+      if (r < nv) simd::copy_row(dst, qb + r * qrs, dm.D, pad, sc.qinv[static_cast<size_t>(r)]);
+      else simd::copy_row(dst, kb + (r - nv) * krs, dm.D, pad, sc.kinv[static_cast<size_t>(r - nv)]);
+    };
     const int64_t n = nv + mv;
-    float* x = sc.x.floats(static_cast<size_t>(n * dm.Dkp));
-    for (int64_t i = 0; i < nv; ++i) unit_row(in.q.ptr(b, h, i), dm.D, dm.Dkp, x + i * dm.Dkp);
-    for (int64_t j = 0; j < mv; ++j) unit_row(in.k.ptr(b, hk, j), dm.D, dm.Dkp, x + (nv + j) * dm.Dkp);
-    float* cent = sc.cent.floats(static_cast<size_t>(C * dm.D));     // (C, D)
-    float* cpan = sc.cpan.floats(static_cast<size_t>(Cp * dm.D));    // (C/64, D, 64)
-    float* sx = sc.sq.floats(static_cast<size_t>(n * Cp));          // (n, Cp) cosines
+    float* cent = st.centroids.data() + t * C * d.Dk;                 // (C, D)
+    float* cpan = sc.cpan.floats(static_cast<size_t>(Cp * dm.D));     // (C/64, D, 64)
     if (p.train) {
       std::memcpy(cent, ema + h * C * d.Dk, sizeof(float) * static_cast<size_t>(C * d.Dk));
-      mk::pack_panels(cent, C, dm.D, dm.D, cpan);
-      cosine_scores(x, n, dm.D, dm.Dkp, cpan, C, sx);
     } else {
       // Spherical k-means on an evenly strided sample of at most max(32·C, 4096) unit rows
       // (mini-batch style: the centroids need a sample, not every row; the cost stays O(C·D)
@@ -228,104 +262,123 @@ void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const R
       // seeded partial Fisher-Yates, then rounds of (nearest by cosine, first maximum wins;
       // centroid = normalised mean; empty keeps its old value) until an assignment repeats or
       // `iterations` rounds are done. Every row is then scored once against the centroids.
-      const int64_t stride = std::max<int64_t>(1, (n + std::max<int64_t>(32 * C, 4096) - 1) / std::max<int64_t>(32 * C, 4096));
+      const int64_t cap = std::max<int64_t>(32 * C, 4096);
+      const int64_t stride = std::max<int64_t>(1, (n + cap - 1) / cap);
       const int64_t ns = (n + stride - 1) / stride;
-      float* xs = x;  // sample rows are x[r·stride]
+      float* xs = sc.xs.floats(static_cast<size_t>(ns * dm.Dkp));  // (ns, Dkp) sample rows r·stride
+      for (int64_t r = 0; r < ns; ++r) unit_row(r * stride, xs + r * dm.Dkp, dm.Dkp);
+      float* sx = sc.sblk.floats(static_cast<size_t>(ns * Cp));     // (ns, Cp) their cosines
       sc.idx.resize(static_cast<size_t>(ns));
       std::iota(sc.idx.begin(), sc.idx.end(), 0);
       for (int64_t s2 = 0; s2 < C; ++s2) {
         const int64_t tt = s2 % ns;
         if (s2 < ns) std::swap(sc.idx[static_cast<size_t>(tt)], sc.idx[static_cast<size_t>(tt + static_cast<int64_t>(rng.below(static_cast<uint64_t>(ns - tt), (call << 32) + static_cast<uint64_t>(t), static_cast<uint64_t>(s2))))]);
-        const float* src = xs + sc.idx[static_cast<size_t>(tt)] * stride * dm.Dkp;
+        const float* src = xs + sc.idx[static_cast<size_t>(tt)] * dm.Dkp;
         std::copy(src, src + dm.D, cent + s2 * dm.D);
       }
       sc.assign.assign(static_cast<size_t>(ns), -1);
       for (int it = 0; it < p.iterations; ++it) {
         mk::pack_panels(cent, C, dm.D, dm.D, cpan);
-        // Sample rows are strided: score them through a row stride of stride·Dkp.
-        mk::gemm_abt(ns, (C + kPanel - 1) / kPanel, dm.D, xs, stride * dm.Dkp, cpan, sx, Cp);
+        mk::gemm_abt(ns, (C + kPanel - 1) / kPanel, dm.D, xs, dm.Dkp, cpan, sx, Cp);
         sc.prev = sc.assign;
         for (int64_t r = 0; r < ns; ++r) sc.assign[static_cast<size_t>(r)] = argmax_row(sx + r * Cp, C);
         if (sc.assign == sc.prev) break;
         sc.sums.assign(static_cast<size_t>(C * dm.D), 0.f);
-        for (int64_t r = 0; r < ns; ++r) simd::axpy_row(sc.sums.data() + sc.assign[static_cast<size_t>(r)] * dm.D, xs + r * stride * dm.Dkp, dm.D);
+        for (int64_t r = 0; r < ns; ++r) simd::axpy_row(sc.sums.data() + sc.assign[static_cast<size_t>(r)] * dm.D, xs + r * dm.Dkp, dm.D);
         for (int64_t k = 0; k < C; ++k) {
           const float* sm = sc.sums.data() + k * dm.D;
           const float nn = std::sqrt(simd::dot(sm, sm, dm.D));
           if (nn > 0.f) simd::copy_row(cent + k * dm.D, sm, dm.D, dm.D, 1.f / nn);
         }
       }
-      mk::pack_panels(cent, C, dm.D, dm.D, cpan);
-      cosine_scores(x, n, dm.D, dm.Dkp, cpan, C, sx);
     }
-    const float* sq = sx;                   // (nv, Cp) queries' cosines
-    const float* sk = sx + nv * Cp;         // (mv, Cp) keys' cosines
-    if (ema_sum) {  // train: sums of the unit vectors nearest each centroid, for the EMA update
-      float* es = ema_sum + t * C * (d.Dk + 1);
-      for (int64_t r = 0; r < n; ++r) {
-        const int32_t k = argmax_row(sx + r * Cp, C);
-        simd::axpy_row(es + k * (d.Dk + 1), x + r * dm.Dkp, dm.D);
-        es[k * (d.Dk + 1) + d.Dk] += 1.f;
-      }
-    }
-    // Windows: the wk keys and wq queries most similar to each centroid.
+    mk::pack_panels(cent, C, dm.D, dm.D, cpan);
+    // One pass over the queries, then the keys: the wk keys and wq queries most similar to each
+    // centroid, every query's nearest centroid (the fallback of unchosen ones) and, in train
+    // mode, the sums of the unit vectors nearest each centroid for the EMA update.
     const int64_t wk = std::min(st.wk, mv), wq = std::min(wq_max, nv);
+    float* blk = sc.sblk.floats(static_cast<size_t>(kScore * Cp));  // (256, Cp) cosines
+    float* es = ema_sum ? ema_sum + t * C * (d.Dk + 1) : nullptr;
+    sc.unit.resize(static_cast<size_t>(dm.Dkp));
+    float* unit = sc.unit.data();
+    auto ema_add = [&](int64_t r, const float* row) {
+      const int32_t k = argmax_row(row, C);
+      unit_row(r, unit, dm.D);
+      simd::axpy_row(es + k * (d.Dk + 1), unit, dm.D);
+      es[k * (d.Dk + 1) + d.Dk] += 1.f;
+    };
+    sc.qtop.reset(C, wq);
+    sc.nearest.resize(static_cast<size_t>(nv));
+    cosine_pass(qb, qrs, nv, sc.qinv.data(), dm, cpan, C, blk, sc.qtop, [&](int64_t i, const float* row) {
+      sc.nearest[static_cast<size_t>(i)] = argmax_row(row, C);
+      if (es) ema_add(i, row);
+    });
+    sc.ktop.reset(C, wk);
+    cosine_pass(kb, krs, mv, sc.kinv.data(), dm, cpan, C, blk, sc.ktop, [&](int64_t j, const float* row) {
+      if (es) ema_add(nv + j, row);
+    });
     int32_t* keys = st.keys.data() + t * C * st.wk;
-    std::vector<int32_t> qsel(static_cast<size_t>(C * wq));
+    sc.qsel.resize(static_cast<size_t>(C * wq));
+    sc.ktop.finish(keys, st.wk);
+    sc.qtop.finish(sc.qsel.data(), wq);
     sc.qcount.assign(static_cast<size_t>(nv), 0);
-    top_columns(sk, mv, Cp, C, wk, sc.cand, sc.ncand, sc.thr, keys, st.wk);
-    top_columns(sq, nv, Cp, C, wq, sc.cand, sc.ncand, sc.thr, qsel.data(), wq);
     for (int64_t k = 0; k < C; ++k) {
       st.nkeys[static_cast<size_t>(t * C + k)] = static_cast<int32_t>(wk);
-      for (int64_t x2 = 0; x2 < wq; ++x2) ++sc.qcount[static_cast<size_t>(qsel[static_cast<size_t>(k * wq + x2)])];
+      for (int64_t x2 = 0; x2 < wq; ++x2) ++sc.qcount[static_cast<size_t>(sc.qsel[static_cast<size_t>(k * wq + x2)])];
     }
-    // Members: each cluster's chosen queries, plus the unchosen queries nearest to it.
-    sc.fallback.assign(static_cast<size_t>(nv), -1);
-    std::vector<int32_t> nfall(static_cast<size_t>(C), 0);
-    for (int64_t i = 0; i < nv; ++i)
-      if (sc.qcount[static_cast<size_t>(i)] == 0) {
-        sc.fallback[static_cast<size_t>(i)] = argmax_row(sq + i * Cp, C);
-        ++nfall[static_cast<size_t>(sc.fallback[static_cast<size_t>(i)])];
-      }
+    // Members: each cluster's chosen queries, then the unchosen queries nearest to it (a
+    // counting sort by nearest centroid keeps them in increasing index).
     int32_t* moff = st.mem_off.data() + t * (C + 1);
     int32_t* mem = st.mem.data() + t * st.cap;
     float* wgt = st.weight.data() + t * st.cap;
     float* lse2 = st.lse2.data() + t * st.cap;
+    sc.nfall.assign(static_cast<size_t>(C + 1), 0);
+    for (int64_t i = 0; i < nv; ++i)
+      if (sc.qcount[static_cast<size_t>(i)] == 0) ++sc.nfall[static_cast<size_t>(sc.nearest[static_cast<size_t>(i)]) + 1];
+    for (int64_t k = 0; k < C; ++k) moff[k + 1] = static_cast<int32_t>(moff[k] + wq + sc.nfall[static_cast<size_t>(k) + 1]);
     for (int64_t k = 0; k < C; ++k) {
-      int32_t m = moff[k];
       for (int64_t x2 = 0; x2 < wq; ++x2) {
-        const int32_t i = qsel[static_cast<size_t>(k * wq + x2)];
-        mem[m] = i;
-        wgt[m++] = 1.f / static_cast<float>(sc.qcount[static_cast<size_t>(i)]);
+        const int32_t i = sc.qsel[static_cast<size_t>(k * wq + x2)];
+        mem[moff[k] + x2] = i;
+        wgt[moff[k] + x2] = 1.f / static_cast<float>(sc.qcount[static_cast<size_t>(i)]);
       }
-      for (int64_t i = 0; i < nv; ++i)
-        if (sc.fallback[static_cast<size_t>(i)] == k) {
-          mem[m] = static_cast<int32_t>(i);
-          wgt[m++] = 1.f;
-        }
-      moff[k + 1] = m;
+      sc.nfall[static_cast<size_t>(k)] = static_cast<int32_t>(moff[k] + wq);  // next fallback slot
     }
+    for (int64_t i = 0; i < nv; ++i)
+      if (sc.qcount[static_cast<size_t>(i)] == 0) {
+        const int32_t m = sc.nfall[static_cast<size_t>(sc.nearest[static_cast<size_t>(i)])]++;
+        mem[m] = static_cast<int32_t>(i);
+        wgt[m] = 1.f;
+      }
     // Attention inside each cluster; member outputs are added with their weights.
+    const int64_t kw = round_up(std::max<int64_t>(wk, 1), mk::kLanes);
+    float* kt = sc.kt.floats(static_cast<size_t>(dm.Dkp * kw));  // (D, kw) window keys transposed
+    float* vr = sc.vr.floats(static_cast<size_t>(kw * dm.Dvp));  // (wk, Dvp) window values
     float* o = sc.o.floats(static_cast<size_t>(kRows * dm.Dvp));
+    float* ob = out.ptr(b, h, 0);
+    const int64_t ors = out.stride(2);
     for (int64_t k = 0; k < C; ++k) {
-      Block blk;
-      blk.kj = keys + k * st.wk;
-      blk.nk = wk;
-      gather_window(in, b, hk, dm, blk.kj, blk.nk, sc, &blk.kr, &blk.vr);
+      Block blk2;
+      blk2.kj = keys + k * st.wk;
+      blk2.nk = wk;
+      blk2.kw = kw;
+      gather::transposed(kb, krs, blk2.kj, wk, dm.D, kt, kw);
+      gather::rows(in.v.ptr(b, hk, 0), in.v.stride(2), blk2.kj, wk, dm.Dv, vr, dm.Dvp, wk);
+      if (k + 1 < C) prefetch_window(in, b, hk, dm, keys + (k + 1) * st.wk, wk);
       for (int64_t m0 = moff[k]; m0 < moff[k + 1]; m0 += kRows) {
-        blk.qi = mem + m0;
-        blk.rows = std::min<int64_t>(kRows, moff[k + 1] - m0);
-        build_block(in, b, h, hk, dm, c, off, mv, blk, sc);
-        std::memset(o, 0, sizeof(float) * static_cast<size_t>(blk.rows * dm.Dvp));
-        for (int64_t r = 0; r < blk.rows; ++r) {
+        blk2.qi = mem + m0;
+        blk2.rows = std::min<int64_t>(kRows, moff[k + 1] - m0);
+        build_block(in, b, h, hk, dm, c, off, mv, kt, blk2, sc);
+        std::memset(o, 0, sizeof(float) * static_cast<size_t>(blk2.rows * dm.Dvp));
+        for (int64_t r = 0; r < blk2.rows; ++r) {
           float po;
-          const float l2 = tile::softmax_row_extra(blk.s + r * blk.kw, blk.kw, blk.own[r], po);
+          const float l2 = tile::softmax_row_extra(blk2.s + r * kw, kw, blk2.own[r], po);
           lse2[m0 + r] = l2 == -kInf ? kInf : l2;  // nothing visible in this cluster: P = 0 in backward
-          if (blk.own_j[r] >= 0 && po > 0.f) simd::axpy_row(o + r * dm.Dvp, in.v.ptr(b, hk, blk.own_j[r]), dm.Dv, po);
+          if (blk2.own_j[r] >= 0 && po > 0.f) simd::axpy_row(o + r * dm.Dvp, in.v.ptr(b, hk, blk2.own_j[r]), dm.Dv, po);
         }
-        mk::gemm_ab(blk.rows, dm.Dvp, blk.nk, blk.s, blk.kw, 1, blk.vr, dm.Dvp, o, dm.Dvp, nullptr);
-        for (int64_t r = 0; r < blk.rows; ++r)
-          simd::axpy_row(out.ptr(b, h, blk.qi[r]), o + r * dm.Dvp, dm.Dv, wgt[m0 + r]);
+        mk::gemm_ab(blk2.rows, dm.Dvp, blk2.nk, blk2.s, kw, 1, vr, dm.Dvp, o, dm.Dvp, nullptr);
+        for (int64_t r = 0; r < blk2.rows; ++r)
+          simd::axpy_row(ob + blk2.qi[r] * ors, o + r * dm.Dvp, dm.Dv, wgt[m0 + r]);
       }
     }
   });
@@ -374,14 +427,22 @@ void attn_routing_bwd(const AttentionInputs& in, const AttentionDims& d, const R
     const float* wgt = st.weight.data() + t * st.cap;
     const float* lse2 = st.lse2.data() + t * st.cap;
     float* go = sc.go.floats(static_cast<size_t>(kRows * dm.Dvp));
+    const float* kb = in.k.ptr(b, hk, 0);
+    const int64_t krs = in.k.stride(2);
     for (int64_t k = 0; k < C; ++k) {
       Block blk;
       blk.kj = st.keys.data() + (t * C + k) * st.wk;
       blk.nk = st.nkeys[static_cast<size_t>(t * C + k)];
-      gather_window(in, b, hk, dm, blk.kj, blk.nk, sc, &blk.kr, &blk.vr);
       const int64_t kw = round_up(std::max<int64_t>(blk.nk, 1), mk::kLanes);
-      float* vt = sc.vt.floats(static_cast<size_t>(dm.Dvp * kw));     // (Dv, kw)
-      mk::pack_transposed(blk.vr, kw, dm.Dv, dm.Dvp, vt, kw);
+      blk.kw = kw;
+      float* kr = sc.kr.floats(static_cast<size_t>(kw * dm.Dkp));     // (nk, Dkp) window key rows
+      float* kt = sc.kt.floats(static_cast<size_t>(dm.Dkp * kw));     // (D, kw) their transpose
+      float* vt = sc.vt.floats(static_cast<size_t>(dm.Dvp * kw));     // (Dv, kw) values transposed
+      gather::rows(kb, krs, blk.kj, blk.nk, dm.D, kr, dm.Dkp, blk.nk);
+      gather::transpose(kr, dm.Dkp, blk.nk, dm.D, kt, kw);
+      gather::transposed(in.v.ptr(b, hk, 0), in.v.stride(2), blk.kj, blk.nk, dm.Dv, vt, kw);
+      if (k + 1 < C) prefetch_window(in, b, hk, dm, st.keys.data() + (t * C + k + 1) * st.wk,
+                                     st.nkeys[static_cast<size_t>(t * C + k + 1)]);
       float* dkc = sc.dkc.floats(static_cast<size_t>(kw * dm.Dkp));   // (kw, Dkp)
       float* dvc = sc.dvc.floats(static_cast<size_t>(kw * dm.Dvp));   // (kw, Dvp)
       std::memset(dkc, 0, sizeof(float) * static_cast<size_t>(kw * dm.Dkp));
@@ -389,7 +450,7 @@ void attn_routing_bwd(const AttentionInputs& in, const AttentionDims& d, const R
       for (int64_t m0 = moff[k]; m0 < moff[k + 1]; m0 += kRows) {
         blk.qi = mem + m0;
         blk.rows = std::min<int64_t>(kRows, moff[k + 1] - m0);
-        build_block(in, b, h, hk, dm, c, off, mv, blk, sc);
+        build_block(in, b, h, hk, dm, c, off, mv, kt, blk, sc);
         float* dp = sc.dp.floats(static_cast<size_t>(kRows * kw));         // (rows, kw)
         float* dqc = sc.dqc.floats(static_cast<size_t>(kRows * dm.Dkp));   // (rows, Dkp)
         float po[kRows];
@@ -418,7 +479,7 @@ void attn_routing_bwd(const AttentionInputs& in, const AttentionDims& d, const R
             simd::axpy_row(gv(j), go + r * dm.Dvp, dm.Dv, po[r]);
           }
         }
-        mk::gemm_ab(blk.rows, dm.Dkp, blk.nk, dp, kw, 1, blk.kr, dm.Dkp, dqc, dm.Dkp, nullptr);
+        mk::gemm_ab(blk.rows, dm.Dkp, blk.nk, dp, kw, 1, kr, dm.Dkp, dqc, dm.Dkp, nullptr);
         mk::gemm_ab(blk.nk, dm.Dkp, blk.rows, dp, 1, kw, blk.qs, dm.Dkp, dkc, dm.Dkp, nullptr);
         mk::gemm_ab(blk.nk, dm.Dvp, blk.rows, blk.s, 1, kw, go, dm.Dvp, dvc, dm.Dvp, nullptr);
         for (int64_t r = 0; r < blk.rows; ++r) simd::axpy_row(dq.ptr(b, h, blk.qi[r]), dqc + r * dm.Dkp, dm.D);

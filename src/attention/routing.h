@@ -29,6 +29,7 @@ struct RoutingState : ContextState {
   std::vector<int32_t> mem;        // (B, H, cap) member queries
   std::vector<float> weight;       // (B, H, cap) 1 / number of clusters the member is in
   std::vector<float> lse2;         // (B, H, cap) the member's log2-sum-exp2 in that cluster
+  std::vector<float> centroids;    // (B, H, C, Dk) the unit centroids the routing used
 };
 
 struct RoutingWorkspace;

@@ -59,6 +59,14 @@ SmyrfWorkspacePtr make_smyrf_workspace() { return SmyrfWorkspacePtr(new SmyrfWor
 
 namespace {
 
+// One Gaussian direction of the transformed space (D + 2) per round, shared by all heads: (R, D + 2).
+std::vector<float> directions(const SmyrfParams& p, uint64_t call, int64_t D) {
+  const Rng rng(p.seed);
+  std::vector<float> dirs(static_cast<size_t>(p.hashes * (D + 2)));
+  for (size_t i = 0; i < dirs.size(); ++i) dirs[i] = rng.normal(call, i);
+  return dirs;
+}
+
 int64_t num_clusters(const SmyrfState& st, int64_t nv, int64_t mv) {
   return std::max((nv + st.qc - 1) / st.qc, (mv + st.kc - 1) / st.kc);
 }
@@ -158,10 +166,7 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
   st.qperm.resize(static_cast<size_t>(d.B * d.H * R * d.N));
   st.kperm.resize(static_cast<size_t>(d.B * d.H * R * d.M));
   st.lse2.resize(Shape{d.B, d.H, d.N});
-  // One Gaussian direction of the transformed space (D + 2) per round, shared by all heads.
-  const Rng rng(p.seed);
-  std::vector<float> dirs(static_cast<size_t>(R * (D + 2)));
-  for (int64_t i = 0; i < R * (D + 2); ++i) dirs[static_cast<size_t>(i)] = rng.normal(call, static_cast<uint64_t>(i));
+  const std::vector<float> dirs = directions(p, call, D);
   ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
 
   parallel_for(d.B * d.H, [&](int64_t t) {
@@ -321,6 +326,34 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
     }
   });
   if (part) reduce_group_partials(in, d, part, d.M, Dkp + Dvp, Dkp, dk, dv);
+}
+
+void smyrf_projections_ref(const RefProblem& pr, const SmyrfParams& p, uint64_t call, int64_t b,
+                           int64_t h, int64_t round, std::vector<double>& qproj,
+                           std::vector<double>& kproj) {
+  const AttentionDims& d = pr.d;
+  const std::vector<float> dirs = directions(p, call, d.Dk);
+  const float* a = dirs.data() + round * (d.Dk + 2);
+  const int64_t nv = pr.nq(b), mv = pr.nk(b);
+  auto sq = [&](auto elem, int64_t i) {
+    double s = 0;
+    for (int64_t e = 0; e < d.Dk; ++e) s += elem(i, e) * elem(i, e);
+    return s;
+  };
+  auto qe = [&](int64_t i, int64_t e) { return pr.qe(b, h, i, e); };
+  auto ke = [&](int64_t j, int64_t e) { return pr.ke(b, h, j, e); };
+  double mq = 0, mk2 = 0;
+  for (int64_t i = 0; i < nv; ++i) mq = std::max(mq, sq(qe, i));
+  for (int64_t j = 0; j < mv; ++j) mk2 = std::max(mk2, sq(ke, j));
+  auto project = [&](auto elem, int64_t i, int64_t extra) {  // [x, ·, ·] · a, the norm term at `extra`
+    double s = 0;
+    for (int64_t e = 0; e < d.Dk; ++e) s += a[e] * elem(i, e);
+    return s + a[extra] * std::sqrt(std::max(0.0, mq + mk2 - sq(elem, i)));
+  };
+  qproj.resize(static_cast<size_t>(nv));
+  kproj.resize(static_cast<size_t>(mv));
+  for (int64_t i = 0; i < nv; ++i) qproj[static_cast<size_t>(i)] = project(qe, i, d.Dk + 1);  // F(q) = [q, 0, ·]
+  for (int64_t j = 0; j < mv; ++j) kproj[static_cast<size_t>(j)] = project(ke, j, d.Dk);      // G(k) = [k, ·, 0]
 }
 
 void attn_smyrf_ref(const RefProblem& pr, const SmyrfState& st, std::vector<double>& out) {

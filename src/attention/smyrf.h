@@ -37,6 +37,13 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
                     const SmyrfState& st, ConstView dout, View dq, View dk, View dv,
                     SmyrfWorkspace& ws);
 
+// Reference projections in double of round `round` for (b, h): qproj (nv) and kproj (mv) are
+// F(q_i)·a and G(k_j)·a with the round's direction a (D + 2) as the forward draws it for call
+// number `call`. The forward's qperm/kperm sort these (tests allow rounding-level ties).
+void smyrf_projections_ref(const RefProblem& pr, const SmyrfParams& p, uint64_t call, int64_t b,
+                           int64_t h, int64_t round, std::vector<double>& qproj,
+                           std::vector<double>& kproj);
+
 // Reference in double with st's partition: every query attends, in every round, the keys of its
 // cluster (causal: not after it, but always its own position); the rounds' keys form one softmax.
 void attn_smyrf_ref(const RefProblem& pr, const SmyrfState& st, std::vector<double>& out);

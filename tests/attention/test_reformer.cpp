@@ -3,6 +3,7 @@
 // contract; bucket counts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -94,6 +95,37 @@ TEST(ReformerGradients, FiniteDifferencesInDouble) {
                                   attn_reformer_ref(pr, ctx.state<ReformerState>(), o);
                                 },
                                 /*check_dk=*/false);
+  }
+}
+
+// The hash is DESIGN's: per round the argmax over [x·R, −x·R] of the unit query (factorised above
+// 128 buckets), and positions are sorted by (bucket, position).
+TEST(Reformer, PermSortsByReferenceBuckets) {
+  for (auto [n, chunk] : {std::pair<int32_t, int64_t>{200, 8}, {1000, 4}, {3, 32}, {65, 16}}) {
+    Problem p{.B = 1, .H = 2, .Hkv = 2, .N = n, .M = n, .Dk = 16, .Dv = 4, .qlen = {n}, .klen = {(n + 1) / 2}};
+    ProblemData pd = shared(p);
+    ReformerParams rp;
+    rp.rounds = 2;
+    rp.chunk = chunk;
+    rp.seed = 3;
+    auto att = make_attention("reformer:rounds=2,seed=3,chunk=" + std::to_string(chunk));
+    Tensor out(Shape{1, 2, n, 4});
+    Context ctx;
+    att->forward(pd.inputs(), out.view(), ctx);
+    const ReformerState& st = ctx.state<ReformerState>();
+    ASSERT_EQ(st.buckets, reformer_buckets(rp, n));
+    const RefProblem pr = RefProblem::from(pd.inputs(), 0.f);
+    std::vector<int32_t> bucket;
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t r = 0; r < 2; ++r) {
+        reformer_buckets_ref(pr, rp, 0, 0, h, r, bucket);
+        const int32_t* perm = st.perm.data() + (h * 2 + r) * n;
+        std::vector<std::pair<int32_t, int32_t>> want;
+        for (int32_t i = 0; i < n; ++i) want.push_back({bucket[static_cast<size_t>(i)], i});
+        std::sort(want.begin(), want.end());
+        for (int32_t x = 0; x < n; ++x)
+          ASSERT_EQ(perm[x], want[static_cast<size_t>(x)].second) << "n=" << n << " h=" << h << " round " << r << " at " << x;
+      }
   }
 }
 

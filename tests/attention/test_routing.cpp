@@ -3,6 +3,7 @@
 // queries no cluster chose still get an output.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -33,6 +34,85 @@ TEST(Routing, OneClusterWholeWindowIsFullAttention) {
       attn_full_ref_fwd(pd.inputs(), 0.f, ref.view(), nullptr);
       EXPECT_LE(nmse(ref.view(), out.view()), 1e-10) << n << " " << m << " causal " << causal;
     }
+}
+
+// The routing is DESIGN's, given the centroids it used: each cluster's key window holds the keys
+// of highest cosine with its centroid and its chosen queries those of highest cosine (up to float
+// rounding), queries no cluster chose join their nearest centroid, and a query chosen by c
+// clusters has weight 1/c in each.
+TEST(Routing, WindowsFollowCosines) {
+  for (const char* mode : {"eval", "train"}) {
+    Problem p{.B = 2, .H = 2, .Hkv = 1, .N = 300, .M = 250, .Dk = 16, .Dv = 8, .qlen = {300, 140}, .klen = {250, 90}};
+    ProblemData pd = make_problem(p);
+    auto att = make_attention(std::string("routing:clusters=5,window=20,mode=") + mode);
+    Tensor out(Shape{2, 2, 300, 8});
+    Context ctx;
+    att->forward(pd.inputs(), out.view(), ctx);
+    const RoutingState& st = ctx.state<RoutingState>();
+    const RefProblem pr = RefProblem::from(pd.inputs(), 0.f);
+    const int64_t C = 5;
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t h = 0; h < 2; ++h) {
+        SCOPED_TRACE(::testing::Message() << mode << " b=" << b << " h=" << h);
+        const int64_t t = b * 2 + h, nv = pr.nq(b), mv = pr.nk(b);
+        const float* cent = st.centroids.data() + t * C * 16;
+        auto cosine = [&](bool query, int64_t i, int64_t k) {
+          double dot = 0, nn = 0, cc = 0;
+          for (int64_t e = 0; e < 16; ++e) {
+            const double x = query ? pr.qe(b, h, i, e) : pr.ke(b, h, i, e);
+            dot += x * cent[k * 16 + e];
+            nn += x * x;
+            cc += static_cast<double>(cent[k * 16 + e]) * cent[k * 16 + e];
+          }
+          if (std::string(mode) == "eval") {
+            EXPECT_NEAR(cc, 1.0, 1e-5) << "centroid " << k;
+          }
+          return nn > 0 ? dot / std::sqrt(nn) : 0.0;
+        };
+        // `chosen` (ascending, distinct) are the top of n rows by cosine with centroid k.
+        auto expect_top = [&](const int32_t* chosen, int64_t w, int64_t n, bool query, int64_t k) {
+          std::vector<char> in(static_cast<size_t>(n), 0);
+          double lo = INFINITY, hi = -INFINITY;
+          for (int64_t x = 0; x < w; ++x) {
+            ASSERT_TRUE(chosen[x] >= 0 && chosen[x] < n);
+            if (x > 0) {
+              ASSERT_LT(chosen[x - 1], chosen[x]);
+            }
+            in[static_cast<size_t>(chosen[x])] = 1;
+            lo = std::min(lo, cosine(query, chosen[x], k));
+          }
+          for (int64_t i = 0; i < n; ++i)
+            if (!in[static_cast<size_t>(i)]) hi = std::max(hi, cosine(query, i, k));
+          EXPECT_GE(lo, hi - 1e-5) << (query ? "queries" : "keys") << " of cluster " << k;
+        };
+        const int64_t wk = std::min<int64_t>(20, mv), wq = std::min<int64_t>(20, nv);
+        std::vector<int> count(static_cast<size_t>(nv), 0);
+        const int32_t* moff = st.mem_off.data() + t * (C + 1);
+        const int32_t* mem = st.mem.data() + t * st.cap;
+        const float* wgt = st.weight.data() + t * st.cap;
+        for (int64_t k = 0; k < C; ++k) {
+          ASSERT_EQ(st.nkeys[static_cast<size_t>(t * C + k)], wk);
+          expect_top(st.keys.data() + (t * C + k) * st.wk, wk, mv, false, k);
+          expect_top(mem + moff[k], wq, nv, true, k);
+          for (int64_t x = 0; x < wq; ++x) ++count[static_cast<size_t>(mem[moff[k] + x])];
+        }
+        std::vector<int> fallback(static_cast<size_t>(nv), 0);
+        for (int64_t k = 0; k < C; ++k) {
+          for (int64_t x = 0; x < wq; ++x)
+            EXPECT_FLOAT_EQ(wgt[moff[k] + x], 1.f / static_cast<float>(count[static_cast<size_t>(mem[moff[k] + x])]));
+          for (int64_t m = moff[k] + wq; m < moff[k + 1]; ++m) {
+            const int32_t i = mem[m];
+            EXPECT_EQ(count[static_cast<size_t>(i)], 0) << "fallback " << i << " was chosen";
+            ++fallback[static_cast<size_t>(i)];
+            EXPECT_EQ(wgt[m], 1.f);
+            double best = -INFINITY;
+            for (int64_t k2 = 0; k2 < C; ++k2) best = std::max(best, cosine(true, i, k2));
+            EXPECT_GE(cosine(true, i, k), best - 1e-5) << "fallback " << i << " is not nearest to " << k;
+          }
+        }
+        for (int64_t i = 0; i < nv; ++i) EXPECT_EQ(count[static_cast<size_t>(i)] > 0 ? 0 : 1, fallback[static_cast<size_t>(i)]) << i;
+      }
+  }
 }
 
 TEST(Routing, UnroutedQueriesGetAnOutput) {

@@ -37,6 +37,46 @@ TEST(Smyrf, SingleClusterIsFullAttention) {
     }
 }
 
+// The partition is DESIGN's: per round, queries and keys each sorted by their own projection
+// (F(q)·a, G(k)·a in double, up to float rounding), every valid one exactly once.
+TEST(Smyrf, PartitionFollowsProjections) {
+  Problem p{.B = 2, .H = 2, .Hkv = 1, .N = 300, .M = 200, .Dk = 24, .Dv = 8, .qlen = {300, 123}, .klen = {200, 77}};
+  ProblemData pd = make_problem(p);
+  SmyrfParams sp;
+  sp.hashes = 3;
+  sp.seed = 11;
+  auto att = make_attention("smyrf:hashes=3,q_cluster=16,k_cluster=8,seed=11");
+  Tensor out(Shape{2, 2, 300, 8});
+  Context ctx;
+  for (uint64_t call = 0; call < 2; ++call) {  // the second call draws fresh directions
+    att->forward(pd.inputs(), out.view(), ctx);
+    const SmyrfState& st = ctx.state<SmyrfState>();
+    const RefProblem pr = RefProblem::from(pd.inputs(), 0.f);
+    std::vector<double> qp, kp;
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t r = 0; r < 3; ++r) {
+          smyrf_projections_ref(pr, sp, call, b, h, r, qp, kp);
+          auto check_sorted = [&](const int32_t* perm, const std::vector<double>& proj, const char* what) {
+            const int64_t n = static_cast<int64_t>(proj.size());
+            std::vector<int> seen(static_cast<size_t>(n), 0);
+            for (int64_t x = 0; x < n; ++x) {
+              ASSERT_GE(perm[x], 0);
+              ASSERT_LT(perm[x], n) << what;
+              ++seen[static_cast<size_t>(perm[x])];
+              if (x > 0) {
+                EXPECT_LE(proj[static_cast<size_t>(perm[x - 1])], proj[static_cast<size_t>(perm[x])] + 1e-4)
+                    << what << " b=" << b << " h=" << h << " round " << r << " at " << x;
+              }
+            }
+            for (int64_t i = 0; i < n; ++i) EXPECT_EQ(seen[static_cast<size_t>(i)], 1) << what << " " << i;
+          };
+          check_sorted(st.qperm.data() + ((b * 2 + h) * 3 + r) * 300, qp, "queries");
+          check_sorted(st.kperm.data() + ((b * 2 + h) * 3 + r) * 200, kp, "keys");
+        }
+  }
+}
+
 TEST(Smyrf, RoundsAreReproducibleAndFresh) {
   ProblemData pd = make_problem(Problem{.B = 1, .H = 2, .Hkv = 2, .N = 300, .M = 300, .Dk = 16, .Dv = 16});
   Tensor o1(Shape{1, 2, 300, 16}), o2(Shape{1, 2, 300, 16});
