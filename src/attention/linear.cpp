@@ -136,11 +136,7 @@ void attn_linear_fwd(const AttentionInputs& in, const AttentionDims& d, View out
         std::memset(num, 0, sizeof(float) * static_cast<size_t>(rows * dm.Dvp));
         mk::gemm_ab(rows, dm.Dvp, dm.D, phq, dm.Dkp, 1, s, dm.Dvp, num, dm.Dvp, nullptr);
         float den[kChunk];
-        for (int64_t r = 0; r < rows; ++r) {
-          float x = kLinearEps;
-          for (int64_t e = 0; e < dm.D; ++e) x += phq[r * dm.Dkp + e] * z[e];
-          den[r] = x;
-        }
+        for (int64_t r = 0; r < rows; ++r) den[r] = kLinearEps + simd::dot(phq + r * dm.Dkp, z, dm.D);
         if (nin > 0) {
           const int64_t nkw = round_up(nin, mk::kLanes);
           intra_scores(in, b, hk, pl, c, dm, phq, rows, a, nkw, sc);
@@ -150,11 +146,7 @@ void attn_linear_fwd(const AttentionInputs& in, const AttentionDims& d, View out
           for (int64_t r = 0; r < rows; ++r)
             for (int64_t j = 0; j < nin; ++j) den[r] += a[r * nkw + j];
         }
-        for (int64_t r = 0; r < rows; ++r) {
-          float* o = out.ptr(b, h, i0 + r);
-          const float inv = 1.f / den[r];
-          for (int64_t e = 0; e < dm.Dv; ++e) o[e] = num[r * dm.Dvp + e] * inv;
-        }
+        for (int64_t r = 0; r < rows; ++r) simd::copy_row(out.ptr(b, h, i0 + r), num + r * dm.Dvp, dm.Dv, dm.Dv, 1.f / den[r]);
       }
     }
   });
@@ -201,11 +193,7 @@ void attn_linear_bwd(const AttentionInputs& in, const AttentionDims& d, ConstVie
         std::memset(num, 0, sizeof(float) * static_cast<size_t>(rows * dm.Dvp));
         mk::gemm_ab(rows, dm.Dvp, dm.D, phq, dm.Dkp, 1, s, dm.Dvp, num, dm.Dvp, nullptr);
         float den[kChunk];
-        for (int64_t r = 0; r < rows; ++r) {
-          float x = kLinearEps;
-          for (int64_t e = 0; e < dm.D; ++e) x += phq[r * dm.Dkp + e] * z[e];
-          den[r] = x;
-        }
+        for (int64_t r = 0; r < rows; ++r) den[r] = kLinearEps + simd::dot(phq + r * dm.Dkp, z, dm.D);
         const int64_t nkw = round_up(std::max<int64_t>(nin, 1), mk::kLanes);
         mk::RowsOperand vin{nullptr, 0};
         if (nin > 0) {
