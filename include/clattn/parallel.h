@@ -9,6 +9,15 @@ namespace clattn {
 int max_threads();             // omp_get_max_threads()
 void set_threads(int n);       // omp_set_num_threads(n), n >= 1
 int thread_id();               // omp_get_thread_num() inside a region, 0 outside
+int team_size();               // omp_get_num_threads(): 1 outside a region
+
+// Runs fn(thread, team size) once on every thread of the OpenMP team: for kernels that assign
+// work statically because a thread prepares its next item while finishing the current one.
+template <class F>
+void parallel_team(F&& fn) {
+#pragma omp parallel
+  fn(thread_id(), team_size());
+}
 
 // Runs fn(i) for i in [0, n) over the OpenMP team with dynamic scheduling.
 template <class F>

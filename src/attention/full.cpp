@@ -112,15 +112,18 @@ void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scal
   const int64_t D = d.Dk, Dv = d.Dv, np = (d.M + kPanel - 1) / kPanel, Mp = np * kPanel;
   const int64_t Dvp = round_up(Dv, mk::kLanes);
   const float c = scale * kLog2e;
-  float* kpan = ws.kpan.floats(static_cast<size_t>(d.B * d.Hkv * Mp * D));    // (B, Hkv, np, D, 64)
+  float* kpan = window > 0 ? nullptr : ws.kpan.floats(static_cast<size_t>(d.B * d.Hkv * Mp * D));  // (B, Hkv, np, D, 64)
   // V rows for O += P·V: used in place when Dv is a multiple of 16, else padded copies.
   float* vrow = ws.vrow.floats(static_cast<size_t>(std::max<int64_t>(1, d.B * d.Hkv * mk::rows_operand_size(d.M, Dv))));
   std::vector<mk::RowsOperand> vops(static_cast<size_t>(d.B * d.Hkv));
   ws.ensure_threads();
 
+  // A band (local) packs each tile's few panels itself: packing every head up front would be a
+  // pass over all of K into a (B, Hkv, M, Dk) buffer that no cache holds at long N.
+  const bool band = window > 0;
   parallel_for(d.B * d.Hkv, [&](int64_t t) {
     const int64_t b = t / d.Hkv, hk = t % d.Hkv;
-    mk::pack_panels(in.k.ptr(b, hk, 0), d.M, D, in.k.stride(2), kpan + t * Mp * D);
+    if (!band) mk::pack_panels(in.k.ptr(b, hk, 0), d.M, D, in.k.stride(2), kpan + t * Mp * D);
     vops[static_cast<size_t>(t)] = mk::rows_operand(in.v.ptr(b, hk, 0), d.M, Dv, in.v.stride(2),
                                                     vrow + t * mk::rows_operand_size(d.M, Dv));
   });
@@ -163,13 +166,23 @@ void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scal
     std::memset(oacc, 0, sizeof(float) * static_cast<size_t>(rows * Dvp));
     const RowLimits lim{valid_keys(in, d, b), d.M - d.N, in.causal, window};
     const int64_t kbeg = lim.key_begin(q0) / kPanel * kPanel, kend = lim.key_end(q0 + rows - 1);
-    const float* kp = kpan + (b * d.Hkv + hk) * Mp * D;
+    // Panels of keys [kfirst, ...): the whole head packed up front, or a band tile's own keys.
+    const float* kp = nullptr;
+    int64_t kfirst = 0;
+    if (band) {
+      float* own = sc.e.floats(static_cast<size_t>((std::max<int64_t>(kend - kbeg, 1) + kPanel) * D));
+      if (kend > kbeg) mk::pack_panels(in.k.ptr(b, hk, kbeg), kend - kbeg, D, in.k.stride(2), own);
+      kp = own;
+      kfirst = kbeg;
+    } else {
+      kp = kpan + (b * d.Hkv + hk) * Mp * D;
+    }
     const mk::RowsOperand vr = vops[static_cast<size_t>(b * d.Hkv + hk)];
 
     for (int64_t k0 = kbeg; k0 < kend; k0 += kBc) {
       const int64_t bc = std::min(kBc, kend - k0), npan = (bc + kPanel - 1) / kPanel;
       const int64_t width = npan * kPanel;
-      mk::gemm_abt(rows, npan, D, qs, D, kp + (k0 / kPanel) * D * kPanel, s, kBc);
+      mk::gemm_abt(rows, npan, D, qs, D, kp + ((k0 - kfirst) / kPanel) * D * kPanel, s, kBc);
       for (int64_t r = 0; r < rows; ++r) {
         float* row = s + r * kBc;
         const int64_t i = q0 + r, lo = lim.key_begin(i) - k0, hi = lim.key_end(i) - k0;

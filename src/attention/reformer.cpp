@@ -228,13 +228,14 @@ int64_t argmax_pm(const float* x, int64_t half) {
   return x[best] >= 0.f ? best : best + half;
 }
 
-// Buckets of every position for every round: one tile product of q against all rounds'
-// rotations (the argmax is unchanged by the positive factor 1/|q|, so q is hashed as is).
+// Buckets of positions [r0, r1) for every round, bucket (R, N): one tile product of q against all
+// rounds' rotations (the argmax is unchanged by the positive factor 1/|q|, so q is hashed as is).
 void hash_positions(const float* qb, int64_t qrs, const Dims& dm, const float* rot, int64_t R,
-                    int64_t f1, int64_t f2, int64_t nrot, float* proj, int32_t* bucket) {
+                    int64_t f1, int64_t f2, int64_t nrot, int64_t r0, int64_t r1, float* proj,
+                    int32_t* bucket) {
   const int64_t ncol = round_up(R * nrot, mk::kLanes), rows = 64;
-  for (int64_t j0 = 0; j0 < dm.N; j0 += rows) {
-    const int64_t nr = std::min(rows, dm.N - j0);
+  for (int64_t j0 = r0; j0 < r1; j0 += rows) {
+    const int64_t nr = std::min(rows, r1 - j0);
     std::memset(proj, 0, sizeof(float) * static_cast<size_t>(nr * ncol));
     mk::gemm_ab(nr, ncol, dm.D, qb + j0 * qrs, qrs, 1, rot, ncol, proj, ncol, nullptr);
     for (int64_t x = 0; x < nr; ++x)
@@ -286,56 +287,76 @@ void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const 
         rot[static_cast<size_t>(e * ncol + r * nrot + u)] = rotation(p, call, d.Dk, nrot, r, e, u);
   ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
 
-  parallel_for(d.B * d.H, [&](int64_t t) {
-    const int64_t b = t / d.H, h = t % d.H;
-    const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
-    Scratch& sc = ws.threads[static_cast<size_t>(thread_id())];
-    float* L = st.lse2.data() + t * d.N;  // running log2-sum-exp2 of the rounds (blend_round)
-    float* ob = out.ptr(b, h, 0);
-    const int64_t ors = out.stride(2);
-    for (int64_t i = nv; i < d.N; ++i) std::memset(ob + i * ors, 0, sizeof(float) * static_cast<size_t>(dm.Dv));
-    std::fill(L + nv, L + d.N, 0.f);
-    if (nv == 0 || d.N == 0) return;
-    const float* qb = in.q.ptr(b, h, 0);
-    const float* vb = in.v.ptr(b, h, 0);
-    const int64_t qrs = in.q.stride(2), vrs = in.v.stride(2);
-    sc.bucket.resize(static_cast<size_t>(R * d.N));
+  const int64_t BH = d.B * d.H, nch = (d.N + ch - 1) / ch;
+  auto hash_head = [&](int64_t t, int32_t* bucket, int64_t r0, int64_t r1, Scratch& sc) {
+    hash_positions(in.q.ptr(t / d.H, t % d.H, 0), in.q.stride(2), dm, rot.data(), R, f1, f2, nrot,
+                   r0, r1, sc.proj.floats(static_cast<size_t>(64 * ncol)), bucket);
+  };
+  // Hashing is compute-bound while the chunk loop waits on memory at long N, so each thread
+  // hashes its next head in slices between the chunks of the current one: heads go to threads
+  // statically (t = thread, thread + team, ...) so the next head is known.
+  parallel_team([&](int tid, int team) {
+    Scratch& sc = ws.threads[static_cast<size_t>(tid)];
+    sc.bucket.resize(static_cast<size_t>(2 * R * d.N));
     sc.offsets.resize(static_cast<size_t>(nb + 1));
-    hash_positions(qb, qrs, dm, rot.data(), R, f1, f2, nrot, sc.proj.floats(static_cast<size_t>(64 * ncol)),
-                   sc.bucket.data());
     carve_slots(sc, dm, false);
     float* s = sc.s.floats(static_cast<size_t>(kMaxChunk * 2 * kMaxChunk));  // (n, kw)
     float* o = sc.o.floats(static_cast<size_t>(kMaxChunk * dm.Dvp));         // (n, Dvp)
-    const int64_t nch = (d.N + ch - 1) / ch;
-    for (int64_t r = 0; r < R; ++r) {
-      int32_t* perm = st.perm.data() + (t * R + r) * d.N;
-      cluster::counting_sort(sc.bucket.data() + r * d.N, d.N, nb, perm, sc.offsets.data());
-      stage_chunk(qb, qrs, vb, vrs, dm, perm, ch, nch - 1, sc.slots[2], false, ahead_of(perm, ch, 0, nch, d.N));
-      for (int64_t c = 0; c < nch; ++c) {
-        const gather::Ahead ahead = ahead_of(perm, ch, c + 1, nch, d.N);
-        Slot& cur = sc.slots[slot_of(c, nch)];
-        if (c < nch - 1) stage_chunk(qb, qrs, vb, vrs, dm, perm, ch, c, cur, false, ahead);
-        const Slot* prev = nch == 1 ? nullptr : &sc.slots[slot_of(c == 0 ? nch - 1 : c - 1, nch)];
-        float self_s[kMaxChunk];
-        bool self[kMaxChunk];
-        const int64_t kw = chunk_scores(cur, prev, dm, mv, in.causal, s, self_s, self);
-        std::memset(o, 0, sizeof(float) * static_cast<size_t>(cur.n * dm.Dvp));
-        float lse_r[kMaxChunk];
-        float ps[kMaxChunk];
-        for (int64_t q = 0; q < cur.n; ++q) lse_r[q] = tile::softmax_row_extra(s + q * kw, kw, self_s[q], ps[q]);
-        mk::gemm_ab(cur.n, dm.Dvp, cur.n, s, kw, 1, cur.vr, dm.Dvp, o, dm.Dvp, nullptr);
-        if (prev) mk::gemm_ab(cur.n, dm.Dvp, prev->n, s + cur.w, kw, 1, prev->vr, dm.Dvp, o, dm.Dvp, nullptr);
-        for (int64_t q = 0; q < cur.n; ++q) {
-          if (self[q] && ps[q] > 0.f) simd::axpy_row(o + q * dm.Dvp, cur.vr + q * dm.Dvp, dm.Dv, ps[q]);
-          if (r > 0) gather::prefetch_one(ob, ors, ahead, q, dm.Dv, true);  // round 0 only writes
-          const int64_t i = cur.idx[q];
-          if (i < nv) tile::blend_round(ob + i * ors, o + q * dm.Dvp, dm.Dv, L[i], lse_r[q], r == 0);
+    if (tid < BH) hash_head(tid, sc.bucket.data(), 0, d.N, sc);
+    for (int64_t t = tid, k = 0; t < BH; t += team, ++k) {
+      int32_t* bucket = sc.bucket.data() + (k % 2) * R * d.N;        // (R, N) this head's
+      int32_t* next_bucket = sc.bucket.data() + ((k + 1) % 2) * R * d.N;
+      const int64_t next = t + team < BH ? t + team : -1;
+      const int64_t slice = std::max<int64_t>(16, round_up((d.N + R * nch - 1) / std::max<int64_t>(1, R * nch), 16));
+      int64_t hashed = 0;  // rows of the next head hashed so far
+      auto hash_slice = [&] {
+        if (next < 0 || hashed >= d.N) return;
+        const int64_t r1 = std::min(d.N, hashed + slice);
+        hash_head(next, next_bucket, hashed, r1, sc);
+        hashed = r1;
+      };
+      const int64_t b = t / d.H, h = t % d.H;
+      const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
+      float* L = st.lse2.data() + t * d.N;  // running log2-sum-exp2 of the rounds (blend_round)
+      float* ob = out.ptr(b, h, 0);
+      const int64_t ors = out.stride(2);
+      for (int64_t i = nv; i < d.N; ++i) std::memset(ob + i * ors, 0, sizeof(float) * static_cast<size_t>(dm.Dv));
+      std::fill(L + nv, L + d.N, 0.f);
+      const float* qb = in.q.ptr(b, h, 0);
+      const float* vb = in.v.ptr(b, h, 0);
+      const int64_t qrs = in.q.stride(2), vrs = in.v.stride(2);
+      for (int64_t r = 0; r < R && nv > 0; ++r) {
+        int32_t* perm = st.perm.data() + (t * R + r) * d.N;
+        cluster::counting_sort(bucket + r * d.N, d.N, nb, perm, sc.offsets.data());
+        stage_chunk(qb, qrs, vb, vrs, dm, perm, ch, nch - 1, sc.slots[2], false, ahead_of(perm, ch, 0, nch, d.N));
+        for (int64_t c = 0; c < nch; ++c) {
+          const gather::Ahead ahead = ahead_of(perm, ch, c + 1, nch, d.N);
+          Slot& cur = sc.slots[slot_of(c, nch)];
+          if (c < nch - 1) stage_chunk(qb, qrs, vb, vrs, dm, perm, ch, c, cur, false, ahead);
+          const Slot* prev = nch == 1 ? nullptr : &sc.slots[slot_of(c == 0 ? nch - 1 : c - 1, nch)];
+          float self_s[kMaxChunk];
+          bool self[kMaxChunk];
+          const int64_t kw = chunk_scores(cur, prev, dm, mv, in.causal, s, self_s, self);
+          std::memset(o, 0, sizeof(float) * static_cast<size_t>(cur.n * dm.Dvp));
+          float lse_r[kMaxChunk];
+          float ps[kMaxChunk];
+          for (int64_t q = 0; q < cur.n; ++q) lse_r[q] = tile::softmax_row_extra(s + q * kw, kw, self_s[q], ps[q]);
+          mk::gemm_ab(cur.n, dm.Dvp, cur.n, s, kw, 1, cur.vr, dm.Dvp, o, dm.Dvp, nullptr);
+          if (prev) mk::gemm_ab(cur.n, dm.Dvp, prev->n, s + cur.w, kw, 1, prev->vr, dm.Dvp, o, dm.Dvp, nullptr);
+          for (int64_t q = 0; q < cur.n; ++q) {
+            if (self[q] && ps[q] > 0.f) simd::axpy_row(o + q * dm.Dvp, cur.vr + q * dm.Dvp, dm.Dv, ps[q]);
+            if (r > 0) gather::prefetch_one(ob, ors, ahead, q, dm.Dv, true);  // round 0 only writes
+            const int64_t i = cur.idx[q];
+            if (i < nv) tile::blend_round(ob + i * ors, o + q * dm.Dvp, dm.Dv, L[i], lse_r[q], r == 0);
+          }
+          hash_slice();
         }
       }
+      // Nothing visible in any round (e.g. a padded own key): output 0, lse2 = +inf.
+      for (int64_t i = 0; i < nv; ++i)
+        if (L[i] == -kInf) L[i] = kInf;
+      while (next >= 0 && hashed < d.N) hash_slice();
     }
-    // Nothing visible in any round (e.g. a padded own key): output 0, lse2 = +inf.
-    for (int64_t i = 0; i < nv; ++i)
-      if (L[i] == -kInf) L[i] = kInf;
     simd::store_fence();
   });
 }

@@ -12,5 +12,6 @@ void set_threads(int n) {
   omp_set_num_threads(n);
 }
 int thread_id() { return omp_get_thread_num(); }
+int team_size() { return omp_get_num_threads(); }
 
 }  // namespace clattn
