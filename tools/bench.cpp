@@ -34,7 +34,7 @@ constexpr int64_t kMaxErrorLength = 16384;  // rel_err needs exact attention: sk
 constexpr double kMiB = 1024.0 * 1024.0;
 
 struct BenchOptions {
-  std::string attention = "full";
+  std::string attention = "all";
   std::string lengths = "1024,2048,4096";
   int64_t batch = 1, heads = 8, kv_heads = 0, dim = 64;
   int threads = 0;
@@ -85,6 +85,27 @@ void validate(const BenchOptions& o) {
   check(o.dim >= 1, "bench: --dim must be >= 1, got ", o.dim);
   check(o.threads >= 1, "bench: --threads must be >= 1, got ", o.threads);
   check(o.repeat >= 1, "bench: --repeat must be >= 1, got ", o.repeat);
+}
+
+// `all` stands for every registered variant's example spec (full first, the baseline), leaving
+// out those that cannot honour the run's causal mask or grouped-query heads (said on stderr).
+std::vector<std::string> expand_all(const std::vector<std::string>& items, const BenchOptions& o) {
+  std::vector<std::string> out;
+  for (const std::string& item : items) {
+    if (item != "all") {
+      out.push_back(item);
+      continue;
+    }
+    for (const VariantInfo& v : registered_attentions()) {
+      const Capabilities caps = make_attention(v.example)->capabilities();
+      const char* why = o.causal && !caps.causal           ? "the causal mask"
+                        : o.kv_heads != o.heads && !caps.gqa ? "grouped-query heads"
+                                                             : nullptr;
+      if (why) std::fprintf(stderr, "clattn bench: all: %s left out (it refuses %s)\n", v.example.c_str(), why);
+      else out.push_back(v.example);
+    }
+  }
+  return out;
 }
 
 // Runs one (spec, n) case on prepared inputs; a variant that throws yields an error row.
@@ -179,7 +200,7 @@ void run_bench(BenchOptions o) {
   if (o.kv_heads_opt->count() == 0) o.kv_heads = o.heads;
   if (o.threads_opt->count() == 0) o.threads = max_threads();
   validate(o);
-  const std::vector<std::string> specs = bench::split_specs(o.attention);
+  const std::vector<std::string> specs = expand_all(bench::split_specs(o.attention), o);
   const std::vector<int64_t> lengths = bench::parse_lengths(o.lengths);
 
   // Every spec is built once up front, so a typo fails now rather than after an hour of sweep.
@@ -305,7 +326,8 @@ void add_bench(CLI::App& app) {
       "bench", "Time attention variants over sequence lengths: ms, GFLOP/s against the measured "
                "sgemm peak, ratio to full, peak memory, error against exact attention");
   sub->add_option("--attention", o->attention,
-                  "Spec strings separated by ';', e.g. 'full;improved-clustered:clusters=100'")
+                  "Spec strings separated by ';', e.g. 'full;improved-clustered:clusters=100'; "
+                  "'all' is every registered variant with its example parameters")
       ->capture_default_str();
   sub->add_option("--lengths", o->lengths, "Sequence lengths N (= M), comma-separated")
       ->capture_default_str();

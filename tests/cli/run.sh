@@ -116,6 +116,13 @@ rc=$?
 expect_error "bench bad lengths" "lengths" "$bin" bench --lengths 64,abc
 expect_ok "bench smoke" "$bin" bench --attention 'full;clustered:clusters=4;improved-clustered:clusters=4,topk=8' --lengths 64,200 --heads 2 --dim 16 --repeat 2 --backward --json "$dir/b.json"
 grep -q '"results"' "$dir/b.json" && ok || bad "bench json has no results"
+# 'all' is every registered variant in one table (causal: those that honour it, the rest named).
+expect_ok "bench all" "$bin" bench --attention all --lengths 96 --heads 2 --dim 16 --repeat 1 --json "$dir/all.json"
+for v in full clustered improved-clustered local linear topk smyrf reformer routing conditional-full; do
+  grep -q "\"spec\": \"$v" "$dir/all.json" && ok || bad "bench all has no $v row"
+done
+expect_ok "bench all causal" "$bin" bench --attention all --causal --lengths 96 --heads 2 --dim 16 --repeat 1 --backward
+grep -q "clustered:clusters=100 left out (it refuses the causal mask)" "$dir/err" && ok || bad "bench all causal does not name what it left out"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
