@@ -1,5 +1,8 @@
 #include "attention/ref_problem.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include <cmath>
 
 namespace clattn {
@@ -24,6 +27,22 @@ RefProblem RefProblem::from(const AttentionInputs& in, float scale) {
   pr.qlen.assign(in.query_lengths.begin(), in.query_lengths.end());
   pr.klen.assign(in.key_lengths.begin(), in.key_lengths.end());
   return pr;
+}
+
+double RefProblem::logit(int64_t b, int64_t h, int64_t i, int64_t j) const {
+  double a = 0;
+  for (int64_t e = 0; e < d.Dk; ++e) a += qe(b, h, i, e) * ke(b, h, j, e);
+  return a * scale;
+}
+
+void RefProblem::softmax_add(int64_t b, int64_t h, const std::vector<int64_t>& keys,
+                             std::vector<double> logits, double weight, double* o) const {
+  if (keys.empty()) return;
+  double mx = -INFINITY, z = 0;
+  for (double s : logits) mx = std::max(mx, s);
+  for (double& s : logits) z += (s = std::exp(s - mx));
+  for (size_t x = 0; x < keys.size(); ++x)
+    for (int64_t e = 0; e < d.Dv; ++e) o[e] += weight * logits[x] / z * ve(b, h, keys[x], e);
 }
 
 }  // namespace clattn

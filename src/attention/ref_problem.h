@@ -27,6 +27,12 @@ struct RefProblem {
   double ve(int64_t b, int64_t h, int64_t j, int64_t e) const {
     return v[static_cast<size_t>(((b * d.Hkv + h / d.group()) * d.M + j) * d.Dv + e)];
   }
+  // The logit the softmax variants use: scale · q_i · k_j.
+  double logit(int64_t b, int64_t h, int64_t i, int64_t j) const;
+  // o (Dv) += weight · Σ_x softmax(logits)_x · v_{keys[x]}, with logits[x] the logit of keys[x]
+  // (a key listed twice counts twice). The last step of every sparse reference.
+  void softmax_add(int64_t b, int64_t h, const std::vector<int64_t>& keys,
+                   std::vector<double> logits, double weight, double* o) const;
 };
 
 }  // namespace clattn

@@ -521,14 +521,9 @@ void attn_reformer_ref(const RefProblem& pr, const ReformerState& st, std::vecto
       }
       for (int64_t i = 0; i < nv; ++i) {
         const auto& ks = seen[static_cast<size_t>(i)];
-        if (ks.empty()) continue;
-        std::vector<double> s(ks.size());
-        double mx = -INFINITY, z = 0;
-        for (size_t x = 0; x < ks.size(); ++x) mx = std::max(mx, s[x] = logit(i, ks[x]));
-        for (auto& a : s) z += (a = std::exp(a - mx));
-        double* o = out.data() + (t * d.N + i) * d.Dv;
-        for (size_t x = 0; x < ks.size(); ++x)
-          for (int64_t e = 0; e < d.Dv; ++e) o[e] += s[x] / z * pr.ve(b, h, ks[x], e);
+        std::vector<double> s;
+        for (int64_t j : ks) s.push_back(logit(i, j));
+        pr.softmax_add(b, h, ks, std::move(s), 1.0, out.data() + (t * d.N + i) * d.Dv);
       }
     }
 }

@@ -182,23 +182,8 @@ void build_block(const AttentionInputs& in, int64_t b, int64_t h, int64_t hk, co
   gather::rows(in.q.ptr(b, h, 0), in.q.stride(2), blk.qi, blk.rows, dm.D, blk.qs, dm.Dkp, blk.rows, c);
   std::memset(blk.s, 0, sizeof(float) * static_cast<size_t>(blk.rows * kw));
   mk::gemm_ab(blk.rows, kw, dm.D, blk.qs, dm.Dkp, 1, kt, kw, blk.s, kw, nullptr);
-  for (int64_t r = 0; r < blk.rows; ++r) {
-    float* row = blk.s + r * kw;
-    tile::mask_tail(row, kw, blk.nk);
-    blk.own[r] = -kInf;
-    blk.own_j[r] = -1;
-    if (!in.causal) continue;
-    const int64_t pos = blk.qi[r] + off;
-    bool self_in = false;
-    for (int64_t x = 0; x < blk.nk; ++x) {
-      if (blk.kj[x] > pos) row[x] = -kInf;
-      self_in |= blk.kj[x] == pos;
-    }
-    if (!self_in && pos >= 0 && pos < mv) {
-      blk.own_j[r] = static_cast<int32_t>(pos);
-      blk.own[r] = simd::dot(blk.qs + r * dm.Dkp, in.k.ptr(b, hk, pos), dm.D);
-    }
-  }
+  tile::mask_gathered(blk.s, blk.rows, kw, blk.qi, blk.kj, blk.nk, in.causal, off, mv, blk.qs, dm.Dkp,
+                      in.k.ptr(b, hk, 0), in.k.stride(2), dm.D, blk.own, blk.own_j);
 }
 
 // Requests the key window of the next cluster (its key and value rows) while this one computes.
@@ -473,10 +458,8 @@ void attn_routing_bwd(const AttentionInputs& in, const AttentionDims& d, const R
           for (int64_t x = 0; x < kw; ++x) drow[x] = prow[x] * (drow[x] - di) * scale;
           if (blk.own_j[r] >= 0) {
             const int64_t j = blk.own_j[r];
-            const float dso = po[r] * (dpo - di) * scale;
-            simd::axpy_row(dqc + r * dm.Dkp, in.k.ptr(b, hk, j), dm.D, dso);
-            simd::axpy_row(gk(j), in.q.ptr(b, h, blk.qi[r]), dm.D, dso);
-            simd::axpy_row(gv(j), go + r * dm.Dvp, dm.Dv, po[r]);
+            tile::own_key_backward(po[r], dpo, di, scale, in.q.ptr(b, h, blk.qi[r]), in.k.ptr(b, hk, j),
+                                   go + r * dm.Dvp, dqc + r * dm.Dkp, gk(j), gv(j), dm.D, dm.Dv);
           }
         }
         mk::gemm_ab(blk.rows, dm.Dkp, blk.nk, dp, kw, 1, kr, dm.Dkp, dqc, dm.Dkp, nullptr);
@@ -514,20 +497,10 @@ void attn_routing_ref(const RefProblem& pr, const RoutingState& st, std::vector<
             ks.push_back(keys[x]);
           }
           if (pr.causal && !self_in && pos >= 0 && pos < mv) ks.push_back(pos);
-          if (ks.empty()) continue;
-          std::vector<double> s(ks.size());
-          double mx = -INFINITY, z = 0;
-          for (size_t x = 0; x < ks.size(); ++x) {
-            double a = 0;
-            for (int64_t e = 0; e < d.Dk; ++e) a += pr.qe(b, h, i, e) * pr.ke(b, h, ks[x], e);
-            s[x] = a * pr.scale;
-            mx = std::max(mx, s[x]);
-          }
-          for (auto& a : s) z += (a = std::exp(a - mx));
-          const double w = st.weight[static_cast<size_t>(t * st.cap + m)];
-          double* o = out.data() + (t * d.N + i) * d.Dv;
-          for (size_t x = 0; x < ks.size(); ++x)
-            for (int64_t e = 0; e < d.Dv; ++e) o[e] += w * s[x] / z * pr.ve(b, h, ks[x], e);
+          std::vector<double> s;
+          for (int64_t j : ks) s.push_back(pr.logit(b, h, i, j));
+          pr.softmax_add(b, h, ks, std::move(s), st.weight[static_cast<size_t>(t * st.cap + m)],
+                         out.data() + (t * d.N + i) * d.Dv);
         }
       }
     }

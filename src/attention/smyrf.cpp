@@ -108,24 +108,8 @@ void block_scores(const AttentionInputs& in, const AttentionDims& d, const HeadR
                   int64_t mv, const float* qs, int64_t Dkp, const float* kt, Block& blk, float* s) {
   std::memset(s, 0, sizeof(float) * static_cast<size_t>(blk.nq * blk.kw));
   mk::gemm_ab(blk.nq, blk.kw, d.Dk, qs, Dkp, 1, kt, blk.kw, s, blk.kw, nullptr);
-  const int64_t off = d.M - d.N;
-  for (int64_t r = 0; r < blk.nq; ++r) {
-    float* row = s + r * blk.kw;
-    tile::mask_tail(row, blk.kw, blk.nk);
-    blk.own[r] = -kInf;
-    blk.own_j[r] = -1;
-    if (!in.causal) continue;
-    const int64_t pos = blk.qi[r] + off;
-    bool self_in = false;
-    for (int64_t x = 0; x < blk.nk; ++x) {
-      if (blk.kj[x] > pos) row[x] = -kInf;
-      self_in |= blk.kj[x] == pos;
-    }
-    if (!self_in && pos >= 0 && pos < mv) {
-      blk.own_j[r] = static_cast<int32_t>(pos);
-      blk.own[r] = simd::dot(qs + r * Dkp, hr.k + pos * hr.krs, d.Dk);
-    }
-  }
+  tile::mask_gathered(s, blk.nq, blk.kw, blk.qi, blk.kj, blk.nk, in.causal, d.M - d.N, mv, qs, Dkp,
+                      hr.k, hr.krs, d.Dk, blk.own, blk.own_j);
 }
 
 // proj (R, n) row i = a_r[0, D)·x_i (the transform's last coordinates are added by
@@ -298,10 +282,9 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
           for (int64_t x = 0; x < kw; ++x) drow[x] = prow[x] * (drow[x] - di[i]) * scale;
           if (blk.own_j[q] >= 0) {  // the causal self key of this round
             const int64_t j = blk.own_j[q];
-            const float dso = po[q] * (simd::dot(go + q * Dvp, hr.v + j * hr.vrs, Dv) - di[i]) * scale;
-            simd::axpy_row(dqc + q * Dkp, hr.k + j * hr.krs, D, dso);
-            simd::axpy_row(gk(j), hr.q + i * hr.qrs, D, dso);
-            simd::axpy_row(gv(j), go + q * Dvp, Dv, po[q]);
+            tile::own_key_backward(po[q], simd::dot(go + q * Dvp, hr.v + j * hr.vrs, Dv), di[i], scale,
+                                   hr.q + i * hr.qrs, hr.k + j * hr.krs, go + q * Dvp, dqc + q * Dkp,
+                                   gk(j), gv(j), D, Dv);
           }
         }
         // dQ += dS·K_c ; dK_c += dSᵀ·(c Q)/c ; dV_c += Pᵀ·dO
@@ -382,19 +365,9 @@ void attn_smyrf_ref(const RefProblem& pr, const SmyrfState& st, std::vector<doub
       }
       for (int64_t i = 0; i < nv; ++i) {
         const auto& keys = seen[static_cast<size_t>(i)];
-        if (keys.empty()) continue;
-        std::vector<double> s(keys.size());
-        double mx = -INFINITY, z = 0;
-        for (size_t x = 0; x < keys.size(); ++x) {
-          double a = 0;
-          for (int64_t e = 0; e < d.Dk; ++e) a += pr.qe(b, h, i, e) * pr.ke(b, h, keys[x], e);
-          s[x] = a * pr.scale;
-          mx = std::max(mx, s[x]);
-        }
-        for (auto& a : s) z += (a = std::exp(a - mx));
-        double* o = out.data() + (t * d.N + i) * d.Dv;
-        for (size_t x = 0; x < keys.size(); ++x)
-          for (int64_t e = 0; e < d.Dv; ++e) o[e] += s[x] / z * pr.ve(b, h, keys[x], e);
+        std::vector<double> s;
+        for (int64_t j : keys) s.push_back(pr.logit(b, h, i, j));
+        pr.softmax_add(b, h, keys, std::move(s), 1.0, out.data() + (t * d.N + i) * d.Dv);
       }
     }
 }

@@ -72,6 +72,45 @@ inline float softmax_row_extra(float* row, int64_t kw, float extra, float& p_ext
   return m + std::log2(l);
 }
 
+// Masks the scores S (nq, kw) of a gathered block, rows = queries qi[0, nq), columns = keys
+// kj[0, nk) (columns past nk are padding): padding gets -inf, and with causal so do the keys
+// after each query's position qi[r] + off. A causal query always sees the key at its own
+// position: when the block lacks it (and it is a valid key, < mv), own_j[r] names it and own[r]
+// holds its logit qs_r · k_pos (qs rows scaled like S's); otherwise own[r] = -inf, own_j[r] = -1.
+inline void mask_gathered(float* s, int64_t nq, int64_t kw, const int32_t* qi, const int32_t* kj,
+                          int64_t nk, bool causal, int64_t off, int64_t mv, const float* qs,
+                          int64_t qld, const float* kbase, int64_t krs, int64_t D, float* own,
+                          int32_t* own_j) {
+  for (int64_t r = 0; r < nq; ++r) {
+    float* row = s + r * kw;
+    mask_tail(row, kw, nk);
+    own[r] = -kInf;
+    own_j[r] = -1;
+    if (!causal) continue;
+    const int64_t pos = qi[r] + off;
+    bool self_in = false;
+    for (int64_t x = 0; x < nk; ++x) {
+      if (kj[x] > pos) row[x] = -kInf;
+      self_in |= kj[x] == pos;
+    }
+    if (!self_in && pos >= 0 && pos < mv) {
+      own_j[r] = static_cast<int32_t>(pos);
+      own[r] = simd::dot(qs + r * qld, kbase + pos * krs, D);
+    }
+  }
+}
+
+// Backward through a causal own-key term of probability p (logit scale·q·k, see mask_gathered):
+// dS = p·(dP − D_i)·scale with dP = dO·v; adds dS·k to dq, dS·q to dk and p·dO to dv.
+inline void own_key_backward(float p, float dp, float di, float scale, const float* q,
+                             const float* k, const float* go, float* dq, float* dk, float* dv,
+                             int64_t D, int64_t Dv) {
+  const float ds = p * (dp - di) * scale;
+  simd::axpy_row(dq, k, D, ds);
+  simd::axpy_row(dk, q, D, ds);
+  simd::axpy_row(dv, go, Dv, p);
+}
+
 // Rounds (hashes) combined by log-sum-exp, online, each round visiting every query once: dst
 // always holds the normalised mix of the rounds seen so far and L their combined log2-sum-exp2,
 //   dst <- a·dst + (1 − a)·o,  a = 2^L / (2^L + 2^lse),  L <- log2(2^L + 2^lse),

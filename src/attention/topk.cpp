@@ -206,18 +206,10 @@ void attn_topk_ref(const RefProblem& pr, const TopkState& st, std::vector<double
       for (int64_t i = 0; i < pr.nq(b); ++i) {
         const int64_t t = b * d.H + h, n = st.cnt[static_cast<size_t>(t * d.N + i)];
         const int32_t* idx = st.idx.data() + (t * d.N + i) * st.k;
-        std::vector<double> s(static_cast<size_t>(n));
-        double mx = -INFINITY, z = 0;
-        for (int64_t x = 0; x < n; ++x) {
-          double a = 0;
-          for (int64_t e = 0; e < d.Dk; ++e) a += pr.qe(b, h, i, e) * pr.ke(b, h, idx[x], e);
-          s[static_cast<size_t>(x)] = a * pr.scale;
-          mx = std::max(mx, a * pr.scale);
-        }
-        for (auto& a : s) z += (a = std::exp(a - mx));
-        double* o = out.data() + (t * d.N + i) * d.Dv;
-        for (int64_t x = 0; x < n; ++x)
-          for (int64_t e = 0; e < d.Dv; ++e) o[e] += s[static_cast<size_t>(x)] / z * pr.ve(b, h, idx[x], e);
+        const std::vector<int64_t> keys(idx, idx + n);
+        std::vector<double> s;
+        for (int64_t j : keys) s.push_back(pr.logit(b, h, i, j));
+        pr.softmax_add(b, h, keys, std::move(s), 1.0, out.data() + (t * d.N + i) * d.Dv);
       }
 }
 
