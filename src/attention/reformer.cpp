@@ -331,6 +331,10 @@ void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const 
         stage_chunk(qb, qrs, vb, vrs, dm, perm, ch, nch - 1, sc.slots[2], false, ahead_of(perm, ch, 0, nch, d.N));
         for (int64_t c = 0; c < nch; ++c) {
           const gather::Ahead ahead = ahead_of(perm, ch, c + 1, nch, d.N);
+          const gather::Ahead far = ahead_of(perm, ch, c + gather::kFarBlocks, nch, d.N);
+          gather::prefetch_l2(qb, qrs, far.idx, far.n, dm.D);
+          gather::prefetch_l2(vb, vrs, far.idx, far.n, dm.Dv);
+          if (r > 0) gather::prefetch_l2(ob, ors, far.idx, far.n, dm.Dv);
           Slot& cur = sc.slots[slot_of(c, nch)];
           if (c < nch - 1) stage_chunk(qb, qrs, vb, vrs, dm, perm, ch, c, cur, false, ahead);
           const Slot* prev = nch == 1 ? nullptr : &sc.slots[slot_of(c == 0 ? nch - 1 : c - 1, nch)];
@@ -401,6 +405,10 @@ void attn_reformer_bwd(const AttentionInputs& in, const AttentionDims& d, const 
       stage_chunk(qb, qrs, vb, vrs, dm, perm, ch, nch - 1, sc.slots[2], true, ahead_of(perm, ch, 0, nch, d.N));
       for (int64_t c = 0; c < nch; ++c) {
         const gather::Ahead ahead = ahead_of(perm, ch, c + 1, nch, d.N);
+        const gather::Ahead far = ahead_of(perm, ch, c + gather::kFarBlocks, nch, d.N);
+        gather::prefetch_l2(qb, qrs, far.idx, far.n, dm.D);
+        gather::prefetch_l2(vb, vrs, far.idx, far.n, dm.Dv);
+        gather::prefetch_l2(gb, grs, far.idx, far.n, dm.Dv);
         Slot& cur = sc.slots[slot_of(c, nch)];
         if (c < nch - 1) stage_chunk(qb, qrs, vb, vrs, dm, perm, ch, c, cur, true, ahead);
         Slot* prev = nch == 1 ? nullptr : &sc.slots[slot_of(c == 0 ? nch - 1 : c - 1, nch)];

@@ -189,6 +189,13 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
         if (blk.nq == 0) break;  // queries run out first: later clusters have none either
         const Block next = cl + 1 < nc ? make_block(st, qp, kp, nv, mv, cl + 1) : Block{};
         const gather::Ahead qa{next.qi, next.nq}, ka{next.kj, next.nk};
+        if (cl + gather::kFarBlocks < nc) {  // and the block after the next few into L2
+          const Block far = make_block(st, qp, kp, nv, mv, cl + gather::kFarBlocks);
+          gather::prefetch_l2(hr.q, hr.qrs, far.qi, far.nq, D);
+          if (r > 0) gather::prefetch_l2(ob, ors, far.qi, far.nq, Dv);
+          gather::prefetch_l2(hr.k, hr.krs, far.kj, far.nk, D);
+          gather::prefetch_l2(hr.v, hr.vrs, far.kj, far.nk, Dv);
+        }
         gather::rows(hr.q, hr.qrs, blk.qi, blk.nq, D, qs, Dkp, blk.nq, c, qa);
         gather::transposed(hr.k, hr.krs, blk.kj, blk.nk, D, kt, blk.kw, ka);
         gather::rows(hr.v, hr.vrs, blk.kj, blk.nk, Dv, vr, Dvp, blk.nk, 1.f, ka);
@@ -258,6 +265,13 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
         if (blk.nq == 0) break;
         const Block next = cl + 1 < nc ? make_block(st, qp, kp, nv, mv, cl + 1) : Block{};
         const gather::Ahead qa{next.qi, next.nq}, ka{next.kj, next.nk};
+        if (cl + gather::kFarBlocks < nc) {
+          const Block far = make_block(st, qp, kp, nv, mv, cl + gather::kFarBlocks);
+          gather::prefetch_l2(hr.q, hr.qrs, far.qi, far.nq, D);
+          gather::prefetch_l2(gob, grs, far.qi, far.nq, Dv);
+          gather::prefetch_l2(hr.k, hr.krs, far.kj, far.nk, D);
+          gather::prefetch_l2(hr.v, hr.vrs, far.kj, far.nk, Dv);
+        }
         const int64_t kw = blk.kw;
         gather::rows(hr.q, hr.qrs, blk.qi, blk.nq, D, qs, Dkp, blk.nq, c, qa);
         gather::rows(hr.k, hr.krs, blk.kj, blk.nk, D, kr, Dkp, blk.nk, 1.f, ka);

@@ -219,6 +219,16 @@ inline void prefetch_line(const float* p, bool for_write) {
 inline void prefetch_row(const float* p, int64_t n, bool for_write) {
   for (int64_t e = 0; e < n; e += 16) prefetch_line(p + e, for_write);
 }
+// Into L2 only (prefetcht1): for rows wanted several blocks ahead.
+inline void prefetch_row_l2(const float* p, int64_t n) {
+  for (int64_t e = 0; e < n; e += 16) {
+#if defined(__x86_64__)
+    asm volatile("prefetcht1 %0" : : "m"(*reinterpret_cast<const char*>(p + e)));
+#else
+    __builtin_prefetch(p + e, 0, 2);
+#endif
+  }
+}
 
 // dst[0, n) = a · x[0, n) + y[0, n).
 inline void axpby_row(float* dst, float a, const float* x, const float* y, int64_t n) {
