@@ -1,10 +1,13 @@
-// Micro-benchmarks (Google Benchmark) of the pieces under full attention: the tile microkernels,
-// the vectorised exp and one full-attention head. `clattn bench` measures whole variants; these
-// isolate where the time goes. Run: ./build/clattn_bench --benchmark_filter=Abt
+// Micro-benchmarks (Google Benchmark) of the pieces under the attention variants: the tile
+// microkernels, the vectorised exp, the random-order row gathers of the sort-based variants and one
+// full-attention head. `clattn bench` measures whole variants; these isolate where the time goes.
+// Run: ./build/clattn_bench --benchmark_filter=Abt
 #include <benchmark/benchmark.h>
 
+#include <utility>
 #include <vector>
 
+#include "attention/gather.h"
 #include "clattn/attention.h"
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
@@ -58,6 +61,33 @@ void BM_Exp2(benchmark::State& st) {
   st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(x.size()));
 }
 BENCHMARK(BM_Exp2);
+
+// The sort-based variants' gather: 32-row blocks in random order from a head of range(0) rows of
+// 64 floats (16 MB at 65536: DRAM, not cache), with the next block requested while copying and
+// the block four ahead into L2 when range(1) is 1. Bytes/s counts the rows copied.
+void BM_GatherBlocks(benchmark::State& st) {
+  const int64_t n = st.range(0), D = 64, blk = 32;
+  const bool prefetch = st.range(1) != 0;
+  auto x = randv(static_cast<size_t>(n * D), 1);
+  std::vector<int32_t> perm(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) perm[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  Rng rng(5);
+  for (int64_t i = n - 1; i > 0; --i)
+    std::swap(perm[static_cast<size_t>(i)], perm[static_cast<size_t>(rng.below(static_cast<uint64_t>(i + 1), 0, static_cast<uint64_t>(i)))]);
+  std::vector<float> dst(static_cast<size_t>(blk * D));
+  for (auto _ : st)
+    for (int64_t c = 0; c * blk < n; ++c) {
+      const int32_t* idx = perm.data() + c * blk;
+      gather::Ahead next;
+      if (prefetch && (c + 1) * blk < n) next = {idx + blk, blk};
+      if (prefetch && (c + gather::kFarBlocks) * blk < n)
+        gather::prefetch_l2(x.data(), D, idx + gather::kFarBlocks * blk, blk, D);
+      gather::rows(x.data(), D, idx, blk, D, dst.data(), D, blk, 1.f, next);
+      benchmark::DoNotOptimize(dst.data());
+    }
+  st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * n * D * 4);
+}
+BENCHMARK(BM_GatherBlocks)->Args({16384, 0})->Args({16384, 1})->Args({65536, 0})->Args({65536, 1})->Args({262144, 0})->Args({262144, 1});
 
 // One head of full attention forward, single thread, N = M = range(0), D = 64.
 void BM_FullHead(benchmark::State& st) {

@@ -8,6 +8,12 @@
 // apply by original position. Rounds combine by log-sum-exp (one softmax over every round's keys).
 // The K input must be Q itself (same shape and values): all gradient flows into dq, through both
 // the query and the normalised-key role; dk is left unchanged.
+// Layout of the work: heads go to threads statically, and a thread hashes its next head in
+// slices between the chunks of the current one (the hash is compute, the chunk loop waits on
+// memory). A chunk's rows are staged once per round (Slot): each chunk is also the next one's
+// "previous", so q and v rows are read once per position and round, and the backward
+// accumulates per slot and writes dq/dv once per position and round. Hashing costs
+// D·(f1 + f2)/2 per position with f1·f2 = buckets ≈ 2N/chunk: it grows as N^1.5 (README).
 #include "attention/reformer.h"
 
 #include <algorithm>

@@ -7,8 +7,11 @@
 // and a query chosen by several clusters averages their outputs. A query chosen by none attends
 // the key window of its nearest centroid (the original gives it 0). Causal: keys after the query
 // (position i + M − N) are masked, and a query always sees the key at its own position, added to
-// a cluster's softmax when the window lacks it. Work is parallel over (batch, head); each cluster
-// is three small products on gathered blocks of 64 members. Memory O(N·C + window·C).
+// a cluster's softmax when the window lacks it. Work is parallel over (batch, head): k-means on
+// a sample, one cosine pass over the raw rows (blocks of 256 against the centroids) feeding the
+// window selection, then per cluster three small products on gathered blocks of 64 members.
+// Memory O(N + C·window + 256·C). The default window N/C makes the attention O(N²/C) at fixed
+// C; a fixed `window=` keeps it linear (README, "Routing's window, decided").
 #include "attention/routing.h"
 
 #include <algorithm>

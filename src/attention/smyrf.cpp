@@ -13,8 +13,11 @@
 // - Causal (not in the reference): inside a cluster keys after the query's position i + M − N
 //   are masked, and a query always sees the key at its own position: when that key is not among
 //   its cluster's keys it joins the query's softmax as one extra key in that round.
-// Work is parallel over (batch, head); each (round, cluster) is three small products on gathered
-// blocks. Memory O((N + M)·rounds) for the partition.
+// Work is parallel over (batch, head). One pass over q and k gives every round's projections;
+// each (round, cluster) gathers its rows (gather.h: the next cluster's rows requested while
+// copying, the one four ahead into L2 — at long N they come from DRAM in random order) and is
+// three small products. Rounds blend online into the output (tile::blend_round), the first
+// streamed. Memory O((N + M)·rounds) for the partition.
 #include "attention/smyrf.h"
 
 #include <algorithm>
