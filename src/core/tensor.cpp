@@ -5,6 +5,8 @@
 #include <new>
 #include <sstream>
 
+#include <sys/mman.h>
+
 namespace clattn {
 
 Shape::Shape(std::initializer_list<int64_t> d) {
@@ -55,9 +57,23 @@ ConstView make_view(const float* data, const Shape& s) {
   return ConstView{data, s, contiguous_strides(s)};
 }
 
+// Buffers of 2 MB and more are 2 MB aligned and advised onto transparent huge pages: the first
+// touch of fresh 4 KB pages costs ~0.7 s/GB on the machines we run on (a fault and a clear per
+// page), with huge pages ~0.14 s/GB; random row gathers over long sequences also stop missing
+// the TLB. The rounding wastes at most half of a buffer at exactly 2 MB, ~nothing beyond.
 float* aligned_alloc_floats(size_t n) {
   size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
   if (bytes == 0) bytes = 64;
+  constexpr size_t kHuge = size_t{2} << 20;
+  if (bytes >= kHuge) {
+    bytes = (bytes + kHuge - 1) / kHuge * kHuge;
+    void* p = std::aligned_alloc(kHuge, bytes);
+    if (!p) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes, MADV_HUGEPAGE);  // advice only: failure leaves ordinary pages
+#endif
+    return static_cast<float*>(p);
+  }
   void* p = std::aligned_alloc(64, bytes);
   if (!p) throw std::bad_alloc();
   return static_cast<float*>(p);
