@@ -212,26 +212,32 @@ int64_t chunk_scores(const Slot& cur, const Slot* prev, const Dims& dm, int64_t 
 }
 
 // argmax over [x, −x] of x (half floats), the first in the order x0, −x0, x1, −x1, ... on ties:
-// the first u with |x_u| maximal, as u when x_u ≥ 0 and u + half otherwise.
-int64_t argmax_pm(const float* x, int64_t half) {
+// the first u with |x_u| maximal, as u when x_u ≥ 0 and u + half otherwise. Branch-free for
+// half ≤ 64 (the hit bits of all vectors in one word): which half holds the maximum is a coin
+// toss per row, and a mispredicted early exit cost more than the comparisons.
+inline __attribute__((always_inline)) int64_t argmax_pm(const float* x, int64_t half) {
   constexpr int L = simd::kLanes;
   simd::vf m = simd::splat(0.f);  // |x| ≥ 0, so zero-padded lanes never win a strict maximum
   for (int64_t u = 0; u < half; u += L) {
     const simd::vf v = half - u >= L ? simd::load(x + u) : simd::load_partial(x + u, static_cast<int>(half - u));
     m = simd::vmax(m, simd::vmax(v, -v));
   }
-  const float mx = simd::hmax(m);
-  int64_t best = 0;
-  for (int64_t u = 0; u < half; u += L) {
-    const simd::vf v = half - u >= L ? simd::load(x + u) : simd::load_partial(x + u, static_cast<int>(half - u));
-    const uint32_t below = simd::mask_gt_v(simd::splat(mx), simd::vmax(v, -v));
-    const uint32_t hit = ~below & ((half - u >= L) ? 0xFFFFu : ((1u << (half - u)) - 1));
+  const simd::vf mx = simd::splat(simd::hmax(m)), zero = simd::splat(0.f);
+  for (int64_t w = 0; w < half; w += 4 * L) {  // words of 64 positions
+    uint64_t hit = 0, neg = 0;
+    for (int64_t u = w; u < std::min(half, w + 4 * L); u += L) {
+      const int n = static_cast<int>(std::min<int64_t>(L, half - u));
+      const simd::vf v = n == L ? simd::load(x + u) : simd::load_partial(x + u, n);
+      const uint64_t valid = n == L ? 0xFFFFu : (1u << n) - 1u;
+      hit |= (~static_cast<uint64_t>(simd::mask_gt_v(mx, simd::vmax(v, -v))) & valid) << (u - w);
+      neg |= static_cast<uint64_t>(simd::mask_gt_v(zero, v)) << (u - w);
+    }
     if (hit) {
-      best = u + __builtin_ctz(hit);
-      break;
+      const int b = __builtin_ctzll(hit);
+      return w + b + static_cast<int64_t>((neg >> b) & 1u) * half;
     }
   }
-  return x[best] >= 0.f ? best : best + half;
+  return 0;  // unreachable for finite x: some |x_u| equals the maximum
 }
 
 // Buckets of positions [r0, r1) for every round, bucket (R, N): one tile product of q against all

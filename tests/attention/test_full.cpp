@@ -146,5 +146,38 @@ TEST(FullKernel, StridedInputs) {
   for (int64_t i = 0; i < o1.numel(); ++i) ASSERT_EQ(o1.data()[i], o2.data()[i]);
 }
 
+// The finite check scans blocks of rows and names the first bad element in (b, h, row, col)
+// order, whatever the block, the strides or how many bad values follow it.
+TEST(InputCheck, NamesTheFirstNonFiniteElement) {
+  Problem p{.B = 2, .H = 3, .Hkv = 3, .N = 100, .M = 100, .Dk = 20, .Dv = 8};
+  Tensor big = testing::randn(Shape{2, 3, 100, 24}, 9, 9);
+  ConstView qs{big.data() + 2, Shape{2, 3, 100, 20}, {3 * 100 * 24, 100 * 24, 24, 1}};
+  ProblemData pd = make_problem(p);
+  AttentionInputs in = pd.inputs();
+  in.q = qs;
+  auto att = make_attention("full");
+  Tensor o(Shape{2, 3, 100, 8});
+  auto message = [&] {
+    try {
+      Context c;
+      att->forward(in, o.view(), c);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message(), "no error");
+  big.data()[2 + ((1 * 3 + 2) * 100 + 99) * 24 + 19] = std::numeric_limits<float>::infinity();
+  EXPECT_NE(message().find("q must be finite, found inf at index (1, 2, 99, 19)"), std::string::npos) << message();
+  big.data()[2 + ((1 * 3 + 1) * 100 + 70) * 24 + 5] = std::nanf("");
+  big.data()[2 + ((1 * 3 + 1) * 100 + 71) * 24 + 0] = -std::numeric_limits<float>::infinity();
+  EXPECT_NE(message().find("at index (1, 1, 70, 5)"), std::string::npos) << message();
+  big.data()[2 + ((0 * 3 + 0) * 100 + 33) * 24 + 3] = std::nanf("");
+  EXPECT_NE(message().find("at index (0, 0, 33, 3)"), std::string::npos) << message();
+  // Outside the view (the padding columns of each row) is not looked at.
+  big.data()[22] = std::nanf("");
+  EXPECT_NE(message().find("at index (0, 0, 33, 3)"), std::string::npos) << message();
+}
+
 }  // namespace
 }  // namespace clattn
