@@ -198,6 +198,10 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
           if (r > 0) gather::prefetch_l2(ob, ors, far.qi, far.nq, Dv);
           gather::prefetch_l2(hr.k, hr.krs, far.kj, far.nk, D);
           gather::prefetch_l2(hr.v, hr.vrs, far.kj, far.nk, Dv);
+          if (in.causal) {  // the own keys the block's queries will add (mask_gathered)
+            gather::prefetch_l2_shifted(hr.k, hr.krs, far.qi, far.nq, D, d.M - d.N, mv);
+            gather::prefetch_l2_shifted(hr.v, hr.vrs, far.qi, far.nq, Dv, d.M - d.N, mv);
+          }
         }
         gather::rows(hr.q, hr.qrs, blk.qi, blk.nq, D, qs, Dkp, blk.nq, c, qa);
         gather::transposed(hr.k, hr.krs, blk.kj, blk.nk, D, kt, blk.kw, ka);
@@ -274,6 +278,17 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
           gather::prefetch_l2(gob, grs, far.qi, far.nq, Dv);
           gather::prefetch_l2(hr.k, hr.krs, far.kj, far.nk, D);
           gather::prefetch_l2(hr.v, hr.vrs, far.kj, far.nk, Dv);
+          if (in.causal) {  // own keys: read, and their gradients written (own_key_backward)
+            const int64_t off = d.M - d.N;
+            gather::prefetch_l2_shifted(hr.k, hr.krs, far.qi, far.nq, D, off, mv);
+            gather::prefetch_l2_shifted(hr.v, hr.vrs, far.qi, far.nq, Dv, off, mv);
+            if (pk) {
+              gather::prefetch_l2_shifted(pk, Dkp + Dvp, far.qi, far.nq, Dkp + Dvp, off, mv);
+            } else {
+              gather::prefetch_l2_shifted(dk.ptr(b, hk, 0), dk.stride(2), far.qi, far.nq, D, off, mv);
+              gather::prefetch_l2_shifted(dv.ptr(b, hk, 0), dv.stride(2), far.qi, far.nq, Dv, off, mv);
+            }
+          }
         }
         const int64_t kw = blk.kw;
         gather::rows(hr.q, hr.qrs, blk.qi, blk.nq, D, qs, Dkp, blk.nq, c, qa);

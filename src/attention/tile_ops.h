@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -81,6 +82,14 @@ inline void mask_gathered(float* s, int64_t nq, int64_t kw, const int32_t* qi, c
                           int64_t nk, bool causal, int64_t off, int64_t mv, const float* qs,
                           int64_t qld, const float* kbase, int64_t krs, int64_t D, float* own,
                           int32_t* own_j) {
+  // Causal: 16 key positions per compare; the last group's missing lanes hold INT32_MAX, after
+  // every query and equal to none.
+  constexpr int L = simd::kLanes;
+  const int64_t full = nk / L * L;
+  simd::vi tail_pos{};
+  if (causal)
+    for (int l = 0; l < L; ++l) tail_pos[l] = full + l < nk ? kj[full + l] : INT32_MAX;
+  const simd::vf ninf = simd::splat(-kInf);
   for (int64_t r = 0; r < nq; ++r) {
     float* row = s + r * kw;
     mask_tail(row, kw, nk);
@@ -88,11 +97,21 @@ inline void mask_gathered(float* s, int64_t nq, int64_t kw, const int32_t* qi, c
     own_j[r] = -1;
     if (!causal) continue;
     const int64_t pos = qi[r] + off;
-    bool self_in = false;
-    for (int64_t x = 0; x < nk; ++x) {
-      if (kj[x] > pos) row[x] = -kInf;
-      self_in |= kj[x] == pos;
+    const int32_t p32 = static_cast<int32_t>(std::clamp<int64_t>(pos, INT32_MIN, INT32_MAX - 1));
+    const simd::vi P = simd::vi{} + p32;
+    simd::vi eq{};
+    auto mask16 = [&](int64_t x, simd::vi kv) {
+      simd::store(row + x, kv > P ? ninf : simd::load(row + x));
+      eq |= kv == P;
+    };
+    for (int64_t x = 0; x < full; x += L) {
+      simd::vi kv;
+      std::memcpy(&kv, kj + x, sizeof kv);
+      mask16(x, kv);
     }
+    if (full < nk) mask16(full, tail_pos);
+    bool self_in = false;
+    for (int l = 0; l < L; ++l) self_in |= eq[l] != 0;
     if (!self_in && pos >= 0 && pos < mv) {
       own_j[r] = static_cast<int32_t>(pos);
       own[r] = simd::dot(qs + r * qld, kbase + pos * krs, D);
