@@ -91,16 +91,6 @@ inline void prefetch_l2(const float* base, int64_t rs, const int32_t* idx, int64
   for (int64_t x = 0; x < n; ++x) simd::prefetch_row_l2(base + idx[x] * rs, cols);
 }
 
-// Requests rows idx[x] + off of base into L2, those in [0, limit): the causal own keys of a
-// block's queries (key position = query position + M − N), as random in memory as the block.
-inline void prefetch_l2_shifted(const float* base, int64_t rs, const int32_t* idx, int64_t n,
-                                int64_t cols, int64_t off, int64_t limit) {
-  for (int64_t x = 0; x < n; ++x) {
-    const int64_t j = idx[x] + off;
-    if (j >= 0 && j < limit) simd::prefetch_row_l2(base + j * rs, cols);
-  }
-}
-
 // Asks for the cache lines of rows idx[0, n) of base (cols floats each).
 inline void prefetch(const float* base, int64_t rs, const int32_t* idx, int64_t n, int64_t cols,
                      bool for_write = false) {

@@ -12,7 +12,9 @@
 // - Padded keys and queries are left out of the sort (equivalent to sorting them last, masked).
 // - Causal (not in the reference): inside a cluster keys after the query's position i + M − N
 //   are masked, and a query always sees the key at its own position: when that key is not among
-//   its cluster's keys it joins the query's softmax as one extra key in that round.
+//   its cluster's keys it joins the query's softmax as one extra key in that round. Its logit
+//   is computed per query in position order and its value and gradients applied after the
+//   rounds, by weight (own_logits): no random row reads for it inside the clusters.
 // Work is parallel over (batch, head). One pass over q and k gives every round's projections;
 // each (round, cluster) gathers its rows (gather.h: the next cluster's rows requested while
 // copying, the one four ahead into L2 — at long N they come from DRAM in random order) and is
@@ -47,6 +49,7 @@ namespace {
 struct Scratch {
   std::vector<float> qproj, kproj;  // (R, nv), (R, mv) projections of every round
   std::vector<float> qsq, ksq;      // (nv), (mv) squared norms
+  std::vector<float> own_s, own_w;  // (nv), (nv) causal own keys: logit; weight (fwd) or Σ P (bwd)
   cluster::RadixScratch radix;
   Workspace qs, kr, kt, vr, vt, s, o, go, dp, dqc, dkc, dvc, misc;
 };
@@ -106,13 +109,28 @@ Block make_block(const SmyrfState& st, const int32_t* qp, const int32_t* kp, int
 }
 
 // S (nq, kw) = qs · kt in log2 units, masked: key columns past nk, and with causal the keys after
-// each query's position; own/own_j get the causal self key when the cluster lacks it.
+// each query's position; own/own_j get the causal self key when the cluster lacks it, its logit
+// from own_s (own_logits).
 void block_scores(const AttentionInputs& in, const AttentionDims& d, const HeadRows& hr,
-                  int64_t mv, const float* qs, int64_t Dkp, const float* kt, Block& blk, float* s) {
+                  int64_t mv, const float* qs, int64_t Dkp, const float* kt, const float* own_s,
+                  Block& blk, float* s) {
   std::memset(s, 0, sizeof(float) * static_cast<size_t>(blk.nq * blk.kw));
   mk::gemm_ab(blk.nq, blk.kw, d.Dk, qs, Dkp, 1, kt, blk.kw, s, blk.kw, nullptr);
   tile::mask_gathered(s, blk.nq, blk.kw, blk.qi, blk.kj, blk.nk, in.causal, d.M - d.N, mv, qs, Dkp,
-                      hr.k, hr.krs, d.Dk, blk.own, blk.own_j);
+                      hr.k, hr.krs, d.Dk, blk.own, blk.own_j, own_s);
+}
+
+// Causal: a query's own key (at position i + M − N) is the same in every round and its rows lie
+// in position order, so its logit (log2 units) is computed here in one sequential pass, and the
+// rounds only accumulate its weight; the value (forward) and the gradients (backward) of the own
+// key are applied in one sequential pass after the rounds. Read inside the clusters instead, they
+// were a random DRAM row per query and round at long N. own_s (nv); -inf where no such key.
+void own_logits(const HeadRows& hr, int64_t nv, int64_t mv, int64_t off, int64_t D, float c,
+                float* own_s) {
+  for (int64_t i = 0; i < nv; ++i) {
+    const int64_t pos = i + off;
+    own_s[i] = pos >= 0 && pos < mv ? c * simd::dot(hr.q + i * hr.qrs, hr.k + pos * hr.krs, D) : -kInf;
+  }
 }
 
 // proj (R, n) row i = a_r[0, D)·x_i (the transform's last coordinates are added by
@@ -175,6 +193,16 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
                          project_rows(hr.k, hr.krs, mv, D, dirs.data(), R, sc.kproj.data(), sc.ksq.data());
     finish_projections(nv, D, dirs.data(), R, D + 1, total, sc.qproj.data(), sc.qsq.data());  // F(q) = [q, 0, ·]
     finish_projections(mv, D, dirs.data(), R, D, total, sc.kproj.data(), sc.ksq.data());      // G(k) = [k, ·, 0]
+    const int64_t off = d.M - d.N;
+    const float* own_s = nullptr;
+    float* own_w = nullptr;
+    if (in.causal) {
+      sc.own_s.resize(static_cast<size_t>(nv));
+      sc.own_w.resize(static_cast<size_t>(nv));
+      own_logits(hr, nv, mv, off, D, c, sc.own_s.data());
+      own_s = sc.own_s.data();
+      own_w = sc.own_w.data();
+    }
     const int64_t kwm = round_up(st.kc, mk::kLanes);
     float* qs = sc.qs.floats(static_cast<size_t>(64 * Dkp));   // (nq, Dkp) q · c
     float* kt = sc.kt.floats(static_cast<size_t>(Dkp * kwm));  // (Dk, kw) keys transposed
@@ -198,33 +226,31 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
           if (r > 0) gather::prefetch_l2(ob, ors, far.qi, far.nq, Dv);
           gather::prefetch_l2(hr.k, hr.krs, far.kj, far.nk, D);
           gather::prefetch_l2(hr.v, hr.vrs, far.kj, far.nk, Dv);
-          if (in.causal) {  // the own keys the block's queries will add (mask_gathered)
-            gather::prefetch_l2_shifted(hr.k, hr.krs, far.qi, far.nq, D, d.M - d.N, mv);
-            gather::prefetch_l2_shifted(hr.v, hr.vrs, far.qi, far.nq, Dv, d.M - d.N, mv);
-          }
         }
         gather::rows(hr.q, hr.qrs, blk.qi, blk.nq, D, qs, Dkp, blk.nq, c, qa);
         gather::transposed(hr.k, hr.krs, blk.kj, blk.nk, D, kt, blk.kw, ka);
         gather::rows(hr.v, hr.vrs, blk.kj, blk.nk, Dv, vr, Dvp, blk.nk, 1.f, ka);
-        block_scores(in, d, hr, mv, qs, Dkp, kt, blk, s);
+        block_scores(in, d, hr, mv, qs, Dkp, kt, own_s, blk, s);
         std::memset(o, 0, sizeof(float) * static_cast<size_t>(blk.nq * Dvp));
-        float lse_r[64];
-        for (int64_t q = 0; q < blk.nq; ++q) {
-          float po;
-          lse_r[q] = tile::softmax_row_extra(s + q * blk.kw, blk.kw, blk.own[q], po);
-          if (blk.own_j[q] >= 0 && po > 0.f) simd::axpy_row(o + q * Dvp, hr.v + blk.own_j[q] * hr.vrs, Dv, po);
-        }
+        float lse_r[64], po[64];  // po: the own key's probability (0 without one)
+        for (int64_t q = 0; q < blk.nq; ++q)
+          lse_r[q] = tile::softmax_row_extra(s + q * blk.kw, blk.kw, blk.own[q], po[q]);
         mk::gemm_ab(blk.nq, Dvp, blk.nk, s, blk.kw, 1, vr, Dvp, o, Dvp, nullptr);
         for (int64_t q = 0; q < blk.nq; ++q) {
           if (r > 0) gather::prefetch_one(ob, ors, qa, q, Dv, true);  // round 0 only writes
-          tile::blend_round(ob + blk.qi[q] * ors, o + q * Dvp, Dv, L[blk.qi[q]], lse_r[q], r == 0);
+          const int64_t i = blk.qi[q];
+          tile::blend_round(ob + i * ors, o + q * Dvp, Dv, L[i], lse_r[q], r == 0,
+                            own_w ? own_w + i : nullptr, po[q]);
         }
       }
     }
     // A query that saw no key in any round keeps output 0 and gets lse2 = +inf (backward adds 0).
     for (int64_t i = 0; i < nv; ++i)
       if (L[i] == -kInf) L[i] = kInf;
-    simd::store_fence();
+    simd::store_fence();  // the first round streamed its rows: fence before reading them back
+    if (own_w)
+      for (int64_t i = 0; i < nv; ++i)
+        if (own_w[i] > 0.f) simd::axpy_row(ob + i * ors, hr.v + (i + off) * hr.vrs, Dv, own_w[i]);
   });
 }
 
@@ -250,6 +276,16 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
     const float* lse2 = st.lse2.data() + t * d.N;
     float* di = sc.misc.floats(static_cast<size_t>(nv));  // (nv) D_i = dO_i · O_i
     for (int64_t i = 0; i < nv; ++i) di[i] = simd::dot(dout.ptr(b, h, i), st.out.view().ptr(b, h, i), Dv);
+    const int64_t off = d.M - d.N;
+    const float* own_s = nullptr;
+    float* own_p = nullptr;  // (nv) Σ over rounds of the own key's probability
+    if (in.causal) {
+      sc.own_s.resize(static_cast<size_t>(nv));
+      sc.own_w.assign(static_cast<size_t>(nv), 0.f);
+      own_logits(hr, nv, mv, off, D, c, sc.own_s.data());
+      own_s = sc.own_s.data();
+      own_p = sc.own_w.data();
+    }
     const int64_t kwm = round_up(st.kc, mk::kLanes);
     float* qs = sc.qs.floats(static_cast<size_t>(64 * Dkp));     // (nq, Dkp) q · c
     float* kr = sc.kr.floats(static_cast<size_t>(kwm * Dkp));    // (nk, Dkp) key rows
@@ -278,17 +314,6 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
           gather::prefetch_l2(gob, grs, far.qi, far.nq, Dv);
           gather::prefetch_l2(hr.k, hr.krs, far.kj, far.nk, D);
           gather::prefetch_l2(hr.v, hr.vrs, far.kj, far.nk, Dv);
-          if (in.causal) {  // own keys: read, and their gradients written (own_key_backward)
-            const int64_t off = d.M - d.N;
-            gather::prefetch_l2_shifted(hr.k, hr.krs, far.qi, far.nq, D, off, mv);
-            gather::prefetch_l2_shifted(hr.v, hr.vrs, far.qi, far.nq, Dv, off, mv);
-            if (pk) {
-              gather::prefetch_l2_shifted(pk, Dkp + Dvp, far.qi, far.nq, Dkp + Dvp, off, mv);
-            } else {
-              gather::prefetch_l2_shifted(dk.ptr(b, hk, 0), dk.stride(2), far.qi, far.nq, D, off, mv);
-              gather::prefetch_l2_shifted(dv.ptr(b, hk, 0), dv.stride(2), far.qi, far.nq, Dv, off, mv);
-            }
-          }
         }
         const int64_t kw = blk.kw;
         gather::rows(hr.q, hr.qrs, blk.qi, blk.nq, D, qs, Dkp, blk.nq, c, qa);
@@ -296,7 +321,7 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
         gather::transpose(kr, Dkp, blk.nk, D, kt, kw);
         gather::transposed(hr.v, hr.vrs, blk.kj, blk.nk, Dv, vt, kw, ka);
         gather::rows(gob, grs, blk.qi, blk.nq, Dv, go, Dvp, blk.nq, 1.f, qa);
-        block_scores(in, d, hr, mv, qs, Dkp, kt, blk, s);
+        block_scores(in, d, hr, mv, qs, Dkp, kt, own_s, blk, s);
         // P = 2^(S − lse2) against the all-round log-sum-exp: one softmax over every round's keys
         float po[64];
         for (int64_t q = 0; q < blk.nq; ++q) {
@@ -312,12 +337,7 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
           const float* prow = s + q * kw;
           float* drow = dp + q * kw;
           for (int64_t x = 0; x < kw; ++x) drow[x] = prow[x] * (drow[x] - di[i]) * scale;
-          if (blk.own_j[q] >= 0) {  // the causal self key of this round
-            const int64_t j = blk.own_j[q];
-            tile::own_key_backward(po[q], simd::dot(go + q * Dvp, hr.v + j * hr.vrs, Dv), di[i], scale,
-                                   hr.q + i * hr.qrs, hr.k + j * hr.krs, go + q * Dvp, dqc + q * Dkp,
-                                   gk(j), gv(j), D, Dv);
-          }
+          if (blk.own_j[q] >= 0) own_p[i] += po[q];  // the causal own key: applied after the rounds
         }
         // dQ += dS·K_c ; dK_c += dSᵀ·(c Q)/c ; dV_c += Pᵀ·dO
         mk::gemm_ab(blk.nq, Dkp, blk.nk, dp, kw, 1, kr, Dkp, dqc, Dkp, nullptr);
@@ -339,6 +359,17 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
         }
       }
     }
+    // The own keys, in position order: with P = Σ_r p_r, dS = P·(dO_i·v_pos − D_i)·scale (every
+    // round's softmax is against the same lse2); dq_i += dS·k_pos, dk_pos += dS·q_i, dv_pos += P·dO_i.
+    if (own_p)
+      for (int64_t i = 0; i < nv; ++i) {
+        if (own_p[i] <= 0.f) continue;
+        const int64_t j = i + off;
+        const float* g = gob + i * grs;
+        tile::own_key_backward(own_p[i], simd::dot(g, hr.v + j * hr.vrs, Dv), di[i], scale,
+                               hr.q + i * hr.qrs, hr.k + j * hr.krs, g, dq.ptr(b, h, i), gk(j),
+                               gv(j), D, Dv);
+      }
   });
   if (part) reduce_group_partials(in, d, part, d.M, Dkp + Dvp, Dkp, dk, dv);
 }

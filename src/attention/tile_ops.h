@@ -77,11 +77,12 @@ inline float softmax_row_extra(float* row, int64_t kw, float extra, float& p_ext
 // kj[0, nk) (columns past nk are padding): padding gets -inf, and with causal so do the keys
 // after each query's position qi[r] + off. A causal query always sees the key at its own
 // position: when the block lacks it (and it is a valid key, < mv), own_j[r] names it and own[r]
-// holds its logit qs_r · k_pos (qs rows scaled like S's); otherwise own[r] = -inf, own_j[r] = -1.
+// holds its logit qs_r · k_pos (qs rows scaled like S's), or own_logit[qi[r]] when the caller
+// computed every query's in one sequential pass; otherwise own[r] = -inf, own_j[r] = -1.
 inline void mask_gathered(float* s, int64_t nq, int64_t kw, const int32_t* qi, const int32_t* kj,
                           int64_t nk, bool causal, int64_t off, int64_t mv, const float* qs,
                           int64_t qld, const float* kbase, int64_t krs, int64_t D, float* own,
-                          int32_t* own_j) {
+                          int32_t* own_j, const float* own_logit = nullptr) {
   // Causal: 16 key positions per compare; the last group's missing lanes hold INT32_MAX, after
   // every query and equal to none.
   constexpr int L = simd::kLanes;
@@ -114,7 +115,7 @@ inline void mask_gathered(float* s, int64_t nq, int64_t kw, const int32_t* qi, c
     for (int l = 0; l < L; ++l) self_in |= eq[l] != 0;
     if (!self_in && pos >= 0 && pos < mv) {
       own_j[r] = static_cast<int32_t>(pos);
-      own[r] = simd::dot(qs + r * qld, kbase + pos * krs, D);
+      own[r] = own_logit ? own_logit[qi[r]] : simd::dot(qs + r * qld, kbase + pos * krs, D);
     }
   }
 }
@@ -137,21 +138,27 @@ inline void own_key_backward(float p, float dp, float di, float scale, const flo
 // normalising pass after). o is one round's normalised output; lse = -inf means the round saw no
 // key (o is 0 then). A query no round let see a key ends with dst 0 and L = -inf. The first
 // round's rows are streamed (simd::stream_row): fence before the output is read.
-inline void blend_round(float* dst, const float* o, int64_t dv, float& L, float lse, bool first) {
+// extra (optional) is one more coordinate of dst blended the same way, with `o`'s value x: the
+// weight of a term the caller adds to every row after the rounds (smyrf's causal own key).
+inline void blend_round(float* dst, const float* o, int64_t dv, float& L, float lse, bool first,
+                        float* extra = nullptr, float x = 0.f) {
   if (first) {  // every query's first visit: nothing to read back
     simd::stream_row(dst, o, dv);
     L = lse;
+    if (extra) *extra = x;
     return;
   }
   if (L == -kInf && lse != -kInf) {
     std::copy(o, o + dv, dst);
     L = lse;
+    if (extra) *extra = x;
     return;
   }
   if (lse == -kInf) return;
   const float mx = std::max(L, lse), a = std::exp2(L - mx), c = std::exp2(lse - mx);
   const float inv = 1.f / (a + c);
   simd::blend_row(dst, a * inv, o, c * inv, dv);
+  if (extra) *extra = a * inv * *extra + c * inv * x;
   L = mx + std::log2(a + c);
 }
 
