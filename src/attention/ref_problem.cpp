@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include <cmath>
-
 namespace clattn {
 
 RefProblem RefProblem::from(const AttentionInputs& in, float scale) {

@@ -267,6 +267,18 @@ gather::Ahead ahead_of(const int32_t* perm, int64_t ch, int64_t c, int64_t nch, 
   return {perm + c * ch, std::min(ch, n - c * ch)};
 }
 
+// Requests into L2 the rows of chunk c + gather::kFarBlocks: q and v, which it will stage, and
+// a third array it will read by position (the output read back by later rounds, or dO; null
+// for none).
+void request_far(const int32_t* perm, int64_t ch, int64_t c, int64_t nch, int64_t n, const Dims& dm,
+                 const float* qb, int64_t qrs, const float* vb, int64_t vrs, const float* xb,
+                 int64_t xrs) {
+  const gather::Ahead far = ahead_of(perm, ch, c + gather::kFarBlocks, nch, n);
+  gather::prefetch_l2(qb, qrs, far.idx, far.n, dm.D);
+  gather::prefetch_l2(vb, vrs, far.idx, far.n, dm.Dv);
+  if (xb) gather::prefetch_l2(xb, xrs, far.idx, far.n, dm.Dv);
+}
+
 // Entry (e, u) of round r's rotation (D, nrot): the first f1/2 columns hash b1, the rest b2.
 float rotation(const ReformerParams& p, uint64_t call, int64_t D, int64_t nrot, int64_t r, int64_t e,
                int64_t u) {
@@ -300,6 +312,8 @@ void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const 
   ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
 
   const int64_t BH = d.B * d.H, nch = (d.N + ch - 1) / ch;
+  // Rows of the next head hashed after each chunk: all of them within one head's chunk loop.
+  const int64_t slice = std::max<int64_t>(16, round_up((d.N + R * nch - 1) / std::max<int64_t>(1, R * nch), 16));
   auto hash_head = [&](int64_t t, int32_t* bucket, int64_t r0, int64_t r1, Scratch& sc) {
     hash_positions(in.q.ptr(t / d.H, t % d.H, 0), in.q.stride(2), dm, rot.data(), R, f1, f2, nrot,
                    r0, r1, sc.proj.floats(static_cast<size_t>(64 * ncol)), bucket);
@@ -319,7 +333,6 @@ void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const 
       int32_t* bucket = sc.bucket.data() + (k % 2) * R * d.N;        // (R, N) this head's
       int32_t* next_bucket = sc.bucket.data() + ((k + 1) % 2) * R * d.N;
       const int64_t next = t + team < BH ? t + team : -1;
-      const int64_t slice = std::max<int64_t>(16, round_up((d.N + R * nch - 1) / std::max<int64_t>(1, R * nch), 16));
       int64_t hashed = 0;  // rows of the next head hashed so far
       auto hash_slice = [&] {
         if (next < 0 || hashed >= d.N) return;
@@ -343,10 +356,7 @@ void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const 
         stage_chunk(qb, qrs, vb, vrs, dm, perm, ch, nch - 1, sc.slots[2], false, ahead_of(perm, ch, 0, nch, d.N));
         for (int64_t c = 0; c < nch; ++c) {
           const gather::Ahead ahead = ahead_of(perm, ch, c + 1, nch, d.N);
-          const gather::Ahead far = ahead_of(perm, ch, c + gather::kFarBlocks, nch, d.N);
-          gather::prefetch_l2(qb, qrs, far.idx, far.n, dm.D);
-          gather::prefetch_l2(vb, vrs, far.idx, far.n, dm.Dv);
-          if (r > 0) gather::prefetch_l2(ob, ors, far.idx, far.n, dm.Dv);
+          request_far(perm, ch, c, nch, d.N, dm, qb, qrs, vb, vrs, r > 0 ? ob : nullptr, ors);
           Slot& cur = sc.slots[slot_of(c, nch)];
           if (c < nch - 1) stage_chunk(qb, qrs, vb, vrs, dm, perm, ch, c, cur, false, ahead);
           const Slot* prev = nch == 1 ? nullptr : &sc.slots[slot_of(c == 0 ? nch - 1 : c - 1, nch)];
@@ -417,10 +427,7 @@ void attn_reformer_bwd(const AttentionInputs& in, const AttentionDims& d, const 
       stage_chunk(qb, qrs, vb, vrs, dm, perm, ch, nch - 1, sc.slots[2], true, ahead_of(perm, ch, 0, nch, d.N));
       for (int64_t c = 0; c < nch; ++c) {
         const gather::Ahead ahead = ahead_of(perm, ch, c + 1, nch, d.N);
-        const gather::Ahead far = ahead_of(perm, ch, c + gather::kFarBlocks, nch, d.N);
-        gather::prefetch_l2(qb, qrs, far.idx, far.n, dm.D);
-        gather::prefetch_l2(vb, vrs, far.idx, far.n, dm.Dv);
-        gather::prefetch_l2(gb, grs, far.idx, far.n, dm.Dv);
+        request_far(perm, ch, c, nch, d.N, dm, qb, qrs, vb, vrs, gb, grs);
         Slot& cur = sc.slots[slot_of(c, nch)];
         if (c < nch - 1) stage_chunk(qb, qrs, vb, vrs, dm, perm, ch, c, cur, true, ahead);
         Slot* prev = nch == 1 ? nullptr : &sc.slots[slot_of(c == 0 ? nch - 1 : c - 1, nch)];

@@ -125,12 +125,32 @@ void block_scores(const AttentionInputs& in, const AttentionDims& d, const HeadR
 // rounds only accumulate its weight; the value (forward) and the gradients (backward) of the own
 // key are applied in one sequential pass after the rounds. Read inside the clusters instead, they
 // were a random DRAM row per query and round at long N. own_s (nv); -inf where no such key.
-void own_logits(const HeadRows& hr, int64_t nv, int64_t mv, int64_t off, int64_t D, float c,
-                float* own_s) {
+// Sets sc.own_s (the logits) and zeroes sc.own_w (their per-query accumulator) when causal;
+// returns whether it did.
+bool own_logits(bool causal, const HeadRows& hr, int64_t nv, int64_t mv, int64_t off, int64_t D,
+                float c, Scratch& sc) {
+  if (!causal) return false;
+  sc.own_s.resize(static_cast<size_t>(nv));
+  sc.own_w.assign(static_cast<size_t>(nv), 0.f);
   for (int64_t i = 0; i < nv; ++i) {
     const int64_t pos = i + off;
-    own_s[i] = pos >= 0 && pos < mv ? c * simd::dot(hr.q + i * hr.qrs, hr.k + pos * hr.krs, D) : -kInf;
+    sc.own_s[static_cast<size_t>(i)] =
+        pos >= 0 && pos < mv ? c * simd::dot(hr.q + i * hr.qrs, hr.k + pos * hr.krs, D) : -kInf;
   }
+  return true;
+}
+
+// Requests into L2 the rows of cluster cl + gather::kFarBlocks: its keys and values, its queries,
+// and `x` rows by query position (the output read back by later rounds, or dO; null for none).
+void request_far(const SmyrfState& st, const int32_t* qp, const int32_t* kp, int64_t nv, int64_t mv,
+                 int64_t cl, int64_t nc, const HeadRows& hr, int64_t D, int64_t Dv, const float* x,
+                 int64_t xrs) {
+  if (cl + gather::kFarBlocks >= nc) return;
+  const Block far = make_block(st, qp, kp, nv, mv, cl + gather::kFarBlocks);
+  gather::prefetch_l2(hr.q, hr.qrs, far.qi, far.nq, D);
+  if (x) gather::prefetch_l2(x, xrs, far.qi, far.nq, Dv);
+  gather::prefetch_l2(hr.k, hr.krs, far.kj, far.nk, D);
+  gather::prefetch_l2(hr.v, hr.vrs, far.kj, far.nk, Dv);
 }
 
 // proj (R, n) row i = a_r[0, D)·x_i (the transform's last coordinates are added by
@@ -194,15 +214,9 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
     finish_projections(nv, D, dirs.data(), R, D + 1, total, sc.qproj.data(), sc.qsq.data());  // F(q) = [q, 0, ·]
     finish_projections(mv, D, dirs.data(), R, D, total, sc.kproj.data(), sc.ksq.data());      // G(k) = [k, ·, 0]
     const int64_t off = d.M - d.N;
-    const float* own_s = nullptr;
-    float* own_w = nullptr;
-    if (in.causal) {
-      sc.own_s.resize(static_cast<size_t>(nv));
-      sc.own_w.resize(static_cast<size_t>(nv));
-      own_logits(hr, nv, mv, off, D, c, sc.own_s.data());
-      own_s = sc.own_s.data();
-      own_w = sc.own_w.data();
-    }
+    const bool own = own_logits(in.causal, hr, nv, mv, off, D, c, sc);
+    const float* own_s = own ? sc.own_s.data() : nullptr;
+    float* own_w = own ? sc.own_w.data() : nullptr;  // (nv) the own key's weight in the output
     const int64_t kwm = round_up(st.kc, mk::kLanes);
     float* qs = sc.qs.floats(static_cast<size_t>(64 * Dkp));   // (nq, Dkp) q · c
     float* kt = sc.kt.floats(static_cast<size_t>(Dkp * kwm));  // (Dk, kw) keys transposed
@@ -220,13 +234,7 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
         if (blk.nq == 0) break;  // queries run out first: later clusters have none either
         const Block next = cl + 1 < nc ? make_block(st, qp, kp, nv, mv, cl + 1) : Block{};
         const gather::Ahead qa{next.qi, next.nq}, ka{next.kj, next.nk};
-        if (cl + gather::kFarBlocks < nc) {  // and the block after the next few into L2
-          const Block far = make_block(st, qp, kp, nv, mv, cl + gather::kFarBlocks);
-          gather::prefetch_l2(hr.q, hr.qrs, far.qi, far.nq, D);
-          if (r > 0) gather::prefetch_l2(ob, ors, far.qi, far.nq, Dv);
-          gather::prefetch_l2(hr.k, hr.krs, far.kj, far.nk, D);
-          gather::prefetch_l2(hr.v, hr.vrs, far.kj, far.nk, Dv);
-        }
+        request_far(st, qp, kp, nv, mv, cl, nc, hr, D, Dv, r > 0 ? ob : nullptr, ors);
         gather::rows(hr.q, hr.qrs, blk.qi, blk.nq, D, qs, Dkp, blk.nq, c, qa);
         gather::transposed(hr.k, hr.krs, blk.kj, blk.nk, D, kt, blk.kw, ka);
         gather::rows(hr.v, hr.vrs, blk.kj, blk.nk, Dv, vr, Dvp, blk.nk, 1.f, ka);
@@ -277,15 +285,9 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
     float* di = sc.misc.floats(static_cast<size_t>(nv));  // (nv) D_i = dO_i · O_i
     for (int64_t i = 0; i < nv; ++i) di[i] = simd::dot(dout.ptr(b, h, i), st.out.view().ptr(b, h, i), Dv);
     const int64_t off = d.M - d.N;
-    const float* own_s = nullptr;
-    float* own_p = nullptr;  // (nv) Σ over rounds of the own key's probability
-    if (in.causal) {
-      sc.own_s.resize(static_cast<size_t>(nv));
-      sc.own_w.assign(static_cast<size_t>(nv), 0.f);
-      own_logits(hr, nv, mv, off, D, c, sc.own_s.data());
-      own_s = sc.own_s.data();
-      own_p = sc.own_w.data();
-    }
+    const bool own = own_logits(in.causal, hr, nv, mv, off, D, c, sc);
+    const float* own_s = own ? sc.own_s.data() : nullptr;
+    float* own_p = own ? sc.own_w.data() : nullptr;  // (nv) Σ over rounds of the own key's probability
     const int64_t kwm = round_up(st.kc, mk::kLanes);
     float* qs = sc.qs.floats(static_cast<size_t>(64 * Dkp));     // (nq, Dkp) q · c
     float* kr = sc.kr.floats(static_cast<size_t>(kwm * Dkp));    // (nk, Dkp) key rows
@@ -308,13 +310,7 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
         if (blk.nq == 0) break;
         const Block next = cl + 1 < nc ? make_block(st, qp, kp, nv, mv, cl + 1) : Block{};
         const gather::Ahead qa{next.qi, next.nq}, ka{next.kj, next.nk};
-        if (cl + gather::kFarBlocks < nc) {
-          const Block far = make_block(st, qp, kp, nv, mv, cl + gather::kFarBlocks);
-          gather::prefetch_l2(hr.q, hr.qrs, far.qi, far.nq, D);
-          gather::prefetch_l2(gob, grs, far.qi, far.nq, Dv);
-          gather::prefetch_l2(hr.k, hr.krs, far.kj, far.nk, D);
-          gather::prefetch_l2(hr.v, hr.vrs, far.kj, far.nk, Dv);
-        }
+        request_far(st, qp, kp, nv, mv, cl, nc, hr, D, Dv, gob, grs);
         const int64_t kw = blk.kw;
         gather::rows(hr.q, hr.qrs, blk.qi, blk.nq, D, qs, Dkp, blk.nq, c, qa);
         gather::rows(hr.k, hr.krs, blk.kj, blk.nk, D, kr, Dkp, blk.nk, 1.f, ka);

@@ -1,5 +1,6 @@
 #include "clattn/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -62,20 +63,15 @@ ConstView make_view(const float* data, const Shape& s) {
 // page), with huge pages ~0.14 s/GB; random row gathers over long sequences also stop missing
 // the TLB. The rounding wastes at most half of a buffer at exactly 2 MB, ~nothing beyond.
 float* aligned_alloc_floats(size_t n) {
-  size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
-  if (bytes == 0) bytes = 64;
   constexpr size_t kHuge = size_t{2} << 20;
-  if (bytes >= kHuge) {
-    bytes = (bytes + kHuge - 1) / kHuge * kHuge;
-    void* p = std::aligned_alloc(kHuge, bytes);
-    if (!p) throw std::bad_alloc();
-#ifdef MADV_HUGEPAGE
-    madvise(p, bytes, MADV_HUGEPAGE);  // advice only: failure leaves ordinary pages
-#endif
-    return static_cast<float*>(p);
-  }
-  void* p = std::aligned_alloc(64, bytes);
+  const size_t want = std::max<size_t>(n * sizeof(float), 1);
+  const size_t align = want >= kHuge ? kHuge : 64;
+  const size_t bytes = (want + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, bytes);
   if (!p) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  if (align == kHuge) madvise(p, bytes, MADV_HUGEPAGE);  // advice only: failure leaves ordinary pages
+#endif
   return static_cast<float*>(p);
 }
 
