@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "attention/gather.h"
+#include "attention/tile/gather.h"
 #include "clattn/attention.h"
 #include "clattn/parallel.h"
 #include "clattn/rng.h"

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/validate.h"
 #include "clattn/attention.h"
 #include "clattn/error.h"
 #include "clattn/parallel.h"

@@ -11,9 +11,14 @@
 #include <typeinfo>
 #include <vector>
 
+#include "clattn/error.h"
+#include "clattn/scratch.h"
 #include "clattn/tensor.h"
 
 namespace clattn {
+
+class KVCache;
+struct AttentionState;
 
 struct AttentionInputs {                    // views only; nothing owned
   ConstView q, k, v;                        // (B, H, N, Dk), (B, Hkv, M, Dk), (B, Hkv, M, Dv)
@@ -21,6 +26,18 @@ struct AttentionInputs {                    // views only; nothing owned
   std::span<const int32_t> key_lengths;     // [B]; empty = all M valid
   bool causal = false;                      // query i sees keys j <= i + (M - N)
   ConstView bias;                           // (N, M) additive logits; `full` only
+  // Random stream of stochastic variants (capabilities().stochastic): every draw is a function
+  // of the spec's seed= and this step, so the same inputs and step give the same output. Training
+  // advances it each step; a resumed run passes the step it stopped at.
+  uint64_t step = 0;
+  // Layer state of stateful variants (capabilities().stateful: routing's EMA centroids), owned
+  // by the caller, saved and loaded with checkpoints. Required by a stateful variant.
+  AttentionState* state = nullptr;
+  // A training call: stateful variants update their state (routing's EMA); an evaluation call
+  // only reads it.
+  bool train = false;
+  // Decoding: k and v are cache->keys() and cache->values(); full reads its packed panels.
+  const KVCache* cache = nullptr;
 };
 
 // Sizes read off validated inputs.
@@ -29,43 +46,68 @@ struct AttentionDims {
   int64_t group() const { return H / Hkv; }  // query heads per key/value head
 };
 
-// What a variant honours; anything else is refused with an error naming mask and variant.
+// What a variant honours and is; a mask it cannot honour is refused with an error naming mask and
+// variant.
 struct Capabilities {
   bool causal = false;
   bool query_lengths = false;
   bool key_lengths = false;
   bool bias = false;
-  bool cross = false;      // N != M
-  bool gqa = false;        // H != Hkv
-  bool trainable = false;  // has backward
+  bool cross = false;       // N != M
+  bool gqa = false;         // H != Hkv
+  bool trainable = false;   // has backward
+  bool shared_qk = false;   // keys are the queries: k must be q (reformer)
+  bool stochastic = false;  // output depends on seed= and AttentionInputs::step
+  bool stateful = false;    // reads (and in training calls updates) AttentionInputs::state
+};
+
+// Forward only (inference), or forward then backward (training): what a call keeps and needs.
+enum class Mode { inference, training };
+
+// Persistent layer state as named buffers (routing's "centroids" (H, C, Dk)). A variant creates
+// a missing buffer from its seed on first use; the caller saves and restores them.
+struct AttentionState {
+  std::vector<std::pair<std::string, Tensor>> buffers;
+  Tensor* find(std::string_view name);
+  const Tensor* find(std::string_view name) const;
+  Tensor& add(std::string name, const Shape& shape);  // zero-filled; replaces one of that name
+};
+
+// Name, shape and meaning of one state buffer.
+struct StateBuffer {
+  std::string name;
+  Shape shape;
+  std::string what;
 };
 
 // Base of each variant's saved state (log-sum-exp, clusters, top-k sets...; never N x M).
 struct ContextState {
   virtual ~ContextState() = default;
+  virtual size_t bytes() const = 0;
 };
 
-// What forward leaves for backward. Reusing one Context across calls reuses its buffers.
-// Context::for_inference() makes one for forward-only use (serving, evaluation, benchmarks of the
-// forward): forward then skips what only backward reads, such as the copy of the output that
-// full, smyrf and reformer keep for D_i = dO_i · O_i (an extra pass over (B, H, N, Dv) each
-// call), and a backward given such a context is refused.
+// What forward leaves for backward, and the Scratch a call borrows. A Context owns its Scratch
+// unless given one to share (a model passes one Scratch to every layer's Context). Reusing one
+// Context across calls reuses every buffer; destroying it frees them. An inference context
+// (Context::for_inference()) keeps no backward state, and a backward given one is refused.
 class Context {
  public:
-  Context() = default;
-  static Context for_inference() {
-    Context c;
-    c.inference_ = true;
-    return c;
-  }
+  explicit Context(Mode mode = Mode::training, Scratch* shared = nullptr)
+      : inference_(mode == Mode::inference), shared_(shared) {}
+  static Context for_inference(Scratch* shared = nullptr) { return Context(Mode::inference, shared); }
   bool inference() const { return inference_; }
+  Mode mode() const { return inference_ ? Mode::inference : Mode::training; }
+  Scratch& scratch() { return shared_ ? *shared_ : own_; }
+
+  // Forward: the variant's state, made on first use (replaced when another variant's is held).
   template <class T>
   T& state() {
     if (!state_ || typeid(*state_) != typeid(T)) state_ = std::make_unique<T>();
     return static_cast<T&>(*state_);
   }
+  // Backward: the state a forward of the same variant left.
   template <class T>
-  const T& state() const {
+  const T& saved() const {
     check(!inference_, "attention: backward needs a training context, but this one was made by ",
           "Context::for_inference(), whose forward keeps no backward state");
     check(state_ && typeid(*state_) == typeid(T),
@@ -73,43 +115,40 @@ class Context {
     return static_cast<const T&>(*state_);
   }
   bool empty() const { return !state_; }
+  // Bytes held: the saved state and the Context's own Scratch (not a shared one).
+  size_t bytes() const { return (state_ ? state_->bytes() : 0) + own_.bytes(); }
+  // Frees the saved state and the own Scratch.
+  void release() {
+    state_.reset();
+    own_.release();
+  }
 
  private:
   std::unique_ptr<ContextState> state_;
   bool inference_ = false;
+  Scratch own_;
+  Scratch* shared_ = nullptr;
 };
 
+// One object per spec string. It holds only its parameters: forward and backward are const, keep
+// nothing between calls, and may run at once from several threads given different Contexts.
 class Attention {
  public:
   virtual ~Attention() = default;
   virtual std::string name() const = 0;  // canonical spec string, all parameters spelled out
   virtual const Capabilities& capabilities() const = 0;
   // out (B, H, N, Dv) is overwritten.
-  virtual void forward(const AttentionInputs& in, View out, Context& ctx) = 0;
+  virtual void forward(const AttentionInputs& in, View out, Context& ctx) const = 0;
   // Gradients are accumulated with +=: dq (B, H, N, Dk), dk (B, Hkv, M, Dk), dv (B, Hkv, M, Dv).
-  virtual void backward(const AttentionInputs& in, const Context& ctx, ConstView dout, View dq,
-                        View dk, View dv) = 0;
+  // `out` is the output the forward on `ctx` wrote (D_i = dO_i · O_i reads it).
+  virtual void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout,
+                        View dq, View dk, View dv) const = 0;
+  // Upper bound of the bytes a call of these sizes takes from the Scratch and the Context's saved
+  // state, on `threads` threads (the inputs, output and gradients are the caller's).
+  virtual size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const = 0;
+  // Stateful variants: the buffers of AttentionInputs::state for H query heads of dim Dk.
+  virtual std::vector<StateBuffer> state_buffers(int64_t /*H*/, int64_t /*Dk*/) const { return {}; }
 };
-
-// Validates inputs against the contract and the variant's capabilities (shapes, strides, lengths,
-// NaN/Inf, masks it cannot honour); returns the sizes. `who` names the variant in messages.
-AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& caps,
-                              std::string_view who);
-// Checks an output or gradient view has the expected shape and a unit innermost stride.
-void validate_output(ConstView t, const Shape& expected, std::string_view what,
-                     std::string_view who);
-
-// Checks the backward's gradient views: dout (B, H, N, Dv) and dq, dk, dv shaped like q, k, v.
-void validate_backward(const AttentionInputs& in, const AttentionDims& d, ConstView dout,
-                       ConstView dq, ConstView dk, ConstView dv, std::string_view who);
-
-// Valid query / key count of batch b (lengths default to the full size).
-inline int64_t valid_queries(const AttentionInputs& in, const AttentionDims& d, int64_t b) {
-  return in.query_lengths.empty() ? d.N : in.query_lengths[static_cast<size_t>(b)];
-}
-inline int64_t valid_keys(const AttentionInputs& in, const AttentionDims& d, int64_t b) {
-  return in.key_lengths.empty() ? d.M : in.key_lengths[static_cast<size_t>(b)];
-}
 
 // The registry: builds a variant from a spec string such as "full:scale=0.125".
 std::unique_ptr<Attention> make_attention(std::string_view spec);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 namespace clattn {
 
@@ -19,11 +20,16 @@ void parallel_team(F&& fn) {
   fn(thread_id(), team_size());
 }
 
-// Runs fn(i) for i in [0, n) over the OpenMP team with dynamic scheduling.
+// Runs fn(i, thread) -- or fn(i) -- for i in [0, n) over the OpenMP team with dynamic
+// scheduling. `thread` in [0, max_threads()) is the caller's index into its per-thread scratch:
+// kernels take it from here rather than asking OpenMP, so which scratch a task uses is explicit.
 template <class F>
 void parallel_for(int64_t n, F&& fn) {
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t i = 0; i < n; ++i) fn(i);
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_invocable_v<F&, int64_t, int>) fn(i, thread_id());
+    else fn(i);
+  }
 }
 
 }  // namespace clattn

@@ -94,6 +94,7 @@ class Tensor {
   // Reshape in place when the element count is unchanged; otherwise reallocate. Reuses storage
   // whose capacity suffices, so workspaces sized once are never touched fresh again.
   void resize(const Shape& s);
+  size_t bytes() const { return static_cast<size_t>(capacity_) * sizeof(float); }  // storage held
 
  private:
   struct Free { void operator()(float* p) const; };
@@ -112,10 +113,21 @@ class Workspace {
  public:
   float* floats(size_t n);  // pointer to at least n floats, valid until the next call
   size_t capacity() const { return capacity_; }
+  size_t bytes() const { return capacity_ * sizeof(float); }
  private:
   struct Free { void operator()(float* p) const { aligned_free_floats(p); } };
   std::unique_ptr<float[], Free> buf_;
   size_t capacity_ = 0;
 };
+
+// Bytes held by workspaces and vectors: what a kernel's workspace reports to its Scratch.
+inline size_t held_bytes() { return 0; }
+template <class T, class... R>
+size_t held_bytes(const T& x, const R&... rest) {
+  if constexpr (requires { x.capacity(); x.data(); })
+    return x.capacity() * sizeof(*x.data()) + held_bytes(rest...);
+  else
+    return x.bytes() + held_bytes(rest...);
+}
 
 }  // namespace clattn

@@ -2,7 +2,7 @@
 // never drops one. A variant registered here is complete: forward, backward, tests, benchmarks.
 #include <sstream>
 
-#include "attention/variants.h"
+#include "attention/registry.h"
 #include "clattn/attention.h"
 #include "clattn/spec.h"
 

@@ -5,7 +5,9 @@
 #include <cstring>
 #include <string>
 
+#include "attention/validate.h"
 #include "clattn/attention.h"
+#include "clattn/kv_cache.h"
 #include "core/simd.h"
 
 namespace clattn {
@@ -38,6 +40,18 @@ bool rows_finite(const float* base, int64_t sr, int64_t rows, int64_t cols) {
   return simd::hsum((acc[0] + acc[1]) + (acc[2] + acc[3])) == 0.f;
 }
 
+void check_lengths(std::span<const int32_t> len, int64_t B, int64_t limit, std::string_view what,
+                   std::string_view who) {
+  if (len.empty()) return;
+  check(static_cast<int64_t>(len.size()) == B, who, ": ", what, " must have B = ", B,
+        " entries, got ", len.size());
+  for (size_t b = 0; b < len.size(); ++b)
+    check(len[b] >= 0 && len[b] <= limit, who, ": ", what, "[", b, "] must be in [0, ", limit,
+          "], got ", len[b]);
+}
+
+}  // namespace
+
 void check_finite(ConstView t, std::string_view what, std::string_view who) {
   const int r = t.rank();
   const int64_t d0 = r == 4 ? t.dim(0) : 1, d1 = r == 4 ? t.dim(1) : 1;
@@ -67,18 +81,6 @@ void check_finite(ConstView t, std::string_view what, std::string_view who) {
           r == 4 ? std::to_string(a) + ", " + std::to_string(b) + ", " : std::string(), i, ", ",
           j, ")");
 }
-
-void check_lengths(std::span<const int32_t> len, int64_t B, int64_t limit, std::string_view what,
-                   std::string_view who) {
-  if (len.empty()) return;
-  check(static_cast<int64_t>(len.size()) == B, who, ": ", what, " must have B = ", B,
-        " entries, got ", len.size());
-  for (size_t b = 0; b < len.size(); ++b)
-    check(len[b] >= 0 && len[b] <= limit, who, ": ", what, "[", b, "] must be in [0, ", limit,
-          "], got ", len[b]);
-}
-
-}  // namespace
 
 AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& caps,
                               std::string_view who) {
@@ -113,6 +115,20 @@ AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& cap
   check(caps.query_lengths || in.query_lengths.empty(), "query_lengths are not supported by ", who);
   check(caps.key_lengths || in.key_lengths.empty(), "key_lengths are not supported by ", who);
   check(caps.bias || in.bias.empty(), "an additive bias is not supported by ", who);
+  check(!caps.shared_qk || (in.k.data == in.q.data && in.k.shape == in.q.shape &&
+                            in.k.strides == in.q.strides),
+        who, " is shared-QK attention: k must be q (the same view), got q ", in.q.shape.str(),
+        " and k ", in.k.shape.str(), in.k.data == in.q.data ? "" : " at another address");
+  check(!caps.stateful || in.state != nullptr, who,
+        " is stateful: pass its layer state in AttentionInputs::state (see state_buffers())");
+  if (in.cache) {
+    const KVCache& c = *in.cache;
+    const ConstView ck = c.keys(), cv = c.values();
+    check(in.k.data == ck.data && in.k.shape == ck.shape && in.k.strides == ck.strides &&
+              in.v.data == cv.data && in.v.shape == cv.shape && in.v.strides == cv.strides,
+          who, ": with a cache, k and v must be cache->keys() and cache->values() (cache holds ",
+          c.size(), " positions; k is ", in.k.shape.str(), ")");
+  }
   check_lengths(in.query_lengths, d.B, d.N, "query_lengths", who);
   check_lengths(in.key_lengths, d.B, d.M, "key_lengths", who);
   if (!in.bias.empty()) {
@@ -121,10 +137,12 @@ AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& cap
           ", ", d.M, "), got ", in.bias.shape.str());
   }
   check_finite(in.q, "q", who);
-  // Shared-QK callers pass q as k: the same memory needs no second pass.
-  if (in.k.data != in.q.data || !(in.k.shape == in.q.shape) || in.k.strides != in.q.strides)
-    check_finite(in.k, "k", who);
-  check_finite(in.v, "v", who);
+  // A cache's rows were checked on append; shared-QK callers pass q as k: no second pass.
+  if (!in.cache) {
+    if (in.k.data != in.q.data || !(in.k.shape == in.q.shape) || in.k.strides != in.q.strides)
+      check_finite(in.k, "k", who);
+    check_finite(in.v, "v", who);
+  }
   // The bias may hold -inf (a mask) but never NaN or +inf.
   if (!in.bias.empty())
     for (int64_t i = 0; i < d.N; ++i)
@@ -145,8 +163,12 @@ void validate_output(ConstView t, const Shape& expected, std::string_view what,
   check(t.numel() == 0 || t.data != nullptr, who, ": ", what, " is missing");
 }
 
-void validate_backward(const AttentionInputs& in, const AttentionDims& d, ConstView dout,
-                       ConstView dq, ConstView dk, ConstView dv, std::string_view who) {
+void validate_backward(const AttentionInputs& in, const AttentionDims& d, ConstView out,
+                       ConstView dout, ConstView dq, ConstView dk, ConstView dv,
+                       std::string_view who) {
+  check(in.cache == nullptr, who, ": backward through a KVCache is not supported (a cache is for ",
+        "decoding, which is inference)");
+  validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out (the forward's output)", who);
   validate_output(dout, Shape{d.B, d.H, d.N, d.Dv}, "dout", who);
   validate_output(dq, in.q.shape, "dq", who);
   validate_output(dk, in.k.shape, "dk", who);

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "clattn/tensor.h"
+
 #include "clattn/rng.h"
 
 namespace clattn::cluster {
@@ -44,6 +46,7 @@ struct KMeansScratch {
   std::vector<int64_t> sizes;     // (C)
   std::vector<uint32_t> dist;     // (n) distance to own centroid
   std::vector<int64_t> pick;      // (n) init draw
+  size_t bytes() const { return held_bytes(sorted, used, prev, counts, sizes, dist, pick); }
 };
 int64_t hamming_kmeans(const uint64_t* codes, int64_t n, int64_t C, int iterations,
                        const Rng& rng, uint64_t stream, int32_t* assign, uint64_t* centroids,

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "attention/clustered.h"
-#include "attention/clustered_ref.h"
-#include "attention/full.h"
+#include "attention/clustered/clustered.h"
+#include "attention/clustered/clustered_ref.h"
+#include "attention/full/full.h"
 #include "clattn/attention.h"
 #include "common/fd.h"
 #include "common/test_util.h"

@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "attention/full.h"
+#include "attention/full/full.h"
 #include "clattn/attention.h"
 #include "common/fd.h"
 #include "common/test_util.h"

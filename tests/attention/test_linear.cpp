@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/linear.h"
+#include "attention/linear/linear.h"
 #include "clattn/attention.h"
 #include "common/fd.h"
 #include "common/test_util.h"

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "attention/full.h"
+#include "attention/full/full.h"
 #include "clattn/attention.h"
 #include "common/test_util.h"
 

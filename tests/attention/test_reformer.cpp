@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/reformer.h"
+#include "attention/reformer/reformer.h"
 #include "clattn/attention.h"
 #include "common/fd.h"
 #include "common/test_util.h"

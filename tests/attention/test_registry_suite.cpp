@@ -8,13 +8,13 @@
 #include <string>
 #include <vector>
 
-#include "attention/clustered.h"
-#include "attention/full.h"
-#include "attention/linear.h"
-#include "attention/reformer.h"
-#include "attention/routing.h"
-#include "attention/smyrf.h"
-#include "attention/topk.h"
+#include "attention/clustered/clustered.h"
+#include "attention/full/full.h"
+#include "attention/linear/linear.h"
+#include "attention/reformer/reformer.h"
+#include "attention/routing/routing.h"
+#include "attention/smyrf/smyrf.h"
+#include "attention/topk/topk.h"
 #include "clattn/attention.h"
 #include "common/test_util.h"
 

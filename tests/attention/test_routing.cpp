@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "attention/full.h"
-#include "attention/routing.h"
+#include "attention/full/full.h"
+#include "attention/routing/routing.h"
 #include "clattn/attention.h"
 #include "common/fd.h"
 #include "common/test_util.h"

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "attention/full.h"
-#include "attention/smyrf.h"
+#include "attention/full/full.h"
+#include "attention/smyrf/smyrf.h"
 #include "clattn/attention.h"
 #include "common/fd.h"
 #include "common/test_util.h"

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "attention/full.h"
-#include "attention/topk.h"
+#include "attention/full/full.h"
+#include "attention/topk/topk.h"
 #include "clattn/attention.h"
 #include "common/fd.h"
 #include "common/test_util.h"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/ref_problem.h"
+#include "attention/tile/ref_problem.h"
 #include "clattn/attention.h"
 #include "common/test_util.h"
 

@@ -14,16 +14,17 @@
 // "previous", so q and v rows are read once per position and round, and the backward
 // accumulates per slot and writes dq/dv once per position and round. Hashing costs
 // D·(f1 + f2)/2 per position with f1·f2 = buckets ≈ 2N/chunk: it grows as N^1.5 (README).
-#include "attention/reformer.h"
+#include "attention/validate.h"
+#include "attention/reformer/reformer.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "attention/full.h"
-#include "attention/gather.h"
-#include "attention/tile_ops.h"
-#include "attention/variants.h"
+#include "attention/full/full.h"
+#include "attention/tile/gather.h"
+#include "attention/tile/tile_ops.h"
+#include "attention/registry.h"
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
 #include "cluster/cluster.h"

@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "attention/ref_problem.h"
+#include "attention/tile/ref_problem.h"
 #include "clattn/attention.h"
 
 namespace clattn {

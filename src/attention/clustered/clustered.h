@@ -37,18 +37,21 @@ struct ClusteredState : ContextState {
   Tensor mass;                     // (B, H, cmax) improved: m_j = Σ_{l∈T_j} A_jl
   Tensor lse_m;                    // (B, H, N) improved: per-query log-sum-exp over T_j, by position
   Tensor resid;                    // (B, H, cmax, Dv) Vc_j − Σ_{l∈T_j} A_jl v_l (= Vc_j when k = 0)
+  size_t bytes() const override {
+    return held_bytes(nclusters, order, offsets, topk_idx, ksel, qc, lse_c, mass, lse_m, resid);
+  }
 };
 
-struct ClusteredWorkspace;
-struct ClusteredWorkspaceDeleter { void operator()(ClusteredWorkspace* w) const; };
-using ClusteredWorkspacePtr = std::unique_ptr<ClusteredWorkspace, ClusteredWorkspaceDeleter>;
-ClusteredWorkspacePtr make_clustered_workspace();
+struct ClusteredWorkspace;  // clustered_internal.h; kept in the caller's Scratch
+// Upper bound of the Scratch and saved state of one call.
+size_t clustered_workspace_bytes(const AttentionDims& d, const ClusteredParams& p, Mode mode,
+                                 int threads);
 
-// Forward: clusters every (b, h) (hashing with the planes of rng stream `call`, Hamming k-means,
+// Forward: clusters every (b, h) (hashing with the planes of rng stream `step`, Hamming k-means,
 // counting sort), then the centroid attention and the broadcast (or improved member stage).
 // Fills st with everything backward needs.
 void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
-                        const ClusteredParams& p, uint64_t call, View out, ClusteredState& st,
+                        const ClusteredParams& p, uint64_t step, View out, ClusteredState& st,
                         ClusteredWorkspace& ws);
 void attn_clustered_bwd(const AttentionInputs& in, const AttentionDims& d,
                         const ClusteredParams& p, const ClusteredState& st, ConstView dout,

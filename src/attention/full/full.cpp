@@ -4,7 +4,9 @@
 // from the saved log-sum-exp. K and V are packed once per head for the microkernels
 // (core/microkernel.h); logits are kept in log2 units (Q pre-scaled by scale·log2 e) so every
 // exponential is one exp2.
-#include "attention/full.h"
+#include "attention/validate.h"
+#include "attention/full/full.h"
+#include "clattn/kv_cache.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,12 +14,12 @@
 #include <limits>
 #include <vector>
 
-#include "attention/grad_util.h"
-#include "attention/variants.h"
+#include "attention/tile/grad_util.h"
+#include "attention/registry.h"
 #include "clattn/parallel.h"
 #include "core/microkernel.h"
 #include "core/simd.h"
-#include "attention/tile_ops.h"
+#include "attention/tile/tile_ops.h"
 
 namespace clattn {
 namespace {
@@ -33,9 +35,10 @@ using tile::kLog2e;
 using mk::kPanel;
 using mk::round_up;
 
-// Per-thread tiles; sized on first use, reused by every later call.
+// Per-thread tiles; sized on first use, reused by every later call on the same Scratch.
 struct ThreadScratch {
   Workspace a, b, c, d, e, f;
+  size_t bytes() const { return held_bytes(a, b, c, d, e, f); }
 };
 
 }  // namespace
@@ -50,17 +53,26 @@ struct FullWorkspace {
   Workspace dkvp;   // (B, H, Mp, Dkp + Dvp) backward with GQA: per-query-head partial dK, dV
   std::vector<ThreadScratch> threads;
 
-  ThreadScratch& mine() { return threads[static_cast<size_t>(thread_id())]; }
   void ensure_threads() {
     if (threads.size() < static_cast<size_t>(max_threads()))
       threads.resize(static_cast<size_t>(max_threads()));
   }
+  size_t bytes() const {
+    size_t n = held_bytes(kpan, vpan, vrow, krow, stats, dqp, dkvp, threads);
+    for (const ThreadScratch& t : threads) n += t.bytes();
+    return n;
+  }
 };
 
-void FullWorkspaceDeleter::operator()(FullWorkspace* w) const { delete w; }
-FullWorkspacePtr make_full_workspace() { return FullWorkspacePtr(new FullWorkspace); }
-
 namespace {
+
+// Key chunks per head of the backward: enough tasks for >= 4 per thread. The partial dQ of each
+// chunk is summed in chunk order, so the backward's rounding depends on the thread count (see
+// README: what the thread count may change).
+int64_t bwd_chunks(const AttentionDims& d, int threads) {
+  const int64_t nkt_max = std::max<int64_t>(1, (d.M + kBcB - 1) / kBcB), BH = d.B * d.H;
+  return std::clamp<int64_t>((4 * threads + BH - 1) / BH, 1, nkt_max);
+}
 
 // Keys [key_begin(i), key_end(i)) are visible to query i (before the bias's own -inf entries).
 // Query i sits at key position i + off (off = M − N, the prefix-cache convention); causal keeps
@@ -112,21 +124,27 @@ void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scal
   const int64_t D = d.Dk, Dv = d.Dv, np = (d.M + kPanel - 1) / kPanel, Mp = np * kPanel;
   const int64_t Dvp = round_up(Dv, mk::kLanes);
   const float c = scale * kLog2e;
-  float* kpan = window > 0 ? nullptr : ws.kpan.floats(static_cast<size_t>(d.B * d.Hkv * Mp * D));  // (B, Hkv, np, D, 64)
+  // A band (local) packs each tile's few panels itself: packing every head up front would be a
+  // pass over all of K into a (B, Hkv, M, Dk) buffer that no cache holds at long N. A KVCache
+  // already holds K in panels and V in padded rows: a decode step reads them as they are.
+  const bool band = window > 0, cached = in.cache != nullptr;
+  float* kpan = band || cached ? nullptr : ws.kpan.floats(static_cast<size_t>(d.B * d.Hkv * Mp * D));  // (B, Hkv, np, D, 64)
   // V rows for O += P·V: used in place when Dv is a multiple of 16, else padded copies.
-  float* vrow = ws.vrow.floats(static_cast<size_t>(std::max<int64_t>(1, d.B * d.Hkv * mk::rows_operand_size(d.M, Dv))));
+  float* vrow = cached ? nullptr : ws.vrow.floats(static_cast<size_t>(std::max<int64_t>(1, d.B * d.Hkv * mk::rows_operand_size(d.M, Dv))));
   std::vector<mk::RowsOperand> vops(static_cast<size_t>(d.B * d.Hkv));
   ws.ensure_threads();
 
-  // A band (local) packs each tile's few panels itself: packing every head up front would be a
-  // pass over all of K into a (B, Hkv, M, Dk) buffer that no cache holds at long N.
-  const bool band = window > 0;
-  parallel_for(d.B * d.Hkv, [&](int64_t t) {
-    const int64_t b = t / d.Hkv, hk = t % d.Hkv;
-    if (!band) mk::pack_panels(in.k.ptr(b, hk, 0), d.M, D, in.k.stride(2), kpan + t * Mp * D);
-    vops[static_cast<size_t>(t)] = mk::rows_operand(in.v.ptr(b, hk, 0), d.M, Dv, in.v.stride(2),
-                                                    vrow + t * mk::rows_operand_size(d.M, Dv));
-  });
+  if (cached) {
+    for (int64_t t = 0; t < d.B * d.Hkv; ++t)
+      vops[static_cast<size_t>(t)] = {in.cache->value_rows(t / d.Hkv, t % d.Hkv), in.cache->value_ld()};
+  } else {
+    parallel_for(d.B * d.Hkv, [&](int64_t t) {
+      const int64_t b = t / d.Hkv, hk = t % d.Hkv;
+      if (!band) mk::pack_panels(in.k.ptr(b, hk, 0), d.M, D, in.k.stride(2), kpan + t * Mp * D);
+      vops[static_cast<size_t>(t)] = mk::rows_operand(in.v.ptr(b, hk, 0), d.M, Dv, in.v.stride(2),
+                                                      vrow + t * mk::rows_operand_size(d.M, Dv));
+    });
+  }
 
   // Tasks: (b, h, query tile) over valid queries; padded rows are zeroed by the task owning
   // the head's first tile. Causal tiles late in the sequence are the big ones: schedule first.
@@ -142,7 +160,7 @@ void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scal
     }
   const int64_t ntasks = static_cast<int64_t>(task_b.size());
 
-  parallel_for(ntasks, [&](int64_t tt) {
+  parallel_for(ntasks, [&](int64_t tt, int thread) {
     const int64_t t = in.causal ? ntasks - 1 - tt : tt;
     const int64_t b = task_b[static_cast<size_t>(t)], h = task_h[static_cast<size_t>(t)];
     const int64_t q0 = task_q0[static_cast<size_t>(t)], hk = h / d.group();
@@ -154,7 +172,7 @@ void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scal
       }
     const int64_t rows = std::min(kBr, nv - q0);
     if (rows <= 0) return;
-    ThreadScratch& sc = ws.mine();
+    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
     float* qs = sc.a.floats(static_cast<size_t>(kBr * D));      // (Br, D) scaled by c
     float* s = sc.b.floats(static_cast<size_t>(kBr * kBc));     // (Br, Bc) scores, then P
     float* oacc = sc.c.floats(static_cast<size_t>(kBr * Dvp));  // (Br, Dvp)
@@ -175,7 +193,7 @@ void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scal
       kp = own;
       kfirst = kbeg;
     } else {
-      kp = kpan + (b * d.Hkv + hk) * Mp * D;
+      kp = cached ? in.cache->key_panels(b, hk) : kpan + (b * d.Hkv + hk) * Mp * D;
     }
     const mk::RowsOperand vr = vops[static_cast<size_t>(b * d.Hkv + hk)];
 
@@ -240,13 +258,12 @@ void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
   });
 
   // Split each head's key tiles into P chunks so there are >= 4 tasks per thread.
-  const int64_t nkt_max = std::max<int64_t>(1, (d.M + kBcB - 1) / kBcB);
-  const int64_t P = std::clamp<int64_t>((4 * max_threads() + BH - 1) / BH, 1, nkt_max);
+  const int64_t P = bwd_chunks(d, max_threads());
   float* dqp = ws.dqp.floats(static_cast<size_t>(BH * P * d.N * Dkp));  // (B, H, P, N, Dkp)
   float* dkvp = G > 1 ? ws.dkvp.floats(static_cast<size_t>(BH * Mp * (Dkp + Dvp)))
                       : nullptr;  // (B, H, Mp, Dkp + Dvp)
 
-  parallel_for(BH * P, [&](int64_t t) {
+  parallel_for(BH * P, [&](int64_t t, int thread) {
     const int64_t b = t / (d.H * P), h = t / P % d.H, chunk = t % P, hk = h / G;
     const int64_t nv = valid_queries(in, d, b);
     const RowLimits lim{valid_keys(in, d, b), d.M - d.N, in.causal, window};
@@ -254,7 +271,7 @@ void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
     const int64_t kt0 = chunk * nkt / P, kt1 = (chunk + 1) * nkt / P;
     float* dqt = dqp + t * d.N * Dkp;  // (N, Dkp) this task's dQ
     std::memset(dqt, 0, sizeof(float) * static_cast<size_t>(nv * Dkp));
-    ThreadScratch& sc = ws.mine();
+    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
     float* qs = sc.a.floats(static_cast<size_t>(kBrB * Dkp));     // (Br, Dkp) Q·c
     float* dot = sc.b.floats(static_cast<size_t>(kBrB * Dvp));    // (Br, Dvp) dO
     float* p = sc.c.floats(static_cast<size_t>(kBrB * kBcB));     // (Br, Bc) P
@@ -330,23 +347,13 @@ void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
   if (dkvp) reduce_group_partials(in, d, dkvp, Mp, Dkp + Dvp, Dkp, dk, dv);
 }
 
-void save_output(ConstView out, Tensor& dst) {
-  dst.resize(out.shape);
-  View v = dst.view();
-  parallel_for(out.dim(0) * out.dim(1), [&](int64_t t) {
-    const int64_t b = t / out.dim(1), h = t % out.dim(1);
-    for (int64_t i = 0; i < out.dim(2); ++i)
-      std::memcpy(v.ptr(b, h, i), out.ptr(b, h, i), sizeof(float) * static_cast<size_t>(out.dim(3)));
-  });
-}
-
 namespace {
 
 // Exact attention, and with window > 0 the `local` band of it (same kernels, band-limited).
 class FullAttention final : public Attention {
  public:
   FullAttention(float scale, int64_t window)
-      : kind_(window > 0 ? "local" : "full"), scale_(scale), window_(window), ws_(make_full_workspace()) {
+      : kind_(window > 0 ? "local" : "full"), scale_(scale), window_(window) {
     // The band variant takes no bias: an additive (N, M) bias would defeat its linear memory.
     caps_ = Capabilities{.causal = true, .query_lengths = true, .key_lengths = true,
                          .bias = window == 0, .cross = true, .gqa = true, .trainable = true};
@@ -358,24 +365,28 @@ class FullAttention final : public Attention {
   }
   const Capabilities& capabilities() const override { return caps_; }
 
-  void forward(const AttentionInputs& in, View out, Context& ctx) override {
+  void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     const AttentionDims d = validate_inputs(in, caps_, kind_);
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", kind_);
     FullState& st = ctx.state<FullState>();
     st.lse.resize(Shape{d.B, d.H, d.N});
-    attn_full_fwd(in, d, scale_for(d), out, st.lse.data(), *ws_, window_);
-    if (!ctx.inference()) save_output(out, st.out);
+    attn_full_fwd(in, d, scale_for(d), out, st.lse.data(), ctx.scratch().get<FullWorkspace>(), window_);
   }
 
-  void backward(const AttentionInputs& in, const Context& ctx, ConstView dout, View dq, View dk,
-                View dv) override {
+  void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
+                View dk, View dv) const override {
     const AttentionDims d = validate_inputs(in, caps_, kind_);
-    const FullState& st = ctx.state<FullState>();
-    check(st.out.shape() == Shape{d.B, d.H, d.N, d.Dv}, kind_, ": backward inputs have shapes ",
-          "other than the forward's: forward saved out ", st.out.shape().str(), ", q is now ",
+    const FullState& st = ctx.saved<FullState>();
+    check(st.lse.shape() == Shape{d.B, d.H, d.N}, kind_, ": backward inputs have shapes ",
+          "other than the forward's: forward saved lse ", st.lse.shape().str(), ", q is now ",
           in.q.shape.str());
-    validate_backward(in, d, dout, dq, dk, dv, kind_);
-    attn_full_bwd(in, d, scale_for(d), st.out.view(), st.lse.data(), dout, dq, dk, dv, *ws_, window_);
+    validate_backward(in, d, out, dout, dq, dk, dv, kind_);
+    attn_full_bwd(in, d, scale_for(d), out, st.lse.data(), dout, dq, dk, dv,
+                  ctx.scratch().get<FullWorkspace>(), window_);
+  }
+
+  size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {
+    return full_workspace_bytes(d, mode, threads, window_);
   }
 
  private:
@@ -386,25 +397,41 @@ class FullAttention final : public Attention {
   float scale_;
   int64_t window_;
   Capabilities caps_;
-  FullWorkspacePtr ws_;
 };
 
 }  // namespace
+
+size_t full_workspace_bytes(const AttentionDims& d, Mode mode, int threads, int64_t window) {
+  const int64_t D = d.Dk, Dv = d.Dv, Mp = round_up(d.M, kPanel);
+  const int64_t Dkp = round_up(D, mk::kLanes), Dvp = round_up(Dv, mk::kLanes), BH = d.B * d.H;
+  // Forward: packed K (not for a band), padded V rows, per-thread tiles; the saved lse.
+  const int64_t band_keys = std::min(d.M, window + kBr + kPanel) + 2 * kPanel;
+  int64_t shared = (window > 0 ? 0 : d.B * d.Hkv * Mp * D) +
+                   std::max<int64_t>(1, d.B * d.Hkv * mk::rows_operand_size(d.M, Dv));
+  int64_t tile[6] = {kBr * D, kBr * kBc, kBr * Dvp, 3 * kBr, window > 0 ? band_keys * D : 0, 0};
+  int64_t state = BH * d.N;
+  if (mode == Mode::training) {
+    const int64_t P = bwd_chunks(d, threads);
+    shared += (window > 0 ? d.B * d.Hkv * Mp * D : 0) + d.B * d.Hkv * Mp * (Dv + Dkp) + 2 * BH * d.N +
+              BH * P * d.N * Dkp + (d.group() > 1 ? BH * Mp * (Dkp + Dvp) : 0);
+    const int64_t btile[6] = {kBrB * Dkp, kBrB * Dvp, kBrB * kBcB, kBrB * kBcB, kBcB * Dkp, kBcB * Dvp};
+    for (int i = 0; i < 6; ++i) tile[i] = std::max(tile[i], btile[i]);
+  }
+  int64_t per_thread = 0;
+  for (int64_t t : tile) per_thread += t;
+  return sizeof(float) * static_cast<size_t>(shared + state + threads * per_thread) +
+         static_cast<size_t>(threads) * sizeof(ThreadScratch);
+}
+
+std::unique_ptr<Attention> make_full_attention(float scale, int64_t window) {
+  return std::make_unique<FullAttention>(scale, window);
+}
 
 std::unique_ptr<Attention> make_full(const Spec& spec) {
   SpecReader r(spec);
   const double scale = r.get_float("scale", 0.0, 1e-6, 1e6);
   r.finish();
-  return std::make_unique<FullAttention>(static_cast<float>(scale), 0);
-}
-
-std::unique_ptr<Attention> make_local(const Spec& spec) {
-  SpecReader r(spec);
-  check(r.has("window"), "spec '", spec.text, "': window is required (e.g. local:window=256)");
-  const int64_t window = r.get_int("window", 0, 1, int64_t{1} << 40);
-  const double scale = r.get_float("scale", 0.0, 1e-6, 1e6);
-  r.finish();
-  return std::make_unique<FullAttention>(static_cast<float>(scale), window);
+  return make_full_attention(static_cast<float>(scale), 0);
 }
 
 }  // namespace clattn

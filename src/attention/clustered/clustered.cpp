@@ -7,18 +7,19 @@
 // seeded counter-based rng; initial centroids are distinct codes; C > N is allowed (each query is
 // then its own cluster, which is exact); key padding is honoured per head and cluster; work is
 // parallel over (batch × head), not batch only; memory is O((N + M)·D), not O(C·M) float masks.
-#include "attention/clustered.h"
+#include "attention/validate.h"
+#include "attention/clustered/clustered.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 
-#include "attention/clustered_internal.h"
-#include "attention/tile_ops.h"
-#include "attention/topk_select.h"
-#include "attention/grad_util.h"
-#include "attention/variants.h"
+#include "attention/clustered/clustered_internal.h"
+#include "attention/tile/tile_ops.h"
+#include "attention/tile/topk_select.h"
+#include "attention/tile/grad_util.h"
+#include "attention/registry.h"
 #include "clattn/parallel.h"
 #include "core/microkernel.h"
 
@@ -30,14 +31,12 @@ using tile::kInf;
 using tile::kLn2;
 using tile::kLog2e;
 
-void ClusteredWorkspaceDeleter::operator()(ClusteredWorkspace* w) const { delete w; }
-ClusteredWorkspacePtr make_clustered_workspace() { return ClusteredWorkspacePtr(new ClusteredWorkspace); }
 
 namespace {
 
-// Rng streams: (call, purpose, head) never collide for realistic call counts.
-uint64_t stream_of(uint64_t call, uint64_t purpose, uint64_t head) {
-  return ((call * 4 + purpose) << 32) + head;
+// Rng streams: (step, purpose, head) never collide for realistic step counts.
+uint64_t stream_of(uint64_t step, uint64_t purpose, uint64_t head) {
+  return ((step * 4 + purpose) << 32) + head;
 }
 
 }  // namespace
@@ -47,7 +46,7 @@ namespace {
 // Steps 1-3 of DESIGN §3 for one (b, h): hash the valid queries, Hamming k-means, counting sort
 // into st's segments. Returns C_eff (0 when no query or no key is valid).
 int64_t assign_head(const AttentionInputs& in, const AttentionDims& d, const ClusteredParams& p,
-                    uint64_t call, const Rng& rng, const cluster::LshPlanes& planes, int64_t t,
+                    uint64_t step, const Rng& rng, const cluster::LshPlanes& planes, int64_t t,
                     ClusteredState& st, ClusterScratch& sc) {
   const int64_t b = t / d.H, h = t % d.H;
   const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
@@ -66,7 +65,7 @@ int64_t assign_head(const AttentionInputs& in, const AttentionDims& d, const Clu
     sc.proj.resize(static_cast<size_t>(cluster::kHashBlock * 64));
     cluster::hash_codes(in.q.ptr(b, h, 0), nv, in.q.stride(2), planes, sc.codes.data(), sc.proj.data());
     ce = cluster::hamming_kmeans(sc.codes.data(), nv, p.clusters, p.iterations, rng,
-                                 stream_of(call, 1, static_cast<uint64_t>(t)), sc.assign.data(),
+                                 stream_of(step, 1, static_cast<uint64_t>(t)), sc.assign.data(),
                                  sc.centroids.data(), sc.km);
   }
   cluster::counting_sort(sc.assign.data(), nv, ce, st.order.data() + t * d.N,
@@ -95,7 +94,7 @@ void centroids(const AttentionInputs& in, int64_t b, int64_t h, int64_t Dk, int6
 }  // namespace
 
 void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
-                        const ClusteredParams& p, uint64_t call, View out, ClusteredState& st,
+                        const ClusteredParams& p, uint64_t step, View out, ClusteredState& st,
                         ClusteredWorkspace& ws) {
   const int64_t D = d.Dk, Dv = d.Dv, BH = d.B * d.H;
   st.cmax = std::max<int64_t>(1, std::min(p.clusters, d.N));
@@ -104,8 +103,8 @@ void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
   st.offsets.assign(static_cast<size_t>(BH * (st.cmax + 1)), 0);
   const int64_t cmax = st.cmax;
   const Rng rng(p.seed);
-  cluster::LshPlanes planes;  // one draw per call, shared by every head
-  if (!p.positional) planes = cluster::draw_planes(rng, stream_of(call, 0, 0), p.bits, D, p.hash_bias);
+  cluster::LshPlanes planes;  // one draw per step, shared by every head
+  if (!p.positional) planes = cluster::draw_planes(rng, stream_of(step, 0, 0), p.bits, D, p.hash_bias);
   const int64_t Dvp = round_up(Dv, mk::kLanes);
   const float scale = p.scale > 0 ? p.scale : 1.f / std::sqrt(static_cast<float>(D));
   const float c = scale * kLog2e;
@@ -122,13 +121,13 @@ void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
   }
   ws.ensure_threads();
 
-  // One task per (b, h) runs the whole pipeline: one barrier per call, and the head's packed keys
+  // One task per (b, h) runs the whole pipeline: one barrier per step, and the head's packed keys
   // live in per-thread scratch instead of a (B, Hkv, M, D) buffer.
-  parallel_for(BH, [&](int64_t t) {
+  parallel_for(BH, [&](int64_t t, int thread) {
     const int64_t b = t / d.H, h = t % d.H, hk = h / d.group();
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
-    ThreadScratch& sc = ws.mine();
-    const int64_t ce = assign_head(in, d, p, call, rng, planes, t, st, sc.cs);
+    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
+    const int64_t ce = assign_head(in, d, p, step, rng, planes, t, st, sc.cs);
     st.nclusters[static_cast<size_t>(t)] = static_cast<int32_t>(ce);
     for (int64_t i = ce > 0 ? nv : 0; i < d.N; ++i)  // padded rows, or all rows when nothing is visible
       std::memset(out.ptr(b, h, i), 0, sizeof(float) * static_cast<size_t>(Dv));
@@ -236,7 +235,7 @@ void attn_clustered_bwd(const AttentionInputs& in, const AttentionDims& d,
   // With GQA several query heads write the same key rows: give each its own partial dK, dV.
   float* dkvp = G > 1 ? ws.dkvp.floats(static_cast<size_t>(BH * Mp * (Dkp + Dvp))) : nullptr;
 
-  parallel_for(BH, [&](int64_t t) {
+  parallel_for(BH, [&](int64_t t, int thread) {
     const int64_t b = t / d.H, h = t % d.H, hk = h / G;
     const int64_t mv = valid_keys(in, d, b), ce = st.nclusters[static_cast<size_t>(t)];
     KeyGrads kg{dkvp ? dkvp + t * Mp * (Dkp + Dvp) : nullptr, Dkp + Dvp, dk, dv, b, hk, Dkp};
@@ -248,7 +247,7 @@ void attn_clustered_bwd(const AttentionInputs& in, const AttentionDims& d,
     const float* lse_c = st.lse_c.data() + t * cmax;
     const float* resid = st.resid.data() + t * cmax * Dv;
     const float* mass = st.mass.data() + t * cmax;
-    ThreadScratch& sc = ws.mine();
+    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
     float* gsum = sc.e.floats(static_cast<size_t>(ce * Dvp));   // (C, Dvp) G_j = Σ_members dO_i
     float* dqc = sc.f.floats(static_cast<size_t>(ce * Dkp));    // (C, Dkp) dQc
     float* delta = sc.g.floats(static_cast<size_t>(2 * ce));    // (C) δ_j, then (C) dm_j
@@ -329,6 +328,38 @@ void attn_clustered_bwd(const AttentionInputs& in, const AttentionDims& d,
     }
   });
   if (dkvp) reduce_group_partials(in, d, dkvp, Mp, Dkp + Dvp, Dkp, dk, dv);
+}
+
+}  // namespace clattn
+
+namespace clattn {
+
+size_t clustered_workspace_bytes(const AttentionDims& d, const ClusteredParams& p, Mode mode,
+                                 int threads) {
+  const int64_t D = d.Dk, Dv = d.Dv, BH = d.B * d.H, N = d.N, M = d.M;
+  const int64_t Dkp = round_up(D, mk::kLanes), Dvp = round_up(Dv, mk::kLanes), Mp = round_up(M, kPanel);
+  const int64_t C = std::max<int64_t>(1, std::min(p.clusters, N));
+  const int64_t k = p.topk > 0 ? std::max<int64_t>(1, std::min(p.topk, M)) : 0;
+  const int64_t kw = round_up(k, mk::kLanes);
+  int64_t set = 16;
+  while (set < 4 * std::min<int64_t>(C + 1, std::max<int64_t>(N, 1))) set *= 2;
+  constexpr int64_t f = sizeof(float);
+  // Per thread, in bytes: clustering (codes, k-means), the centroid stage, the member stage.
+  int64_t per = N * (8 + 4 + 4 + 4 + 8) + C * (8 + 64 * 4 + 8) + set * 9 + cluster::kHashBlock * 64 * f;
+  per += f * (kBc * D + mk::rows_operand_size(M, Dv) + C * D + kCb * kBc + C * Dvp + 3 * C) +
+         C * (2 * k * static_cast<int64_t>(sizeof(Cand)) + 8 + f);
+  if (k > 0)
+    per += f * (k * D + D * kw + kw * Dvp + kMb * D + 2 * kMb * kw + kMb * std::max(Dvp, Dkp) +
+                kw * Dkp + kw * Dvp + Dv * kw + kMb * Dvp + kw * Dkp + kw * Dvp + kMb * Dkp);
+  int64_t shared = 0;
+  if (mode == Mode::training) {
+    per += f * (C * Dvp + C * Dkp + 2 * C + kCb * Dkp + 2 * kCb * kBc + kBc * Dkp + kBc * Dvp) + C * 8;
+    shared = f * (d.B * d.Hkv * Mp * (D + Dv + Dkp) + (d.group() > 1 ? BH * Mp * (Dkp + Dvp) : 0));
+  }
+  const int64_t state = BH * (4 + 4 + N * 4 + (C + 1) * 4 + C * k * 4 + C * (D + Dv + 2) * f +
+                              (k > 0 ? N * f : 0));
+  return static_cast<size_t>(threads * (per + static_cast<int64_t>(sizeof(ThreadScratch))) +
+                             shared + state);
 }
 
 }  // namespace clattn

@@ -1,4 +1,5 @@
-#include "attention/grad_util.h"
+#include "attention/validate.h"
+#include "attention/tile/grad_util.h"
 
 #include "clattn/parallel.h"
 #include "core/simd.h"

@@ -3,16 +3,17 @@
 // kept keys. The backward recomputes the k scores of each query from its saved keys and
 // log-sum-exp. Queries that see fewer than k keys keep all of them, so k >= valid keys is exactly
 // full attention.
-#include "attention/topk.h"
+#include "attention/validate.h"
+#include "attention/topk/topk.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "attention/tile_ops.h"
-#include "attention/topk_select.h"
-#include "attention/grad_util.h"
-#include "attention/variants.h"
+#include "attention/tile/tile_ops.h"
+#include "attention/tile/topk_select.h"
+#include "attention/tile/grad_util.h"
+#include "attention/registry.h"
 #include "clattn/parallel.h"
 #include "core/microkernel.h"
 #include "core/simd.h"

@@ -20,18 +20,19 @@
 // copying, the one four ahead into L2 — at long N they come from DRAM in random order) and is
 // three small products. Rounds blend online into the output (tile::blend_round), the first
 // streamed. Memory O((N + M)·rounds) for the partition.
-#include "attention/smyrf.h"
+#include "attention/validate.h"
+#include "attention/smyrf/smyrf.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 
-#include "attention/full.h"
-#include "attention/gather.h"
-#include "attention/tile_ops.h"
-#include "attention/grad_util.h"
-#include "attention/variants.h"
+#include "attention/full/full.h"
+#include "attention/tile/gather.h"
+#include "attention/tile/tile_ops.h"
+#include "attention/tile/grad_util.h"
+#include "attention/registry.h"
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
 #include "cluster/cluster.h"

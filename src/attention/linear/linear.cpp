@@ -4,13 +4,14 @@
 // 64 x 64 product. Without a causal mask the state holds all valid keys from the first chunk on,
 // so one code path serves both. Work is parallel over (batch, kv head); the query heads of a
 // group run inside the task, so their key gradients never race. Time O(N·Dk·Dv), memory O(N·D).
-#include "attention/linear.h"
+#include "attention/validate.h"
+#include "attention/linear/linear.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "attention/variants.h"
+#include "attention/registry.h"
 #include "clattn/parallel.h"
 #include "core/microkernel.h"
 #include "core/simd.h"

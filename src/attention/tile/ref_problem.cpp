@@ -1,4 +1,4 @@
-#include "attention/ref_problem.h"
+#include "attention/tile/ref_problem.h"
 
 #include <algorithm>
 #include <cmath>

@@ -12,19 +12,20 @@
 // window selection, then per cluster three small products on gathered blocks of 64 members.
 // Memory O(N + C·window + 256·C). The default window N/C makes the attention O(N²/C) at fixed
 // C; a fixed `window=` keeps it linear (README, "Routing's window, decided").
-#include "attention/routing.h"
+#include "attention/validate.h"
+#include "attention/routing/routing.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 
-#include "attention/full.h"
-#include "attention/gather.h"
-#include "attention/tile_ops.h"
-#include "attention/topk_select.h"
-#include "attention/grad_util.h"
-#include "attention/variants.h"
+#include "attention/full/full.h"
+#include "attention/tile/gather.h"
+#include "attention/tile/tile_ops.h"
+#include "attention/tile/topk_select.h"
+#include "attention/tile/grad_util.h"
+#include "attention/registry.h"
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
 #include "core/microkernel.h"

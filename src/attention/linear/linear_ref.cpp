@@ -1,7 +1,7 @@
 // Reference linear attention: for every query, the sums over visible keys written out directly.
 #include <cmath>
 
-#include "attention/linear.h"
+#include "attention/linear/linear.h"
 
 namespace clattn {
 

@@ -4,8 +4,8 @@
 
 #include <vector>
 
-#include "attention/clustered.h"
-#include "attention/ref_problem.h"
+#include "attention/clustered/clustered.h"
+#include "attention/tile/ref_problem.h"
 
 namespace clattn {
 

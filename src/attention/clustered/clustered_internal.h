@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "attention/clustered.h"
-#include "attention/topk_select.h"
+#include "attention/clustered/clustered.h"
+#include "attention/tile/topk_select.h"
 #include "clattn/parallel.h"
 #include "clattn/tensor.h"
 #include "cluster/cluster.h"
@@ -36,6 +36,11 @@ struct ThreadScratch {
   std::vector<int64_t> ncand;       // (C) candidates held
   std::vector<float> thr;           // (C) filter threshold (k-th best so far)
   std::vector<int64_t> cursor;
+  size_t bytes() const {
+    return held_bytes(cs.codes, cs.centroids, cs.assign, cs.proj, kp, vr, a, b, c, d, e, f, g, h, i,
+                      kt, ktp, ktr, vt, vtp, vtr, qm, gm, sm, dp, um, dkt, dvt, cand, ncand, thr,
+                      cursor) + cs.km.bytes();
+  }
 };
 
 struct ClusteredWorkspace {
@@ -44,7 +49,11 @@ struct ClusteredWorkspace {
   Workspace krow;   // (B, Hkv, Mp, Dkp) K rows (backward)
   Workspace dkvp;   // (B, H, Mp, Dkp + Dvp) backward with GQA: per-query-head partial dK, dV
   std::vector<ThreadScratch> threads;
-  ThreadScratch& mine() { return threads[static_cast<size_t>(thread_id())]; }
+  size_t bytes() const {
+    size_t n = held_bytes(kpan, vpan, krow, dkvp, threads);
+    for (const ThreadScratch& t : threads) n += t.bytes();
+    return n;
+  }
   void ensure_threads() {
     if (threads.size() < static_cast<size_t>(max_threads()))
       threads.resize(static_cast<size_t>(max_threads()));

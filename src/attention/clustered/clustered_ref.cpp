@@ -4,8 +4,8 @@
 #include <limits>
 #include <vector>
 
-#include "attention/clustered.h"
-#include "attention/clustered_ref.h"
+#include "attention/clustered/clustered.h"
+#include "attention/clustered/clustered_ref.h"
 
 namespace clattn {
 

@@ -8,8 +8,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "attention/clustered_internal.h"
-#include "attention/tile_ops.h"
+#include "attention/clustered/clustered_internal.h"
+#include "attention/tile/tile_ops.h"
 #include "core/microkernel.h"
 #include "core/simd.h"
 

@@ -5,7 +5,8 @@
 #include <limits>
 #include <vector>
 
-#include "attention/full.h"
+#include "attention/validate.h"
+#include "attention/full/full.h"
 
 namespace clattn {
 namespace {

@@ -1,6 +1,7 @@
 // Exact softmax attention: the fast tiled kernels and the plain reference beside them.
 #pragma once
 
+#include "attention/validate.h"
 #include "clattn/attention.h"
 #include "clattn/tensor.h"
 
@@ -14,14 +15,16 @@ struct FullParams {
 struct FullState : ContextState {
   Tensor lse;  // (B, H, N) natural-log log-sum-exp of the scaled logits; +inf for rows that see
                // no key, 0 for padded rows
-  Tensor out;  // (B, H, N, Dv) copy of the output (backward needs D_i = dO_i · O_i)
+  size_t bytes() const override { return lse.bytes(); }
 };
 
-// Scratch reused across calls (packed K/V per head, per-thread tiles, partial gradients).
+// Scratch of the full kernels (packed K/V per head, per-thread tiles, partial gradients), kept
+// in the caller's Scratch; full_workspace_bytes bounds it with the saved lse.
 struct FullWorkspace;
-struct FullWorkspaceDeleter { void operator()(FullWorkspace* w) const; };
-using FullWorkspacePtr = std::unique_ptr<FullWorkspace, FullWorkspaceDeleter>;
-FullWorkspacePtr make_full_workspace();
+size_t full_workspace_bytes(const AttentionDims& d, Mode mode, int threads, int64_t window);
+
+// `full` (window 0) or `local` (window > 0) as an Attention.
+std::unique_ptr<Attention> make_full_attention(float scale, int64_t window);
 
 // Fast kernels. Inputs must already be validated (validate_inputs). out (B, H, N, Dv), lse (B, H, N).
 // window > 0 restricts query i (at key position i + M − N) to keys within window/2 of it, or with
@@ -32,10 +35,6 @@ void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scal
 void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scale, ConstView out,
                    const float* lse, ConstView dout, View dq, View dk, View dv, FullWorkspace& ws,
                    int64_t window = 0);
-
-// Copies an output (B, H, N, Dv) view into dst, reusing dst's storage: the FullState.out that the
-// backward's D_i = dO_i · O_i needs.
-void save_output(ConstView out, Tensor& dst);
 
 // Reference: one row at a time in double, obviously right, O(M) memory per row.
 void attn_full_ref_fwd(const AttentionInputs& in, float scale, View out, float* lse,

@@ -1,0 +1,90 @@
+// The registered faces of the clustered family: `clustered` and `improved-clustered`.
+// The planes and initial centroids are drawn from (seed, AttentionInputs::step): the same step
+// gives the same clusters, training advances the step to see new hashes, and backward reuses the
+// partition saved in the context.
+#include <cmath>
+#include <string>
+
+#include "attention/validate.h"
+#include "attention/clustered/clustered.h"
+#include "attention/clustered/clustered_internal.h"
+#include "attention/registry.h"
+
+namespace clattn {
+namespace {
+
+class ClusteredAttention final : public Attention {
+ public:
+  ClusteredAttention(std::string kind, const ClusteredParams& p) : kind_(std::move(kind)), p_(p) {
+    caps_ = Capabilities{.causal = false, .query_lengths = true, .key_lengths = true, .bias = false,
+                         .cross = true, .gqa = true, .trainable = true, .shared_qk = false,
+                         .stochastic = !p.positional, .stateful = false};
+  }
+  std::string name() const override {
+    std::string s = detail::concat(kind_, ":clusters=", p_.clusters);
+    if (p_.topk > 0) s += detail::concat(",topk=", p_.topk);
+    if (p_.positional) return s + detail::concat(",clustering=positional,seed=", p_.seed);
+    return s + detail::concat(",bits=", p_.bits, ",iterations=", p_.iterations,
+                              ",hash_bias=", p_.hash_bias ? "true" : "false", ",seed=", p_.seed,
+                              p_.scale > 0 ? detail::concat(",scale=", p_.scale) : std::string());
+  }
+  const Capabilities& capabilities() const override { return caps_; }
+
+  void forward(const AttentionInputs& in, View out, Context& ctx) const override {
+    const AttentionDims d = validate_inputs(in, caps_, kind_);
+    validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", kind_);
+    ClusteredState& st = ctx.state<ClusteredState>();
+    attn_clustered_fwd(in, d, p_, in.step, out, st, ctx.scratch().get<ClusteredWorkspace>());
+  }
+
+  void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
+                View dk, View dv) const override {
+    const AttentionDims d = validate_inputs(in, caps_, kind_);
+    const ClusteredState& st = ctx.saved<ClusteredState>();
+    check(st.order.size() == static_cast<size_t>(d.B * d.H * d.N) &&
+              st.qc.shape() == Shape{d.B, d.H, st.cmax, d.Dk},
+          kind_, ": backward inputs have shapes other than the forward's (q is now ",
+          in.q.shape.str(), ")");
+    validate_backward(in, d, out, dout, dq, dk, dv, kind_);
+    attn_clustered_bwd(in, d, p_, st, dout, dq, dk, dv, ctx.scratch().get<ClusteredWorkspace>());
+  }
+
+  size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {
+    return clustered_workspace_bytes(d, p_, mode, threads);
+  }
+
+ private:
+  std::string kind_;
+  ClusteredParams p_;
+  Capabilities caps_;
+};
+
+ClusteredParams read_clustered(SpecReader& r, const Spec& spec, bool improved) {
+  ClusteredParams p;
+  check(r.has("clusters"), "spec '", spec.text, "': clusters is required (e.g. ", spec.name,
+        ":clusters=100)");
+  p.clusters = r.get_int("clusters", 0, 1, int64_t{1} << 30);
+  p.bits = static_cast<int>(r.get_int("bits", 63, 1, 64));
+  p.iterations = static_cast<int>(r.get_int("iterations", 10, 0, 1000));
+  p.hash_bias = r.get_bool("hash_bias", true);
+  p.positional = r.get_choice("clustering", "lsh", {"lsh", "positional"}) == "positional";
+  if (improved) p.topk = r.get_int("topk", 32, 1, int64_t{1} << 30);
+  p.scale = static_cast<float>(r.get_float("scale", 0.0, 1e-6, 1e6));
+  p.seed = static_cast<uint64_t>(r.get_int("seed", 0, 0, int64_t{1} << 62));
+  r.finish();
+  return p;
+}
+
+}  // namespace
+
+std::unique_ptr<Attention> make_clustered(const Spec& spec) {
+  SpecReader r(spec);
+  return std::make_unique<ClusteredAttention>("clustered", read_clustered(r, spec, false));
+}
+
+std::unique_ptr<Attention> make_improved_clustered(const Spec& spec) {
+  SpecReader r(spec);
+  return std::make_unique<ClusteredAttention>("improved-clustered", read_clustered(r, spec, true));
+}
+
+}  // namespace clattn

@@ -1,0 +1,57 @@
+// `conditional-full:length_limit=L,<inner spec>` (fast-transformers' conditional-full): exact
+// attention for N <= L queries, the inner variant beyond. It advertises the inner variant's
+// capabilities, so a mask the inner one cannot honour is refused at every length rather than
+// only at long ones, and a backward always runs the variant its forward ran (both pick by N).
+#include <algorithm>
+
+#include "attention/full/full.h"
+#include "attention/registry.h"
+#include "attention/validate.h"
+
+namespace clattn {
+namespace {
+
+class ConditionalFull final : public Attention {
+ public:
+  ConditionalFull(int64_t limit, std::unique_ptr<Attention> inner)
+      : limit_(limit), full_(make_full_attention(0.f, 0)), inner_(std::move(inner)) {}
+  std::string name() const override {
+    return detail::concat("conditional-full:length_limit=", limit_, ",", inner_->name());
+  }
+  const Capabilities& capabilities() const override { return inner_->capabilities(); }
+  void forward(const AttentionInputs& in, View out, Context& ctx) const override {
+    pick(in).forward(in, out, ctx);
+  }
+  void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
+                View dk, View dv) const override {
+    pick(in).backward(in, out, ctx, dout, dq, dk, dv);
+  }
+  size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {
+    return (d.N <= limit_ ? *full_ : *inner_).workspace_bytes(d, mode, threads);
+  }
+  std::vector<StateBuffer> state_buffers(int64_t H, int64_t Dk) const override {
+    return inner_->state_buffers(H, Dk);
+  }
+
+ private:
+  const Attention& pick(const AttentionInputs& in) const {
+    validate_inputs(in, inner_->capabilities(), "conditional-full");
+    return in.q.dim(2) <= limit_ ? *full_ : *inner_;
+  }
+  int64_t limit_;
+  std::unique_ptr<Attention> full_, inner_;
+};
+
+}  // namespace
+
+std::unique_ptr<Attention> make_conditional_full(const Spec& spec) {
+  SpecReader r(spec);
+  const int64_t limit = r.get_int("length_limit", 512, 0, int64_t{1} << 40);
+  r.finish();
+  check(!spec.inner.empty(), "spec '", spec.text,
+        "': conditional-full needs an inner attention, e.g. "
+        "conditional-full:length_limit=512,improved-clustered:clusters=100");
+  return std::make_unique<ConditionalFull>(limit, make_attention(spec.inner));
+}
+
+}  // namespace clattn

@@ -1,0 +1,37 @@
+// Input validation shared by every variant (internal): the attention contract of DESIGN §2
+// checked once, up front, with messages that name the rule, the variant and the values seen.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "clattn/attention.h"
+
+namespace clattn {
+
+// Validates inputs against the contract and the variant's capabilities (shapes, strides, lengths,
+// NaN/Inf, masks it cannot honour, k = q for shared-QK, state for stateful, a cache's views);
+// returns the sizes. `who` names the variant in messages.
+AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& caps,
+                              std::string_view who);
+// Checks an output or gradient view has the expected shape and a unit innermost stride.
+void validate_output(ConstView t, const Shape& expected, std::string_view what,
+                     std::string_view who);
+// Checks the backward's views: out and dout (B, H, N, Dv), dq, dk, dv shaped like q, k, v; and
+// refuses a cache (decoding is inference).
+void validate_backward(const AttentionInputs& in, const AttentionDims& d, ConstView out,
+                       ConstView dout, ConstView dq, ConstView dk, ConstView dv,
+                       std::string_view who);
+
+// Throws naming `what`, `who` and the index of the first NaN/Inf in a rank-2 or rank-4 view.
+void check_finite(ConstView t, std::string_view what, std::string_view who);
+
+// Valid query / key count of batch b (lengths default to the full size).
+inline int64_t valid_queries(const AttentionInputs& in, const AttentionDims& d, int64_t b) {
+  return in.query_lengths.empty() ? d.N : in.query_lengths[static_cast<size_t>(b)];
+}
+inline int64_t valid_keys(const AttentionInputs& in, const AttentionDims& d, int64_t b) {
+  return in.key_lengths.empty() ? d.M : in.key_lengths[static_cast<size_t>(b)];
+}
+
+}  // namespace clattn
