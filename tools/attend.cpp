@@ -2,6 +2,7 @@
 // `clattn make-inputs`: write a random input file to try it on.
 // attend checks only what it reads (presence, dtype, rank); shapes and their agreement are the
 // attention's own preconditions (validate_inputs), so they are not repeated here.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <optional>
@@ -22,8 +23,9 @@ namespace {
 
 struct AttendOptions {
   std::string spec, input, output;
-  bool causal = false;
+  bool causal = false, train = false;
   int threads = 0;
+  uint64_t step = 0;
 };
 
 // "(2, 3)": the info shape may have any rank, so not via Shape (which caps it).
@@ -61,7 +63,14 @@ void run_attend(const AttendOptions& o) {
   auto att = make_attention(o.spec);
   const SafetensorsFile f = SafetensorsFile::open(o.input);
   const Tensor q = load_rank(f, "q", 4, "(B, H, N, D)");
-  const Tensor k = load_rank(f, "k", 4, "(B, Hkv, M, D)");
+  // Shared-QK attention (reformer) takes q as its keys: k may be absent, or must equal q.
+  const bool shared_qk = att->capabilities().shared_qk;
+  const Tensor k = shared_qk && !f.has("k") ? Tensor() : load_rank(f, "k", 4, "(B, Hkv, M, D)");
+  if (shared_qk && k.defined())
+    check(k.shape() == q.shape() &&
+              std::equal(k.data(), k.data() + k.numel(), q.data()),
+          "attend: ", att->name(), " is shared-QK attention (keys are the queries): the input's k ",
+          "must be absent or equal to q, got k ", k.shape().str(), " and q ", q.shape().str());
   const Tensor v = load_rank(f, "v", 4, "(B, Hkv, M, Dv)");
   const std::vector<int32_t> qlen = load_lengths(f, "query_lengths"), klen = load_lengths(f, "key_lengths");
   std::optional<Tensor> bias, dout;
@@ -70,11 +79,15 @@ void run_attend(const AttendOptions& o) {
 
   AttentionInputs in;
   in.q = q.view();
-  in.k = k.view();
+  in.k = shared_qk ? q.view() : k.view();
   in.v = v.view();
   in.query_lengths = qlen;
   in.key_lengths = klen;
   in.causal = o.causal;
+  in.step = o.step;
+  in.train = o.train;
+  AttentionState state;  // a stateful variant's layer state, fresh from its seed
+  in.state = &state;
   if (bias) in.bias = bias->view();
   Tensor out(Shape{q.dim(0), q.dim(1), q.dim(2), v.dim(3)});  // (B, H, N, Dv)
   // Without dO there is no backward: the forward need not keep its backward state.
@@ -87,9 +100,9 @@ void run_attend(const AttendOptions& o) {
   std::string bwd;
   if (dout) {
     // backward accumulates (+=), so the gradients start at zero.
-    Tensor dq(q.shape()), dk(k.shape()), dv(v.shape());  // like q, k, v
+    Tensor dq(q.shape()), dk(in.k.shape), dv(v.shape());  // like q, k, v
     const auto t1 = std::chrono::steady_clock::now();
-    att->backward(in, ctx, dout->view(), dq.view(), dk.view(), dv.view());
+    att->backward(in, out.view(), ctx, dout->view(), dq.view(), dk.view(), dv.view());
     char buf[48];
     std::snprintf(buf, sizeof buf, ", backward %.2f ms", ms_since(t1));
     bwd = buf;
@@ -101,7 +114,7 @@ void run_attend(const AttendOptions& o) {
   w.set_metadata("causal", o.causal ? "true" : "false");
   w.write(o.output);
   std::fprintf(stderr, "attend: %s on q %s, k %s, v %s%s%s%s%s: forward %.2f ms%s -> %s\n",
-               att->name().c_str(), q.shape().str().c_str(), k.shape().str().c_str(),
+               att->name().c_str(), q.shape().str().c_str(), in.k.shape.str().c_str(),
                v.shape().str().c_str(), bias ? ", bias" : "", qlen.empty() ? "" : ", query_lengths",
                klen.empty() ? "" : ", key_lengths", o.causal ? " (causal)" : "", fwd_ms, bwd.c_str(),
                o.output.c_str());
@@ -153,12 +166,16 @@ void add_attend(CLI::App& app) {
       "attend",
       "Run an attention spec on tensors from a safetensors file: q (B,H,N,D), k (B,Hkv,M,D), "
       "v (B,Hkv,M,Dv), optional query_lengths/key_lengths (I32 [B]), bias (N,M) and do "
-      "(B,H,N,Dv). Writes o, and dq, dk, dv when do is given.");
+      "(B,H,N,Dv); k may be absent for shared-QK attention (reformer), which uses q. Writes o, "
+      "and dq, dk, dv when do is given.");
   sub->add_option("--spec", opts->spec, "attention spec, e.g. full or full:scale=0.125")->required();
   sub->add_option("--input", opts->input, "input .safetensors")->required();
   sub->add_option("--output", opts->output, "output .safetensors (written atomically)")->required();
   sub->add_flag("--causal", opts->causal, "causal mask (query i sees keys j <= i + M - N)");
   sub->add_option("--threads", opts->threads, "OpenMP threads (default: all)");
+  sub->add_option("--step", opts->step,
+                  "random step of stochastic variants: same spec, inputs and step give the same output");
+  sub->add_flag("--train", opts->train, "a training call (routing centroids=ema updates its state)");
   sub->callback([opts] { run_attend(*opts); });
 }
 

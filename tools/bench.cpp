@@ -108,9 +108,10 @@ std::vector<std::string> expand_all(const std::vector<std::string>& items, const
   return out;
 }
 
-// Runs one (spec, n) case on prepared inputs; a variant that throws yields an error row.
-bool shares_qk(const std::string& spec) { return parse_spec(spec).name == "reformer"; }
+// Shared-QK attention (reformer) takes the queries as its keys: read off its capabilities.
+bool shares_qk(const std::string& spec) { return make_attention(spec)->capabilities().shared_qk; }
 
+// Runs one (spec, n) case on prepared inputs; a variant that throws yields an error row.
 CaseResult run_case(const std::string& spec, const AttentionInputs& in_given, const ConstView& dout,
                     Buffers& buf, const BenchOptions& o, MemoryProbe& mem, double flops) {
   CaseResult r;
@@ -121,12 +122,15 @@ CaseResult run_case(const std::string& spec, const AttentionInputs& in_given, co
     std::unique_ptr<Attention> att = make_attention(spec);
     // Shared-QK attention (reformer) takes the queries as its keys (see the --help recipe).
     AttentionInputs in = in_given;
-    if (shares_qk(spec)) in.k = in.q;
+    if (att->capabilities().shared_qk) in.k = in.q;
+    AttentionState state;  // layer state of a stateful variant (routing's EMA centroids)
+    in.state = &state;
+    in.train = o.backward;
     // A forward-only case times inference: no backward state is kept (Context::for_inference).
     Context ctx = o.backward ? Context() : Context::for_inference();
     auto call = [&] {
       att->forward(in, buf.out, ctx);
-      if (o.backward) att->backward(in, ctx, dout, buf.dq, buf.dk, buf.dv);
+      if (o.backward) att->backward(in, buf.out, ctx, dout, buf.dq, buf.dk, buf.dv);
     };
     call();  // warm-up: pays first touches of workspace and context, as a first real call would
     std::vector<double> ms;

@@ -2,6 +2,7 @@
 // not trimmed), no empty items, keys or values, no repeated keys; the first item after ':' that is
 // not key=value (no '=', or a ':' before its '=') starts the inner spec of a wrapper (everything
 // after it, verbatim). Only wrappers accept one: the registry rejects it for every other variant.
+#include "attention/registry.h"
 #include "clattn/spec.h"
 
 #include <algorithm>

@@ -50,6 +50,21 @@ void check_lengths(std::span<const int32_t> len, int64_t B, int64_t limit, std::
           "], got ", len[b]);
 }
 
+// Shared-QK attention: k is q itself, or a tensor of identical shape and values (checked row by
+// row; the same view costs nothing).
+void check_shared_qk(const AttentionInputs& in, std::string_view who) {
+  const bool same_view = in.k.data == in.q.data && in.k.shape == in.q.shape && in.k.strides == in.q.strides;
+  bool equal = same_view || in.k.shape == in.q.shape;
+  for (int64_t b = 0; !same_view && equal && b < in.q.dim(0); ++b)
+    for (int64_t h = 0; equal && h < in.q.dim(1); ++h)
+      for (int64_t i = 0; equal && i < in.q.dim(2); ++i)
+        equal = std::memcmp(in.q.ptr(b, h, i), in.k.ptr(b, h, i),
+                            sizeof(float) * static_cast<size_t>(in.q.dim(3))) == 0;
+  check(equal, who, " is shared-QK attention (keys are the queries): it needs k identical to q, ",
+        "got q ", in.q.shape.str(), " and k ", in.k.shape.str(),
+        in.k.shape == in.q.shape ? " with other values" : "");
+}
+
 }  // namespace
 
 void check_finite(ConstView t, std::string_view what, std::string_view who) {
@@ -115,10 +130,7 @@ AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& cap
   check(caps.query_lengths || in.query_lengths.empty(), "query_lengths are not supported by ", who);
   check(caps.key_lengths || in.key_lengths.empty(), "key_lengths are not supported by ", who);
   check(caps.bias || in.bias.empty(), "an additive bias is not supported by ", who);
-  check(!caps.shared_qk || (in.k.data == in.q.data && in.k.shape == in.q.shape &&
-                            in.k.strides == in.q.strides),
-        who, " is shared-QK attention: k must be q (the same view), got q ", in.q.shape.str(),
-        " and k ", in.k.shape.str(), in.k.data == in.q.data ? "" : " at another address");
+  if (caps.shared_qk) check_shared_qk(in, who);
   check(!caps.stateful || in.state != nullptr, who,
         " is stateful: pass its layer state in AttentionInputs::state (see state_buffers())");
   if (in.cache) {

@@ -87,7 +87,7 @@ TEST(Clustered, ImprovedNeverWorseThanClusteredInL1) {
       Context c1, c2;
       Tensor oc = run_forward("clustered:clusters=" + std::to_string(c) + opts, pd.inputs(), c1);
       Tensor oi = run_forward("improved-clustered:clusters=" + std::to_string(c) + ",topk=" + std::to_string(k) + opts, pd.inputs(), c2);
-      ASSERT_EQ(c1.state<ClusteredState>().order, c2.state<ClusteredState>().order);
+      ASSERT_EQ(c1.saved<ClusteredState>().order, c2.saved<ClusteredState>().order);
       Tensor of = full_of(pd.inputs());
       for (int64_t r = 0; r < 2 * n; ++r) {
         double lc = 0, li = 0;
@@ -130,14 +130,18 @@ TEST(Clustered, SeedsAreReproducible) {
   Tensor o2 = run_forward("improved-clustered:clusters=10,seed=3", pd.inputs(), b);
   Tensor o3 = run_forward("improved-clustered:clusters=10,seed=4", pd.inputs(), c);
   for (int64_t i = 0; i < o1.numel(); ++i) ASSERT_EQ(o1.data()[i], o2.data()[i]);
-  EXPECT_NE(a.state<ClusteredState>().order, c.state<ClusteredState>().order);
-  // A second call of the same object draws fresh planes (training sees new hashes each step).
+  EXPECT_NE(a.saved<ClusteredState>().order, c.saved<ClusteredState>().order);
+  // Another step draws fresh planes (training sees new hashes each step); the same step repeats.
   auto att = make_attention("clustered:clusters=10,seed=3");
-  Context x, y;
+  Context x, y, z;
   Tensor out(Shape{2, 2, 300, 16});
-  att->forward(pd.inputs(), out.view(), x);
-  att->forward(pd.inputs(), out.view(), y);
-  EXPECT_NE(x.state<ClusteredState>().order, y.state<ClusteredState>().order);
+  AttentionInputs in = pd.inputs();
+  att->forward(in, out.view(), x);
+  in.step = 1;
+  att->forward(in, out.view(), y);
+  EXPECT_NE(x.saved<ClusteredState>().order, y.saved<ClusteredState>().order);
+  att->forward(in, out.view(), z);
+  EXPECT_EQ(y.saved<ClusteredState>().order, z.saved<ClusteredState>().order);
 }
 
 TEST(Clustered, DegenerateQueriesNeverGiveNaN) {
@@ -155,7 +159,7 @@ TEST(Clustered, DegenerateQueriesNeverGiveNaN) {
       auto att = make_attention(spec);
       Tensor dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
       att->forward(pd.inputs(), out.view(), ctx);
-      att->backward(pd.inputs(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+      att->backward(pd.inputs(), out.view(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
       EXPECT_TRUE(testing::all_finite(dq.view()) && testing::all_finite(dk.view()) && testing::all_finite(dv.view()));
     }
   }
@@ -206,7 +210,7 @@ TEST(Clustered, ConditionalFullSwitchesAtTheLimit) {
 void check_gradients(const std::string& spec, const Problem& p) {
   testing::check_fd_gradients(spec, clustered_data(p, 3, 0.8f),
                               [](const RefProblem& pr, const Context& ctx, std::vector<double>& o) {
-                                attn_clustered_ref(pr, ctx.state<ClusteredState>(), o);
+                                attn_clustered_ref(pr, ctx.saved<ClusteredState>(), o);
                               });
 }
 

@@ -71,7 +71,7 @@ void check_gradients(const Problem& p, const std::string& spec = "full", int64_t
   Context ctx;
   att->forward(pd.inputs(), out.view(), ctx);
   Tensor dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
-  att->backward(pd.inputs(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+  att->backward(pd.inputs(), out.view(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
 
   auto to_d = [](const Tensor& t) { return std::vector<double>(t.data(), t.data() + t.numel()); };
   std::vector<double> q = to_d(pd.q), k = to_d(pd.k), v = to_d(pd.v);
@@ -115,11 +115,12 @@ TEST(FullKernel, LargeLogitsAndManyTiles) {
 TEST(FullKernel, LogSumExp) {
   Problem p{.B = 2, .H = 1, .Hkv = 1, .N = 9, .M = 600, .Dk = 8, .Dv = 8, .klen = {600, 0}};
   ProblemData pd = make_problem(p);
-  AttentionDims d{2, 1, 1, 9, 600, 8, 8};
   Tensor out(Shape{2, 1, 9, 8}), ref(Shape{2, 1, 9, 8});
-  std::vector<float> lse(18), lse_ref(18);
-  auto ws = make_full_workspace();
-  attn_full_fwd(pd.inputs(), d, 0.25f, out.view(), lse.data(), *ws);
+  std::vector<float> lse_ref(18);
+  Context ctx;
+  make_attention("full:scale=0.25")->forward(pd.inputs(), out.view(), ctx);
+  const float* lse_p = ctx.saved<FullState>().lse.data();
+  const std::vector<float> lse(lse_p, lse_p + 18);
   attn_full_ref_fwd(pd.inputs(), 0.25f, ref.view(), lse_ref.data());
   for (int i = 0; i < 9; ++i) EXPECT_NEAR(lse[static_cast<size_t>(i)], lse_ref[static_cast<size_t>(i)], 1e-5);
   for (int i = 9; i < 18; ++i) EXPECT_EQ(lse[static_cast<size_t>(i)], std::numeric_limits<float>::infinity());

@@ -69,7 +69,7 @@ TEST(Local, GradientsMatchReference) {
     Context ctx;
     att->forward(pd.inputs(), out.view(), ctx);
     Tensor dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape()), rq(pd.q.shape()), rk(pd.k.shape()), rv(pd.v.shape());
-    att->backward(pd.inputs(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+    att->backward(pd.inputs(), out.view(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
     attn_full_ref_bwd(pd.inputs(), 0.f, pd.dout.view(), rq.view(), rk.view(), rv.view(), 300);
     EXPECT_LE(nmse(rq.view(), dq.view()), 1e-9);
     EXPECT_LE(nmse(rk.view(), dk.view()), 1e-9);

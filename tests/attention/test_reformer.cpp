@@ -23,6 +23,7 @@ using testing::ProblemData;
 ProblemData shared(const Problem& p) {
   ProblemData pd = make_problem(p);
   pd.k = Tensor::from(pd.q.view());
+  pd.shared_qk = true;
   return pd;
 }
 
@@ -86,13 +87,13 @@ TEST(ReformerGradients, FiniteDifferencesInDouble) {
       Tensor out(Shape{p.B, p.H, p.N, p.Dv}), dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
       Context ctx;
       att->forward(pd.inputs(), out.view(), ctx);
-      att->backward(pd.inputs(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+      att->backward(pd.inputs(), out.view(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
       for (int64_t i = 0; i < dk.numel(); ++i) ASSERT_EQ(dk.data()[i], 0.f);
     }
     // The reference reads q for both roles, so dq carries the key-role gradient too.
     testing::check_fd_gradients("reformer:rounds=3,chunk=3", pd,
                                 [](const RefProblem& pr, const Context& ctx, std::vector<double>& o) {
-                                  attn_reformer_ref(pr, ctx.state<ReformerState>(), o);
+                                  attn_reformer_ref(pr, ctx.saved<ReformerState>(), o);
                                 },
                                 /*check_dk=*/false);
   }
@@ -112,7 +113,7 @@ TEST(Reformer, PermSortsByReferenceBuckets) {
     Tensor out(Shape{1, 2, n, 4});
     Context ctx;
     att->forward(pd.inputs(), out.view(), ctx);
-    const ReformerState& st = ctx.state<ReformerState>();
+    const ReformerState& st = ctx.saved<ReformerState>();
     ASSERT_EQ(st.buckets, reformer_buckets(rp, n));
     const RefProblem pr = RefProblem::from(pd.inputs(), 0.f);
     std::vector<int32_t> bucket;
@@ -141,9 +142,12 @@ TEST(Reformer, SharedQkContract) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("k identical to q"), std::string::npos) << e.what();
   }
-  // The same view for q and k is accepted without comparing values.
+  // The same view for q and k is accepted (without comparing values), and so is a copy.
   AttentionInputs in = pd.inputs();
   in.k = in.q;
+  EXPECT_NO_THROW(att->forward(in, out.view(), ctx));
+  const Tensor copy = Tensor::from(pd.q.view());
+  in.k = copy.view();
   EXPECT_NO_THROW(att->forward(in, out.view(), ctx));
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attention/clustered/clustered.h"
+#include "attention/clustered/clustered_ref.h"
 #include "attention/full/full.h"
 #include "attention/linear/linear.h"
 #include "attention/reformer/reformer.h"
@@ -16,6 +17,10 @@
 #include "attention/smyrf/smyrf.h"
 #include "attention/topk/topk.h"
 #include "clattn/attention.h"
+#include "clattn/parallel.h"
+#include "clattn/rng.h"
+#include "clattn/spec.h"
+#include "common/fd.h"
 #include "common/test_util.h"
 
 namespace clattn {
@@ -35,7 +40,31 @@ struct Entry {
   std::function<void(const AttentionInputs&, const Context&, View)> ref_fwd;
   std::function<void(const AttentionInputs&, ConstView, View, View, View)> ref_bwd;
   bool shared_qk = false;  // k must be q (reformer): problems get M = N, Hkv = H, k = q
+  // The reference in double on a RefProblem, with the forward's discrete choices from the context:
+  // what the directional finite differences differentiate.
+  testing::RefFn dref = nullptr;
 };
+
+// Full (window 0) or local attention in double, straight from the definition.
+void full_dref(const RefProblem& pr, int64_t window, std::vector<double>& out) {
+  const AttentionDims& d = pr.d;
+  out.assign(static_cast<size_t>(d.B * d.H * d.N * d.Dv), 0.0);
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < d.H; ++h)
+      for (int64_t i = 0; i < pr.nq(b); ++i) {
+        const int64_t p = i + d.M - d.N;
+        std::vector<int64_t> keys;
+        std::vector<double> s;
+        for (int64_t j = 0; j < pr.nk(b); ++j) {
+          if (pr.causal && j > p) continue;
+          if (window > 0 && (pr.causal ? j <= p - window : std::abs(p - j) > window / 2)) continue;
+          keys.push_back(j);
+          s.push_back(pr.logit(b, h, i, j));
+        }
+        if (!keys.empty())
+          pr.softmax_add(b, h, keys, std::move(s), 1.0, out.data() + ((b * d.H + h) * d.N + i) * d.Dv);
+      }
+}
 
 ClusteredParams params_of(const std::string& spec) {
   ClusteredParams p;
@@ -48,72 +77,83 @@ std::vector<Entry> entries() {
       {"full", [](const AttentionInputs& in, const Context&, View o) { attn_full_ref_fwd(in, 0.f, o, nullptr); },
        [](const AttentionInputs& in, ConstView g, View dq, View dk, View dv) {
          attn_full_ref_bwd(in, 0.f, g, dq, dk, dv);
-       }},
+       }, false, [](const RefProblem& pr, const Context&, std::vector<double>& o) { full_dref(pr, 0, o); }},
       {"full:scale=0.3",
        [](const AttentionInputs& in, const Context&, View o) { attn_full_ref_fwd(in, 0.3f, o, nullptr); },
        [](const AttentionInputs& in, ConstView g, View dq, View dk, View dv) {
          attn_full_ref_bwd(in, 0.3f, g, dq, dk, dv);
-       }},
+       }, false, [](const RefProblem& pr, const Context&, std::vector<double>& o) { full_dref(pr, 0, o); }},
       {"local:window=16",
        [](const AttentionInputs& in, const Context&, View o) { attn_full_ref_fwd(in, 0.f, o, nullptr, 16); },
        [](const AttentionInputs& in, ConstView g, View dq, View dk, View dv) {
          attn_full_ref_bwd(in, 0.f, g, dq, dk, dv, 16);
-       }},
+       }, false, [](const RefProblem& pr, const Context&, std::vector<double>& o) { full_dref(pr, 16, o); }},
       {"local:window=129,scale=0.2",
        [](const AttentionInputs& in, const Context&, View o) { attn_full_ref_fwd(in, 0.2f, o, nullptr, 129); },
        [](const AttentionInputs& in, ConstView g, View dq, View dk, View dv) {
          attn_full_ref_bwd(in, 0.2f, g, dq, dk, dv, 129);
-       }},
+       }, false, [](const RefProblem& pr, const Context&, std::vector<double>& o) { full_dref(pr, 129, o); }},
       {"linear",
        [](const AttentionInputs& in, const Context&, View o) {
          std::vector<double> ref;
          attn_linear_ref(RefProblem::from(in, 0.f), ref);
          for (int64_t i = 0; i < o.numel(); ++i) o.data[i] = static_cast<float>(ref[static_cast<size_t>(i)]);
        },
-       nullptr},
+       nullptr, false, [](const RefProblem& pr, const Context&, std::vector<double>& o) { attn_linear_ref(pr, o); }},
       {"topk:topk=7",
        [](const AttentionInputs& in, const Context& ctx, View o) {
          std::vector<double> ref;
-         attn_topk_ref(RefProblem::from(in, 0.f), ctx.state<TopkState>(), ref);
+         attn_topk_ref(RefProblem::from(in, 0.f), ctx.saved<TopkState>(), ref);
          for (int64_t i = 0; i < o.numel(); ++i) o.data[i] = static_cast<float>(ref[static_cast<size_t>(i)]);
        },
-       nullptr},
+       nullptr, false, [](const RefProblem& pr, const Context& c, std::vector<double>& o) { attn_topk_ref(pr, c.saved<TopkState>(), o); }},
       {"smyrf:hashes=2,q_cluster=8,k_cluster=6",
        [](const AttentionInputs& in, const Context& ctx, View o) {
          std::vector<double> ref;
-         attn_smyrf_ref(RefProblem::from(in, 0.f), ctx.state<SmyrfState>(), ref);
+         attn_smyrf_ref(RefProblem::from(in, 0.f), ctx.saved<SmyrfState>(), ref);
          for (int64_t i = 0; i < o.numel(); ++i) o.data[i] = static_cast<float>(ref[static_cast<size_t>(i)]);
        },
-       nullptr},
+       nullptr, false, [](const RefProblem& pr, const Context& c, std::vector<double>& o) { attn_smyrf_ref(pr, c.saved<SmyrfState>(), o); }},
       {"reformer:rounds=2,chunk=8",
        [](const AttentionInputs& in, const Context& ctx, View o) {
          std::vector<double> ref;
-         attn_reformer_ref(RefProblem::from(in, 0.f), ctx.state<ReformerState>(), ref);
+         attn_reformer_ref(RefProblem::from(in, 0.f), ctx.saved<ReformerState>(), ref);
          for (int64_t i = 0; i < o.numel(); ++i) o.data[i] = static_cast<float>(ref[static_cast<size_t>(i)]);
        },
-       nullptr, true},
+       nullptr, true, [](const RefProblem& pr, const Context& c, std::vector<double>& o) { attn_reformer_ref(pr, c.saved<ReformerState>(), o); }},
       {"routing:clusters=3",
        [](const AttentionInputs& in, const Context& ctx, View o) {
          std::vector<double> ref;
-         attn_routing_ref(RefProblem::from(in, 0.f), ctx.state<RoutingState>(), ref);
+         attn_routing_ref(RefProblem::from(in, 0.f), ctx.saved<RoutingState>(), ref);
          for (int64_t i = 0; i < o.numel(); ++i) o.data[i] = static_cast<float>(ref[static_cast<size_t>(i)]);
        },
-       nullptr},
+       nullptr, false, [](const RefProblem& pr, const Context& c, std::vector<double>& o) { attn_routing_ref(pr, c.saved<RoutingState>(), o); }},
       {"clustered:clusters=5",
        [](const AttentionInputs& in, const Context& ctx, View o) {
-         attn_clustered_ref_fwd(in, params_of("clustered"), ctx.state<ClusteredState>(), o);
+         attn_clustered_ref_fwd(in, params_of("clustered"), ctx.saved<ClusteredState>(), o);
        },
-       nullptr},
+       nullptr, false, [](const RefProblem& pr, const Context& c, std::vector<double>& o) { attn_clustered_ref(pr, c.saved<ClusteredState>(), o); }},
       {"improved-clustered:clusters=5,topk=4",
        [](const AttentionInputs& in, const Context& ctx, View o) {
-         attn_clustered_ref_fwd(in, params_of("improved"), ctx.state<ClusteredState>(), o);
+         attn_clustered_ref_fwd(in, params_of("improved"), ctx.saved<ClusteredState>(), o);
        },
-       nullptr},
+       nullptr, false, [](const RefProblem& pr, const Context& c, std::vector<double>& o) { attn_clustered_ref(pr, c.saved<ClusteredState>(), o); }},
       {"clustered:clusters=7,clustering=positional",
        [](const AttentionInputs& in, const Context& ctx, View o) {
-         attn_clustered_ref_fwd(in, params_of("clustered"), ctx.state<ClusteredState>(), o);
+         attn_clustered_ref_fwd(in, params_of("clustered"), ctx.saved<ClusteredState>(), o);
        },
-       nullptr},
+       nullptr, false, [](const RefProblem& pr, const Context& c, std::vector<double>& o) { attn_clustered_ref(pr, c.saved<ClusteredState>(), o); }},
+      // conditional-full: exact below the limit, the inner variant above it (both sides are run:
+      // the suite's lengths straddle 64).
+      {"conditional-full:length_limit=64,improved-clustered:clusters=5,topk=4",
+       [](const AttentionInputs& in, const Context& ctx, View o) {
+         if (in.q.dim(2) <= 64) attn_full_ref_fwd(in, 0.f, o, nullptr);
+         else attn_clustered_ref_fwd(in, params_of("improved"), ctx.saved<ClusteredState>(), o);
+       },
+       nullptr, false, [](const RefProblem& pr, const Context& c, std::vector<double>& o) {
+         if (pr.d.N <= 64) full_dref(pr, 0, o);
+         else attn_clustered_ref(pr, c.saved<ClusteredState>(), o);
+       }},
   };
 }
 
@@ -128,7 +168,10 @@ Problem adapt(const Entry& e, Problem p) {
 }
 ProblemData data_for(const Entry& e, const Problem& p) {
   ProblemData pd = make_problem(adapt(e, p));
-  if (e.shared_qk) pd.k = Tensor::from(pd.q.view());
+  if (e.shared_qk) {
+    pd.k = Tensor::from(pd.q.view());  // shaped like k, for the gradient buffers
+    pd.shared_qk = true;
+  }
   return pd;
 }
 
@@ -176,7 +219,7 @@ class RegistrySuite : public ::testing::TestWithParam<Entry> {
     dq.fill_view(1.f);
     dk.fill_view(1.f);
     dv.fill_view(1.f);
-    att->backward(in, ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+    att->backward(in, out.view(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
     ASSERT_TRUE(dq.intact() && dk.intact() && dv.intact()) << "backward wrote outside its outputs";
     ASSERT_TRUE(testing::all_finite(dq.view()) && testing::all_finite(dk.view()) && testing::all_finite(dv.view()));
     if (!e.ref_bwd) return;
@@ -258,7 +301,7 @@ TEST_P(RegistrySuite, FullyMaskedRowsAreZeroNotNaN) {
     }
   if (!att->capabilities().trainable) return;
   Tensor dq(Shape{2, 1, 20, 4}), dk(Shape{2, 1, p.M, 4}), dv(Shape{2, 1, p.M, 4});
-  att->backward(pd.inputs(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+  att->backward(pd.inputs(), out.view(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
   EXPECT_TRUE(testing::all_finite(dq.view()) && testing::all_finite(dk.view()) &&
               testing::all_finite(dv.view()));
   for (int64_t i = 0; i < 20; ++i)
@@ -277,7 +320,7 @@ TEST_P(RegistrySuite, EmptySequences) {
     for (int64_t i = 0; i < out.numel(); ++i) EXPECT_EQ(out.data()[i], 0.f);
     Tensor dq(Shape{1, 1, n, 4}), dk(Shape{1, 1, m, 4}), dv(Shape{1, 1, m, 4});
     if (att->capabilities().trainable)
-      att->backward(pd.inputs(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+      att->backward(pd.inputs(), out.view(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
   }
 }
 
@@ -303,7 +346,7 @@ TEST_P(RegistrySuite, InferenceContext) {
   if (!att->capabilities().trainable) return;
   Tensor dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
   try {
-    att->backward(pd.inputs(), infer, pd.dout.view(), dq.view(), dk.view(), dv.view());
+    att->backward(pd.inputs(), b.view(), infer, pd.dout.view(), dq.view(), dk.view(), dv.view());
     ADD_FAILURE() << "backward accepted an inference context";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("for_inference"), std::string::npos) << e.what();
@@ -329,6 +372,7 @@ TEST_P(RegistrySuite, BadInputsAreErrors) {
   {
     ProblemData pd = make_problem(ok);
     pd.k = testing::randn(Shape{2, 2, 10, 7}, 1, 1);
+    pd.shared_qk = false;
     expect_error(pd, out_ok, "Dk");
   }
   {
@@ -339,6 +383,7 @@ TEST_P(RegistrySuite, BadInputsAreErrors) {
   {
     ProblemData pd = make_problem(ok);
     pd.k = testing::randn(Shape{2, 3, 10, 8}, 1, 1);
+    pd.shared_qk = false;
     pd.v = testing::randn(Shape{2, 3, 10, 8}, 1, 1);
     expect_error(pd, out_ok, "H % Hkv");
   }
@@ -385,14 +430,165 @@ TEST_P(RegistrySuite, BadInputsAreErrors) {
     if (att->capabilities().trainable) {
       Context empty;
       Tensor dq(Shape{2, 4, 10, 8}), dk(Shape{2, ok.Hkv, 10, 8}), dv(Shape{2, ok.Hkv, 10, 8});
-      EXPECT_THROW(att->backward(pd.inputs(), empty, pd.dout.view(), dq.view(), dk.view(), dv.view()),
-                   Error);
       Tensor out(out_ok);
+      EXPECT_THROW(att->backward(pd.inputs(), out.view(), empty, pd.dout.view(), dq.view(), dk.view(), dv.view()),
+                   Error);
       Context ctx;
       att->forward(pd.inputs(), out.view(), ctx);
       Tensor dk_bad(Shape{2, ok.Hkv, 10, 9});
-      EXPECT_THROW(att->backward(pd.inputs(), ctx, pd.dout.view(), dq.view(), dk_bad.view(), dv.view()),
+      EXPECT_THROW(att->backward(pd.inputs(), out.view(), ctx, pd.dout.view(), dq.view(), dk_bad.view(), dv.view()),
                    Error);
+    }
+  }
+}
+
+// The suite covers the whole registry: a newly registered variant without an entry fails here.
+TEST(RegistrySuiteCoverage, EveryRegisteredVariantHasAnEntry) {
+  for (const VariantInfo& v : registered_attentions()) {
+    bool found = false;
+    for (const Entry& e : entries()) found |= parse_spec(e.spec).name == v.name;
+    EXPECT_TRUE(found) << v.name << " is registered but not in the registry suite's entries()";
+  }
+}
+
+// A (B, H, N, D) view over a token-major (B, N, H, D) buffer: what a model's fused QKV projection
+// hands to attention without a transpose.
+struct TokenMajor {
+  Tensor buf;  // (B, N, H, D)
+  explicit TokenMajor(ConstView head_major)
+      : buf(Shape{head_major.dim(0), head_major.dim(2), head_major.dim(1), head_major.dim(3)}) {
+    for (int64_t b = 0; b < head_major.dim(0); ++b)
+      for (int64_t h = 0; h < head_major.dim(1); ++h)
+        for (int64_t i = 0; i < head_major.dim(2); ++i)
+          for (int64_t e = 0; e < head_major.dim(3); ++e)
+            buf.data()[((b * head_major.dim(2) + i) * head_major.dim(1) + h) * head_major.dim(3) + e] =
+                head_major.ptr(b, h, i)[e];
+  }
+  View view() {
+    const int64_t B = buf.dim(0), N = buf.dim(1), H = buf.dim(2), D = buf.dim(3);
+    View v{buf.data(), Shape{B, H, N, D}, {}};
+    v.strides = {N * H * D, D, H * D, 1};
+    return v;
+  }
+};
+
+// Token-major strided inputs, outputs and gradients give what contiguous ones give.
+TEST_P(RegistrySuite, TokenMajorStridedViews) {
+  const Entry& e = GetParam();
+  auto att = make_attention(e.spec);
+  const bool causal = att->capabilities().causal;
+  const Problem p = adapt(e, Problem{.B = 2, .H = 4, .Hkv = att->capabilities().gqa ? 2 : 4, .N = 130,
+                                     .M = att->capabilities().cross ? 97 : 130, .Dk = 16, .Dv = 8,
+                                     .causal = causal, .qlen = {130, 70}, .klen = {90, 97}});
+  ProblemData pd = data_for(e, p);
+  Tensor out(Shape{p.B, p.H, p.N, p.Dv});
+  Context ctx;
+  att->forward(pd.inputs(), out.view(), ctx);
+  TokenMajor q(pd.q.view()), k(pd.k.view()), v(pd.v.view()), o(out.view()), dout(pd.dout.view());
+  AttentionInputs in = pd.inputs();
+  in.q = q.view();
+  in.k = e.shared_qk ? in.q : ConstView(k.view());
+  in.v = v.view();
+  Context ctx2;
+  att->forward(in, o.view(), ctx2);
+  EXPECT_LE(nmse(out.view(), o.view()), 1e-12);
+  if (!att->capabilities().trainable) return;
+  Tensor dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
+  att->backward(pd.inputs(), out.view(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+  TokenMajor sq(dq.view()), sk(dk.view()), sv(dv.view());  // zero gradients, token-major
+  for (TokenMajor* t : {&sq, &sk, &sv}) t->buf.fill(0.f);
+  att->backward(in, o.view(), ctx2, dout.view(), sq.view(), sk.view(), sv.view());
+  EXPECT_LE(nmse(dq.view(), sq.view()), 1e-10) << "dq";
+  EXPECT_LE(nmse(dv.view(), sv.view()), 1e-10) << "dv";
+  if (!e.shared_qk) {
+    EXPECT_LE(nmse(dk.view(), sk.view()), 1e-10) << "dk";
+  }
+}
+
+// What the thread count may change (README, "Threads"): nothing in the forward (every task owns
+// its rows, so outputs are bitwise equal on 1, 2 and 3 threads); in the backward, only the order
+// of float sums over key chunks and query heads (a stated tolerance, NMSE <= 1e-10).
+TEST_P(RegistrySuite, ThreadCounts) {
+  const Entry& e = GetParam();
+  auto att = make_attention(e.spec);
+  const Problem p = adapt(e, Problem{.B = 2, .H = 4, .Hkv = att->capabilities().gqa ? 2 : 4, .N = 300,
+                                     .M = 300, .Dk = 16, .Dv = 16, .causal = att->capabilities().causal,
+                                     .qlen = {300, 211}});
+  ProblemData pd = data_for(e, p);
+  const int saved = max_threads();
+  std::vector<Tensor> outs, grads;
+  for (int threads : {1, 2, 3}) {
+    set_threads(threads);
+    Tensor out(Shape{p.B, p.H, p.N, p.Dv});
+    Context ctx;
+    att->forward(pd.inputs(), out.view(), ctx);
+    outs.push_back(std::move(out));
+    if (att->capabilities().trainable) {
+      Tensor dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
+      att->backward(pd.inputs(), outs.back().view(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+      grads.push_back(std::move(dq));
+      grads.push_back(std::move(dk));
+      grads.push_back(std::move(dv));
+    }
+  }
+  set_threads(saved);
+  for (size_t t = 1; t < outs.size(); ++t)
+    for (int64_t i = 0; i < outs[0].numel(); ++i)
+      ASSERT_EQ(outs[0].data()[i], outs[t].data()[i]) << "forward differs on " << t + 1 << " threads";
+  for (size_t t = 3; t < grads.size(); ++t) EXPECT_LE(nmse(grads[t % 3].view(), grads[t].view()), 1e-10);
+}
+
+// Gradients at N ~ 1000 (the lengths the variants exist for) against central finite differences
+// of the double reference along random directions, discrete choices held fixed.
+TEST_P(RegistrySuite, DirectionalGradientsAtLongN) {
+  const Entry& e = GetParam();
+  auto att = make_attention(e.spec);
+  if (!att->capabilities().trainable || !e.dref) GTEST_SKIP();
+  const Capabilities& caps = att->capabilities();
+  const Problem p = adapt(e, Problem{.B = 1, .H = 2, .Hkv = caps.gqa ? 1 : 2, .N = 1000,
+                                     .M = caps.cross ? 1003 : 1000, .Dk = 16, .Dv = 16,
+                                     .causal = caps.causal, .qlen = {990}, .klen = {997}});
+  ProblemData pd = data_for(e, p);
+  Tensor out(Shape{p.B, p.H, p.N, p.Dv});
+  Context ctx;
+  att->forward(pd.inputs(), out.view(), ctx);
+  Tensor dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
+  att->backward(pd.inputs(), out.view(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+  // The spec's own scale (full:scale=0.3 ...), else the default.
+  float scale = 0.f;
+  for (const auto& [key, value] : parse_spec(e.spec).params)
+    if (key == "scale") scale = std::stof(value);
+  RefProblem pr = RefProblem::from(pd.inputs(), scale);
+  if (e.shared_qk) pr.k = pr.q;
+  auto loss = [&] {
+    if (e.shared_qk) pr.k = pr.q;
+    std::vector<double> o;
+    e.dref(pr, ctx, o);
+    double l = 0;
+    for (size_t i = 0; i < o.size(); ++i) l += o[i] * pd.dout.data()[i];
+    return l;
+  };
+  const Rng rng(11);
+  struct Arg { std::vector<double>* x; const Tensor* g; const char* name; };
+  for (const Arg& a : {Arg{&pr.q, &dq, "dq"}, Arg{&pr.k, &dk, "dk"}, Arg{&pr.v, &dv, "dv"}}) {
+    for (uint64_t dir = 0; dir < 2; ++dir) {
+      std::vector<double>& x = *a.x;
+      std::vector<double> u(x.size()), x0 = x;
+      double an = 0, gg = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        u[i] = rng.normal(dir, i);
+        an += u[i] * a.g->data()[i];
+        gg += static_cast<double>(a.g->data()[i]) * a.g->data()[i];
+      }
+      constexpr double kEps = 1e-4;
+      for (size_t i = 0; i < x.size(); ++i) x[i] = x0[i] + kEps * u[i];
+      const double lp = loss();
+      for (size_t i = 0; i < x.size(); ++i) x[i] = x0[i] - kEps * u[i];
+      const double lm = loss();
+      x = x0;
+      const double fd = (lp - lm) / (2 * kEps);
+      // u·g has spread |g|; float gradients and the O(eps^2) truncation stay far below 1e-4 of it.
+      EXPECT_NEAR(an, fd, 1e-4 * (std::abs(fd) + std::sqrt(gg))) << a.name << " direction " << dir;
     }
   }
 }

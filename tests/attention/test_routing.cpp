@@ -41,14 +41,18 @@ TEST(Routing, OneClusterWholeWindowIsFullAttention) {
 // rounding), queries no cluster chose join their nearest centroid, and a query chosen by c
 // clusters has weight 1/c in each.
 TEST(Routing, WindowsFollowCosines) {
-  for (const char* mode : {"eval", "train"}) {
+  for (const char* mode : {"kmeans", "ema"}) {
     Problem p{.B = 2, .H = 2, .Hkv = 1, .N = 300, .M = 250, .Dk = 16, .Dv = 8, .qlen = {300, 140}, .klen = {250, 90}};
     ProblemData pd = make_problem(p);
-    auto att = make_attention(std::string("routing:clusters=5,window=20,mode=") + mode);
+    auto att = make_attention(std::string("routing:clusters=5,window=20,centroids=") + mode);
     Tensor out(Shape{2, 2, 300, 8});
     Context ctx;
-    att->forward(pd.inputs(), out.view(), ctx);
-    const RoutingState& st = ctx.state<RoutingState>();
+    AttentionState state;
+    AttentionInputs in = pd.inputs();
+    in.state = &state;
+    in.train = true;
+    att->forward(in, out.view(), ctx);
+    const RoutingState& st = ctx.saved<RoutingState>();
     const RefProblem pr = RefProblem::from(pd.inputs(), 0.f);
     const int64_t C = 5;
     for (int64_t b = 0; b < 2; ++b)
@@ -130,21 +134,27 @@ TEST(Routing, UnroutedQueriesGetAnOutput) {
   }
 }
 
-TEST(Routing, TrainModeUpdatesEmaDeterministically) {
+TEST(Routing, TrainingCallsUpdateEmaDeterministically) {
   Problem p{.B = 2, .H = 2, .Hkv = 2, .N = 64, .M = 64, .Dk = 8, .Dv = 8};
   ProblemData pd = make_problem(p);
   Tensor o1(Shape{2, 2, 64, 8}), o2(Shape{2, 2, 64, 8});
-  auto a = make_attention("routing:clusters=4,mode=train,seed=5,decay=0.5");
-  auto b = make_attention("routing:clusters=4,mode=train,seed=5,decay=0.5");
+  auto a = make_attention("routing:clusters=4,centroids=ema,seed=5,decay=0.5");
+  AttentionState s1, s2;
+  AttentionInputs in1 = pd.inputs(), in2 = pd.inputs();
+  in1.state = &s1;
+  in2.state = &s2;
+  in1.train = in2.train = true;
   Context c1, c2;
-  a->forward(pd.inputs(), o1.view(), c1);
-  b->forward(pd.inputs(), o2.view(), c2);
+  a->forward(in1, o1.view(), c1);
+  a->forward(in2, o2.view(), c2);
   for (int64_t i = 0; i < o1.numel(); ++i) ASSERT_EQ(o1.data()[i], o2.data()[i]);
-  // The state moved: a second forward routes differently from a fresh object's first.
-  a->forward(pd.inputs(), o1.view(), c1);
-  auto fresh = make_attention("routing:clusters=4,mode=train,seed=5,decay=0.5");
+  // The state moved: a second forward routes differently from the first on a fresh state.
+  a->forward(in1, o1.view(), c1);
+  AttentionState s3;
+  AttentionInputs in3 = pd.inputs();
+  in3.state = &s3;
   Context c3;
-  fresh->forward(pd.inputs(), o2.view(), c3);
+  a->forward(in3, o2.view(), c3);
   EXPECT_GT(nmse(o2.view(), o1.view()), 0.0);
   // Eval mode keeps no state: two objects with one seed agree call for call.
   auto e1 = make_attention("routing:clusters=4,seed=5"), e2 = make_attention("routing:clusters=4,seed=5");
@@ -159,7 +169,7 @@ TEST(RoutingGradients, FiniteDifferencesInDouble) {
                            Problem{.B = 2, .H = 4, .Hkv = 2, .N = 9, .M = 9, .Dk = 3, .Dv = 4, .causal = true, .qlen = {9, 6}, .klen = {7, 9}}}) {
     testing::check_fd_gradients("routing:clusters=3,window=4", make_problem(p),
                                 [](const RefProblem& pr, const Context& ctx, std::vector<double>& o) {
-                                  attn_routing_ref(pr, ctx.state<RoutingState>(), o);
+                                  attn_routing_ref(pr, ctx.saved<RoutingState>(), o);
                                 });
   }
 }
@@ -167,8 +177,9 @@ TEST(RoutingGradients, FiniteDifferencesInDouble) {
 TEST(Routing, SpecErrors) {
   EXPECT_THROW(make_attention("routing"), Error);
   EXPECT_THROW(make_attention("routing:clusters=0"), Error);
-  EXPECT_THROW(make_attention("routing:clusters=4,mode=fit"), Error);
-  EXPECT_NO_THROW(make_attention("routing:clusters=4,window=16,iterations=3,mode=train,decay=0.9,seed=2"));
+  EXPECT_THROW(make_attention("routing:clusters=4,centroids=fit"), Error);
+  EXPECT_THROW(make_attention("routing:clusters=4,mode=train"), Error);
+  EXPECT_NO_THROW(make_attention("routing:clusters=4,window=16,iterations=3,centroids=ema,decay=0.9,seed=2"));
 }
 
 }  // namespace

@@ -48,9 +48,11 @@ TEST(Smyrf, PartitionFollowsProjections) {
   auto att = make_attention("smyrf:hashes=3,q_cluster=16,k_cluster=8,seed=11");
   Tensor out(Shape{2, 2, 300, 8});
   Context ctx;
-  for (uint64_t call = 0; call < 2; ++call) {  // the second call draws fresh directions
-    att->forward(pd.inputs(), out.view(), ctx);
-    const SmyrfState& st = ctx.state<SmyrfState>();
+  for (uint64_t call = 0; call < 2; ++call) {  // step 1 draws fresh directions
+    AttentionInputs in = pd.inputs();
+    in.step = call;
+    att->forward(in, out.view(), ctx);
+    const SmyrfState& st = ctx.saved<SmyrfState>();
     const RefProblem pr = RefProblem::from(pd.inputs(), 0.f);
     std::vector<double> qp, kp;
     for (int64_t b = 0; b < 2; ++b)
@@ -85,8 +87,10 @@ TEST(Smyrf, RoundsAreReproducibleAndFresh) {
   auto att = make_attention("smyrf:seed=3");
   att->forward(pd.inputs(), o2.view(), c2);
   for (int64_t i = 0; i < o1.numel(); ++i) ASSERT_EQ(o1.data()[i], o2.data()[i]);
-  att->forward(pd.inputs(), o2.view(), c3);  // a second call draws new directions
-  EXPECT_NE(c2.state<SmyrfState>().qperm, c3.state<SmyrfState>().qperm);
+  AttentionInputs in = pd.inputs();
+  in.step = 1;
+  att->forward(in, o2.view(), c3);  // another step draws new directions
+  EXPECT_NE(c2.saved<SmyrfState>().qperm, c3.saved<SmyrfState>().qperm);
 }
 
 TEST(Smyrf, MoreRoundsApproximateBetter) {
@@ -113,7 +117,7 @@ TEST(SmyrfGradients, FiniteDifferencesInDouble) {
                            Problem{.B = 1, .H = 2, .Hkv = 1, .N = 12, .M = 20, .Dk = 3, .Dv = 2}}) {
     testing::check_fd_gradients("smyrf:hashes=3,q_cluster=4,k_cluster=5", make_problem(p),
                                 [](const RefProblem& pr, const Context& ctx, std::vector<double>& o) {
-                                  attn_smyrf_ref(pr, ctx.state<SmyrfState>(), o);
+                                  attn_smyrf_ref(pr, ctx.saved<SmyrfState>(), o);
                                 });
   }
 }

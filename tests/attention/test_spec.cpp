@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "clattn/attention.h"
+#include "attention/registry.h"
 #include "clattn/spec.h"
 
 namespace clattn {

@@ -42,7 +42,7 @@ TEST(Topk, KeepsTheBestScores) {
   Tensor out(Shape{1, 2, 150, 8});
   Context ctx;
   att->forward(pd.inputs(), out.view(), ctx);
-  const TopkState& st = ctx.state<TopkState>();
+  const TopkState& st = ctx.saved<TopkState>();
   for (int64_t h = 0; h < 2; ++h)
     for (int64_t i = 0; i < 150; ++i) {
       const int64_t visible = i + 1100 - 150 + 1, n = st.cnt[static_cast<size_t>(h * 150 + i)];
@@ -71,7 +71,7 @@ TEST(TopkGradients, FiniteDifferencesInDouble) {
                            Problem{.B = 1, .H = 2, .Hkv = 1, .N = 40, .M = 600, .Dk = 2, .Dv = 2}}) {
     testing::check_fd_gradients("topk:topk=5", make_problem(p),
                                 [](const RefProblem& pr, const Context& ctx, std::vector<double>& o) {
-                                  attn_topk_ref(pr, ctx.state<TopkState>(), o);
+                                  attn_topk_ref(pr, ctx.saved<TopkState>(), o);
                                 });
   }
 }

@@ -47,7 +47,7 @@ inline void check_fd_gradients(const std::string& spec, const ProblemData& pd, c
   Context ctx;
   att->forward(pd.inputs(), out.view(), ctx);
   Tensor dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
-  att->backward(pd.inputs(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+  att->backward(pd.inputs(), out.view(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
   RefProblem pr = RefProblem::from(pd.inputs(), 0.f);
   auto loss = [&]() {
     std::vector<double> o;

@@ -90,10 +90,11 @@ struct ProblemData {
   Tensor q, k, v, bias, dout;
   std::vector<int32_t> qlen, klen;
   bool causal = false;
+  bool shared_qk = false;  // k is q itself (the same view), as shared-QK attention requires
   AttentionInputs inputs() const {
     AttentionInputs in;
     in.q = q.view();
-    in.k = k.view();
+    in.k = shared_qk ? q.view() : k.view();
     in.v = v.view();
     in.query_lengths = qlen;
     in.key_lengths = klen;

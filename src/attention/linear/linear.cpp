@@ -25,17 +25,23 @@ namespace {
 constexpr int64_t kChunk = 64;   // queries per chunk
 constexpr int64_t kKeyStep = 256;  // keys per step when the state absorbs a range of keys
 
-struct Scratch {
+struct ThreadScratch {
   Workspace phq, phk, phkt, vrow, a, num, dnum, s, st, g, gt, dkacc, dvacc, rowbuf, dphq;
+  size_t bytes() const {
+    return held_bytes(phq, phk, phkt, vrow, a, num, dnum, s, st, g, gt, dkacc, dvacc, rowbuf, dphq);
+  }
 };
 
 }  // namespace
 
 struct LinearWorkspace {
-  std::vector<Scratch> threads;
+  std::vector<ThreadScratch> threads;
+  size_t bytes() const {
+    size_t n = held_bytes(threads);
+    for (const ThreadScratch& t : threads) n += t.bytes();
+    return n;
+  }
 };
-void LinearWorkspaceDeleter::operator()(LinearWorkspace* w) const { delete w; }
-LinearWorkspacePtr make_linear_workspace() { return LinearWorkspacePtr(new LinearWorkspace); }
 
 namespace {
 
@@ -81,7 +87,7 @@ struct ChunkPlan {
 
 // S += φ(K)ᵀ V and z += Σ φ(k) over keys [k0, k1).
 void absorb_keys(const AttentionInputs& in, int64_t b, int64_t hk, int64_t k0, int64_t k1,
-                 const Dims& dm, float* s, float* z, Scratch& sc) {
+                 const Dims& dm, float* s, float* z, ThreadScratch& sc) {
   for (int64_t j0 = k0; j0 < k1; j0 += kKeyStep) {
     const int64_t n = std::min(kKeyStep, k1 - j0);
     float* phk = sc.phk.floats(static_cast<size_t>(kKeyStep * dm.Dkp));  // (n, Dkp)
@@ -96,7 +102,7 @@ void absorb_keys(const AttentionInputs& in, int64_t b, int64_t hk, int64_t k0, i
 // Masked intra-chunk scores A (rows, nkw) = φ(Q_c)·φ(K_in)ᵀ with A_ij = 0 unless key kp + j is
 // visible to query i0 + r; returns the φ(K_in) rows (nin, Dkp) in sc.phk.
 void intra_scores(const AttentionInputs& in, int64_t b, int64_t hk, const ChunkPlan& pl, int64_t c,
-                  const Dims& dm, const float* phq, int64_t rows, float* a, int64_t nkw, Scratch& sc) {
+                  const Dims& dm, const float* phq, int64_t rows, float* a, int64_t nkw, ThreadScratch& sc) {
   const int64_t kp = pl.kp(c), nin = pl.kend(c) - kp, i0 = pl.i0(c);
   float* phk = sc.phk.floats(static_cast<size_t>(kKeyStep * dm.Dkp));     // (nin, Dkp)
   float* phkt = sc.phkt.floats(static_cast<size_t>(dm.Dkp * kKeyStep));   // (Dk, nkw)
@@ -113,10 +119,10 @@ void intra_scores(const AttentionInputs& in, int64_t b, int64_t hk, const ChunkP
 void attn_linear_fwd(const AttentionInputs& in, const AttentionDims& d, View out, LinearWorkspace& ws) {
   const Dims dm{d.Dk, d.Dv, round_up(d.Dk, mk::kLanes), round_up(d.Dv, mk::kLanes)};
   ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
-  parallel_for(d.B * d.Hkv, [&](int64_t t) {
+  parallel_for(d.B * d.Hkv, [&](int64_t t, int thread) {
     const int64_t b = t / d.Hkv, hk = t % d.Hkv;
     const ChunkPlan pl{valid_queries(in, d, b), valid_keys(in, d, b), d.M - d.N, in.causal};
-    Scratch& sc = ws.threads[static_cast<size_t>(thread_id())];
+    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
     float* s = sc.s.floats(static_cast<size_t>(dm.Dkp * dm.Dvp));     // (Dkp, Dvp) state S
     float* z = sc.st.floats(static_cast<size_t>(dm.Dkp));             // (Dkp) state z
     float* phq = sc.phq.floats(static_cast<size_t>(kChunk * dm.Dkp));  // (64, Dkp)
@@ -157,10 +163,10 @@ void attn_linear_bwd(const AttentionInputs& in, const AttentionDims& d, ConstVie
                      View dk, View dv, LinearWorkspace& ws) {
   const Dims dm{d.Dk, d.Dv, round_up(d.Dk, mk::kLanes), round_up(d.Dv, mk::kLanes)};
   ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
-  parallel_for(d.B * d.Hkv, [&](int64_t t) {
+  parallel_for(d.B * d.Hkv, [&](int64_t t, int thread) {
     const int64_t b = t / d.Hkv, hk = t % d.Hkv;
     const ChunkPlan pl{valid_queries(in, d, b), valid_keys(in, d, b), d.M - d.N, in.causal};
-    Scratch& sc = ws.threads[static_cast<size_t>(thread_id())];
+    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
     float* s = sc.s.floats(static_cast<size_t>(dm.Dkp * dm.Dvp));      // (Dkp, Dvp) state S
     float* z = sc.st.floats(static_cast<size_t>(2 * dm.Dkp));          // (Dkp) state z, then gz
     float* gz = z + dm.Dkp;                                            // (Dkp) Σ φ(q) dden
@@ -277,34 +283,43 @@ namespace {
 
 class LinearAttention final : public Attention {
  public:
-  LinearAttention() : ws_(make_linear_workspace()) {
+  LinearAttention() {
     caps_ = Capabilities{.causal = true, .query_lengths = true, .key_lengths = true, .bias = false,
                          .cross = true, .gqa = true, .trainable = true};
   }
   std::string name() const override { return "linear"; }
   const Capabilities& capabilities() const override { return caps_; }
-  void forward(const AttentionInputs& in, View out, Context& ctx) override {
+  void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     const AttentionDims d = validate_inputs(in, caps_, "linear");
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "linear");
     ctx.state<LinearState>().shape = in.q.shape;
-    attn_linear_fwd(in, d, out, *ws_);
+    attn_linear_fwd(in, d, out, ctx.scratch().get<LinearWorkspace>());
   }
-  void backward(const AttentionInputs& in, const Context& ctx, ConstView dout, View dq, View dk,
-                View dv) override {
+  void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
+                View dk, View dv) const override {
     const AttentionDims d = validate_inputs(in, caps_, "linear");
-    check(ctx.state<LinearState>().shape == in.q.shape, "linear: backward inputs have shapes ",
+    check(ctx.saved<LinearState>().shape == in.q.shape, "linear: backward inputs have shapes ",
           "other than the forward's (q is now ", in.q.shape.str(), ")");
-    validate_backward(in, d, dout, dq, dk, dv, "linear");
-    attn_linear_bwd(in, d, dout, dq, dk, dv, *ws_);
+    validate_backward(in, d, out, dout, dq, dk, dv, "linear");
+    attn_linear_bwd(in, d, dout, dq, dk, dv, ctx.scratch().get<LinearWorkspace>());
+  }
+  size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {
+    const int64_t Dkp = round_up(d.Dk, mk::kLanes), Dvp = round_up(d.Dv, mk::kLanes);
+    int64_t per = kChunk * Dkp + kKeyStep * Dkp + kKeyStep * Dvp + kChunk * kChunk +
+                  kChunk * Dvp + Dkp * Dvp + Dkp + std::max(Dkp, Dvp) * kKeyStep;
+    if (mode == Mode::training)
+      per += kChunk * kChunk + std::max<int64_t>(1, d.N) * (Dvp + 1) + Dkp + 2 * Dkp * Dvp +
+             std::max<int64_t>(1, d.M) * (Dkp + Dvp) + Dvp * Dkp + kChunk * Dkp;
+    return static_cast<size_t>(threads) * (sizeof(float) * static_cast<size_t>(per) + sizeof(ThreadScratch));
   }
 
  private:
   // Backward recomputes everything from the inputs; the context only records the forward shape.
   struct LinearState : ContextState {
     Shape shape;
+    size_t bytes() const override { return 0; }
   };
   Capabilities caps_;
-  LinearWorkspacePtr ws_;
 };
 
 }  // namespace

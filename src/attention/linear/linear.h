@@ -14,10 +14,7 @@ namespace clattn {
 
 inline constexpr float kLinearEps = 1e-6f;
 
-struct LinearWorkspace;
-struct LinearWorkspaceDeleter { void operator()(LinearWorkspace* w) const; };
-using LinearWorkspacePtr = std::unique_ptr<LinearWorkspace, LinearWorkspaceDeleter>;
-LinearWorkspacePtr make_linear_workspace();
+struct LinearWorkspace;  // per-thread tiles, kept in the caller's Scratch
 
 void attn_linear_fwd(const AttentionInputs& in, const AttentionDims& d, View out,
                      LinearWorkspace& ws);

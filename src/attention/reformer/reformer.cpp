@@ -6,8 +6,8 @@
 // attends only itself, never a key twice). Logits are q · k_unit with no scaling. A query never
 // attends to itself unless nothing else in its round is visible; causal and key-padding masks
 // apply by original position. Rounds combine by log-sum-exp (one softmax over every round's keys).
-// The K input must be Q itself (same shape and values): all gradient flows into dq, through both
-// the query and the normalised-key role; dk is left unchanged.
+// The K input must be Q itself (validate_inputs checks it for shared-QK variants): all gradient
+// flows into dq, through both the query and the normalised-key role; dk is left unchanged.
 // Layout of the work: heads go to threads statically, and a thread hashes its next head in
 // slices between the chunks of the current one (the hash is compute, the chunk loop waits on
 // memory). A chunk's rows are staged once per round (Slot): each chunk is also the next one's
@@ -21,7 +21,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "attention/full/full.h"
 #include "attention/tile/gather.h"
 #include "attention/tile/tile_ops.h"
 #include "attention/registry.h"
@@ -59,20 +58,30 @@ struct Slot {
   float* gv = nullptr;      // (w, Dvp) ∂L/∂v
 };
 
-struct Scratch {
-  std::vector<int32_t> bucket;  // (R, N)
+// Per-thread scratch; sized on first use, reused by every later call on the same Scratch.
+struct ThreadScratch {
+  std::vector<int32_t> bucket;  // (2, R, N) this head's buckets and the next one's
   std::vector<int32_t> offsets;
   Slot slots[3];
   Workspace proj, slot_mem, s, o, go, dp;
+  size_t bytes() const { return held_bytes(bucket, offsets, proj, slot_mem, s, o, go, dp); }
 };
 
 }  // namespace
 
 struct ReformerWorkspace {
-  std::vector<Scratch> threads;
+  std::vector<ThreadScratch> threads;
+
+  void ensure_threads() {
+    if (threads.size() < static_cast<size_t>(max_threads()))
+      threads.resize(static_cast<size_t>(max_threads()));
+  }
+  size_t bytes() const {
+    size_t n = held_bytes(threads);
+    for (const ThreadScratch& t : threads) n += t.bytes();
+    return n;
+  }
 };
-void ReformerWorkspaceDeleter::operator()(ReformerWorkspace* w) const { delete w; }
-ReformerWorkspacePtr make_reformer_workspace() { return ReformerWorkspacePtr(new ReformerWorkspace); }
 
 namespace {
 
@@ -121,7 +130,7 @@ struct Dims {
 };
 
 // Carves the three slots out of one allocation (sized for the widest chunk).
-void carve_slots(Scratch& sc, const Dims& dm, bool backward) {
+void carve_slots(ThreadScratch& sc, const Dims& dm, bool backward) {
   const int64_t W = kMaxChunk;
   const int64_t per = dm.Dkp * W + W * dm.Dvp + (backward ? 3 * W * dm.Dkp + dm.Dvp * W + W * dm.Dvp : 0);
   float* m = sc.slot_mem.floats(static_cast<size_t>(3 * per));
@@ -281,9 +290,9 @@ void request_far(const int32_t* perm, int64_t ch, int64_t c, int64_t nch, int64_
 }
 
 // Entry (e, u) of round r's rotation (D, nrot): the first f1/2 columns hash b1, the rest b2.
-float rotation(const ReformerParams& p, uint64_t call, int64_t D, int64_t nrot, int64_t r, int64_t e,
+float rotation(const ReformerParams& p, uint64_t step, int64_t D, int64_t nrot, int64_t r, int64_t e,
                int64_t u) {
-  return Rng(p.seed).normal(call, static_cast<uint64_t>((r * D + e) * nrot + u));
+  return Rng(p.seed).normal(step, static_cast<uint64_t>((r * D + e) * nrot + u));
 }
 
 // Which slot holds chunk c: the last chunk has its own (the first chunk's previous), the others
@@ -293,7 +302,7 @@ int slot_of(int64_t c, int64_t nch) { return c == nch - 1 ? 2 : static_cast<int>
 }  // namespace
 
 void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const ReformerParams& p,
-                       uint64_t call, View out, ReformerState& st, ReformerWorkspace& ws) {
+                       uint64_t step, View out, ReformerState& st, ReformerWorkspace& ws) {
   const Dims dm{d.N, d.Dk, d.Dv, round_up(d.Dk, mk::kLanes), round_up(d.Dv, mk::kLanes)};
   const int64_t R = p.rounds, nb = reformer_buckets(p, d.N), ch = p.chunk;
   const auto [f1, f2] = factorise(nb);
@@ -309,13 +318,13 @@ void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const 
   for (int64_t r = 0; r < R; ++r)
     for (int64_t e = 0; e < d.Dk; ++e)
       for (int64_t u = 0; u < nrot; ++u)
-        rot[static_cast<size_t>(e * ncol + r * nrot + u)] = rotation(p, call, d.Dk, nrot, r, e, u);
-  ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
+        rot[static_cast<size_t>(e * ncol + r * nrot + u)] = rotation(p, step, d.Dk, nrot, r, e, u);
+  ws.ensure_threads();
 
   const int64_t BH = d.B * d.H, nch = (d.N + ch - 1) / ch;
   // Rows of the next head hashed after each chunk: all of them within one head's chunk loop.
   const int64_t slice = std::max<int64_t>(16, round_up((d.N + R * nch - 1) / std::max<int64_t>(1, R * nch), 16));
-  auto hash_head = [&](int64_t t, int32_t* bucket, int64_t r0, int64_t r1, Scratch& sc) {
+  auto hash_head = [&](int64_t t, int32_t* bucket, int64_t r0, int64_t r1, ThreadScratch& sc) {
     hash_positions(in.q.ptr(t / d.H, t % d.H, 0), in.q.stride(2), dm, rot.data(), R, f1, f2, nrot,
                    r0, r1, sc.proj.floats(static_cast<size_t>(64 * ncol)), bucket);
   };
@@ -323,7 +332,7 @@ void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const 
   // hashes its next head in slices between the chunks of the current one: heads go to threads
   // statically (t = thread, thread + team, ...) so the next head is known.
   parallel_team([&](int tid, int team) {
-    Scratch& sc = ws.threads[static_cast<size_t>(tid)];
+    ThreadScratch& sc = ws.threads[static_cast<size_t>(tid)];
     sc.bucket.resize(static_cast<size_t>(2 * R * d.N));
     sc.offsets.resize(static_cast<size_t>(nb + 1));
     carve_slots(sc, dm, false);
@@ -389,15 +398,15 @@ void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const 
 }
 
 void attn_reformer_bwd(const AttentionInputs& in, const AttentionDims& d, const ReformerState& st,
-                       ConstView dout, View dq, View dv, ReformerWorkspace& ws) {
+                       ConstView out, ConstView dout, View dq, View dv, ReformerWorkspace& ws) {
   const Dims dm{d.N, d.Dk, d.Dv, round_up(d.Dk, mk::kLanes), round_up(d.Dv, mk::kLanes)};
   const int64_t R = st.rounds, ch = st.chunk;
-  ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
-  parallel_for(d.B * d.H, [&](int64_t t) {
+  ws.ensure_threads();
+  parallel_for(d.B * d.H, [&](int64_t t, int thread) {
     const int64_t b = t / d.H, h = t % d.H;
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
     if (nv == 0 || d.N == 0) return;
-    Scratch& sc = ws.threads[static_cast<size_t>(thread_id())];
+    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
     const float* qb = in.q.ptr(b, h, 0);
     const float* vb = in.v.ptr(b, h, 0);
     const float* gb = dout.ptr(b, h, 0);
@@ -405,7 +414,7 @@ void attn_reformer_bwd(const AttentionInputs& in, const AttentionDims& d, const 
     const float* lse2 = st.lse2.data() + t * d.N;
     carve_slots(sc, dm, true);
     float* di = sc.o.floats(static_cast<size_t>(d.N));  // (N) D_i = dO_i · O_i
-    for (int64_t i = 0; i < nv; ++i) di[i] = simd::dot(gb + i * grs, st.out.view().ptr(b, h, i), dm.Dv);
+    for (int64_t i = 0; i < nv; ++i) di[i] = simd::dot(gb + i * grs, out.ptr(b, h, i), dm.Dv);
     float* s = sc.s.floats(static_cast<size_t>(kMaxChunk * 2 * kMaxChunk));   // (n, kw) S, then P
     float* dp = sc.dp.floats(static_cast<size_t>(kMaxChunk * 2 * kMaxChunk)); // (n, kw) dP, then dS
     float* go = sc.go.floats(static_cast<size_t>(kMaxChunk * dm.Dvp));        // (n, Dvp) dO rows
@@ -488,7 +497,7 @@ void attn_reformer_bwd(const AttentionInputs& in, const AttentionDims& d, const 
   });
 }
 
-void reformer_buckets_ref(const RefProblem& pr, const ReformerParams& p, uint64_t call, int64_t b,
+void reformer_buckets_ref(const RefProblem& pr, const ReformerParams& p, uint64_t step, int64_t b,
                           int64_t h, int64_t round, std::vector<int32_t>& bucket) {
   const AttentionDims& d = pr.d;
   const int64_t nb = reformer_buckets(p, d.N);
@@ -504,7 +513,7 @@ void reformer_buckets_ref(const RefProblem& pr, const ReformerParams& p, uint64_
       double bv = -INFINITY;
       for (int64_t u = 0; u < half; ++u) {
         double x = 0;
-        for (int64_t e = 0; e < d.Dk; ++e) x += pr.qe(b, h, i, e) * inv * rotation(p, call, d.Dk, nrot, round, e, u0 + u);
+        for (int64_t e = 0; e < d.Dk; ++e) x += pr.qe(b, h, i, e) * inv * rotation(p, step, d.Dk, nrot, round, e, u0 + u);
         if (x > bv) bv = x, best = u;
         if (-x > bv) bv = -x, best = u + half;
       }
@@ -556,13 +565,37 @@ void attn_reformer_ref(const RefProblem& pr, const ReformerState& st, std::vecto
     }
 }
 
+size_t reformer_workspace_bytes(const AttentionDims& d, const ReformerParams& p, Mode mode,
+                                int threads) {
+  const int64_t Dkp = round_up(d.Dk, mk::kLanes), Dvp = round_up(d.Dv, mk::kLanes);
+  const int64_t R = p.rounds, N = d.N, BH = d.B * d.H, W = kMaxChunk;
+  const int64_t nb = reformer_buckets(p, N);
+  const auto [f1, f2] = factorise(nb);
+  const int64_t nrot = f1 / 2 + (f2 > 1 ? f2 / 2 : 0), ncol = round_up(R * nrot, mk::kLanes);
+  constexpr int64_t f = sizeof(float), i32 = sizeof(int32_t);
+  // Per thread, in bytes: buckets of two heads, the counting sort's offsets (both resized to one
+  // size per call); the tiles: proj, the three slots (carve_slots), s, o.
+  int64_t per = i32 * (2 * R * N + nb + 1);
+  int64_t slot = Dkp * W + W * Dvp, o = W * Dvp, go = 0, dp = 0;
+  if (mode == Mode::training) {  // backward: wider slots, o holds D_i (N), dO rows, dP
+    slot += 3 * W * Dkp + Dvp * W + W * Dvp;
+    o = std::max(o, N);
+    go = W * Dvp;
+    dp = W * 2 * W;
+  }
+  per += f * (64 * ncol + 3 * slot + W * 2 * W + o + go + dp);
+  const int64_t state = i32 * BH * R * N + f * BH * N;  // perm, lse2
+  return static_cast<size_t>(threads * (per + static_cast<int64_t>(sizeof(ThreadScratch))) + state);
+}
+
 namespace {
 
 class ReformerAttention final : public Attention {
  public:
-  explicit ReformerAttention(const ReformerParams& p) : p_(p), ws_(make_reformer_workspace()) {
+  explicit ReformerAttention(const ReformerParams& p) : p_(p) {
     caps_ = Capabilities{.causal = true, .query_lengths = true, .key_lengths = true, .bias = false,
-                         .cross = false, .gqa = false, .trainable = true};
+                         .cross = false, .gqa = false, .trainable = true, .shared_qk = true,
+                         .stochastic = true, .stateful = false};
   }
   std::string name() const override {
     return detail::concat("reformer:rounds=", p_.rounds, ",chunk=", p_.chunk,
@@ -570,42 +603,34 @@ class ReformerAttention final : public Attention {
                           ",seed=", p_.seed);
   }
   const Capabilities& capabilities() const override { return caps_; }
-  void forward(const AttentionInputs& in, View out, Context& ctx) override {
+
+  // Shared QK: validate_inputs refuses a k that is not q itself (caps_.shared_qk).
+  void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     const AttentionDims d = validate_inputs(in, caps_, "reformer");
-    check_shared_qk(in);
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "reformer");
     ReformerState& st = ctx.state<ReformerState>();
-    attn_reformer_fwd(in, d, p_, calls_++, out, st, *ws_);
-    if (!ctx.inference()) save_output(out, st.out);
+    attn_reformer_fwd(in, d, p_, in.step, out, st, ctx.scratch().get<ReformerWorkspace>());
   }
-  void backward(const AttentionInputs& in, const Context& ctx, ConstView dout, View dq, View dk,
-                View dv) override {
+
+  void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
+                View dk, View dv) const override {
     const AttentionDims d = validate_inputs(in, caps_, "reformer");
-    check_shared_qk(in);
-    const ReformerState& st = ctx.state<ReformerState>();
-    check(st.out.shape() == Shape{d.B, d.H, d.N, d.Dv}, "reformer: backward inputs have shapes ",
-          "other than the forward's (q is now ", in.q.shape.str(), ")");
-    validate_backward(in, d, dout, dq, dk, dv, "reformer");
-    attn_reformer_bwd(in, d, st, dout, dq, dv, *ws_);
+    const ReformerState& st = ctx.saved<ReformerState>();
+    check(st.lse2.shape() == Shape{d.B, d.H, d.N} &&
+              st.perm.size() == static_cast<size_t>(d.B * d.H * st.rounds * d.N),
+          "reformer: backward inputs have shapes other than the forward's (q is now ",
+          in.q.shape.str(), ")");
+    validate_backward(in, d, out, dout, dq, dk, dv, "reformer");
+    attn_reformer_bwd(in, d, st, out, dout, dq, dv, ctx.scratch().get<ReformerWorkspace>());
+  }
+
+  size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {
+    return reformer_workspace_bytes(d, p_, mode, threads);
   }
 
  private:
-  // Shared QK: the K input must be Q itself (the same view, or equal values).
-  static void check_shared_qk(const AttentionInputs& in) {
-    check(in.k.shape == in.q.shape, "reformer: shared-QK attention needs k identical to q, but q is ",
-          in.q.shape.str(), " and k is ", in.k.shape.str());
-    if (in.k.data == in.q.data && in.k.strides == in.q.strides) return;
-    for (int64_t b = 0; b < in.q.dim(0); ++b)
-      for (int64_t h = 0; h < in.q.dim(1); ++h)
-        for (int64_t i = 0; i < in.q.dim(2); ++i)
-          check(std::memcmp(in.q.ptr(b, h, i), in.k.ptr(b, h, i), sizeof(float) * static_cast<size_t>(in.q.dim(3))) == 0,
-                "reformer: shared-QK attention needs k identical to q; they differ at (", b, ", ", h,
-                ", ", i, ")");
-  }
   ReformerParams p_;
   Capabilities caps_;
-  uint64_t calls_ = 0;
-  ReformerWorkspacePtr ws_;
 };
 
 }  // namespace

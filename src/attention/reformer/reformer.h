@@ -1,10 +1,12 @@
 // Reformer LSH attention (Kitaev et al. 2020), shared-QK (DESIGN §3).
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "attention/tile/ref_problem.h"
 #include "clattn/attention.h"
+#include "clattn/tensor.h"
 
 namespace clattn {
 
@@ -19,27 +21,30 @@ struct ReformerState : ContextState {
   int64_t rounds = 0, chunk = 0, buckets = 0;
   std::vector<int32_t> perm;  // (B, H, rounds, N)
   Tensor lse2;                // (B, H, N) log2-sum-exp2 over every round's visible keys
-  Tensor out;                 // (B, H, N, Dv) the forward's output (backward's D_i)
+  size_t bytes() const override { return held_bytes(perm, lse2); }
 };
 
-struct ReformerWorkspace;
-struct ReformerWorkspaceDeleter { void operator()(ReformerWorkspace* w) const; };
-using ReformerWorkspacePtr = std::unique_ptr<ReformerWorkspace, ReformerWorkspaceDeleter>;
-ReformerWorkspacePtr make_reformer_workspace();
+struct ReformerWorkspace;  // reformer.cpp; kept in the caller's Scratch
+// Upper bound of the Scratch and saved state of one call.
+size_t reformer_workspace_bytes(const AttentionDims& d, const ReformerParams& p, Mode mode,
+                                int threads);
 
 // Bucket count actually used for a sequence of n (the auto rule, or p.buckets checked).
 int64_t reformer_buckets(const ReformerParams& p, int64_t n);
 
+// Forward: hashes every position with the rotations of rng stream `step` (shared by every head),
+// sorts into st's partition, and attends chunk by chunk.
 void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const ReformerParams& p,
-                       uint64_t call, View out, ReformerState& st, ReformerWorkspace& ws);
-// All gradient goes to dq (k is q); dk is left unchanged.
+                       uint64_t step, View out, ReformerState& st, ReformerWorkspace& ws);
+// All gradient goes to dq (k is q); dk is left unchanged. out is the output the forward wrote
+// (D_i = dO_i · O_i).
 void attn_reformer_bwd(const AttentionInputs& in, const AttentionDims& d, const ReformerState& st,
-                       ConstView dout, View dq, View dv, ReformerWorkspace& ws);
+                       ConstView out, ConstView dout, View dq, View dv, ReformerWorkspace& ws);
 
 // Reference hash in double: the bucket of every position of (b, h) in round `round`, the argmax
 // over [x·R, −x·R] of the unit query x (factorised above 128 buckets: b1 + f1·b2), with the
-// rotations the forward draws for call number `call`. The forward's perm sorts by (bucket, position).
-void reformer_buckets_ref(const RefProblem& pr, const ReformerParams& p, uint64_t call, int64_t b,
+// rotations the forward draws for step `step`. The forward's perm sorts by (bucket, position).
+void reformer_buckets_ref(const RefProblem& pr, const ReformerParams& p, uint64_t step, int64_t b,
                           int64_t h, int64_t round, std::vector<int32_t>& bucket);
 
 // Reference in double with st's partition (pr.k is ignored: keys are pr.q normalised).

@@ -1,8 +1,9 @@
 // Routing attention. Routing uses unit-norm copies of queries and keys; centroids (per head, shared
-// by queries and keys) come from spherical k-means on the sequence's unit queries and keys (eval,
-// the default) or are layer state kept by EMA (mode=train: decay 0.999, seeded initialisation,
-// updated after each forward with the mean of the unit vectors nearest each centroid, then
-// renormalised). Each cluster takes the `window` keys and the `window` queries most similar to
+// by queries and keys) come from spherical k-means on the sequence's unit queries and keys
+// (centroids=kmeans, the default) or are layer state kept by EMA (centroids=ema: the caller's
+// AttentionState buffer "centroids" (H, C, Dk), seeded unit rows when absent; a training call
+// (AttentionInputs::train) updates it after the forward with the mean of the unit vectors nearest
+// each centroid (decay 0.999), then renormalises; an evaluation call only reads it). Each cluster takes the `window` keys and the `window` queries most similar to
 // its centroid (cosine; ties to the lower index); its queries attend its keys with the real s·q·k,
 // and a query chosen by several clusters averages their outputs. A query chosen by none attends
 // the key window of its nearest centroid (the original gives it 0). Causal: keys after the query
@@ -94,23 +95,31 @@ struct TopColumns {
   }
 };
 
-struct Scratch {
+struct ThreadScratch {
   std::vector<int32_t> assign, prev, idx, qcount, nearest, qsel, nfall;
   std::vector<float> qinv, kinv;  // (nv), (mv) 1/|x|
   std::vector<float> sums, unit;
   TopColumns qtop, ktop;
   Workspace xs, cent, cpan, sblk, qs, kr, kt, vr, vt, s, o, go, dp, dqc, dkc, dvc;
+  size_t bytes() const {
+    return held_bytes(assign, prev, idx, qcount, nearest, qsel, nfall, qinv, kinv, sums, unit,
+                      qtop.cand, qtop.ncand, qtop.thr, ktop.cand, ktop.ncand, ktop.thr, xs, cent,
+                      cpan, sblk, qs, kr, kt, vr, vt, s, o, go, dp, dqc, dkc, dvc);
+  }
 };
 
 }  // namespace
 
 struct RoutingWorkspace {
   Workspace part;  // (B, H, M, Dkp + Dvp) backward with GQA
-  Workspace ema_sum;  // (B, H, C, D + 1) train mode: sums and counts for the EMA update
-  std::vector<Scratch> threads;
+  Workspace ema_sum;  // (B, H, C, D + 1) EMA training calls: sums and counts for the EMA update
+  std::vector<ThreadScratch> threads;
+  size_t bytes() const {
+    size_t n = held_bytes(part, ema_sum, threads);
+    for (const ThreadScratch& t : threads) n += t.bytes();
+    return n;
+  }
 };
-void RoutingWorkspaceDeleter::operator()(RoutingWorkspace* w) const { delete w; }
-RoutingWorkspacePtr make_routing_workspace() { return RoutingWorkspacePtr(new RoutingWorkspace); }
 
 namespace {
 
@@ -179,7 +188,7 @@ struct Block {
 };
 
 void build_block(const AttentionInputs& in, int64_t b, int64_t h, int64_t hk, const Dims& dm,
-                 float c, int64_t off, int64_t mv, const float* kt, Block& blk, Scratch& sc) {
+                 float c, int64_t off, int64_t mv, const float* kt, Block& blk, ThreadScratch& sc) {
   const int64_t kw = blk.kw;
   blk.qs = sc.qs.floats(static_cast<size_t>(kRows * dm.Dkp));
   blk.s = sc.s.floats(static_cast<size_t>(kRows * kw));
@@ -200,7 +209,8 @@ void prefetch_window(const AttentionInputs& in, int64_t b, int64_t hk, const Dim
 }  // namespace
 
 void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const RoutingParams& p,
-                      uint64_t call, float* ema, View out, RoutingState& st, RoutingWorkspace& ws) {
+                      uint64_t step, float* ema, bool update, View out, RoutingState& st,
+                      RoutingWorkspace& ws) {
   const Dims dm{d.Dk, d.Dv, round_up(d.Dk, mk::kLanes), round_up(d.Dv, mk::kLanes)};
   const int64_t C = p.clusters, Cp = round_up(C, kPanel), BH = d.B * d.H;
   const float scale = p.scale > 0 ? p.scale : 1.f / std::sqrt(static_cast<float>(d.Dk));
@@ -217,13 +227,13 @@ void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const R
   st.lse2.resize(static_cast<size_t>(BH * st.cap));
   st.centroids.assign(static_cast<size_t>(BH * C * d.Dk), 0.f);
   ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
-  float* ema_sum = p.train ? ws.ema_sum.floats(static_cast<size_t>(BH * C * (d.Dk + 1))) : nullptr;
+  float* ema_sum = p.train && update ? ws.ema_sum.floats(static_cast<size_t>(BH * C * (d.Dk + 1))) : nullptr;
   const Rng rng(p.seed);
 
-  parallel_for(BH, [&](int64_t t) {
+  parallel_for(BH, [&](int64_t t, int thread) {
     const int64_t b = t / d.H, h = t % d.H, hk = h / d.group(), off = d.M - d.N;
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
-    Scratch& sc = ws.threads[static_cast<size_t>(thread_id())];
+    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
     for (int64_t i = 0; i < d.N; ++i) std::memset(out.ptr(b, h, i), 0, sizeof(float) * static_cast<size_t>(dm.Dv));
     if (ema_sum) std::memset(ema_sum + t * C * (d.Dk + 1), 0, sizeof(float) * static_cast<size_t>(C * (d.Dk + 1)));
     if (nv == 0 || mv == 0) return;
@@ -261,7 +271,7 @@ void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const R
       std::iota(sc.idx.begin(), sc.idx.end(), 0);
       for (int64_t s2 = 0; s2 < C; ++s2) {
         const int64_t tt = s2 % ns;
-        if (s2 < ns) std::swap(sc.idx[static_cast<size_t>(tt)], sc.idx[static_cast<size_t>(tt + static_cast<int64_t>(rng.below(static_cast<uint64_t>(ns - tt), (call << 32) + static_cast<uint64_t>(t), static_cast<uint64_t>(s2))))]);
+        if (s2 < ns) std::swap(sc.idx[static_cast<size_t>(tt)], sc.idx[static_cast<size_t>(tt + static_cast<int64_t>(rng.below(static_cast<uint64_t>(ns - tt), (step << 32) + static_cast<uint64_t>(t), static_cast<uint64_t>(s2))))]);
         const float* src = xs + sc.idx[static_cast<size_t>(tt)] * dm.Dkp;
         std::copy(src, src + dm.D, cent + s2 * dm.D);
       }
@@ -402,7 +412,7 @@ void attn_routing_bwd(const AttentionInputs& in, const AttentionDims& d, const R
   const float c = scale * kLog2e;
   ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
   float* part = G > 1 ? ws.part.floats(static_cast<size_t>(BH * d.M * (dm.Dkp + dm.Dvp))) : nullptr;
-  parallel_for(BH, [&](int64_t t) {
+  parallel_for(BH, [&](int64_t t, int thread) {
     const int64_t b = t / d.H, h = t % d.H, hk = h / G, off = d.M - d.N;
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
     float* pk = part ? part + t * d.M * (dm.Dkp + dm.Dvp) : nullptr;
@@ -410,7 +420,7 @@ void attn_routing_bwd(const AttentionInputs& in, const AttentionDims& d, const R
     auto gk = [&](int64_t j) { return pk ? pk + j * (dm.Dkp + dm.Dvp) : dk.ptr(b, hk, j); };
     auto gv = [&](int64_t j) { return pk ? pk + j * (dm.Dkp + dm.Dvp) + dm.Dkp : dv.ptr(b, hk, j); };
     if (nv == 0 || mv == 0) return;
-    Scratch& sc = ws.threads[static_cast<size_t>(thread_id())];
+    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
     const int32_t* moff = st.mem_off.data() + t * (C + 1);
     const int32_t* mem = st.mem.data() + t * st.cap;
     const float* wgt = st.weight.data() + t * st.cap;
@@ -514,55 +524,72 @@ namespace {
 
 class RoutingAttention final : public Attention {
  public:
-  explicit RoutingAttention(const RoutingParams& p) : p_(p), ws_(make_routing_workspace()) {
+  explicit RoutingAttention(const RoutingParams& p) : p_(p) {
     caps_ = Capabilities{.causal = true, .query_lengths = true, .key_lengths = true, .bias = false,
-                         .cross = true, .gqa = true, .trainable = true};
+                         .cross = true, .gqa = true, .trainable = true, .shared_qk = false,
+                         .stochastic = true, .stateful = p.train};
   }
   std::string name() const override {
     return detail::concat("routing:clusters=", p_.clusters,
                           p_.window > 0 ? detail::concat(",window=", p_.window) : std::string(),
-                          ",iterations=", p_.iterations, ",mode=", p_.train ? "train" : "eval",
+                          ",iterations=", p_.iterations, ",centroids=", p_.train ? "ema" : "kmeans",
+                          p_.train ? detail::concat(",decay=", p_.decay) : std::string(),
                           ",seed=", p_.seed,
                           p_.scale > 0 ? detail::concat(",scale=", p_.scale) : std::string());
   }
   const Capabilities& capabilities() const override { return caps_; }
-  // The EMA centroids (H, C, Dk) of train mode; empty until the first train-mode forward.
-  const Tensor& ema() const { return ema_; }
-  void forward(const AttentionInputs& in, View out, Context& ctx) override {
+  std::vector<StateBuffer> state_buffers(int64_t H, int64_t Dk) const override {
+    if (!p_.train) return {};
+    return {{"centroids", Shape{H, p_.clusters, Dk},
+             "unit EMA centroids per head, shared by queries and keys (updated by training calls)"}};
+  }
+  void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     const AttentionDims d = validate_inputs(in, caps_, "routing");
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "routing");
-    if (p_.train && !(ema_.shape() == Shape{d.H, p_.clusters, d.Dk})) {
-      // Layer state: unit-norm Gaussian centroids from the seeded rng, per head.
-      ema_.resize(Shape{d.H, p_.clusters, d.Dk});
-      const Rng rng(p_.seed);
-      for (int64_t r = 0; r < d.H * p_.clusters; ++r) {
-        float* ce = ema_.data() + r * d.Dk;
-        double nn = 0;
-        for (int64_t e = 0; e < d.Dk; ++e) {
-          ce[e] = rng.normal(~uint64_t{0}, static_cast<uint64_t>(r * d.Dk + e));
-          nn += static_cast<double>(ce[e]) * ce[e];
-        }
-        for (int64_t e = 0; e < d.Dk; ++e) ce[e] = static_cast<float>(ce[e] / std::sqrt(nn));
-      }
-    }
-    attn_routing_fwd(in, d, p_, calls_++, p_.train ? ema_.data() : nullptr, out, ctx.state<RoutingState>(), *ws_);
+    float* ema = p_.train ? centroids(*in.state, d).data() : nullptr;
+    attn_routing_fwd(in, d, p_, in.step, ema, in.train, out, ctx.state<RoutingState>(),
+                     ctx.scratch().get<RoutingWorkspace>());
   }
-  void backward(const AttentionInputs& in, const Context& ctx, ConstView dout, View dq, View dk,
-                View dv) override {
+  void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
+                View dk, View dv) const override {
     const AttentionDims d = validate_inputs(in, caps_, "routing");
-    const RoutingState& st = ctx.state<RoutingState>();
+    const RoutingState& st = ctx.saved<RoutingState>();
     check(st.mem_off.size() == static_cast<size_t>(d.B * d.H * (st.C + 1)) && st.C == p_.clusters,
           "routing: backward inputs have shapes other than the forward's (q is now ", in.q.shape.str(), ")");
-    validate_backward(in, d, dout, dq, dk, dv, "routing");
-    attn_routing_bwd(in, d, p_, st, dout, dq, dk, dv, *ws_);
+    validate_backward(in, d, out, dout, dq, dk, dv, "routing");
+    attn_routing_bwd(in, d, p_, st, dout, dq, dk, dv, ctx.scratch().get<RoutingWorkspace>());
+  }
+  size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {
+    return routing_workspace_bytes(d, p_, mode, threads);
   }
 
  private:
+  // The layer's EMA centroids (H, C, Dk): created on first use as unit-norm Gaussian rows from the
+  // seeded rng (a stream no step uses), then only ever changed by training calls.
+  Tensor& centroids(AttentionState& state, const AttentionDims& d) const {
+    const Shape shape{d.H, p_.clusters, d.Dk};
+    Tensor* t = state.find("centroids");
+    if (t) {
+      check(t->shape() == shape, "routing: state buffer 'centroids' must be (H, C, Dk) = ",
+            shape.str(), ", got ", t->shape().str());
+      check_finite(t->view(), "state buffer 'centroids'", "routing");
+      return *t;
+    }
+    Tensor& c = state.add("centroids", shape);
+    const Rng rng(p_.seed);
+    for (int64_t r = 0; r < d.H * p_.clusters; ++r) {
+      float* ce = c.data() + r * d.Dk;
+      double nn = 0;
+      for (int64_t e = 0; e < d.Dk; ++e) {
+        ce[e] = rng.normal(~uint64_t{0}, static_cast<uint64_t>(r * d.Dk + e));
+        nn += static_cast<double>(ce[e]) * ce[e];
+      }
+      for (int64_t e = 0; e < d.Dk; ++e) ce[e] = static_cast<float>(ce[e] / std::sqrt(nn));
+    }
+    return c;
+  }
   RoutingParams p_;
   Capabilities caps_;
-  uint64_t calls_ = 0;
-  Tensor ema_;
-  RoutingWorkspacePtr ws_;
 };
 
 }  // namespace
@@ -574,12 +601,40 @@ std::unique_ptr<Attention> make_routing(const Spec& spec) {
   p.clusters = r.get_int("clusters", 0, 1, 1 << 16);
   p.window = r.get_int("window", 0, 1, int64_t{1} << 40);
   p.iterations = static_cast<int>(r.get_int("iterations", 10, 0, 1000));
-  p.train = r.get_choice("mode", "eval", {"eval", "train"}) == "train";
+  p.train = r.get_choice("centroids", "kmeans", {"kmeans", "ema"}) == "ema";
   p.decay = static_cast<float>(r.get_float("decay", 0.999, 0.0, 1.0));
   p.scale = static_cast<float>(r.get_float("scale", 0.0, 1e-6, 1e6));
   p.seed = static_cast<uint64_t>(r.get_int("seed", 0, 0, int64_t{1} << 62));
   r.finish();
   return std::make_unique<RoutingAttention>(p);
+}
+
+}  // namespace clattn
+
+namespace clattn {
+
+size_t routing_workspace_bytes(const AttentionDims& d, const RoutingParams& p, Mode mode,
+                               int threads) {
+  const int64_t C = p.clusters, Cp = round_up(C, kPanel), BH = d.B * d.H, N = d.N, M = d.M;
+  const int64_t Dkp = round_up(d.Dk, mk::kLanes), Dvp = round_up(d.Dv, mk::kLanes);
+  const int64_t wq = p.window > 0 ? std::min(p.window, N) : (N + C - 1) / C;
+  const int64_t wk = std::max<int64_t>(1, p.window > 0 ? std::min(p.window, M) : (M + C - 1) / C);
+  const int64_t kw = round_up(wk, mk::kLanes), cap = C * wq + N;
+  const int64_t ns = std::min(N + M, std::max<int64_t>(32 * C, 4096)) + 1;
+  constexpr int64_t f = 4, cand = sizeof(Cand);
+  // Per thread: norms, k-means on the sample, the cosine pass, window selection, member blocks.
+  int64_t per = f * (N + M + Cp * d.Dk + ns * Dkp + std::max<int64_t>(ns, kScore) * Cp + C * d.Dk + Dkp) +
+                4 * (3 * ns + 3 * N + C * wq + C + 1) +
+                (C * TopColumns::kSlack * (wq + wk)) * cand + 2 * (C * 8 + f * round_up(C, simd::kLanes)) +
+                f * (kRows * Dkp + kRows * kw + Dkp * kw + kw * Dvp + kRows * Dvp);
+  int64_t shared = 0;
+  if (p.train) shared += f * BH * C * (d.Dk + 1);
+  if (mode == Mode::training) {
+    per += f * (kRows * Dvp + kw * Dkp + Dvp * kw + kw * Dkp + kw * Dvp + kRows * kw + kRows * Dkp);
+    if (d.group() > 1) shared += f * BH * M * (Dkp + Dvp);
+  }
+  const int64_t state = BH * (C * wk * 4 + C * 4 + (C + 1) * 4 + cap * 12 + C * d.Dk * f);
+  return static_cast<size_t>(threads * (per + static_cast<int64_t>(sizeof(ThreadScratch))) + shared + state);
 }
 
 }  // namespace clattn

@@ -12,7 +12,7 @@ struct RoutingParams {
   int64_t clusters = 0;   // C (required)
   int64_t window = 0;     // 0 = auto: ceil(N / C) queries and ceil(M / C) keys per cluster
   int iterations = 10;    // spherical k-means rounds (eval mode)
-  bool train = false;     // mode=train: EMA centroids (layer state) instead of k-means
+  bool train = false;     // centroids=ema: EMA centroids (layer state) instead of k-means
   float decay = 0.999f;   // EMA decay
   float scale = 0.f;      // 0 = 1/sqrt(Dk)
   uint64_t seed = 0;
@@ -30,16 +30,20 @@ struct RoutingState : ContextState {
   std::vector<float> weight;       // (B, H, cap) 1 / number of clusters the member is in
   std::vector<float> lse2;         // (B, H, cap) the member's log2-sum-exp2 in that cluster
   std::vector<float> centroids;    // (B, H, C, Dk) the unit centroids the routing used
+  size_t bytes() const override {
+    return held_bytes(keys, nkeys, mem_off, mem, weight, lse2, centroids);
+  }
 };
 
-struct RoutingWorkspace;
-struct RoutingWorkspaceDeleter { void operator()(RoutingWorkspace* w) const; };
-using RoutingWorkspacePtr = std::unique_ptr<RoutingWorkspace, RoutingWorkspaceDeleter>;
-RoutingWorkspacePtr make_routing_workspace();
+struct RoutingWorkspace;  // per-thread scratch and partial gradients; kept in the caller's Scratch
+size_t routing_workspace_bytes(const AttentionDims& d, const RoutingParams& p, Mode mode,
+                               int threads);
 
-// centroids (H, C, Dk): the EMA state in train mode (updated in place), ignored in eval mode.
+// ema (H, C, Dk): the EMA centroids with centroids=ema (nullptr with k-means), updated in place
+// from this batch when `update` (a training call). Random draws come from (seed, step).
 void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const RoutingParams& p,
-                      uint64_t call, float* ema, View out, RoutingState& st, RoutingWorkspace& ws);
+                      uint64_t step, float* ema, bool update, View out, RoutingState& st,
+                      RoutingWorkspace& ws);
 void attn_routing_bwd(const AttentionInputs& in, const AttentionDims& d, const RoutingParams& p,
                       const RoutingState& st, ConstView dout, View dq, View dk, View dv,
                       RoutingWorkspace& ws);

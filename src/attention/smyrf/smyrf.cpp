@@ -28,7 +28,6 @@
 #include <cstring>
 #include <numeric>
 
-#include "attention/full/full.h"
 #include "attention/tile/gather.h"
 #include "attention/tile/tile_ops.h"
 #include "attention/tile/grad_util.h"
@@ -47,30 +46,44 @@ using tile::kLog2e;
 
 namespace {
 
-struct Scratch {
+// Per-thread scratch; sized on first use, reused by every later call on the same Scratch.
+struct ThreadScratch {
   std::vector<float> qproj, kproj;  // (R, nv), (R, mv) projections of every round
   std::vector<float> qsq, ksq;      // (nv), (mv) squared norms
   std::vector<float> own_s, own_w;  // (nv), (nv) causal own keys: logit; weight (fwd) or Σ P (bwd)
   cluster::RadixScratch radix;
   Workspace qs, kr, kt, vr, vt, s, o, go, dp, dqc, dkc, dvc, misc;
+  size_t bytes() const {
+    return held_bytes(qproj, kproj, qsq, ksq, own_s, own_w, radix.keys, radix.keys2, radix.count,
+                      radix.idx2, radix.idx3, qs, kr, kt, vr, vt, s, o, go, dp, dqc, dkc, dvc,
+                      misc);
+  }
 };
 
 }  // namespace
 
 struct SmyrfWorkspace {
-  Workspace part;  // (B, H, M, Dk + Dv) backward with GQA
-  std::vector<Scratch> threads;
+  Workspace part;  // (B, H, M, Dkp + Dvp) backward with GQA: per-query-head partial dK, dV
+  std::vector<ThreadScratch> threads;
+
+  void ensure_threads() {
+    if (threads.size() < static_cast<size_t>(max_threads()))
+      threads.resize(static_cast<size_t>(max_threads()));
+  }
+  size_t bytes() const {
+    size_t n = held_bytes(part, threads);
+    for (const ThreadScratch& t : threads) n += t.bytes();
+    return n;
+  }
 };
-void SmyrfWorkspaceDeleter::operator()(SmyrfWorkspace* w) const { delete w; }
-SmyrfWorkspacePtr make_smyrf_workspace() { return SmyrfWorkspacePtr(new SmyrfWorkspace); }
 
 namespace {
 
 // One Gaussian direction of the transformed space (D + 2) per round, shared by all heads: (R, D + 2).
-std::vector<float> directions(const SmyrfParams& p, uint64_t call, int64_t D) {
+std::vector<float> directions(const SmyrfParams& p, uint64_t step, int64_t D) {
   const Rng rng(p.seed);
   std::vector<float> dirs(static_cast<size_t>(p.hashes * (D + 2)));
-  for (size_t i = 0; i < dirs.size(); ++i) dirs[i] = rng.normal(call, i);
+  for (size_t i = 0; i < dirs.size(); ++i) dirs[i] = rng.normal(step, i);
   return dirs;
 }
 
@@ -129,7 +142,7 @@ void block_scores(const AttentionInputs& in, const AttentionDims& d, const HeadR
 // Sets sc.own_s (the logits) and zeroes sc.own_w (their per-query accumulator) when causal;
 // returns whether it did.
 bool own_logits(bool causal, const HeadRows& hr, int64_t nv, int64_t mv, int64_t off, int64_t D,
-                float c, Scratch& sc) {
+                float c, ThreadScratch& sc) {
   if (!causal) return false;
   sc.own_s.resize(static_cast<size_t>(nv));
   sc.own_w.assign(static_cast<size_t>(nv), 0.f);
@@ -181,7 +194,7 @@ void finish_projections(int64_t n, int64_t D, const float* dirs, int64_t R, int6
 }  // namespace
 
 void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const SmyrfParams& p,
-                    uint64_t call, View out, SmyrfState& st, SmyrfWorkspace& ws) {
+                    uint64_t step, View out, SmyrfState& st, SmyrfWorkspace& ws) {
   const int64_t D = d.Dk, Dv = d.Dv, Dkp = round_up(D, mk::kLanes), Dvp = round_up(Dv, mk::kLanes);
   const int64_t R = p.hashes;
   const float scale = p.scale > 0 ? p.scale : 1.f / std::sqrt(static_cast<float>(D));
@@ -192,14 +205,14 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
   st.qperm.resize(static_cast<size_t>(d.B * d.H * R * d.N));
   st.kperm.resize(static_cast<size_t>(d.B * d.H * R * d.M));
   st.lse2.resize(Shape{d.B, d.H, d.N});
-  const std::vector<float> dirs = directions(p, call, D);
-  ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
+  const std::vector<float> dirs = directions(p, step, D);
+  ws.ensure_threads();
 
-  parallel_for(d.B * d.H, [&](int64_t t) {
+  parallel_for(d.B * d.H, [&](int64_t t, int thread) {
     const int64_t b = t / d.H, h = t % d.H;
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
     const HeadRows hr(in, b, h, h / d.group());
-    Scratch& sc = ws.threads[static_cast<size_t>(thread_id())];
+    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
     float* L = st.lse2.data() + t * d.N;  // running log2-sum-exp2 of the rounds (blend_round)
     float* ob = out.ptr(b, h, 0);
     const int64_t ors = out.stride(2);
@@ -264,15 +277,15 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
 }
 
 void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const SmyrfParams& p,
-                    const SmyrfState& st, ConstView dout, View dq, View dk, View dv,
+                    const SmyrfState& st, ConstView out, ConstView dout, View dq, View dk, View dv,
                     SmyrfWorkspace& ws) {
   const int64_t D = d.Dk, Dv = d.Dv, Dkp = round_up(D, mk::kLanes), Dvp = round_up(Dv, mk::kLanes);
   const int64_t R = st.rounds, G = d.group();
   const float scale = p.scale > 0 ? p.scale : 1.f / std::sqrt(static_cast<float>(D));
   const float c = scale * kLog2e;
-  ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
+  ws.ensure_threads();
   float* part = G > 1 ? ws.part.floats(static_cast<size_t>(d.B * d.H * d.M * (Dkp + Dvp))) : nullptr;
-  parallel_for(d.B * d.H, [&](int64_t t) {
+  parallel_for(d.B * d.H, [&](int64_t t, int thread) {
     const int64_t b = t / d.H, h = t % d.H, hk = h / G;
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
     const HeadRows hr(in, b, h, hk);
@@ -281,10 +294,10 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
     auto gk = [&](int64_t j) { return pk ? pk + j * (Dkp + Dvp) : dk.ptr(b, hk, j); };
     auto gv = [&](int64_t j) { return pk ? pk + j * (Dkp + Dvp) + Dkp : dv.ptr(b, hk, j); };
     if (nv == 0) return;
-    Scratch& sc = ws.threads[static_cast<size_t>(thread_id())];
+    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
     const float* lse2 = st.lse2.data() + t * d.N;
     float* di = sc.misc.floats(static_cast<size_t>(nv));  // (nv) D_i = dO_i · O_i
-    for (int64_t i = 0; i < nv; ++i) di[i] = simd::dot(dout.ptr(b, h, i), st.out.view().ptr(b, h, i), Dv);
+    for (int64_t i = 0; i < nv; ++i) di[i] = simd::dot(dout.ptr(b, h, i), out.ptr(b, h, i), Dv);
     const int64_t off = d.M - d.N;
     const bool own = own_logits(in.causal, hr, nv, mv, off, D, c, sc);
     const float* own_s = own ? sc.own_s.data() : nullptr;
@@ -371,11 +384,11 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
   if (part) reduce_group_partials(in, d, part, d.M, Dkp + Dvp, Dkp, dk, dv);
 }
 
-void smyrf_projections_ref(const RefProblem& pr, const SmyrfParams& p, uint64_t call, int64_t b,
+void smyrf_projections_ref(const RefProblem& pr, const SmyrfParams& p, uint64_t step, int64_t b,
                            int64_t h, int64_t round, std::vector<double>& qproj,
                            std::vector<double>& kproj) {
   const AttentionDims& d = pr.d;
-  const std::vector<float> dirs = directions(p, call, d.Dk);
+  const std::vector<float> dirs = directions(p, step, d.Dk);
   const float* a = dirs.data() + round * (d.Dk + 2);
   const int64_t nv = pr.nq(b), mv = pr.nk(b);
   auto sq = [&](auto elem, int64_t i) {
@@ -432,13 +445,40 @@ void attn_smyrf_ref(const RefProblem& pr, const SmyrfState& st, std::vector<doub
     }
 }
 
+size_t smyrf_workspace_bytes(const AttentionDims& d, const SmyrfParams& p, Mode mode, int threads) {
+  const int64_t D = d.Dk, Dv = d.Dv, Dkp = round_up(D, mk::kLanes), Dvp = round_up(Dv, mk::kLanes);
+  const int64_t R = p.hashes, N = d.N, M = d.M, BH = d.B * d.H;
+  const int64_t kc = p.k_cluster, kwm = round_up(kc, mk::kLanes);
+  constexpr int64_t f = sizeof(float), i32 = sizeof(int32_t);
+  // Per thread, in bytes. The vectors grow by resize() to each head's valid lengths, so with
+  // lengths that differ between batches std::vector's growth may leave up to twice the largest
+  // size asked; own_w and the radix counts are assign()ed (exact); Workspaces hold the largest.
+  int64_t per = 2 * f * (R * N + R * M + N + M) +   // qproj, kproj, qsq, ksq
+                2 * f * N + f * N +                 // own_s, own_w (causal)
+                4 * 2 * i32 * std::max(N, M) +      // radix keys, keys2, idx2, idx3
+                i32 * 3 * 2048;                     // radix count (3 passes of 11 bits)
+  // Tiles, forward: qs, kt, vr, s, o.
+  int64_t qs = 64 * Dkp, kt = Dkp * kwm, vr = kc * Dvp, s = 64 * kwm, o = 64 * Dvp;
+  int64_t kr = 0, vt = 0, go = 0, dp = 0, dqc = 0, dkc = 0, dvc = 0, misc = 0, shared = 0;
+  if (mode == Mode::training) {  // backward: the same qs, kt, s; its own gathers and gradients
+    kr = kwm * Dkp, vt = Dvp * kwm, go = 64 * Dvp, dp = 64 * kwm, dqc = 64 * Dkp;
+    dkc = kwm * Dkp, dvc = kwm * Dvp, misc = N;
+    if (d.group() > 1) shared = f * BH * M * (Dkp + Dvp);  // part
+  }
+  per += f * (qs + kt + vr + s + o + kr + vt + go + dp + dqc + dkc + dvc + misc);
+  const int64_t state = i32 * BH * R * (N + M) + f * BH * N;  // qperm, kperm, lse2
+  return static_cast<size_t>(threads * (per + static_cast<int64_t>(sizeof(ThreadScratch))) +
+                             shared + state);
+}
+
 namespace {
 
 class SmyrfAttention final : public Attention {
  public:
-  explicit SmyrfAttention(const SmyrfParams& p) : p_(p), ws_(make_smyrf_workspace()) {
+  explicit SmyrfAttention(const SmyrfParams& p) : p_(p) {
     caps_ = Capabilities{.causal = true, .query_lengths = true, .key_lengths = true, .bias = false,
-                         .cross = true, .gqa = true, .trainable = true};
+                         .cross = true, .gqa = true, .trainable = true, .shared_qk = false,
+                         .stochastic = true, .stateful = false};
   }
   std::string name() const override {
     return detail::concat("smyrf:hashes=", p_.hashes, ",q_cluster=", p_.q_cluster, ",k_cluster=",
@@ -446,28 +486,34 @@ class SmyrfAttention final : public Attention {
                           p_.scale > 0 ? detail::concat(",scale=", p_.scale) : std::string());
   }
   const Capabilities& capabilities() const override { return caps_; }
-  void forward(const AttentionInputs& in, View out, Context& ctx) override {
+
+  void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     const AttentionDims d = validate_inputs(in, caps_, "smyrf");
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "smyrf");
     SmyrfState& st = ctx.state<SmyrfState>();
-    attn_smyrf_fwd(in, d, p_, calls_++, out, st, *ws_);
-    if (!ctx.inference()) save_output(out, st.out);
+    attn_smyrf_fwd(in, d, p_, in.step, out, st, ctx.scratch().get<SmyrfWorkspace>());
   }
-  void backward(const AttentionInputs& in, const Context& ctx, ConstView dout, View dq, View dk,
-                View dv) override {
+
+  void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
+                View dk, View dv) const override {
     const AttentionDims d = validate_inputs(in, caps_, "smyrf");
-    const SmyrfState& st = ctx.state<SmyrfState>();
-    check(st.out.shape() == Shape{d.B, d.H, d.N, d.Dv}, "smyrf: backward inputs have shapes ",
-          "other than the forward's (q is now ", in.q.shape.str(), ")");
-    validate_backward(in, d, dout, dq, dk, dv, "smyrf");
-    attn_smyrf_bwd(in, d, p_, st, dout, dq, dk, dv, *ws_);
+    const SmyrfState& st = ctx.saved<SmyrfState>();
+    const size_t heads = static_cast<size_t>(d.B * d.H * st.rounds);
+    check(st.lse2.shape() == Shape{d.B, d.H, d.N} && st.qperm.size() == heads * static_cast<size_t>(d.N) &&
+              st.kperm.size() == heads * static_cast<size_t>(d.M),
+          "smyrf: backward inputs have shapes other than the forward's (q is now ", in.q.shape.str(),
+          ", k ", in.k.shape.str(), ")");
+    validate_backward(in, d, out, dout, dq, dk, dv, "smyrf");
+    attn_smyrf_bwd(in, d, p_, st, out, dout, dq, dk, dv, ctx.scratch().get<SmyrfWorkspace>());
+  }
+
+  size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {
+    return smyrf_workspace_bytes(d, p_, mode, threads);
   }
 
  private:
   SmyrfParams p_;
   Capabilities caps_;
-  uint64_t calls_ = 0;
-  SmyrfWorkspacePtr ws_;
 };
 
 }  // namespace

@@ -2,10 +2,12 @@
 // clusters, rounds combined by log-sum-exp (DESIGN §3).
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "attention/tile/ref_problem.h"
 #include "clattn/attention.h"
+#include "clattn/tensor.h"
 
 namespace clattn {
 
@@ -23,24 +25,26 @@ struct SmyrfState : ContextState {
   std::vector<int32_t> qperm;  // (B, H, rounds, N) valid queries in projection order
   std::vector<int32_t> kperm;  // (B, H, rounds, M) valid keys in projection order
   Tensor lse2;                 // (B, H, N) log2-sum-exp2 over all rounds (+inf: no key seen)
-  Tensor out;                  // (B, H, N, Dv) the forward's output (backward's D_i)
+  size_t bytes() const override { return held_bytes(qperm, kperm, lse2); }
 };
 
-struct SmyrfWorkspace;
-struct SmyrfWorkspaceDeleter { void operator()(SmyrfWorkspace* w) const; };
-using SmyrfWorkspacePtr = std::unique_ptr<SmyrfWorkspace, SmyrfWorkspaceDeleter>;
-SmyrfWorkspacePtr make_smyrf_workspace();
+struct SmyrfWorkspace;  // smyrf.cpp; kept in the caller's Scratch
+// Upper bound of the Scratch and saved state of one call.
+size_t smyrf_workspace_bytes(const AttentionDims& d, const SmyrfParams& p, Mode mode, int threads);
 
+// Forward: the directions of rng stream `step` (one per round, shared by every head), the sorted
+// partition of every round into st, and the output.
 void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const SmyrfParams& p,
-                    uint64_t call, View out, SmyrfState& st, SmyrfWorkspace& ws);
+                    uint64_t step, View out, SmyrfState& st, SmyrfWorkspace& ws);
+// Accumulates into dq, dk, dv. out is the output the forward wrote (D_i = dO_i · O_i).
 void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const SmyrfParams& p,
-                    const SmyrfState& st, ConstView dout, View dq, View dk, View dv,
+                    const SmyrfState& st, ConstView out, ConstView dout, View dq, View dk, View dv,
                     SmyrfWorkspace& ws);
 
 // Reference projections in double of round `round` for (b, h): qproj (nv) and kproj (mv) are
-// F(q_i)·a and G(k_j)·a with the round's direction a (D + 2) as the forward draws it for call
-// number `call`. The forward's qperm/kperm sort these (tests allow rounding-level ties).
-void smyrf_projections_ref(const RefProblem& pr, const SmyrfParams& p, uint64_t call, int64_t b,
+// F(q_i)·a and G(k_j)·a with the round's direction a (D + 2) as the forward draws it for step
+// `step`. The forward's qperm/kperm sort these (tests allow rounding-level ties).
+void smyrf_projections_ref(const RefProblem& pr, const SmyrfParams& p, uint64_t step, int64_t b,
                            int64_t h, int64_t round, std::vector<double>& qproj,
                            std::vector<double>& kproj);
 

@@ -30,11 +30,12 @@ namespace {
 constexpr int64_t kBr = 64;   // queries per tile
 constexpr int64_t kBc = 512;  // keys per tile
 
-struct Scratch {
+struct ThreadScratch {
   Workspace qs, s;
   std::vector<Cand> cand;
   std::vector<int64_t> ncand;
   std::vector<float> thr, p;
+  size_t bytes() const { return held_bytes(qs, s, cand, ncand, thr, p); }
 };
 
 }  // namespace
@@ -42,11 +43,23 @@ struct Scratch {
 struct TopkWorkspace {
   Workspace kpan;   // (B, Hkv, np, Dk, 64)
   Workspace part;   // (B, H, M, Dk + Dv) backward with GQA: per-query-head partial dK, dV
-  std::vector<Scratch> threads;
-  Scratch& mine() { return threads[static_cast<size_t>(thread_id())]; }
+  std::vector<ThreadScratch> threads;
+  size_t bytes() const {
+    size_t n = held_bytes(kpan, part, threads);
+    for (const ThreadScratch& t : threads) n += t.bytes();
+    return n;
+  }
 };
-void TopkWorkspaceDeleter::operator()(TopkWorkspace* w) const { delete w; }
-TopkWorkspacePtr make_topk_workspace() { return TopkWorkspacePtr(new TopkWorkspace); }
+
+size_t topk_workspace_bytes(const AttentionDims& d, int64_t k, Mode mode, int threads) {
+  const int64_t Mp = mk::round_up(d.M, kPanel), BH = d.B * d.H;
+  int64_t bytes = static_cast<int64_t>(sizeof(float)) * std::max<int64_t>(1, d.B * d.Hkv * Mp * d.Dk) +
+                  BH * d.N * (k * 4 + 4 + 4) +
+                  threads * (static_cast<int64_t>(sizeof(ThreadScratch)) + 4 * (kBr * d.Dk + kBr * kBc) +
+                             kBr * 2 * k * static_cast<int64_t>(sizeof(Cand)) + kBr * 12 + 2 * k * 4);
+  if (mode == Mode::training && d.group() > 1) bytes += 4 * BH * d.M * (d.Dk + d.Dv);
+  return static_cast<size_t>(bytes);
+}
 
 void attn_topk_fwd(const AttentionInputs& in, const AttentionDims& d, int64_t k, float scale,
                    View out, TopkState& st, TopkWorkspace& ws) {
@@ -62,7 +75,7 @@ void attn_topk_fwd(const AttentionInputs& in, const AttentionDims& d, int64_t k,
     mk::pack_panels(in.k.ptr(t / d.Hkv, t % d.Hkv, 0), d.M, D, in.k.stride(2), kpan + t * Mp * D);
   });
   const int64_t ntiles = (d.N + kBr - 1) / kBr;
-  parallel_for(d.B * d.H * ntiles, [&](int64_t task) {
+  parallel_for(d.B * d.H * ntiles, [&](int64_t task, int thread) {
     const int64_t t = task / ntiles, q0 = (in.causal ? ntiles - 1 - task % ntiles : task % ntiles) * kBr;
     const int64_t b = t / d.H, h = t % d.H, hk = h / d.group();
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b), off = d.M - d.N;
@@ -73,7 +86,7 @@ void attn_topk_fwd(const AttentionInputs& in, const AttentionDims& d, int64_t k,
     }
     const int64_t rows = std::min(kBr, nv - q0);
     if (rows <= 0) return;
-    Scratch& sc = ws.mine();
+    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
     float* qs = sc.qs.floats(static_cast<size_t>(kBr * D));   // (Br, D) q·c
     float* s = sc.s.floats(static_cast<size_t>(kBr * kBc));   // (Br, Bc) scores
     sc.cand.resize(static_cast<size_t>(kBr * 2 * k));
@@ -126,11 +139,11 @@ void attn_topk_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
   ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
   // With GQA several query heads write the same key rows: each gets its own partial dK, dV.
   float* part = G > 1 ? ws.part.floats(static_cast<size_t>(d.B * d.H * d.M * (D + Dv))) : nullptr;
-  parallel_for(d.B * d.H, [&](int64_t t) {
+  parallel_for(d.B * d.H, [&](int64_t t, int thread) {
     const int64_t b = t / d.H, h = t % d.H, hk = h / G, nv = valid_queries(in, d, b);
     float* pk = part ? part + t * d.M * (D + Dv) : nullptr;  // (M, D + Dv)
     if (pk) std::memset(pk, 0, sizeof(float) * static_cast<size_t>(d.M * (D + Dv)));
-    Scratch& sc = ws.mine();
+    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
     sc.p.resize(static_cast<size_t>(2 * k));
     float* p = sc.p.data();
     float* ds = p + k;
@@ -164,7 +177,7 @@ namespace {
 
 class TopkAttention final : public Attention {
  public:
-  TopkAttention(int64_t k, float scale) : k_(k), scale_(scale), ws_(make_topk_workspace()) {
+  TopkAttention(int64_t k, float scale) : k_(k), scale_(scale) {
     caps_ = Capabilities{.causal = true, .query_lengths = true, .key_lengths = true, .bias = false,
                          .cross = true, .gqa = true, .trainable = true};
   }
@@ -172,29 +185,35 @@ class TopkAttention final : public Attention {
     return detail::concat("topk:topk=", k_, scale_ > 0 ? detail::concat(",scale=", scale_) : std::string());
   }
   const Capabilities& capabilities() const override { return caps_; }
-  void forward(const AttentionInputs& in, View out, Context& ctx) override {
+  void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     const AttentionDims d = validate_inputs(in, caps_, "topk");
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "topk");
-    attn_topk_fwd(in, d, k_, scale_for(d), out, ctx.state<TopkState>(), *ws_);
+    attn_topk_fwd(in, d, k_for(d), scale_for(d), out, ctx.state<TopkState>(),
+                  ctx.scratch().get<TopkWorkspace>());
   }
-  void backward(const AttentionInputs& in, const Context& ctx, ConstView dout, View dq, View dk,
-                View dv) override {
+  void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
+                View dk, View dv) const override {
     const AttentionDims d = validate_inputs(in, caps_, "topk");
-    const TopkState& st = ctx.state<TopkState>();
+    const TopkState& st = ctx.saved<TopkState>();
     check(st.lse.shape() == Shape{d.B, d.H, d.N}, "topk: backward inputs have shapes other than ",
           "the forward's (q is now ", in.q.shape.str(), ")");
-    validate_backward(in, d, dout, dq, dk, dv, "topk");
-    attn_topk_bwd(in, d, scale_for(d), st, dout, dq, dk, dv, *ws_);
+    validate_backward(in, d, out, dout, dq, dk, dv, "topk");
+    attn_topk_bwd(in, d, scale_for(d), st, dout, dq, dk, dv, ctx.scratch().get<TopkWorkspace>());
+  }
+  size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {
+    return topk_workspace_bytes(d, k_for(d), mode, threads);
   }
 
  private:
   float scale_for(const AttentionDims& d) const {
     return scale_ > 0 ? scale_ : 1.f / std::sqrt(static_cast<float>(d.Dk));
   }
+  // k beyond the keys that exist changes nothing (every visible key is kept) but would size the
+  // (B, H, N, k) index buffer by the parameter: clamp it to M.
+  int64_t k_for(const AttentionDims& d) const { return std::max<int64_t>(1, std::min(k_, d.M)); }
   int64_t k_;
   float scale_;
   Capabilities caps_;
-  TopkWorkspacePtr ws_;
 };
 
 }  // namespace

@@ -15,12 +15,12 @@ struct TopkState : ContextState {
   std::vector<int32_t> idx;  // (B, H, N, k) the selected keys of each query (first cnt valid)
   std::vector<int32_t> cnt;  // (B, H, N) how many keys each query kept (< k when fewer visible)
   Tensor lse;                // (B, H, N) natural log-sum-exp of the kept scaled logits
+  size_t bytes() const override { return held_bytes(idx, cnt, lse); }
 };
 
-struct TopkWorkspace;
-struct TopkWorkspaceDeleter { void operator()(TopkWorkspace* w) const; };
-using TopkWorkspacePtr = std::unique_ptr<TopkWorkspace, TopkWorkspaceDeleter>;
-TopkWorkspacePtr make_topk_workspace();
+struct TopkWorkspace;  // packed K, per-thread tiles; kept in the caller's Scratch
+// Upper bound of the Scratch and saved state of one call with k kept keys.
+size_t topk_workspace_bytes(const AttentionDims& d, int64_t k, Mode mode, int threads);
 
 void attn_topk_fwd(const AttentionInputs& in, const AttentionDims& d, int64_t k, float scale,
                    View out, TopkState& st, TopkWorkspace& ws);
