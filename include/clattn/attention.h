@@ -56,7 +56,7 @@ struct Capabilities {
   bool cross = false;       // N != M
   bool gqa = false;         // H != Hkv
   bool trainable = false;   // has backward
-  bool shared_qk = false;   // keys are the queries: k must be q (reformer)
+  bool shared_qk = false;   // keys are the queries: k must be q, or identical to it (reformer)
   bool stochastic = false;  // output depends on seed= and AttentionInputs::step
   bool stateful = false;    // reads (and in training calls updates) AttentionInputs::state
 };
