@@ -5,7 +5,9 @@
 
 namespace clattn::cli {
 
+void add_approx(CLI::App& app);
 void add_attend(CLI::App& app);
+void add_generate(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_make_inputs(CLI::App& app);
 

@@ -8,7 +8,9 @@
 int main(int argc, char** argv) {
   CLI::App app{"clattn: clustered attention and its rivals, fast on the CPU"};
   app.require_subcommand(1);
+  clattn::cli::add_approx(app);
   clattn::cli::add_attend(app);
+  clattn::cli::add_generate(app);
   clattn::cli::add_bench(app);
   clattn::cli::add_make_inputs(app);
   try {

@@ -43,6 +43,9 @@ class SafetensorsFile {
 
   // F32, F16 and BF16 tensors as float32. Throws on other dtypes or when absent.
   Tensor get_f32(const std::string& name) const;
+  // An F32 tensor's data in place in the mapping (valid while this object lives), or nullptr when
+  // it is another dtype or not 4-byte aligned in the file (then get_f32 copies it).
+  const float* mapped_f32(const std::string& name) const;
   // I32 (or I64 whose values fit) tensors as int32, flattened; shape via info().
   std::vector<int32_t> get_i32(const std::string& name) const;
 

@@ -386,6 +386,14 @@ Tensor SafetensorsFile::get_f32(const std::string& name) const {
   return t;
 }
 
+const float* SafetensorsFile::mapped_f32(const std::string& name) const {
+  const TensorInfo& in = info(name);
+  if (in.dtype != DType::F32) return nullptr;
+  const uint8_t* src = map_ + data_start_ + in.begin;
+  return reinterpret_cast<uintptr_t>(src) % alignof(float) == 0 ? reinterpret_cast<const float*>(src)
+                                                                 : nullptr;
+}
+
 std::vector<int32_t> SafetensorsFile::get_i32(const std::string& name) const {
   const TensorInfo& in = info(name);
   const std::string where = "safetensors '" + path_ + "': tensor '" + name + "'";

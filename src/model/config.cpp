@@ -1,0 +1,179 @@
+// config.json of Hugging Face checkpoints: the fields each architecture needs, checked up front
+// (a missing or wrong-typed field is an error naming the file and the field), and attention plans.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "clattn/error.h"
+#include "clattn/model.h"
+
+namespace clattn {
+namespace {
+
+using nlohmann::json;
+
+struct Fields {
+  const json& j;
+  const std::string& path;
+  int64_t integer(const char* key) const {
+    check(j.contains(key), "config '", path, "': field \"", key, "\" is missing");
+    check(j[key].is_number_integer(), "config '", path, "': field \"", key, "\" must be an integer, got ", j[key].dump());
+    const int64_t v = j[key].get<int64_t>();
+    check(v >= 0 && v <= (int64_t{1} << 31), "config '", path, "': field \"", key, "\" = ", v, " is out of range");
+    return v;
+  }
+  int64_t integer_or(const char* key, int64_t dflt) const {
+    return j.contains(key) && !j[key].is_null() ? integer(key) : dflt;
+  }
+  double number_or(const char* key, double dflt) const {
+    if (!j.contains(key) || j[key].is_null()) return dflt;
+    check(j[key].is_number(), "config '", path, "': field \"", key, "\" must be a number, got ", j[key].dump());
+    const double v = j[key].get<double>();
+    check(std::isfinite(v), "config '", path, "': field \"", key, "\" must be finite");
+    return v;
+  }
+  bool boolean_or(const char* key, bool dflt) const {
+    if (!j.contains(key) || j[key].is_null()) return dflt;
+    check(j[key].is_boolean(), "config '", path, "': field \"", key, "\" must be true or false, got ", j[key].dump());
+    return j[key].get<bool>();
+  }
+  std::string string_or(const char* key, const std::string& dflt) const {
+    if (!j.contains(key) || j[key].is_null()) return dflt;
+    check(j[key].is_string(), "config '", path, "': field \"", key, "\" must be a string, got ", j[key].dump());
+    return j[key].get<std::string>();
+  }
+};
+
+}  // namespace
+
+ModelConfig read_model_config(const std::string& path) {
+  std::ifstream in(path);
+  check(in.good(), "config '", path, "': cannot be read");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const std::exception& e) {
+    throw Error(detail::concat("config '", path, "': not valid JSON: ", e.what()));
+  }
+  check(j.is_object(), "config '", path, "': must be a JSON object");
+  const Fields f{j, path};
+  ModelConfig c;
+  c.model_type = f.string_or("model_type", "");
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string())
+    c.architecture = j["architectures"][0].get<std::string>();
+  if (c.model_type == "bert") c.kind = ModelKind::bert;
+  else if (c.model_type == "kwt") c.kind = ModelKind::kwt;
+  else if (c.model_type == "llama") c.kind = ModelKind::llama;
+  else
+    throw Error(detail::concat("config '", path, "': model_type \"", c.model_type,
+                               "\" is not supported (supported: bert, kwt, llama)"));
+  static const std::vector<std::string> kArch = {"BertModel", "BertForSequenceClassification",
+                                                 "KWTForKeywordSpotting", "LlamaForCausalLM", ""};
+  bool known = false;
+  for (const auto& a : kArch) known |= a == c.architecture;
+  check(known, "config '", path, "': architectures entry \"", c.architecture,
+        "\" is not supported (supported: BertModel, BertForSequenceClassification, "
+        "KWTForKeywordSpotting, LlamaForCausalLM)");
+
+  c.hidden = f.integer("hidden_size");
+  c.layers = f.integer("num_hidden_layers");
+  c.heads = f.integer("num_attention_heads");
+  c.ffn = f.integer("intermediate_size");
+  check(c.hidden >= 1 && c.layers >= 1 && c.heads >= 1 && c.ffn >= 1, "config '", path,
+        "': hidden_size, num_hidden_layers, num_attention_heads and intermediate_size must be >= 1");
+  c.kv_heads = f.integer_or("num_key_value_heads", c.heads);
+  c.head_dim = f.integer_or("head_dim", c.hidden / c.heads);
+  check(c.kv_heads >= 1 && c.heads % c.kv_heads == 0, "config '", path,
+        "': num_attention_heads (", c.heads, ") must be a multiple of num_key_value_heads (", c.kv_heads, ")");
+  check(c.head_dim >= 1, "config '", path, "': head_dim must be >= 1");
+  c.max_positions = f.integer_or("max_position_embeddings", 0);
+  c.attention_scale = static_cast<float>(f.number_or("attention_scale", 0.0));
+  if (j.contains("id2label") && j["id2label"].is_object()) {
+    c.labels.resize(j["id2label"].size());
+    for (const auto& [k, v] : j["id2label"].items()) {
+      size_t idx = 0;
+      try {
+        idx = std::stoul(k);
+      } catch (...) {
+        throw Error(detail::concat("config '", path, "': id2label key \"", k, "\" is not an index"));
+      }
+      check(idx < c.labels.size() && v.is_string(), "config '", path, "': id2label entry \"", k, "\" is out of range or not a string");
+      c.labels[idx] = v.get<std::string>();
+    }
+  }
+  c.num_labels = f.integer_or("num_labels", static_cast<int64_t>(c.labels.size()));
+
+  if (c.kind == ModelKind::llama) {
+    check(c.heads * c.head_dim > 0, "config '", path, "': bad head sizes");
+    c.vocab = f.integer("vocab_size");
+    c.eps = static_cast<float>(f.number_or("rms_norm_eps", 1e-6));
+    c.rope_theta = static_cast<float>(f.number_or("rope_theta", 10000.0));
+    c.tie_embeddings = f.boolean_or("tie_word_embeddings", false);
+    check(f.string_or("hidden_act", "silu") == "silu", "config '", path, "': hidden_act \"",
+          f.string_or("hidden_act", ""), "\" is not supported for llama (silu)");
+    check(!j.contains("rope_scaling") || j["rope_scaling"].is_null(), "config '", path,
+          "': rope_scaling is not supported");
+    check(!f.boolean_or("attention_bias", false) && !f.boolean_or("mlp_bias", false), "config '", path,
+          "': attention_bias / mlp_bias are not supported for llama");
+    check(c.head_dim % 2 == 0, "config '", path, "': head_dim must be even for rotary embeddings, got ", c.head_dim);
+    c.bos = static_cast<int32_t>(f.integer_or("bos_token_id", -1));
+    c.eos = static_cast<int32_t>(f.integer_or("eos_token_id", -1));
+    return c;
+  }
+  // Encoders
+  check(c.kv_heads == c.heads, "config '", path, "': encoders take num_key_value_heads = num_attention_heads");
+  check(c.heads * c.head_dim == c.hidden, "config '", path, "': num_attention_heads x head_dim (",
+        c.heads * c.head_dim, ") must equal hidden_size (", c.hidden, ")");
+  c.eps = static_cast<float>(f.number_or("layer_norm_eps", 1e-12));
+  const std::string act = f.string_or("hidden_act", "gelu");
+  if (act == "gelu") c.gelu_tanh = false;
+  else if (act == "gelu_tanh" || act == "gelu_new" || act == "gelu_pytorch_tanh") c.gelu_tanh = true;
+  else throw Error(detail::concat("config '", path, "': hidden_act \"", act, "\" is not supported (gelu, gelu_tanh, gelu_new, gelu_pytorch_tanh)"));
+  const std::string norm = f.string_or("norm_placement", "post");
+  check(norm == "post" || norm == "pre", "config '", path, "': norm_placement must be \"post\" or \"pre\", got \"", norm, "\"");
+  c.pre_ln = norm == "pre";
+  c.final_layer_norm = f.boolean_or("final_layer_norm", false);
+  c.qkv_bias = f.boolean_or("qkv_bias", true);
+  if (c.kind == ModelKind::kwt) {
+    c.input_dim = f.integer("input_dim");
+    c.num_patches = f.integer("num_patches");
+    check(c.max_positions == c.num_patches + 1, "config '", path, "': max_position_embeddings (",
+          c.max_positions, ") must be num_patches + 1 (", c.num_patches + 1, ") for the class token");
+    check(f.string_or("classifier_input", "cls_token") == "cls_token" && f.integer_or("cls_token_position", 0) == 0,
+          "config '", path, "': only a class token at position 0 is supported");
+    check(c.num_labels >= 1, "config '", path, "': num_labels (or id2label) is required");
+  } else {
+    c.vocab = f.integer("vocab_size");
+    c.type_vocab = f.integer_or("type_vocab_size", 2);
+    check(c.max_positions >= 1, "config '", path, "': max_position_embeddings is required");
+  }
+  return c;
+}
+
+ModelKind model_kind(const std::string& dir) {
+  return read_model_config((std::filesystem::path(dir) / "config.json").string()).kind;
+}
+
+std::vector<std::string> parse_attention_plan(const std::string& plan, int64_t layers) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  while (true) {
+    const size_t e = plan.find(';', start);
+    items.push_back(plan.substr(start, e == std::string::npos ? std::string::npos : e - start));
+    if (e == std::string::npos) break;
+    start = e + 1;
+  }
+  for (size_t i = 0; i < items.size(); ++i)
+    check(!items[i].empty(), "attention plan '", plan, "': item ", i, " is empty (one spec per layer, ';'-separated)");
+  check(static_cast<int64_t>(items.size()) <= layers, "attention plan '", plan, "' names ", items.size(),
+        " layers but the model has ", layers);
+  std::vector<std::string> out(static_cast<size_t>(layers));
+  for (int64_t l = 0; l < layers; ++l)
+    out[static_cast<size_t>(l)] = items[std::min<size_t>(static_cast<size_t>(l), items.size() - 1)];
+  return out;
+}
+
+}  // namespace clattn

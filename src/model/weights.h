@@ -1,0 +1,36 @@
+// The tensors of a Hugging Face checkpoint folder: model.safetensors, or the sharded form named by
+// model.safetensors.index.json. F32 tensors are used in place in the memory mapping; F16 and BF16
+// are converted to F32 once, on load. Every lookup states the shape the config implies, and a
+// missing or misshapen tensor is an error naming the file and the tensor.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "clattn/safetensors.h"
+#include "clattn/tensor.h"
+
+namespace clattn {
+
+class Weights {
+ public:
+  static std::unique_ptr<Weights> open(const std::string& dir);
+  bool has(const std::string& name) const { return where_.count(name) != 0; }
+  // The tensor `name` with exactly `shape` (row-major, contiguous), valid while this lives.
+  const float* get(const std::string& name, const std::vector<int64_t>& shape);
+  // Names never asked for (extra tensors of the checkpoint: ignored, listed by --verbose).
+  std::vector<std::string> unused() const;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, size_t> where_;   // tensor -> file index
+  std::map<std::string, Tensor> owned_;    // converted (or unaligned) copies
+  std::set<std::string> used_;
+};
+
+}  // namespace clattn

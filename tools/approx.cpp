@@ -1,0 +1,321 @@
+// `clattn approx`: run a pretrained model with full attention and with each given attention plan,
+// and report how far each plan's predictions move from full attention's (the paper's Table 4).
+// `clattn generate`: stream text from a decoder with any causal attention.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "clattn/error.h"
+#include "clattn/model.h"
+#include "clattn/parallel.h"
+#include "clattn/safetensors.h"
+#include "clattn/spec.h"
+#include "clattn/tokenizer.h"
+#include "commands.h"
+
+namespace clattn::cli {
+namespace {
+
+struct ApproxOptions {
+  std::string model, features, tokens, text, json_out;
+  std::vector<std::string> attention;
+  int64_t seeds = 1;
+  int threads = 0;
+  bool verbose = false;
+};
+
+// The model's outputs on one input set: logits (rows, classes) compared row by row; for a decoder
+// each position is a row and its class is the next token.
+struct Outputs {
+  Tensor logits;  // (rows, classes)
+  double ms = 0;
+};
+
+// `plan` with every stochastic layer's seed set to s (appended, or replaced when given).
+std::string with_seed(const std::string& plan, int64_t s, bool& stochastic) {
+  std::string out;
+  size_t start = 0;
+  while (true) {
+    const size_t e = plan.find(';', start);
+    std::string spec = plan.substr(start, e == std::string::npos ? std::string::npos : e - start);
+    if (make_attention(spec)->capabilities().stochastic) {
+      stochastic = true;
+      const size_t at = spec.rfind("seed=");
+      if (at != std::string::npos && (at == 0 || spec[at - 1] == ',' || spec[at - 1] == ':')) {
+        const size_t end = spec.find(',', at);
+        spec = spec.substr(0, at) + "seed=" + std::to_string(s) + (end == std::string::npos ? "" : spec.substr(end));
+      } else {
+        spec += (spec.find(':') == std::string::npos ? ":seed=" : ",seed=") + std::to_string(s);
+      }
+    }
+    out += (out.empty() ? "" : ";") + spec;
+    if (e == std::string::npos) break;
+    start = e + 1;
+  }
+  return out;
+}
+
+struct Metrics {
+  double agreement = 0, accuracy = -1, kl = 0, max_diff = 0, ms = 0;
+};
+
+Metrics compare(const Tensor& full, const Tensor& approx, const std::vector<int32_t>& labels) {
+  const int64_t rows = full.dim(0), C = full.dim(1);
+  Metrics m;
+  int64_t agree = 0, correct = 0, labelled = 0;
+  double kl = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* a = full.data() + r * C;
+    const float* b = approx.data() + r * C;
+    const int64_t ia = std::max_element(a, a + C) - a, ib = std::max_element(b, b + C) - b;
+    agree += ia == ib;
+    if (!labels.empty() && labels[static_cast<size_t>(r)] >= 0) {
+      ++labelled;
+      correct += ib == labels[static_cast<size_t>(r)];
+    }
+    // KL(full || approx) of the softmax distributions, in nats, from log-sum-exps in double.
+    double ma = a[ia], mb = b[ib], sa = 0, sb = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      sa += std::exp(a[c] - ma);
+      sb += std::exp(b[c] - mb);
+      m.max_diff = std::max(m.max_diff, static_cast<double>(std::abs(a[c] - b[c])));
+    }
+    const double la = ma + std::log(sa), lb = mb + std::log(sb);
+    double k = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const double pa = a[c] - la, pb = b[c] - lb;
+      k += std::exp(pa) * (pa - pb);
+    }
+    kl += k;
+  }
+  m.agreement = rows ? static_cast<double>(agree) / static_cast<double>(rows) : 0;
+  m.accuracy = labelled ? static_cast<double>(correct) / static_cast<double>(labelled) : -1;
+  m.kl = rows ? kl / static_cast<double>(rows) : 0;
+  return m;
+}
+
+void run_approx(const ApproxOptions& o) {
+  if (o.threads > 0) set_threads(o.threads);
+  check(o.seeds >= 1, "approx: --seeds must be >= 1, got ", o.seeds);
+  const int given = !o.features.empty() + !o.tokens.empty() + !o.text.empty();
+  check(given == 1, "approx: give exactly one of --features, --tokens, --text");
+  check(!o.attention.empty(), "approx: give at least one --attention plan");
+  const ModelKind kind = model_kind(o.model);
+  LoadOptions lo;
+  lo.verbose = o.verbose;
+  std::unique_ptr<Encoder> enc;
+  std::unique_ptr<Decoder> dec;
+  std::vector<int32_t> labels;
+  std::function<Tensor()> run;  // the model on the input, logits (rows, classes)
+  Tensor features;
+  std::vector<int32_t> ids;
+  int64_t B = 1, T = 0;
+  if (kind == ModelKind::llama) {
+    check(o.features.empty(), "approx: --features is for KWT encoders; this model is a decoder");
+    dec = Decoder::load(o.model, lo);
+    if (!o.tokens.empty()) {
+      const SafetensorsFile f = SafetensorsFile::open(o.tokens);
+      check(f.has("tokens"), "approx: '", o.tokens, "' has no integer tensor 'tokens' ([T] or [B, T])");
+      const TensorInfo& info = f.info("tokens");
+      check(info.shape.size() == 1 || info.shape.size() == 2, "approx: 'tokens' must be [T] or [B, T]");
+      ids = f.get_i32("tokens");
+      B = info.shape.size() == 2 ? info.shape[0] : 1;
+      T = info.shape.back();
+      if (f.has("targets")) labels = f.get_i32("targets");
+    } else {
+      std::ifstream in(o.text, std::ios::binary);
+      check(in.good(), "approx: cannot read '", o.text, "'");
+      std::stringstream ss;
+      ss << in.rdbuf();
+      const Tokenizer tok = Tokenizer::from_file((std::filesystem::path(o.model) / "tokenizer.json").string());
+      ids = tok.encode(ss.str());
+      ids.resize(static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(ids.size()), dec->config().max_positions > 0 ? dec->config().max_positions : 512)));
+      T = static_cast<int64_t>(ids.size());
+      // Next-token targets: position t predicts token t + 1 (the last one has none).
+      labels.assign(ids.begin() + 1, ids.end());
+      labels.push_back(-1);
+    }
+    check(T >= 1 && static_cast<int64_t>(ids.size()) == B * T, "approx: no tokens to run");
+    run = [&] {
+      Tensor l = dec->forward(ids, B, T);
+      Tensor r(Shape{B * T, dec->config().vocab});
+      std::copy(l.data(), l.data() + l.numel(), r.data());
+      return r;
+    };
+  } else {
+    enc = Encoder::load(o.model, lo);
+    check(kind == ModelKind::kwt && !o.features.empty(), "approx: BERT-style encoders take --tokens; KWT takes --features");
+    const SafetensorsFile f = SafetensorsFile::open(o.features);
+    check(f.has("features"), "approx: '", o.features, "' has no tensor 'features' [n, patches, dim]");
+    features = f.get_f32("features");
+    if (f.has("labels")) labels = f.get_i32("labels");
+    run = [&] { return enc->forward_features(features.view()); };
+  }
+  auto set_plan = [&](const std::string& plan) {
+    if (enc) enc->set_attention(plan);
+    else dec->set_attention(plan);
+  };
+  auto timed = [&](Outputs& out) {
+    const auto t0 = std::chrono::steady_clock::now();
+    out.logits = run();
+    out.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  set_plan("full");
+  Outputs full;
+  timed(full);  // warm-up: first touch of activations and workspace
+  timed(full);
+  if (!labels.empty())
+    check(static_cast<int64_t>(labels.size()) == full.logits.dim(0), "approx: ", labels.size(), " labels for ",
+          full.logits.dim(0), " predictions");
+
+  nlohmann::json results = nlohmann::json::array();
+  std::printf("model %s, %lld predictions, full attention %.1f ms\n", o.model.c_str(),
+              static_cast<long long>(full.logits.dim(0)), full.ms);
+  std::printf("%-60s %6s %20s %10s %12s %10s %10s %8s\n", "attention", "seeds", "agreement", "accuracy", "KL",
+              "max|dlogit|", "ms", "x full");
+  auto row = [&](const std::string& plan, int64_t seeds, const std::vector<Metrics>& ms) {
+    auto mean = [&](auto f) { double s = 0; for (const auto& m : ms) s += f(m); return s / static_cast<double>(ms.size()); };
+    auto lo_ = [&](auto f) { double s = 1e300; for (const auto& m : ms) s = std::min(s, f(m)); return s; };
+    auto hi = [&](auto f) { double s = -1e300; for (const auto& m : ms) s = std::max(s, f(m)); return s; };
+    const double agr = mean([](const Metrics& m) { return m.agreement; });
+    char agrs[64];
+    if (seeds > 1)
+      std::snprintf(agrs, sizeof agrs, "%.4f [%.4f-%.4f]", agr, lo_([](const Metrics& m) { return m.agreement; }),
+                    hi([](const Metrics& m) { return m.agreement; }));
+    else
+      std::snprintf(agrs, sizeof agrs, "%.4f", agr);
+    const double acc = ms[0].accuracy < 0 ? -1 : mean([](const Metrics& m) { return m.accuracy; });
+    const double kl = mean([](const Metrics& m) { return m.kl; });
+    const double md = hi([](const Metrics& m) { return m.max_diff; });
+    const double t = mean([](const Metrics& m) { return m.ms; });
+    char accs[16];
+    if (acc < 0) std::snprintf(accs, sizeof accs, "-");
+    else std::snprintf(accs, sizeof accs, "%.4f", acc);
+    std::printf("%-60s %6lld %20s %10s %12.3e %10.4f %10.1f %8.3f\n", plan.c_str(), static_cast<long long>(seeds), agrs,
+                accs, kl, md, t, t / full.ms);
+    std::fflush(stdout);
+    results.push_back({{"spec", plan}, {"seeds", seeds}, {"agreement", agr},
+                       {"accuracy", acc < 0 ? nlohmann::json(nullptr) : nlohmann::json(acc)}, {"kl", kl},
+                       {"max_abs_logit_diff", md}, {"ms", t}, {"ratio_to_full", t / full.ms}});
+  };
+  for (const std::string& plan : o.attention) {
+    bool stochastic = false;
+    (void)with_seed(plan, 0, stochastic);
+    const int64_t seeds = stochastic ? o.seeds : 1;
+    std::vector<Metrics> ms;
+    for (int64_t s = 0; s < seeds; ++s) {
+      bool st = false;
+      set_plan(seeds > 1 ? with_seed(plan, s, st) : plan);
+      Outputs out;
+      timed(out);  // warm-up
+      timed(out);
+      Metrics m = compare(full.logits, out.logits, labels);
+      m.ms = out.ms;
+      ms.push_back(m);
+    }
+    row(plan, seeds, ms);
+  }
+  if (!o.json_out.empty()) {
+    const nlohmann::json doc = {{"model", o.model}, {"results", results}};
+    const std::string tmp = o.json_out + ".tmp";
+    {
+      std::ofstream f(tmp);
+      check(f.good(), "approx: cannot write '", tmp, "'");
+      f << doc.dump(2) << "\n";
+      check(f.good(), "approx: write to '", tmp, "' failed");
+    }
+    std::filesystem::rename(tmp, o.json_out);
+  }
+}
+
+struct GenerateOptions {
+  std::string model, prompt, attention = "full";
+  int64_t tokens = 128;
+  float temperature = 0.f, top_p = 1.f;
+  int64_t top_k = 0;
+  uint64_t seed = 0;
+  int threads = 0;
+};
+
+void run_generate(const GenerateOptions& o) {
+  if (o.threads > 0) set_threads(o.threads);
+  check(o.tokens >= 0, "generate: --tokens must be >= 0, got ", o.tokens);
+  auto dec = Decoder::load(o.model);
+  dec->set_attention(o.attention);
+  const Tokenizer tok = Tokenizer::from_file((std::filesystem::path(o.model) / "tokenizer.json").string());
+  std::vector<int32_t> prompt = tok.encode(o.prompt);
+  if (prompt.empty()) prompt.push_back(tok.bos_id() >= 0 ? tok.bos_id() : 0);
+  const int64_t cap = static_cast<int64_t>(prompt.size()) + o.tokens;
+  check(dec->config().max_positions <= 0 || cap <= dec->config().max_positions, "generate: prompt (",
+        prompt.size(), " tokens) + --tokens ", o.tokens, " exceed the model's context of ", dec->config().max_positions);
+  SamplingOptions so{o.temperature, o.top_k, o.top_p, o.seed};
+  dec->start(cap);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> logits = dec->prefill(prompt);
+  const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (size_t i = 0; i < prompt.size(); ++i)
+    std::fputs(tok.decode_piece(i ? prompt[i - 1] : -1, prompt[i]).c_str(), stdout);
+  std::fflush(stdout);
+  int32_t prev = prompt.back();
+  int64_t made = 0;
+  const auto t1 = std::chrono::steady_clock::now();
+  for (; made < o.tokens; ++made) {
+    const int32_t next = sample_token(logits, so, static_cast<uint64_t>(made));
+    if (next == tok.eos_id()) break;
+    std::fputs(tok.decode_piece(prev, next).c_str(), stdout);
+    std::fflush(stdout);
+    prev = next;
+    if (made + 1 < o.tokens) logits = dec->step(next);
+  }
+  const double decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  std::fputs("\n", stdout);
+  std::fprintf(stderr, "generate: %s; prefill %zu tokens at %.0f tokens/s, decode %lld tokens at %.0f tokens/s\n",
+               o.attention.c_str(), prompt.size(), static_cast<double>(prompt.size()) / std::max(prefill_s, 1e-9),
+               static_cast<long long>(made), static_cast<double>(made) / std::max(decode_s, 1e-9));
+}
+
+}  // namespace
+
+void add_approx(CLI::App& app) {
+  auto o = std::make_shared<ApproxOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "approx",
+      "Run a pretrained model with full attention and with each attention plan; report agreement "
+      "with full attention, accuracy, KL(full || approx), max |dlogit| and time");
+  sub->add_option("--model", o->model, "model folder (config.json + safetensors)")->required();
+  sub->add_option("--features", o->features, "KWT feature set (.safetensors with features [n, 98, 40], labels)");
+  sub->add_option("--tokens", o->tokens, "decoder input: .safetensors with integer 'tokens' [T] or [B, T] (and 'targets')");
+  sub->add_option("--text", o->text, "decoder input: a UTF-8 text file, tokenized with the model's tokenizer.json");
+  sub->add_option("--attention", o->attention,
+                  "attention plan, repeatable: one spec for every layer, or 'spec0;spec1;...' per layer "
+                  "(the last repeats)")->required();
+  sub->add_option("--seeds", o->seeds, "run randomized variants with seeds 0..S-1; report mean [min-max]");
+  sub->add_option("--json", o->json_out, "also write {\"model\", \"results\": [...]} to this file");
+  sub->add_option("--threads", o->threads, "OpenMP threads (default: all)");
+  sub->add_flag("--verbose", o->verbose, "list checkpoint tensors the model does not use");
+  sub->callback([o] { run_approx(*o); });
+}
+
+void add_generate(CLI::App& app) {
+  auto o = std::make_shared<GenerateOptions>();
+  CLI::App* sub = app.add_subcommand("generate", "Stream text from a decoder model (LLaMA family)");
+  sub->add_option("--model", o->model, "model folder (config.json, safetensors, tokenizer.json)")->required();
+  sub->add_option("--prompt", o->prompt, "prompt text (empty: start from BOS)");
+  sub->add_option("--tokens", o->tokens, "tokens to generate (default 128)");
+  sub->add_option("--attention", o->attention, "attention plan (default full); must honour a causal mask");
+  sub->add_option("--temperature", o->temperature, "0 = greedy (default)");
+  sub->add_option("--top-k", o->top_k, "keep the k most likely tokens (0 = all)");
+  sub->add_option("--top-p", o->top_p, "nucleus: keep the smallest set with this mass (1 = all)");
+  sub->add_option("--seed", o->seed, "sampling seed");
+  sub->add_option("--threads", o->threads, "OpenMP threads (default: all)");
+  sub->callback([o] { run_generate(*o); });
+}
+
+}  // namespace clattn::cli
