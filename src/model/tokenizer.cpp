@@ -1,0 +1,722 @@
+// Hugging Face tokenizer.json BPE (see include/clattn/tokenizer.h for the semantics and where we
+// differ from `tokenizers`).
+//
+// The merge loop is the one of tokenizers' `Word::merge_all`: symbols in a doubly linked list over
+// an array, candidate pairs in a binary heap ordered by (merge rank, position), stale candidates
+// dropped when popped. Each merge pushes at most two candidates, so a text of n code points costs
+// O(n log n) even though the whole text is a single "word" (there is no pre-tokenizer). To keep the
+// heap small and in cache, the text is first cut where the merges provably cannot join (before
+// "▁" in Llama vocabularies, see Impl::can_start), which gives the same ids: 1.1 MB of
+// tiny-shakespeare encodes in ~60 ms instead of ~240 ms with one heap over the whole text.
+#include "clattn/tokenizer.h"
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <unordered_map>
+
+#include "clattn/error.h"
+
+namespace clattn {
+namespace {
+
+using json = nlohmann::json;
+
+// Heterogeneous lookup, so code points and merge halves are looked up as string_views.
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
+using TokenMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
+
+// One step of the normalizer or decoder chains, flattened out of nested Sequences.
+enum class StepKind { Prepend, Replace, ByteFallback, Fuse, Strip };
+struct Step {
+  StepKind kind;
+  std::string from, to;   // Prepend: to = prefix; Replace: from -> to; Strip: from = the character
+  int64_t start = 0, stop = 0;  // Strip: at most this many characters from each end
+};
+
+struct MergeRule {
+  int32_t rank;    // position in model.merges: lower merges first
+  int32_t new_id;  // id of left + right
+};
+
+// Length of the valid UTF-8 code point at s[i], 0 if the bytes there are not one (overlong forms,
+// surrogates and values above U+10FFFF included).
+size_t utf8_len(std::string_view s, size_t i) {
+  if (i >= s.size()) return 0;
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
+  const size_t avail = s.size() - i;
+  const unsigned c = b(0);
+  if (c < 0x80) return 1;
+  size_t n;
+  unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  if (avail < n || b(1) < lo || b(1) > hi) return 0;
+  for (size_t k = 2; k < n; ++k)
+    if (b(k) < 0x80 || b(k) > 0xBF) return 0;
+  return n;
+}
+
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = utf8_len(s, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+// The byte of a "<0xNN>" token, or -1: the test of tokenizers' ByteFallback decoder.
+int byte_of_token(std::string_view t) {
+  if (t.size() != 6 || t.substr(0, 3) != "<0x" || t[5] != '>') return -1;
+  int v = 0;
+  for (char c : t.substr(3, 2)) {
+    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (d < 0) return -1;
+    v = 16 * v + d;
+  }
+  return v;
+}
+
+void replace_all(std::string& s, std::string_view from, std::string_view to) {
+  if (s.find(from) == std::string::npos) return;
+  std::string out;
+  out.reserve(s.size() + s.size() / 4);
+  size_t i = 0;
+  for (size_t j; (j = s.find(from, i)) != std::string::npos; i = j + from.size()) {
+    out.append(s, i, j - i);
+    out.append(to);
+  }
+  out.append(s, i, std::string::npos);
+  s = std::move(out);
+}
+
+// Strip decoder: at most `start` leading and `stop` trailing copies of the character c.
+void strip(std::string& s, std::string_view c, int64_t start, int64_t stop) {
+  size_t b = 0, e = s.size();
+  for (int64_t k = 0; k < start && e - b >= c.size() && s.compare(b, c.size(), c) == 0; ++k) b += c.size();
+  for (int64_t k = 0; k < stop && e - b >= c.size() && s.compare(e - c.size(), c.size(), c) == 0; ++k) e -= c.size();
+  s = s.substr(b, e - b);
+}
+
+std::string quoted(std::string_view s) { return json(std::string(s)).dump(); }
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  check(f.good(), "tokenizer ", path, ": cannot read the file (", std::strerror(errno), ")");
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  check(!f.bad(), "tokenizer ", path, ": read error");
+  return s;
+}
+
+}  // namespace
+
+struct Tokenizer::Impl {
+  std::string name;
+  std::vector<std::string> tokens;  // id -> string, model vocab then added tokens beyond it
+  std::vector<uint8_t> special;     // id -> skipped by decode
+  int32_t n_model = 0;              // ids below this are the BPE model's
+  TokenMap ids;                     // string -> id, over all of tokens
+  std::array<int32_t, 128> ascii;   // model id of each one-byte character, -1 if none
+  std::array<int32_t, 256> byte_token;  // model id of "<0xNN>", -1 if none
+  std::unordered_map<uint64_t, MergeRule> merges;  // (left << 32 | right) -> rule
+  // id -> the token is one code point c and no merge has a right half starting with c. Then no
+  // merge can ever join c to what precedes it: the first merge across that boundary would need a
+  // right symbol starting with c. In Llama-style vocabularies this holds for "▁", so the text falls
+  // into words exactly as a Metaspace pre-tokenizer would cut it, without assuming so.
+  std::vector<uint8_t> can_start;
+  bool byte_fallback = false, fuse_unk = false, ignore_merges = false;
+  int32_t unk = -1;
+  std::vector<Step> normalizer, decoder;
+  bool has_decoder = false;
+  std::vector<int32_t> prefix, suffix;  // around encode's result
+  int32_t bos = -1, eos = -1;
+
+  template <class... A>
+  [[noreturn]] void bad(const A&... a) const { fail("tokenizer ", name, ": ", a...); }
+
+  void load(const json& root);
+  void load_model(const json& model);
+  void load_added(const json& added);
+  void load_steps(const json& j, const std::string& field, bool normalizer_chain);
+  void load_post(const json& post);
+  void load_config(const json& cfg, const std::string& cfg_name);
+
+  const MergeRule* rule(int32_t a, int32_t b) const {
+    auto it = merges.find(static_cast<uint64_t>(a) << 32 | static_cast<uint32_t>(b));
+    return it == merges.end() ? nullptr : &it->second;
+  }
+  int32_t model_id(std::string_view s) const {
+    auto it = ids.find(s);
+    return it != ids.end() && it->second < n_model ? it->second : -1;
+  }
+  void bpe(std::string_view text, std::vector<int32_t>& out) const;
+  void check_id(int32_t id, const char* what) const {
+    check(id >= 0 && id < static_cast<int64_t>(tokens.size()), "tokenizer ", name, ": ", what, " id ", id,
+          " is out of range [0, ", tokens.size(), ")");
+  }
+};
+
+namespace {
+
+// Field access with messages naming the file and the field.
+const json* opt(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  return it == obj.end() || it->is_null() ? nullptr : &*it;
+}
+
+}  // namespace
+
+void Tokenizer::Impl::load(const json& root) {
+  if (!root.is_object()) bad("the top level must be a JSON object, not ", root.type_name());
+  const json* model = opt(root, "model");
+  if (!model) bad("field \"model\" is missing");
+  if (!model->is_object()) bad("field \"model\" must be an object, not ", model->type_name());
+  load_model(*model);
+  if (const json* a = opt(root, "added_tokens")) load_added(*a);
+  if (const json* p = opt(root, "pre_tokenizer"))
+    bad("pre_tokenizer ", p->is_object() && p->contains("type") ? p->at("type").dump() : p->dump(),
+        " is not supported (only null)");
+  if (opt(root, "truncation")) bad("truncation is not supported (only null)");
+  if (const json* n = opt(root, "normalizer")) load_steps(*n, "normalizer", true);
+  if (const json* d = opt(root, "decoder")) {
+    load_steps(*d, "decoder", false);
+    has_decoder = true;
+  }
+  if (const json* p = opt(root, "post_processor")) load_post(*p);
+
+  ascii.fill(-1);
+  for (int c = 0; c < 128; ++c) ascii[static_cast<size_t>(c)] = model_id(std::string(1, static_cast<char>(c)));
+  can_start.assign(tokens.size(), 0);
+  for (int32_t id = 0; id < n_model; ++id) {
+    const std::string& t = tokens[static_cast<size_t>(id)];
+    can_start[static_cast<size_t>(id)] = !t.empty() && utf8_len(t, 0) == t.size();
+  }
+  for (const auto& [pair, r] : merges) {
+    const std::string& right = tokens[static_cast<size_t>(pair & 0xFFFFFFFFu)];
+    if (right.empty()) continue;
+    const int32_t c = model_id(std::string_view(right).substr(0, utf8_len(right, 0)));
+    if (c >= 0) can_start[static_cast<size_t>(c)] = 0;
+  }
+  byte_token.fill(-1);
+  for (int b = 0; b < 256; ++b) {
+    char t[8];
+    std::snprintf(t, sizeof t, "<0x%02X>", b);
+    byte_token[static_cast<size_t>(b)] = model_id(t);
+  }
+}
+
+void Tokenizer::Impl::load_model(const json& model) {
+  if (const json* t = opt(model, "type"); t && *t != "BPE")
+    bad("model.type is ", t->dump(), "; only \"BPE\" is supported");
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (const json* v = opt(model, k); v && *v != "") bad("model.", k, " = ", v->dump(), " is not supported (only null)");
+  if (const json* d = opt(model, "dropout"); d && !(d->is_number() && d->get<double>() == 0.0))
+    bad("model.dropout = ", d->dump(), " is not supported (only null or 0): encoding must be deterministic");
+  const auto flag = [&](const char* k) {
+    const json* v = opt(model, k);
+    if (v && !v->is_boolean()) bad("model.", k, " must be true or false, not ", v->dump());
+    return v && v->get<bool>();
+  };
+  byte_fallback = flag("byte_fallback");
+  fuse_unk = flag("fuse_unk");
+  ignore_merges = flag("ignore_merges");
+
+  const json* vocab = opt(model, "vocab");
+  if (!vocab) bad("model.vocab is missing");
+  if (!vocab->is_object()) bad("model.vocab must be an object {token: id}, not ", vocab->type_name());
+  if (vocab->empty()) bad("model.vocab is empty");
+  if (vocab->size() > static_cast<size_t>(INT32_MAX)) bad("model.vocab has too many entries: ", vocab->size());
+  n_model = static_cast<int32_t>(vocab->size());
+  tokens.assign(static_cast<size_t>(n_model), {});
+  std::vector<uint8_t> seen(static_cast<size_t>(n_model), 0);
+  for (const auto& [tok, idj] : vocab->items()) {
+    if (!idj.is_number_integer()) bad("model.vocab[", quoted(tok), "] must be an integer id, not ", idj.dump());
+    const int64_t id = idj.get<int64_t>();
+    // Ids must be exactly 0..n-1: a hole or a stray large id means a damaged or mismatched file.
+    if (id < 0 || id >= n_model)
+      bad("model.vocab[", quoted(tok), "] = ", id, " is out of range [0, ", n_model, ") (ids must be 0..size-1)");
+    if (seen[static_cast<size_t>(id)])
+      bad("model.vocab ids must be unique: ", quoted(tokens[static_cast<size_t>(id)]), " and ", quoted(tok),
+          " both have id ", id);
+    seen[static_cast<size_t>(id)] = 1;
+    tokens[static_cast<size_t>(id)] = tok;
+    ids.emplace(tok, static_cast<int32_t>(id));
+  }
+  special.assign(tokens.size(), 0);
+
+  if (const json* u = opt(model, "unk_token")) {
+    if (!u->is_string()) bad("model.unk_token must be a string or null, not ", u->dump());
+    unk = model_id(u->get<std::string>());
+    if (unk < 0) bad("model.unk_token ", u->dump(), " is not in model.vocab");
+  }
+
+  const json* mj = opt(model, "merges");
+  if (!mj) bad("model.merges is missing");
+  if (!mj->is_array()) bad("model.merges must be an array, not ", mj->type_name());
+  merges.reserve(mj->size());
+  int32_t rank = 0;
+  for (size_t i = 0; i < mj->size(); ++i) {
+    const json& m = (*mj)[i];
+    std::string left, right;
+    if (m.is_string()) {
+      // Legacy "left right": exactly one space; "#version" lines are skipped (tokenizers' rules).
+      const std::string& s = m.get_ref<const std::string&>();
+      if (s.rfind("#version", 0) == 0) continue;
+      const size_t sp = s.find(' ');
+      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+        bad("model.merges[", i, "] = ", m.dump(), " must hold exactly one space between the two tokens");
+      left = s.substr(0, sp);
+      right = s.substr(sp + 1);
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      left = m[0].get<std::string>();
+      right = m[1].get<std::string>();
+    } else {
+      bad("model.merges[", i, "] = ", m.dump(), " must be \"left right\" or [\"left\", \"right\"]");
+    }
+    const int32_t a = model_id(left), b = model_id(right), c = model_id(left + right);
+    for (const auto& [id, t] : {std::pair{a, left}, std::pair{b, right}, std::pair{c, left + right}})
+      if (id < 0) bad("model.merges[", i, "] = ", m.dump(), " refers to ", quoted(t), ", which is not in model.vocab");
+    // A repeated pair keeps its last rank, as tokenizers' HashMap collect does.
+    merges.insert_or_assign(static_cast<uint64_t>(a) << 32 | static_cast<uint32_t>(b), MergeRule{rank++, c});
+  }
+}
+
+void Tokenizer::Impl::load_added(const json& added) {
+  if (!added.is_array()) bad("added_tokens must be an array, not ", added.type_name());
+  for (size_t i = 0; i < added.size(); ++i) {
+    const json& a = added[i];
+    const json* idj = a.is_object() ? opt(a, "id") : nullptr;
+    const json* cj = a.is_object() ? opt(a, "content") : nullptr;
+    if (!idj || !idj->is_number_integer() || !cj || !cj->is_string())
+      bad("added_tokens[", i, "] must be an object with an integer \"id\" and a string \"content\": ", a.dump());
+    const int64_t id = idj->get<int64_t>();
+    const std::string& content = cj->get_ref<const std::string&>();
+    const json* sp = opt(a, "special");
+    if (sp && !sp->is_boolean()) bad("added_tokens[", i, "].special must be true or false, not ", sp->dump());
+    if (id >= 0 && id < static_cast<int64_t>(tokens.size())) {
+      if (tokens[static_cast<size_t>(id)] != content)
+        bad("added_tokens[", i, "] gives id ", id, " to ", quoted(content), " but that id is ",
+            quoted(tokens[static_cast<size_t>(id)]));
+    } else {
+      // Tokens beyond the model vocab must extend it without holes, so token(id) is total.
+      if (id != static_cast<int64_t>(tokens.size()))
+        bad("added_tokens[", i, "] id ", id, " is out of range: the next free id is ", tokens.size());
+      if (ids.count(content)) bad("added_tokens[", i, "] ", quoted(content), " already has id ", ids.at(content));
+      tokens.push_back(content);
+      special.push_back(0);
+      ids.emplace(content, static_cast<int32_t>(id));
+    }
+    special[static_cast<size_t>(id)] = sp && sp->get<bool>();
+  }
+}
+
+void Tokenizer::Impl::load_steps(const json& j, const std::string& field, bool normalizer_chain) {
+  std::vector<Step>& out = normalizer_chain ? normalizer : decoder;
+  if (!j.is_object()) bad(field, " must be an object, not ", j.type_name());
+  const json* tj = opt(j, "type");
+  if (!tj || !tj->is_string()) bad(field, ".type is missing");
+  const std::string& type = tj->get_ref<const std::string&>();
+  const auto str = [&](const char* k) -> const std::string& {
+    const json* v = opt(j, k);
+    if (!v || !v->is_string()) bad(field, ".", k, " must be a string (", type, ")");
+    return v->get_ref<const std::string&>();
+  };
+  if (type == "Sequence") {
+    const json* list = opt(j, normalizer_chain ? "normalizers" : "decoders");
+    if (!list || !list->is_array()) bad(field, ".", normalizer_chain ? "normalizers" : "decoders", " must be an array");
+    for (size_t i = 0; i < list->size(); ++i)
+      load_steps((*list)[i], field + "[" + std::to_string(i) + "]", normalizer_chain);
+  } else if (type == "Replace") {
+    const json* p = opt(j, "pattern");
+    if (!p || !p->is_object() || !p->contains("String") || !(*p)["String"].is_string())
+      bad(field, ".pattern must be {\"String\": ...}; Regex patterns are not supported");
+    Step s{StepKind::Replace, (*p)["String"].get<std::string>(), str("content")};
+    if (s.from.empty()) bad(field, ".pattern is the empty string");
+    out.push_back(std::move(s));
+  } else if (normalizer_chain && type == "Prepend") {
+    out.push_back(Step{StepKind::Prepend, "", str("prepend")});
+  } else if (!normalizer_chain && (type == "ByteFallback" || type == "Fuse")) {
+    out.push_back(Step{type == "Fuse" ? StepKind::Fuse : StepKind::ByteFallback, "", ""});
+  } else if (!normalizer_chain && type == "Strip") {
+    Step s{StepKind::Strip, str("content"), ""};
+    if (s.from.empty() || utf8_len(s.from, 0) != s.from.size()) bad(field, ".content must be one character");
+    for (auto [k, dst] : {std::pair{"start", &s.start}, std::pair{"stop", &s.stop}}) {
+      const json* v = opt(j, k);
+      if (!v || !v->is_number_unsigned()) bad(field, ".", k, " must be a non-negative integer");
+      *dst = static_cast<int64_t>(std::min<uint64_t>(v->get<uint64_t>(), INT64_MAX));
+    }
+    out.push_back(std::move(s));
+  } else {
+    bad(field, ".type ", quoted(type), " is not supported (", normalizer_chain ? "Sequence, Prepend, Replace" :
+        "Sequence, Replace, ByteFallback, Fuse, Strip", ")");
+  }
+}
+
+void Tokenizer::Impl::load_post(const json& post) {
+  const json* tj = post.is_object() ? opt(post, "type") : nullptr;
+  if (!tj || *tj != "TemplateProcessing")
+    bad("post_processor ", tj ? tj->dump() : post.dump(), " is not supported (only TemplateProcessing or null)");
+  const json* single = opt(post, "single");
+  if (!single || !single->is_array()) bad("post_processor.single must be an array");
+  const json* specials = opt(post, "special_tokens");
+  bool seen_a = false;
+  for (size_t i = 0; i < single->size(); ++i) {
+    const json& piece = (*single)[i];
+    const std::string f = "post_processor.single[" + std::to_string(i) + "]";
+    if (piece.is_object() && piece.contains("Sequence")) {
+      if (seen_a) bad(f, ": a second sequence in a single-sequence template");
+      seen_a = true;
+      continue;
+    }
+    const json* st = piece.is_object() ? opt(piece, "SpecialToken") : nullptr;
+    const json* nm = st && st->is_object() ? opt(*st, "id") : nullptr;
+    if (!nm || !nm->is_string()) bad(f, " must be {\"SpecialToken\": {\"id\": ...}} or {\"Sequence\": ...}");
+    const std::string& tok = nm->get_ref<const std::string&>();
+    std::vector<int32_t> got;
+    const json* entry = specials && specials->is_object() ? opt(*specials, tok.c_str()) : nullptr;
+    if (entry) {
+      const json* idl = entry->is_object() ? opt(*entry, "ids") : nullptr;
+      if (!idl || !idl->is_array()) bad("post_processor.special_tokens[", quoted(tok), "].ids must be an array");
+      for (const json& v : *idl) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= static_cast<int64_t>(tokens.size()))
+          bad("post_processor.special_tokens[", quoted(tok), "].ids holds ", v.dump(), ", not an id in [0, ",
+              tokens.size(), ")");
+        got.push_back(v.get<int32_t>());
+      }
+    } else {
+      auto it = ids.find(tok);
+      if (it == ids.end()) bad(f, " names ", quoted(tok), ", which is neither in special_tokens nor a token");
+      got.push_back(it->second);
+    }
+    (seen_a ? suffix : prefix).insert((seen_a ? suffix : prefix).end(), got.begin(), got.end());
+  }
+  if (!seen_a) bad("post_processor.single has no {\"Sequence\": {\"id\": \"A\"}} entry");
+}
+
+// tokenizer_config.json: bos_token / eos_token name the tokens; add_bos_token / add_eos_token, when
+// either is given, rebuild the template as LlamaTokenizerFast does ([bos] $A [eos]).
+void Tokenizer::Impl::load_config(const json& cfg, const std::string& cfg_name) {
+  const auto cbad = [&](const auto&... a) { fail("tokenizer config ", cfg_name, ": ", a...); };
+  if (!cfg.is_object()) cbad("the top level must be a JSON object, not ", cfg.type_name());
+  const auto token_id = [&](const char* key, int32_t fallback) -> int32_t {
+    auto it = cfg.find(key);
+    if (it == cfg.end()) return fallback;
+    if (it->is_null()) return -1;
+    const json* c = it->is_object() ? opt(*it, "content") : &*it;
+    if (!c || !c->is_string()) cbad(key, " must be a string, {\"content\": string} or null, not ", it->dump());
+    auto f = ids.find(c->get<std::string>());
+    if (f == ids.end()) cbad(key, " ", c->dump(), " is not a token of ", name);
+    return f->second;
+  };
+  bos = token_id("bos_token", bos);
+  eos = token_id("eos_token", eos);
+  const auto flag = [&](const char* key, bool dflt) -> std::optional<bool> {
+    auto it = cfg.find(key);
+    if (it == cfg.end()) return std::nullopt;
+    if (it->is_null()) return dflt;
+    if (!it->is_boolean()) cbad(key, " must be true or false, not ", it->dump());
+    return it->get<bool>();
+  };
+  const std::optional<bool> add_bos = flag("add_bos_token", true), add_eos = flag("add_eos_token", false);
+  if (!add_bos && !add_eos) return;
+  prefix.clear();
+  suffix.clear();
+  if (add_bos.value_or(true)) {
+    if (bos < 0) cbad("add_bos_token is true but there is no bos_token");
+    prefix.push_back(bos);
+  }
+  if (add_eos.value_or(false)) {
+    if (eos < 0) cbad("add_eos_token is true but there is no eos_token");
+    suffix.push_back(eos);
+  }
+}
+
+void Tokenizer::Impl::bpe(std::string_view text, std::vector<int32_t>& out) const {
+  if (text.empty()) return;
+  if (ignore_merges) {
+    if (const int32_t id = model_id(text); id >= 0) {
+      out.push_back(id);
+      return;
+    }
+  }
+  // Symbols: one per code point (or per byte when byte fallback splits it), linked both ways.
+  std::vector<int32_t> sym, prev, next;
+  sym.reserve(text.size());
+  bool last_unk = false;
+  for (size_t i = 0; i < text.size();) {
+    const size_t len = utf8_len(text, i);  // the caller validated the text
+    const unsigned char c0 = static_cast<unsigned char>(text[i]);
+    const int32_t id = len == 1 ? ascii[c0] : model_id(text.substr(i, len));
+    if (id >= 0) {
+      sym.push_back(id);
+      last_unk = false;
+    } else if (byte_fallback) {
+      for (size_t k = i; k < i + len; ++k) {
+        const unsigned char b = static_cast<unsigned char>(text[k]);
+        if (byte_token[b] < 0) {
+          char t[8];
+          std::snprintf(t, sizeof t, "<0x%02X>", b);
+          bad("byte_fallback needs the token \"", t, "\" for the character ", quoted(text.substr(i, len)),
+              " (normalized byte offset ", i, "), but model.vocab lacks it");
+        }
+        sym.push_back(byte_token[b]);
+      }
+      last_unk = false;
+    } else {
+      if (unk < 0) bad("the character ", quoted(text.substr(i, len)), " is not in model.vocab and there is no unk_token");
+      if (!(fuse_unk && last_unk)) sym.push_back(unk);
+      last_unk = true;
+    }
+    i += len;
+  }
+
+  // Cut the text before every symbol that no merge can join to its left (see can_start): each
+  // piece is merged on its own with a small heap that stays in cache. The result is the same as
+  // one heap over the whole text, since pieces never interact and each keeps its (rank, pos) order.
+  const int32_t n = static_cast<int32_t>(sym.size());
+  prev.resize(static_cast<size_t>(n));
+  next.resize(static_cast<size_t>(n));
+  std::vector<int32_t> starts;  // first symbol of each piece
+  for (int32_t i = 0; i < n; ++i) {
+    const bool cut = i == 0 || can_start[static_cast<size_t>(sym[static_cast<size_t>(i)])];
+    if (cut) starts.push_back(i);
+    prev[static_cast<size_t>(i)] = cut ? -1 : i - 1;
+    next[static_cast<size_t>(i)] = i + 1 < n && !can_start[static_cast<size_t>(sym[static_cast<size_t>(i) + 1])] ? i + 1 : -1;
+  }
+  struct Cand {
+    int32_t rank, pos, new_id;
+  };
+  // Heap order: the top is the lowest rank, then the leftmost position.
+  const auto after = [](const Cand& x, const Cand& y) { return x.rank != y.rank ? x.rank > y.rank : x.pos > y.pos; };
+  std::vector<Cand> heap;
+  const auto push = [&](int32_t pos, int32_t right) {
+    if (const MergeRule* r = rule(sym[static_cast<size_t>(pos)], sym[static_cast<size_t>(right)])) {
+      heap.push_back({r->rank, pos, r->new_id});
+      std::push_heap(heap.begin(), heap.end(), after);
+    }
+  };
+  for (const int32_t first : starts) {
+    heap.clear();
+    for (int32_t i = first; next[static_cast<size_t>(i)] >= 0; ++i) push(i, i + 1);
+    while (!heap.empty()) {
+      std::pop_heap(heap.begin(), heap.end(), after);
+      const Cand c = heap.back();
+      heap.pop_back();
+      const size_t p = static_cast<size_t>(c.pos);
+      if (sym[p] < 0 || next[p] < 0) continue;  // absorbed by a merge, or now last
+      const size_t q = static_cast<size_t>(next[p]);
+      // Stale unless the pair still merges into the same token (an equal result implies the same
+      // pair: a changed neighbour always changes the covered span).
+      const MergeRule* r = rule(sym[p], sym[q]);
+      if (!r || r->new_id != c.new_id) continue;
+      sym[p] = c.new_id;
+      sym[q] = -1;
+      next[p] = next[q];
+      if (next[q] >= 0) prev[static_cast<size_t>(next[q])] = c.pos;
+      if (prev[p] >= 0) push(prev[p], c.pos);
+      if (next[p] >= 0) push(c.pos, next[p]);
+    }
+    // A piece's first symbol is never absorbed (a merge keeps the left position).
+    for (int32_t i = first; i >= 0; i = next[static_cast<size_t>(i)]) out.push_back(sym[static_cast<size_t>(i)]);
+  }
+}
+
+namespace {
+
+// Both loaders end here: cfg_text empty means there is no tokenizer_config.json.
+std::shared_ptr<const Tokenizer::Impl> build(std::string_view text, const std::string& name, std::string_view cfg_text,
+                                             const std::string& cfg_name) {
+  auto impl = std::make_shared<Tokenizer::Impl>();
+  impl->name = name;
+  json root;
+  try {
+    root = json::parse(text.begin(), text.end());
+  } catch (const json::exception& e) {
+    impl->bad("not valid JSON (", e.what(), ")");
+  }
+  impl->load(root);
+  // Without a config, BOS / EOS are the template's, else the usual Llama names.
+  const auto named = [&](std::string_view t) {
+    auto it = impl->ids.find(t);
+    return it == impl->ids.end() ? -1 : it->second;
+  };
+  impl->bos = !impl->prefix.empty() ? impl->prefix.front() : named("<s>");
+  impl->eos = !impl->suffix.empty() ? impl->suffix.back() : named("</s>");
+  const json* post = opt(root, "post_processor");
+  if (!post && impl->bos >= 0) impl->prefix = {impl->bos};  // the documented default: BOS yes, EOS no
+  if (!cfg_text.empty()) {
+    json cfg;
+    try {
+      cfg = json::parse(cfg_text.begin(), cfg_text.end());
+    } catch (const json::exception& e) {
+      fail("tokenizer config ", cfg_name, ": not valid JSON (", e.what(), ")");
+    }
+    impl->load_config(cfg, cfg_name);
+  }
+  return impl;
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& name_for_errors,
+                               std::string_view config_json) {
+  return Tokenizer(build(json_text, name_for_errors, config_json, name_for_errors + " (tokenizer_config.json)"));
+}
+
+Tokenizer Tokenizer::from_file(const std::string& path) {
+  const std::string text = read_file(path);
+  const std::filesystem::path cfg_path = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(cfg_path, ec)) return Tokenizer(build(text, path, {}, ""));
+  std::string cfg = read_file(cfg_path.string());
+  if (cfg.empty()) cfg = " ";  // an empty config file is malformed, not absent
+  return Tokenizer(build(text, path, cfg, cfg_path.string()));
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos) const {
+  const Impl& t = *impl_;
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = utf8_len(text, i);
+    if (n == 0) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned>(static_cast<unsigned char>(text[i])));
+      fail("tokenizer ", t.name, ": encode needs valid UTF-8 text: the byte ", hex, " at offset ", i,
+           " does not start a valid character");
+    }
+    i += n;
+  }
+  std::string norm(text);
+  for (const Step& s : t.normalizer) {
+    if (s.kind == StepKind::Prepend && !norm.empty()) norm.insert(0, s.to);
+    if (s.kind == StepKind::Replace) replace_all(norm, s.from, s.to);
+  }
+  std::vector<int32_t> out;
+  out.reserve(t.prefix.size() + norm.size() / 3 + t.suffix.size() + 1);
+  if (add_bos) out.insert(out.end(), t.prefix.begin(), t.prefix.end());
+  t.bpe(norm, out);
+  out.insert(out.end(), t.suffix.begin(), t.suffix.end());
+  return out;
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids) const {
+  const Impl& t = *impl_;
+  for (size_t i = 0; i < ids.size(); ++i)
+    check(ids[i] >= 0 && ids[i] < static_cast<int64_t>(t.tokens.size()), "tokenizer ", t.name, ": decode: ids[", i,
+          "] = ", ids[i], " is out of range [0, ", t.tokens.size(), ")");
+  std::vector<std::string> toks;
+  toks.reserve(ids.size());
+  for (int32_t id : ids)
+    if (!t.special[static_cast<size_t>(id)]) toks.push_back(t.tokens[static_cast<size_t>(id)]);
+  if (!t.has_decoder) {  // tokenizers without a decoder joins the tokens with spaces
+    std::string s;
+    for (size_t i = 0; i < toks.size(); ++i) s += (i ? " " : "") + toks[i];
+    return s;
+  }
+  for (const Step& s : t.decoder) {
+    switch (s.kind) {
+      case StepKind::Replace:
+        for (std::string& tok : toks) replace_all(tok, s.from, s.to);
+        break;
+      case StepKind::Strip:
+        for (std::string& tok : toks) strip(tok, s.from, s.start, s.stop);
+        break;
+      case StepKind::Fuse: {
+        std::string all;
+        for (const std::string& tok : toks) all += tok;
+        toks.assign(1, std::move(all));
+        break;
+      }
+      case StepKind::ByteFallback: {
+        // A run of byte tokens becomes its bytes if they are valid UTF-8, else one U+FFFD per byte.
+        std::vector<std::string> res;
+        std::string run;
+        size_t run_len = 0;
+        const auto flush = [&] {
+          if (run_len == 0) return;
+          if (valid_utf8(run)) {
+            res.push_back(run);
+          } else {
+            for (size_t k = 0; k < run_len; ++k) res.push_back("\xEF\xBF\xBD");
+          }
+          run.clear();
+          run_len = 0;
+        };
+        for (std::string& tok : toks) {
+          if (const int b = byte_of_token(tok); b >= 0) {
+            run.push_back(static_cast<char>(b));
+            ++run_len;
+          } else {
+            flush();
+            res.push_back(std::move(tok));
+          }
+        }
+        flush();
+        toks = std::move(res);
+        break;
+      }
+      case StepKind::Prepend:
+        break;  // normalizer only
+    }
+  }
+  std::string out;
+  for (const std::string& tok : toks) out += tok;
+  return out;
+}
+
+std::string Tokenizer::decode_piece(int32_t prev, int32_t id) const {
+  const Impl& t = *impl_;
+  t.check_id(id, "decode_piece:");
+  check(prev < static_cast<int64_t>(t.tokens.size()), "tokenizer ", t.name, ": decode_piece: prev id ", prev,
+        " is out of range [0, ", t.tokens.size(), ") (or negative for the start of a stream)");
+  if (t.special[static_cast<size_t>(id)]) return "";
+  std::string piece = t.tokens[static_cast<size_t>(id)];
+  if (!t.has_decoder) return prev < 0 || prev == t.bos ? piece : " " + piece;
+  // The decoder chain on this one token. Steps after a Fuse act on the whole text, so a Strip
+  // there only touches the first piece's start (its end is unknown while streaming).
+  const bool first = prev < 0 || prev == t.bos;
+  bool fused = false;
+  for (const Step& s : t.decoder) {
+    if (s.kind == StepKind::Replace) replace_all(piece, s.from, s.to);
+    if (s.kind == StepKind::Fuse) fused = true;
+    if (s.kind == StepKind::Strip && (first || !fused)) strip(piece, s.from, s.start, fused ? 0 : s.stop);
+    if (s.kind == StepKind::ByteFallback) {
+      if (const int b = byte_of_token(piece); b >= 0) piece = std::string(1, static_cast<char>(b));
+    }
+  }
+  return piece;
+}
+
+int32_t Tokenizer::bos_id() const { return impl_->bos; }
+int32_t Tokenizer::eos_id() const { return impl_->eos; }
+int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->tokens.size()); }
+const std::string& Tokenizer::name() const { return impl_->name; }
+
+const std::string& Tokenizer::token(int32_t id) const {
+  impl_->check_id(id, "token:");
+  return impl_->tokens[static_cast<size_t>(id)];
+}
+
+}  // namespace clattn
