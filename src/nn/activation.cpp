@@ -1,0 +1,112 @@
+// Elementwise layers of nn.h: the residual add, GELU (exact and tanh forms) and SwiGLU, each one
+// vectorised pass over the data in chunks spread over the OpenMP threads.
+#include <algorithm>
+#include <cstring>
+
+#include "clattn/error.h"
+#include "clattn/nn.h"
+#include "core/simd.h"
+
+namespace clattn::nn {
+
+namespace {
+
+using simd::kLanes;
+using simd::load;
+using simd::load_partial;
+using simd::splat;
+using simd::store;
+using simd::store_partial;
+using simd::vf;
+using simd::vi;
+
+constexpr int64_t kChunk = 4096;          // floats per OpenMP work item (16 KB)
+constexpr int64_t kParallelMin = 32768;   // below this many floats, one thread
+
+// y[e] = op(a[e], b[e]) over n floats, lane by lane (so y may equal a or b). b may be null when
+// op ignores it.
+template <class Op>
+void map2(float* y, const float* a, const float* b, int64_t n, Op op) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t end = std::min(n, (c + 1) * kChunk);
+    int64_t e = c * kChunk;
+    for (; e + kLanes <= end; e += kLanes) store(y + e, op(load(a + e), b ? load(b + e) : vf{}));
+    if (e < end) {
+      const int r = static_cast<int>(end - e);
+      store_partial(y + e, op(load_partial(a + e, r), b ? load_partial(b + e, r) : vf{}), r);
+    }
+  }
+}
+
+inline vf vabs(vf x) {
+  vi bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits &= 0x7FFFFFFF;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+// erfc(z) for z >= 0 with relative error ~3e-7 in float (Numerical Recipes' erfcc, a Chebyshev
+// fit of erfc(z)·exp(z²) in t = 1 / (1 + z/2), fractional error < 1.2e-7 in exact arithmetic).
+// Relative, not absolute: 0.5·erfc(|x|/√2) is Φ(x) for x < 0, where GELU needs tiny values right.
+inline vf erfc_nonneg(vf z) {
+  const vf t = 1.f / (1.f + 0.5f * z);
+  vf p = splat(0.17087277f);
+  p = p * t - 0.82215223f;
+  p = p * t + 1.48851587f;
+  p = p * t - 1.13520398f;
+  p = p * t + 0.27886807f;
+  p = p * t - 0.18628806f;
+  p = p * t + 0.09678418f;
+  p = p * t + 0.37409196f;
+  p = p * t + 1.00002368f;
+  p = p * t - 1.26551223f;
+  return t * simd::exp(p - z * z);
+}
+
+// 0.5·x·(1 + erf(x/√2)) = x·Φ(x), with Φ(x) = 1 − e/2 for x >= 0 and e/2 for x < 0, where
+// e = erfc(|x|/√2): no cancellation on either side.
+inline vf gelu_erf(vf x, vf) {
+  const vf e = erfc_nonneg(vabs(x) * 0.70710678118654752f);
+  return x * (x >= 0.f ? 1.f - 0.5f * e : 0.5f * e);
+}
+
+// 0.5·x·(1 + tanh(u)) = x / (1 + exp(−2u)), u = √(2/π)·(x + 0.044715·x³): the logistic form
+// keeps relative accuracy where 1 + tanh(u) is tiny, and saturates to x or −0 (exp clamps its
+// argument, so a huge |x| gives 0 or inf inside and never NaN).
+inline vf gelu_tanh(vf x, vf) {
+  const vf u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return x / (1.f + simd::exp(-2.f * u));
+}
+
+// gate / (1 + exp(−gate)) · up: exp(100) is inf in float and gate / inf = −0, so gate = ±100
+// gives 0 or gate·up, never NaN.
+inline vf swiglu(vf gate, vf up) { return gate / (1.f + simd::exp(-gate)) * up; }
+
+}  // namespace
+
+void add_inplace(float* x, const float* r, int64_t n) {
+  check(n >= 0, "add_inplace: n must be >= 0, got ", n);
+  if (n == 0) return;
+  check(x != nullptr && r != nullptr, "add_inplace: x and r must not be null");
+  map2(x, x, r, n, [](vf a, vf b) { return a + b; });
+}
+
+void gelu_fwd(float* y, const float* x, int64_t n, Gelu kind) {
+  check(n >= 0, "gelu_fwd: n must be >= 0, got ", n);
+  if (n == 0) return;
+  check(y != nullptr && x != nullptr, "gelu_fwd: y and x must not be null");
+  if (kind == Gelu::erf) map2(y, x, nullptr, n, gelu_erf);
+  else map2(y, x, nullptr, n, gelu_tanh);
+}
+
+void swiglu_fwd(float* y, const float* gate, const float* up, int64_t n) {
+  check(n >= 0, "swiglu_fwd: n must be >= 0, got ", n);
+  if (n == 0) return;
+  check(y != nullptr && gate != nullptr && up != nullptr, "swiglu_fwd: y, gate and up must not be null");
+  map2(y, gate, up, n, swiglu);
+}
+
+}  // namespace clattn::nn
