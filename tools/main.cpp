@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   clattn::cli::add_attend(app);
   clattn::cli::add_generate(app);
   clattn::cli::add_bench(app);
+  clattn::cli::add_bench_model(app);
   clattn::cli::add_make_inputs(app);
   try {
     app.parse(argc, argv);

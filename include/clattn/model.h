@@ -62,6 +62,9 @@ struct LoadOptions {
 class Encoder {
  public:
   static std::unique_ptr<Encoder> load(const std::string& dir, const LoadOptions& opt = {});
+  // A BERT-shaped encoder with random weights (N(0, 0.02) matrices, unit LayerNorms) from cfg's
+  // sizes, for benchmarks: the long-input encoder this library exists for.
+  static std::unique_ptr<Encoder> random_bert(const ModelConfig& cfg, uint64_t seed);
   ~Encoder();
   const ModelConfig& config() const { return cfg_; }
   // Sets the attention of every layer from a plan (see above). Default: "full".
@@ -81,6 +84,7 @@ class Encoder {
  private:
   Encoder();
   struct Params;  // pointers to every weight, checked against the config on load
+  static std::unique_ptr<Encoder> build(ModelConfig cfg, std::unique_ptr<Weights> w, const LoadOptions& opt);
   void run_layers(int64_t B, int64_t T, std::span<const int32_t> lengths);
   Tensor classify(int64_t B, int64_t T);
   void ensure(int64_t B, int64_t T);

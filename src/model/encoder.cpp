@@ -11,6 +11,7 @@
 #include "clattn/model.h"
 #include "clattn/nn.h"
 #include "clattn/parallel.h"
+#include "clattn/rng.h"
 #include "model/weights.h"
 
 namespace clattn {
@@ -35,11 +36,70 @@ Encoder::Encoder() = default;
 Encoder::~Encoder() = default;
 
 std::unique_ptr<Encoder> Encoder::load(const std::string& dir, const LoadOptions& opt) {
+  ModelConfig cfg = read_model_config((std::filesystem::path(dir) / "config.json").string());
+  check(cfg.kind != ModelKind::llama, "model '", dir, "' is a decoder (model_type llama), not an encoder");
+  return build(std::move(cfg), Weights::open(dir), opt);
+}
+
+std::unique_ptr<Encoder> Encoder::random_bert(const ModelConfig& cfg_in, uint64_t seed) {
+  ModelConfig c = cfg_in;
+  c.kind = ModelKind::bert;
+  c.model_type = "bert";
+  check(c.hidden >= 1 && c.layers >= 1 && c.heads >= 1 && c.hidden % c.heads == 0 && c.ffn >= 1 &&
+            c.vocab >= 1 && c.max_positions >= 1,
+        "random_bert: sizes must be >= 1 with hidden a multiple of heads");
+  c.head_dim = c.hidden / c.heads;
+  c.kv_heads = c.heads;
+  c.type_vocab = 2;
+  const int64_t H = c.hidden, F = c.ffn;
+  std::map<std::string, Tensor> t;
+  const Rng rng(seed);
+  uint64_t stream = 0;
+  auto normal = [&](const std::string& n, Shape s) {
+    Tensor x = Tensor::empty_like_shape(s);
+    const uint64_t st = stream++;
+    float* d = x.data();
+    parallel_for((x.numel() + 4095) / 4096, [&](int64_t blk) {
+      for (int64_t i = blk * 4096; i < std::min(x.numel(), (blk + 1) * 4096); ++i) d[i] = 0.02f * rng.normal(st, static_cast<uint64_t>(i));
+    });
+    t.emplace(n, std::move(x));
+  };
+  auto constant = [&](const std::string& n, int64_t len, float v) {
+    Tensor x(Shape{len});
+    x.fill(v);
+    t.emplace(n, std::move(x));
+  };
+  normal("embeddings.word_embeddings.weight", Shape{c.vocab, H});
+  normal("embeddings.position_embeddings.weight", Shape{c.max_positions, H});
+  normal("embeddings.token_type_embeddings.weight", Shape{2, H});
+  constant("embeddings.LayerNorm.weight", H, 1.f);
+  constant("embeddings.LayerNorm.bias", H, 0.f);
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const std::string L = "encoder.layer." + std::to_string(l) + ".";
+    for (const char* n : {"query", "key", "value"}) {
+      normal(L + "attention.self." + n + ".weight", Shape{H, H});
+      constant(L + "attention.self." + n + ".bias", H, 0.f);
+    }
+    normal(L + "attention.output.dense.weight", Shape{H, H});
+    constant(L + "attention.output.dense.bias", H, 0.f);
+    constant(L + "attention.output.LayerNorm.weight", H, 1.f);
+    constant(L + "attention.output.LayerNorm.bias", H, 0.f);
+    normal(L + "intermediate.dense.weight", Shape{F, H});
+    constant(L + "intermediate.dense.bias", F, 0.f);
+    normal(L + "output.dense.weight", Shape{H, F});
+    constant(L + "output.dense.bias", H, 0.f);
+    constant(L + "output.LayerNorm.weight", H, 1.f);
+    constant(L + "output.LayerNorm.bias", H, 0.f);
+  }
+  return build(std::move(c), Weights::from_tensors(std::move(t), "random-bert"), {});
+}
+
+std::unique_ptr<Encoder> Encoder::build(ModelConfig cfg, std::unique_ptr<Weights> wts, const LoadOptions& opt) {
   std::unique_ptr<Encoder> e(new Encoder());
-  e->cfg_ = read_model_config((std::filesystem::path(dir) / "config.json").string());
+  e->cfg_ = std::move(cfg);
   const ModelConfig& c = e->cfg_;
-  check(c.kind != ModelKind::llama, "model '", dir, "' is a decoder (model_type llama), not an encoder");
-  e->w_ = Weights::open(dir);
+  const std::string& dir = wts->dir();
+  e->w_ = std::move(wts);
   Weights& w = *e->w_;
   e->p_ = std::make_unique<Params>();
   Params& p = *e->p_;

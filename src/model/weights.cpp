@@ -64,10 +64,25 @@ std::unique_ptr<Weights> Weights::open(const std::string& dir) {
   return w;
 }
 
+std::unique_ptr<Weights> Weights::from_tensors(std::map<std::string, Tensor> tensors, const std::string& name) {
+  auto w = std::make_unique<Weights>();
+  w->dir_ = name;
+  for (auto& [n, t] : tensors) w->where_[n] = 0;
+  w->owned_ = std::move(tensors);
+  return w;
+}
+
 const float* Weights::get(const std::string& name, const std::vector<int64_t>& shape) {
   auto it = where_.find(name);
   check(it != where_.end(), "model '", dir_, "': tensor '", name, "' ", shape_str(shape),
         " is missing from the checkpoint");
+  if (files_.empty()) {  // in-memory weights
+    const Tensor& t = owned_.at(name);
+    check(t.shape() == Shape(shape), "model '", dir_, "': tensor '", name, "' has shape ", t.shape().str(),
+          " but the config implies ", shape_str(shape));
+    used_.insert(name);
+    return t.data();
+  }
   const SafetensorsFile& f = *files_[it->second];
   const TensorInfo& info = f.info(name);
   check(info.shape == shape, "model '", f.path(), "': tensor '", name, "' has shape ",

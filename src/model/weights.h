@@ -18,6 +18,8 @@ namespace clattn {
 class Weights {
  public:
   static std::unique_ptr<Weights> open(const std::string& dir);
+  // Weights held in memory under `name` (random models for benchmarks, tests).
+  static std::unique_ptr<Weights> from_tensors(std::map<std::string, Tensor> tensors, const std::string& name);
   bool has(const std::string& name) const { return where_.count(name) != 0; }
   // The tensor `name` with exactly `shape` (row-major, contiguous), valid while this lives.
   const float* get(const std::string& name, const std::vector<int64_t>& shape);
@@ -28,7 +30,7 @@ class Weights {
  private:
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
-  std::map<std::string, size_t> where_;   // tensor -> file index
+  std::map<std::string, size_t> where_;   // tensor -> file index (files_.size() for owned_)
   std::map<std::string, Tensor> owned_;    // converted (or unaligned) copies
   std::set<std::string> used_;
 };
