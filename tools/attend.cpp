@@ -70,7 +70,7 @@ void run_attend(const AttendOptions& o) {
     check(k.shape() == q.shape() &&
               std::equal(k.data(), k.data() + k.numel(), q.data()),
           "attend: ", att->name(), " is shared-QK attention (keys are the queries): the input's k ",
-          "must be absent or equal to q, got k ", k.shape().str(), " and q ", q.shape().str());
+          "must be absent or equal to q, got k ", k.shape(), " and q ", q.shape());
   const Tensor v = load_rank(f, "v", 4, "(B, Hkv, M, Dv)");
   const std::vector<int32_t> qlen = load_lengths(f, "query_lengths"), klen = load_lengths(f, "key_lengths");
   std::optional<Tensor> bias, dout;

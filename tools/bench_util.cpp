@@ -201,8 +201,8 @@ Tensor make_zeros(const Shape& s) {
 
 double relative_error(ConstView a, ConstView ref) {
   check(a.shape == ref.shape && a.contiguous() && ref.contiguous(),
-        "bench: relative_error needs contiguous views of one shape, got ", a.shape.str(), " and ",
-        ref.shape.str());
+        "bench: relative_error needs contiguous views of one shape, got ", a.shape, " and ",
+        ref.shape);
   double diff = 0, norm = 0;
   const int64_t n = a.numel();
   for (int64_t i = 0; i < n; ++i) {

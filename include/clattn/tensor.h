@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,8 @@ struct Shape {
   bool operator==(const Shape& o) const;
   std::string str() const;  // "(1, 8, 64, 64)"
 };
+// Streams str(): pass a Shape itself to check(), so it is formatted only when the check fails.
+std::ostream& operator<<(std::ostream& os, const Shape& s);
 
 template <class T>
 struct BasicView {

@@ -42,12 +42,12 @@ KVCache::KVCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t dk, 
 
 void KVCache::append(ConstView k, ConstView v) {
   check(k.rank() == 4 && v.rank() == 4, "KVCache::append: k and v must be (B, Hkv, T, D), got k ",
-        k.shape.str(), ", v ", v.shape.str());
+        k.shape, ", v ", v.shape);
   const int64_t T = k.dim(2);
   check(k.dim(0) == B_ && k.dim(1) == Hkv_ && k.dim(3) == Dk_ && v.dim(0) == B_ &&
             v.dim(1) == Hkv_ && v.dim(2) == T && v.dim(3) == Dv_,
         "KVCache::append: the cache holds (B, Hkv) = (", B_, ", ", Hkv_, "), Dk = ", Dk_,
-        ", Dv = ", Dv_, "; got k ", k.shape.str(), ", v ", v.shape.str());
+        ", Dv = ", Dv_, "; got k ", k.shape, ", v ", v.shape);
   check(T == 0 || (k.stride(3) == 1 && v.stride(3) == 1),
         "KVCache::append: k and v must have unit stride in their last dim");
   check(size_ + T <= cap_, "KVCache::append: ", T, " new positions overflow the capacity ", cap_,

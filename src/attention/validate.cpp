@@ -15,9 +15,9 @@ namespace {
 
 void check_view(ConstView t, int rank, std::string_view what, std::string_view who) {
   check(!t.empty() || t.numel() == 0, who, ": ", what, " is missing");
-  check(t.rank() == rank, who, ": ", what, " must have rank ", rank, ", got shape ", t.shape.str());
+  check(t.rank() == rank, who, ": ", what, " must have rank ", rank, ", got shape ", t.shape);
   for (int i = 0; i < rank; ++i)
-    check(t.dim(i) >= 0, who, ": ", what, " has a negative dim: ", t.shape.str());
+    check(t.dim(i) >= 0, who, ": ", what, " has a negative dim: ", t.shape);
   check(t.numel() == 0 || t.stride(rank - 1) == 1, who, ": ", what,
         " must have unit stride in its last dim, got stride ", t.stride(rank - 1));
 }
@@ -61,7 +61,7 @@ void check_shared_qk(const AttentionInputs& in, std::string_view who) {
         equal = std::memcmp(in.q.ptr(b, h, i), in.k.ptr(b, h, i),
                             sizeof(float) * static_cast<size_t>(in.q.dim(3))) == 0;
   check(equal, who, " is shared-QK attention (keys are the queries): it needs k identical to q, ",
-        "got q ", in.q.shape.str(), " and k ", in.k.shape.str(),
+        "got q ", in.q.shape, " and k ", in.k.shape,
         in.k.shape == in.q.shape ? " with other values" : "");
 }
 
@@ -111,15 +111,15 @@ AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& cap
   d.M = in.k.dim(2);
   d.Dv = in.v.dim(3);
   check(in.k.dim(0) == d.B && in.v.dim(0) == d.B, who, ": q, k and v must have the same batch B: q ",
-        in.q.shape.str(), ", k ", in.k.shape.str(), ", v ", in.v.shape.str());
-  check(in.k.dim(3) == d.Dk, who, ": q and k must have the same head dim Dk: q ", in.q.shape.str(),
-        ", k ", in.k.shape.str());
+        in.q.shape, ", k ", in.k.shape, ", v ", in.v.shape);
+  check(in.k.dim(3) == d.Dk, who, ": q and k must have the same head dim Dk: q ", in.q.shape,
+        ", k ", in.k.shape);
   check(in.v.dim(1) == d.Hkv && in.v.dim(2) == d.M, who,
-        ": k and v must have the same (Hkv, M): k ", in.k.shape.str(), ", v ", in.v.shape.str());
-  check(d.Dk >= 1 && d.Dv >= 1, who, ": head dims must be >= 1: q ", in.q.shape.str(), ", v ",
-        in.v.shape.str());
-  check(d.H >= 1 && d.Hkv >= 1, who, ": head counts must be >= 1: q ", in.q.shape.str(), ", k ",
-        in.k.shape.str());
+        ": k and v must have the same (Hkv, M): k ", in.k.shape, ", v ", in.v.shape);
+  check(d.Dk >= 1 && d.Dv >= 1, who, ": head dims must be >= 1: q ", in.q.shape, ", v ",
+        in.v.shape);
+  check(d.H >= 1 && d.Hkv >= 1, who, ": head counts must be >= 1: q ", in.q.shape, ", k ",
+        in.k.shape);
   check(d.H % d.Hkv == 0, who, ": H % Hkv must be 0 (grouped-query attention), got H = ", d.H,
         ", Hkv = ", d.Hkv);
   check(caps.gqa || d.H == d.Hkv, who, " does not support grouped-query attention (H = ", d.H,
@@ -139,14 +139,14 @@ AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& cap
     check(in.k.data == ck.data && in.k.shape == ck.shape && in.k.strides == ck.strides &&
               in.v.data == cv.data && in.v.shape == cv.shape && in.v.strides == cv.strides,
           who, ": with a cache, k and v must be cache->keys() and cache->values() (cache holds ",
-          c.size(), " positions; k is ", in.k.shape.str(), ")");
+          c.size(), " positions; k is ", in.k.shape, ")");
   }
   check_lengths(in.query_lengths, d.B, d.N, "query_lengths", who);
   check_lengths(in.key_lengths, d.B, d.M, "key_lengths", who);
   if (!in.bias.empty()) {
     check_view(in.bias, 2, "bias (N, M)", who);
     check(in.bias.dim(0) == d.N && in.bias.dim(1) == d.M, who, ": bias must be (N, M) = (", d.N,
-          ", ", d.M, "), got ", in.bias.shape.str());
+          ", ", d.M, "), got ", in.bias.shape);
   }
   check_finite(in.q, "q", who);
   // A cache's rows were checked on append; shared-QK callers pass q as k: no second pass.
@@ -168,8 +168,8 @@ AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& cap
 
 void validate_output(ConstView t, const Shape& expected, std::string_view what,
                      std::string_view who) {
-  check(t.shape == expected, who, ": ", what, " must have shape ", expected.str(), ", got ",
-        t.shape.str());
+  check(t.shape == expected, who, ": ", what, " must have shape ", expected, ", got ",
+        t.shape);
   check(t.numel() == 0 || t.stride(t.rank() - 1) == 1, who, ": ", what,
         " must have unit stride in its last dim");
   check(t.numel() == 0 || t.data != nullptr, who, ": ", what, " is missing");

@@ -419,10 +419,10 @@ std::vector<int32_t> SafetensorsFile::get_i32(const std::string& name) const {
 void SafetensorsWriter::add(const std::string& name, ConstView t) {
   check_new_name(name, entries_.count(name) != 0);
   for (int i = 0; i < t.rank(); ++i)
-    check(t.dim(i) >= 0, "safetensors writer: tensor '", name, "' has a negative dim: ", t.shape.str());
+    check(t.dim(i) >= 0, "safetensors writer: tensor '", name, "' has a negative dim: ", t.shape);
   const size_t n = static_cast<size_t>(t.numel());
   check(n == 0 || t.data != nullptr, "safetensors writer: tensor '", name, "' of shape ",
-        t.shape.str(), " has no data (an empty view)");
+        t.shape, " has no data (an empty view)");
   Entry e{DType::F32, std::vector<int64_t>(t.shape.dims.begin(), t.shape.dims.begin() + t.rank()), {}};
   e.bytes.resize(n * 4);  // (numel) F32, row-major
   if (n && t.contiguous()) {

@@ -1,3 +1,4 @@
+#include <ostream>
 #include "clattn/tensor.h"
 
 #include <algorithm>
@@ -9,6 +10,8 @@
 #include <sys/mman.h>
 
 namespace clattn {
+
+std::ostream& operator<<(std::ostream& os, const Shape& s) { return os << s.str(); }
 
 Shape::Shape(std::initializer_list<int64_t> d) {
   check(d.size() <= static_cast<size_t>(kMaxRank), "tensor: rank must be <= ", kMaxRank, ", got ",
@@ -91,7 +94,7 @@ Tensor Tensor::empty_like_shape(const Shape& s) {
 }
 
 void Tensor::resize(const Shape& s) {
-  for (int i = 0; i < s.rank; ++i) check(s[i] >= 0, "tensor: dims must be >= 0, got ", s.str());
+  for (int i = 0; i < s.rank; ++i) check(s[i] >= 0, "tensor: dims must be >= 0, got ", s);
   const int64_t n = s.numel();
   if (n > capacity_ || !storage_) {
     storage_.reset(aligned_alloc_floats(static_cast<size_t>(n)));

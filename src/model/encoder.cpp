@@ -303,7 +303,7 @@ Tensor Encoder::forward_features(ConstView features) {
   const ModelConfig& c = cfg_;
   check(c.kind == ModelKind::kwt, "encoder: forward_features needs a KWT model; this is ", c.model_type);
   check(features.rank() == 3 && features.dim(1) == c.num_patches && features.dim(2) == c.input_dim,
-        "encoder: features must be (B, ", c.num_patches, ", ", c.input_dim, "), got ", features.shape.str());
+        "encoder: features must be (B, ", c.num_patches, ", ", c.input_dim, "), got ", features.shape);
   check(features.contiguous(), "encoder: features must be contiguous");
   const int64_t B = features.dim(0), T = c.num_patches + 1, H = c.hidden, P = c.num_patches;
   check(B >= 1, "encoder: features hold no example");

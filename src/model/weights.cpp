@@ -78,7 +78,7 @@ const float* Weights::get(const std::string& name, const std::vector<int64_t>& s
         " is missing from the checkpoint");
   if (files_.empty()) {  // in-memory weights
     const Tensor& t = owned_.at(name);
-    check(t.shape() == Shape(shape), "model '", dir_, "': tensor '", name, "' has shape ", t.shape().str(),
+    check(t.shape() == Shape(shape), "model '", dir_, "': tensor '", name, "' has shape ", t.shape(),
           " but the config implies ", shape_str(shape));
     used_.insert(name);
     return t.data();

@@ -44,7 +44,7 @@ class ClusteredAttention final : public Attention {
     check(st.order.size() == static_cast<size_t>(d.B * d.H * d.N) &&
               st.qc.shape() == Shape{d.B, d.H, st.cmax, d.Dk},
           kind_, ": backward inputs have shapes other than the forward's (q is now ",
-          in.q.shape.str(), ")");
+          in.q.shape, ")");
     validate_backward(in, d, out, dout, dq, dk, dv, kind_);
     attn_clustered_bwd(in, d, p_, st, dout, dq, dk, dv, ctx.scratch().get<ClusteredWorkspace>());
   }

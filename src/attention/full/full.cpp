@@ -378,8 +378,8 @@ class FullAttention final : public Attention {
     const AttentionDims d = validate_inputs(in, caps_, kind_);
     const FullState& st = ctx.saved<FullState>();
     check(st.lse.shape() == Shape{d.B, d.H, d.N}, kind_, ": backward inputs have shapes ",
-          "other than the forward's: forward saved lse ", st.lse.shape().str(), ", q is now ",
-          in.q.shape.str());
+          "other than the forward's: forward saved lse ", st.lse.shape(), ", q is now ",
+          in.q.shape);
     validate_backward(in, d, out, dout, dq, dk, dv, kind_);
     attn_full_bwd(in, d, scale_for(d), out, st.lse.data(), dout, dq, dk, dv,
                   ctx.scratch().get<FullWorkspace>(), window_);

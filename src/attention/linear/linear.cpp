@@ -299,7 +299,7 @@ class LinearAttention final : public Attention {
                 View dk, View dv) const override {
     const AttentionDims d = validate_inputs(in, caps_, "linear");
     check(ctx.saved<LinearState>().shape == in.q.shape, "linear: backward inputs have shapes ",
-          "other than the forward's (q is now ", in.q.shape.str(), ")");
+          "other than the forward's (q is now ", in.q.shape, ")");
     validate_backward(in, d, out, dout, dq, dk, dv, "linear");
     attn_linear_bwd(in, d, dout, dq, dk, dv, ctx.scratch().get<LinearWorkspace>());
   }

@@ -619,7 +619,7 @@ class ReformerAttention final : public Attention {
     check(st.lse2.shape() == Shape{d.B, d.H, d.N} &&
               st.perm.size() == static_cast<size_t>(d.B * d.H * st.rounds * d.N),
           "reformer: backward inputs have shapes other than the forward's (q is now ",
-          in.q.shape.str(), ")");
+          in.q.shape, ")");
     validate_backward(in, d, out, dout, dq, dk, dv, "reformer");
     attn_reformer_bwd(in, d, st, out, dout, dq, dv, ctx.scratch().get<ReformerWorkspace>());
   }

@@ -555,7 +555,7 @@ class RoutingAttention final : public Attention {
     const AttentionDims d = validate_inputs(in, caps_, "routing");
     const RoutingState& st = ctx.saved<RoutingState>();
     check(st.mem_off.size() == static_cast<size_t>(d.B * d.H * (st.C + 1)) && st.C == p_.clusters,
-          "routing: backward inputs have shapes other than the forward's (q is now ", in.q.shape.str(), ")");
+          "routing: backward inputs have shapes other than the forward's (q is now ", in.q.shape, ")");
     validate_backward(in, d, out, dout, dq, dk, dv, "routing");
     attn_routing_bwd(in, d, p_, st, dout, dq, dk, dv, ctx.scratch().get<RoutingWorkspace>());
   }

@@ -501,8 +501,8 @@ class SmyrfAttention final : public Attention {
     const size_t heads = static_cast<size_t>(d.B * d.H * st.rounds);
     check(st.lse2.shape() == Shape{d.B, d.H, d.N} && st.qperm.size() == heads * static_cast<size_t>(d.N) &&
               st.kperm.size() == heads * static_cast<size_t>(d.M),
-          "smyrf: backward inputs have shapes other than the forward's (q is now ", in.q.shape.str(),
-          ", k ", in.k.shape.str(), ")");
+          "smyrf: backward inputs have shapes other than the forward's (q is now ", in.q.shape,
+          ", k ", in.k.shape, ")");
     validate_backward(in, d, out, dout, dq, dk, dv, "smyrf");
     attn_smyrf_bwd(in, d, p_, st, out, dout, dq, dk, dv, ctx.scratch().get<SmyrfWorkspace>());
   }

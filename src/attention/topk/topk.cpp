@@ -196,7 +196,7 @@ class TopkAttention final : public Attention {
     const AttentionDims d = validate_inputs(in, caps_, "topk");
     const TopkState& st = ctx.saved<TopkState>();
     check(st.lse.shape() == Shape{d.B, d.H, d.N}, "topk: backward inputs have shapes other than ",
-          "the forward's (q is now ", in.q.shape.str(), ")");
+          "the forward's (q is now ", in.q.shape, ")");
     validate_backward(in, d, out, dout, dq, dk, dv, "topk");
     attn_topk_bwd(in, d, scale_for(d), st, dout, dq, dk, dv, ctx.scratch().get<TopkWorkspace>());
   }
