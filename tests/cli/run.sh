@@ -124,5 +124,34 @@ done
 expect_ok "bench all causal" "$bin" bench --attention all --causal --lengths 96 --heads 2 --dim 16 --repeat 1 --backward
 grep -q "clustered:clusters=100 left out (it refuses the causal mask)" "$dir/err" && ok || bad "bench all causal does not name what it left out"
 
+# attend: reformer takes q as its keys when the file has no k (and refuses a different k).
+expect_ok "make-inputs for reformer" "$bin" make-inputs --output "$dir/r.safetensors" --heads 2 --n 40 --dim 8
+expect_error "reformer with another k" "equal to q" "$bin" attend --spec reformer --input "$dir/r.safetensors" --output "$dir/x.safetensors"
+expect_ok "attend step" "$bin" attend --spec clustered:clusters=4 --step 3 --input "$dir/r.safetensors" --output "$dir/s3.safetensors"
+expect_ok "attend step again" "$bin" attend --spec clustered:clusters=4 --step 3 --input "$dir/r.safetensors" --output "$dir/s3b.safetensors"
+cmp -s <(tail -c +9 "$dir/s3.safetensors") <(tail -c +9 "$dir/s3b.safetensors") && ok || bad "same step, different output"
+
+# Models (the real ones in ../shared/data; CLATTN_DATA overrides).
+data=${CLATTN_DATA:-$(dirname "$0")/../../../shared/data}
+if [ -d "$data/stories260k" ] && [ -d "$data/kwt1" ]; then
+  expect_ok "generate greedy" "$bin" generate --model "$data/stories260k" --tokens 20
+  grep -q "^Once upon a time, there was a little girl named Lily" "$dir/out" && ok || bad "generate: $(head -c 200 "$dir/out")"
+  grep -q "tokens/s" "$dir/err" && ok || bad "generate reports no tokens/s"
+  expect_ok "generate sampled" "$bin" generate --model "$data/stories260k" --prompt "The cat" --tokens 10 --temperature 0.8 --top-k 20 --top-p 0.9 --seed 4 --attention 'full;local:window=32'
+  expect_error "generate non-causal attention" "causal" "$bin" generate --model "$data/stories260k" --attention clustered:clusters=4
+  expect_error "generate too long" "context" "$bin" generate --model "$data/stories260k" --tokens 100000
+  expect_ok "approx decoder" "$bin" approx --model "$data/stories260k" --tokens "$data/stories260k/reference_logits.safetensors" --attention 'topk:topk=8' --attention 'local:window=16' --json "$dir/a.json"
+  grep -q '"agreement"' "$dir/a.json" && grep -q '"ratio_to_full"' "$dir/a.json" && ok || bad "approx json: $(head -c 300 "$dir/a.json")"
+  expect_ok "approx kwt seeds" "$bin" approx --model "$data/kwt1" --features "$data/kwt1/features_speech_commands.safetensors" --attention 'improved-clustered:clusters=25' --seeds 2
+  grep -q "improved-clustered:clusters=25 .* 2 " "$dir/out" && ok || bad "approx kwt: $(cat "$dir/out")"
+  expect_error "approx no input" "exactly one of" "$bin" approx --model "$data/kwt1" --attention full
+  expect_error "approx bad plan" "unknown attention" "$bin" approx --model "$data/kwt1" --features "$data/kwt1/features_speech_commands.safetensors" --attention 'full;fulll'
+  expect_error "approx missing model" "config" "$bin" approx --model "$dir/nothing" --features "$data/kwt1/features_speech_commands.safetensors" --attention full
+  expect_ok "bench-model random bert" "$bin" bench-model --random-bert --layers 1 --hidden 32 --heads 2 --ffn 64 --lengths 128 --attention full --attention 'improved-clustered:clusters=8,topk=8' --repeat 1
+  expect_ok "bench-model decoder" "$bin" bench-model --model "$data/stories260k" --lengths 32 --decode 8 --repeat 1
+else
+  bad "model data not found at $data (set CLATTN_DATA)"
+fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
