@@ -151,12 +151,27 @@ void run_approx(const ApproxOptions& o) {
     };
   } else {
     enc = Encoder::load(o.model, lo);
-    check(kind == ModelKind::kwt && !o.features.empty(), "approx: BERT-style encoders take --tokens; KWT takes --features");
-    const SafetensorsFile f = SafetensorsFile::open(o.features);
-    check(f.has("features"), "approx: '", o.features, "' has no tensor 'features' [n, patches, dim]");
-    features = f.get_f32("features");
-    if (f.has("labels")) labels = f.get_i32("labels");
-    run = [&] { return enc->forward_features(features.view()); };
+    if (kind == ModelKind::kwt) {
+      check(!o.features.empty(), "approx: a KWT model takes --features");
+      const SafetensorsFile f = SafetensorsFile::open(o.features);
+      check(f.has("features"), "approx: '", o.features, "' has no tensor 'features' [n, patches, dim]");
+      features = f.get_f32("features");
+      if (f.has("labels")) labels = f.get_i32("labels");
+      run = [&] { return enc->forward_features(features.view()); };
+    } else {
+      // BERT-style classifier: --tokens holds ids [T] or [B, T] (and optional 'labels' [B]).
+      check(!o.tokens.empty(), "approx: a BERT-style encoder takes --tokens");
+      const SafetensorsFile f = SafetensorsFile::open(o.tokens);
+      check(f.has("tokens"), "approx: '", o.tokens, "' has no integer tensor 'tokens' ([T] or [B, T])");
+      const TensorInfo& info = f.info("tokens");
+      check(info.shape.size() == 1 || info.shape.size() == 2, "approx: 'tokens' must be [T] or [B, T]");
+      ids = f.get_i32("tokens");
+      B = info.shape.size() == 2 ? info.shape[0] : 1;
+      T = info.shape.back();
+      if (f.has("labels")) labels = f.get_i32("labels");
+      check(enc->config().num_labels >= 1, "approx: this encoder has no classifier to compare predictions of");
+      run = [&] { return enc->forward_tokens(ids, B, T); };
+    }
   }
   auto set_plan = [&](const std::string& plan) {
     if (enc) enc->set_attention(plan);
