@@ -52,13 +52,16 @@ struct FullWorkspace {
   Workspace dqp;    // (B, H, P, N, Dkp) backward: per-task partial dQ
   Workspace dkvp;   // (B, H, Mp, Dkp + Dvp) backward with GQA: per-query-head partial dK, dV
   std::vector<ThreadScratch> threads;
+  // Forward task lists and V operands, kept so a call allocates nothing once sized.
+  std::vector<int64_t> task_b, task_h, task_q0;
+  std::vector<mk::RowsOperand> vops;
 
   void ensure_threads() {
     if (threads.size() < static_cast<size_t>(max_threads()))
       threads.resize(static_cast<size_t>(max_threads()));
   }
   size_t bytes() const {
-    size_t n = held_bytes(kpan, vpan, vrow, krow, stats, dqp, dkvp, threads);
+    size_t n = held_bytes(kpan, vpan, vrow, krow, stats, dqp, dkvp, threads, task_b, task_h, task_q0, vops);
     for (const ThreadScratch& t : threads) n += t.bytes();
     return n;
   }
@@ -131,7 +134,8 @@ void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scal
   float* kpan = band || cached ? nullptr : ws.kpan.floats(static_cast<size_t>(d.B * d.Hkv * Mp * D));  // (B, Hkv, np, D, 64)
   // V rows for O += P·V: used in place when Dv is a multiple of 16, else padded copies.
   float* vrow = cached ? nullptr : ws.vrow.floats(static_cast<size_t>(std::max<int64_t>(1, d.B * d.Hkv * mk::rows_operand_size(d.M, Dv))));
-  std::vector<mk::RowsOperand> vops(static_cast<size_t>(d.B * d.Hkv));
+  std::vector<mk::RowsOperand>& vops = ws.vops;
+  vops.resize(static_cast<size_t>(d.B * d.Hkv));
   ws.ensure_threads();
 
   if (cached) {
@@ -148,7 +152,12 @@ void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scal
 
   // Tasks: (b, h, query tile) over valid queries; padded rows are zeroed by the task owning
   // the head's first tile. Causal tiles late in the sequence are the big ones: schedule first.
-  std::vector<int64_t> task_b, task_h, task_q0;
+  std::vector<int64_t>& task_b = ws.task_b;
+  std::vector<int64_t>& task_h = ws.task_h;
+  std::vector<int64_t>& task_q0 = ws.task_q0;
+  task_b.clear();
+  task_h.clear();
+  task_q0.clear();
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t h = 0; h < d.H; ++h) {
       const int64_t nv = valid_queries(in, d, b);
@@ -419,8 +428,10 @@ size_t full_workspace_bytes(const AttentionDims& d, Mode mode, int threads, int6
   }
   int64_t per_thread = 0;
   for (int64_t t : tile) per_thread += t;
+  const int64_t tasks = d.B * d.H * ((std::max<int64_t>(d.N, 1) + kBr - 1) / kBr);
   return sizeof(float) * static_cast<size_t>(shared + state + threads * per_thread) +
-         static_cast<size_t>(threads) * sizeof(ThreadScratch);
+         static_cast<size_t>(threads) * sizeof(ThreadScratch) + static_cast<size_t>(3 * 8 * tasks) +
+         static_cast<size_t>(d.B * d.Hkv) * sizeof(mk::RowsOperand);
 }
 
 std::unique_ptr<Attention> make_full_attention(float scale, int64_t window) {
