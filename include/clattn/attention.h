@@ -1,4 +1,4 @@
-// The attention contract (DESIGN §2). Inputs are head-major: q (B, H, N, Dk), k (B, Hkv, M, Dk),
+// The attention contract (docs/design.md). Inputs are head-major: q (B, H, N, Dk), k (B, Hkv, M, Dk),
 // v (B, Hkv, M, Dv), out (B, H, N, Dv). Only the innermost stride must be 1; the others are free.
 // H % Hkv == 0 (grouped-query attention: query head h reads key/value head h / (H / Hkv)).
 #pragma once

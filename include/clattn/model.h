@@ -1,4 +1,4 @@
-// Transformers around the attention (DESIGN §5): Hugging Face checkpoints (config.json +
+// Transformers around the attention (docs/design.md): Hugging Face checkpoints (config.json +
 // safetensors, single or sharded) loaded into an Encoder (BERT family, KWT) or a Decoder (LLaMA
 // family), each running any registered attention, per layer if asked.
 //

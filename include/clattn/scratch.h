@@ -1,4 +1,4 @@
-// Scratch: the temporary memory attention calls borrow, owned by the caller (DESIGN §5, STYLE 13).
+// Scratch: the temporary memory attention calls borrow, owned by the caller (docs/design.md).
 //
 // An attention object keeps nothing between calls. Everything a call needs only while it runs
 // (packed K/V panels, per-thread tiles, partial gradients) lives in a Scratch the caller owns:

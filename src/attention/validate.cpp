@@ -1,4 +1,4 @@
-// Input validation shared by every variant: the attention contract of DESIGN §2 checked once, up
+// Input validation shared by every variant: the attention contract of docs/design.md checked once, up
 // front, with messages that name the rule, the variant and the values seen.
 #include <algorithm>
 #include <cmath>

@@ -32,7 +32,7 @@ inline constexpr int64_t kHashBlock = 256;
 void hash_codes(const float* x, int64_t n, int64_t ld, const LshPlanes& planes, uint64_t* codes,
                 float* scratch);
 
-// Hamming k-means (DESIGN §3, clustered step 2). Returns the number of clusters used, C_eff =
+// Hamming k-means (docs/design.md, clustered step 2). Returns the number of clusters used, C_eff =
 // min(C, distinct codes); assign (n) gets ids in [0, C_eff), centroids (C_eff) the final centroid
 // codes. Initial centroids are C_eff distinct code values drawn with rng(stream, ..); each round
 // assigns to the nearest centroid (popcount of XOR, first minimum wins) and re-votes each bit by

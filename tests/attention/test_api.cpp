@@ -1,4 +1,4 @@
-// The attention API contract (DESIGN §2, §5), for every registered variant: objects hold nothing
+// The attention API contract (docs/design.md), for every registered variant: objects hold nothing
 // and Contexts / Scratches hold (and free) everything; workspace_bytes() bounds what a call takes;
 // one object is safe across threads; stochastic variants are functions of (seed, step); routing's
 // EMA centroids live in the caller's AttentionState; backward reads the output it is given; a

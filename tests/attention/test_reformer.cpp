@@ -99,7 +99,7 @@ TEST(ReformerGradients, FiniteDifferencesInDouble) {
   }
 }
 
-// The hash is DESIGN's: per round the argmax over [x·R, −x·R] of the unit query (factorised above
+// The hash follows docs/design.md: per round the argmax over [x·R, −x·R] of the unit query (factorised above
 // 128 buckets), and positions are sorted by (bucket, position).
 TEST(Reformer, PermSortsByReferenceBuckets) {
   for (auto [n, chunk] : {std::pair<int32_t, int64_t>{200, 8}, {1000, 4}, {3, 32}, {65, 16}}) {

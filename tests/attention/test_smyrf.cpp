@@ -37,7 +37,7 @@ TEST(Smyrf, SingleClusterIsFullAttention) {
     }
 }
 
-// The partition is DESIGN's: per round, queries and keys each sorted by their own projection
+// The partition follows docs/design.md: per round, queries and keys each sorted by their own projection
 // (F(q)·a, G(k)·a in double, up to float rounding), every valid one exactly once.
 TEST(Smyrf, PartitionFollowsProjections) {
   Problem p{.B = 2, .H = 2, .Hkv = 1, .N = 300, .M = 200, .Dk = 24, .Dv = 8, .qlen = {300, 123}, .klen = {200, 77}};

@@ -1,5 +1,5 @@
 // Clustered attention: queries grouped by Hamming k-means on LSH codes, one attention per
-// centroid, broadcast to the members (DESIGN §3). The centroid attention runs flash-style over key
+// centroid, broadcast to the members (docs/design.md). The centroid attention runs flash-style over key
 // tiles (memory O(C·D), never C×M), and with topk > 0 also keeps each centroid's k best keys and
 // hands them to the improved variant's member stage (improved_clustered.cpp).
 //
@@ -43,7 +43,7 @@ uint64_t stream_of(uint64_t step, uint64_t purpose, uint64_t head) {
 
 namespace {
 
-// Steps 1-3 of DESIGN §3 for one (b, h): hash the valid queries, Hamming k-means, counting sort
+// Steps 1-3 of docs/design.md for one (b, h): hash the valid queries, Hamming k-means, counting sort
 // into st's segments. Returns C_eff (0 when no query or no key is valid).
 int64_t assign_head(const AttentionInputs& in, const AttentionDims& d, const ClusteredParams& p,
                     uint64_t step, const Rng& rng, const cluster::LshPlanes& planes, int64_t t,

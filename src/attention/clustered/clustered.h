@@ -1,4 +1,4 @@
-// Clustered and improved-clustered attention (Vyas, Katharopoulos & Fleuret 2020; DESIGN §3).
+// Clustered and improved-clustered attention (Vyas, Katharopoulos & Fleuret 2020; docs/design.md).
 // One pipeline serves both: topk = 0 is plain clustered; topk > 0 adds the improved variant's
 // per-cluster recomputation on the centroid's top-k keys.
 #pragma once

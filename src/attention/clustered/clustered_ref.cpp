@@ -1,4 +1,4 @@
-// Reference clustered / improved-clustered attention: the formulas of DESIGN §3 evaluated in
+// Reference clustered / improved-clustered attention: the formulas of docs/design.md evaluated in
 // double with the clusters and top-k sets of a forward held fixed. Slow on purpose.
 #include <cmath>
 #include <limits>

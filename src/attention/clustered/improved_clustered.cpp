@@ -1,4 +1,4 @@
-// Improved clustered attention's member stage (DESIGN §3): each cluster's k best keys T_j are
+// Improved clustered attention's member stage (docs/design.md): each cluster's k best keys T_j are
 // gathered once into contiguous blocks, and all members of the cluster are multiplied at once as
 // one small GEMM (64 members per block), instead of per-query dot products.
 //   O_i = m_j · Σ_{l∈T_j} softmax_T(s q_i·k_l) v_l + R_j,   R_j = Vc_j − Σ_{l∈T_j} A_jl v_l.

@@ -1,4 +1,4 @@
-// Reformer LSH attention (Kitaev et al. 2020), shared-QK (DESIGN §3).
+// Reformer LSH attention (Kitaev et al. 2020), shared-QK (docs/design.md).
 #pragma once
 
 #include <cstdint>

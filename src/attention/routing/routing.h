@@ -1,4 +1,4 @@
-// Routing attention (Roy et al. 2020; DESIGN §3).
+// Routing attention (Roy et al. 2020; docs/design.md).
 #pragma once
 
 #include <vector>

@@ -1,5 +1,5 @@
 // SMYRF (Daras et al. 2020): asymmetric LSH clustering of queries and keys, attention inside
-// clusters, rounds combined by log-sum-exp (DESIGN §3).
+// clusters, rounds combined by log-sum-exp (docs/design.md).
 #pragma once
 
 #include <cstdint>
