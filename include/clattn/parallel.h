@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <type_traits>
 
 namespace clattn {
@@ -12,12 +13,35 @@ void set_threads(int n);       // omp_set_num_threads(n), n >= 1
 int thread_id();               // omp_get_thread_num() inside a region, 0 outside
 int team_size();               // omp_get_num_threads(): 1 outside a region
 
+// An exception must never leave an OpenMP region (that is std::terminate): the helpers below catch
+// the first one thrown by any task, let the region finish, and rethrow it on the calling thread.
+class FirstError {
+ public:
+  template <class F>
+  void run(F&& f) noexcept {
+    try {
+      f();
+    } catch (...) {
+#pragma omp critical(clattn_first_error)
+      if (!error_) error_ = std::current_exception();
+    }
+  }
+  void rethrow() const {
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::exception_ptr error_;
+};
+
 // Runs fn(thread, team size) once on every thread of the OpenMP team: for kernels that assign
 // work statically because a thread prepares its next item while finishing the current one.
 template <class F>
 void parallel_team(F&& fn) {
+  FirstError err;
 #pragma omp parallel
-  fn(thread_id(), team_size());
+  err.run([&] { fn(thread_id(), team_size()); });
+  err.rethrow();
 }
 
 // Runs fn(i, thread) -- or fn(i) -- for i in [0, n) over the OpenMP team with dynamic
@@ -25,11 +49,15 @@ void parallel_team(F&& fn) {
 // kernels take it from here rather than asking OpenMP, so which scratch a task uses is explicit.
 template <class F>
 void parallel_for(int64_t n, F&& fn) {
+  FirstError err;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t i = 0; i < n; ++i) {
-    if constexpr (std::is_invocable_v<F&, int64_t, int>) fn(i, thread_id());
-    else fn(i);
+    err.run([&] {
+      if constexpr (std::is_invocable_v<F&, int64_t, int>) fn(i, thread_id());
+      else fn(i);
+    });
   }
+  err.rethrow();
 }
 
 }  // namespace clattn

@@ -9,6 +9,7 @@
 // One thing no check can catch: a file truncated by another process *after* open() raises SIGBUS
 // on access, as with any memory map.
 #include "clattn/safetensors.h"
+#include "clattn/atomic_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -180,61 +181,6 @@ void check_new_name(const std::string& name, bool taken) {
   check(name != "__metadata__", "safetensors writer: '__metadata__' is reserved, not a tensor name");
   check(!taken, "safetensors writer: tensor '", clip(name), "' added twice");
   check_utf8(name, "tensor name");
-}
-
-// The temporary file of an atomic write: closed and removed unless committed (renamed into place).
-class TempFile {
- public:
-  TempFile(const std::string& path, const std::string& tmp) : path_(path), tmp_(tmp) {
-    fd_ = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    check(fd_ >= 0, "safetensors writer '", path, "': cannot create '", tmp, "': ", std::strerror(errno));
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(tmp_.c_str());
-  }
-
-  void put(const void* p, size_t n) {
-    const auto* c = static_cast<const uint8_t*>(p);
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, c, n);
-      if (w < 0 && errno == EINTR) continue;
-      // A regular file never returns 0 for n > 0; if one does, retrying would spin forever.
-      check(w > 0, "safetensors writer '", path_, "': cannot write '", tmp_, "': ",
-            w == 0 ? "no progress" : std::strerror(errno));
-      c += w;
-      n -= static_cast<size_t>(w);
-    }
-  }
-
-  void commit() {
-    check(::fsync(fd_) == 0, "safetensors writer '", path_, "': cannot fsync '", tmp_, "': ",
-          std::strerror(errno));
-    const int fd = std::exchange(fd_, -1);  // close() frees the descriptor even when it fails
-    check(::close(fd) == 0, "safetensors writer '", path_, "': cannot close '", tmp_, "': ",
-          std::strerror(errno));
-    check(::rename(tmp_.c_str(), path_.c_str()) == 0, "safetensors writer '", path_,
-          "': cannot rename '", tmp_, "' into place: ", std::strerror(errno));
-    committed_ = true;
-  }
-
- private:
-  std::string path_, tmp_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
-
-// Best effort: make the rename itself durable. The file is complete either way, so failures here
-// (a read-only or odd directory) are not errors.
-void sync_parent_dir(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  (void)::fsync(fd);
-  ::close(fd);
 }
 
 }  // namespace
@@ -472,14 +418,13 @@ void SafetensorsWriter::write(const std::string& path) const {
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // the data buffer starts 8-byte aligned, as HF writes it
 
-  TempFile tmp(path, path + ".tmp." + std::to_string(::getpid()));
+  AtomicFile tmp(path);  // exclusive temporary, fsync, rename: never a half file, never a followed link
   uint8_t len[8];  // u64 little-endian
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(h.size()) >> (8 * i));
-  tmp.put(len, 8);
-  tmp.put(h.data(), h.size());
-  for (const auto& [name, e] : entries_) tmp.put(e.bytes.data(), e.bytes.size());
+  tmp.write(len, 8);
+  tmp.write(h.data(), h.size());
+  for (const auto& [name, e] : entries_) tmp.write(e.bytes.data(), e.bytes.size());
   tmp.commit();
-  sync_parent_dir(path);
 }
 
 }  // namespace clattn

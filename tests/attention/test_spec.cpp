@@ -175,3 +175,18 @@ TEST(Registry, BuildsEveryVariant) {
 
 }  // namespace
 }  // namespace clattn
+
+namespace clattn {
+namespace {
+
+// A deeply nested wrapper is refused at the first level, never a stack overflow.
+TEST(Spec, NestedConditionalFullIsRefused) {
+  std::string spec = "full";
+  for (int i = 0; i < 8000; ++i) spec = "conditional-full:length_limit=4," + spec;  // past the depth that crashed
+  EXPECT_THROW(make_attention(spec), Error);
+  EXPECT_THROW(make_attention("conditional-full:length_limit=4,conditional-full:length_limit=8,full"), Error);
+  EXPECT_NO_THROW(make_attention("conditional-full:length_limit=4,full"));
+}
+
+}  // namespace
+}  // namespace clattn

@@ -4,11 +4,13 @@
 
 #include <cmath>
 #include <limits>
+#include <new>
 #include <set>
 #include <vector>
 
 #include "clattn/error.h"
 #include "clattn/gemm.h"
+#include "clattn/parallel.h"
 #include "clattn/rng.h"
 #include "clattn/tensor.h"
 #include "core/microkernel.h"
@@ -168,6 +170,32 @@ TEST(Error, MessagesCarryValues) {
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "rule broken: got 2 and 3.5");
   }
+}
+
+}  // namespace
+}  // namespace clattn
+
+namespace clattn {
+namespace {
+
+// An exception thrown inside a parallel task reaches the caller (never std::terminate), after
+// every other task ran.
+TEST(Parallel, ExceptionsLeaveRegionsOnTheCallingThread) {
+  std::vector<int> ran(64, 0);
+  try {
+    parallel_for(64, [&](int64_t i) {
+      ran[static_cast<size_t>(i)] = 1;
+      if (i == 17) throw Error("task 17 failed");
+      if (i == 40) throw std::bad_alloc();
+    });
+    ADD_FAILURE() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "task 17 failed");
+  } catch (const std::bad_alloc&) {
+    // Either may be first, depending on the schedule.
+  }
+  for (int r : ran) EXPECT_EQ(r, 1);
+  EXPECT_THROW(parallel_team([](int t, int) { if (t == 0) throw Error("team"); }), Error);
 }
 
 }  // namespace

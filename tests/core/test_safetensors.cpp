@@ -106,11 +106,11 @@ class SafetensorsTest : public ::testing::Test {
     return p;
   }
 
-  // Files an atomic write left behind (path.tmp.<pid>).
+  // Files an atomic write left behind (.NAME.clattn-tmp-XXXXXX).
   std::vector<std::string> leftovers() const {
     std::vector<std::string> out;
     for (const auto& e : fs::directory_iterator(dir_))
-      if (e.path().filename().string().find(".tmp.") != std::string::npos) out.push_back(e.path());
+      if (e.path().filename().string().find(".clattn-tmp-") != std::string::npos) out.push_back(e.path());
     return out;
   }
 
@@ -281,13 +281,45 @@ TEST_F(SafetensorsTest, OverwriteIsAtomicAndLeavesNoTempFile) {
   w2.add("b", ramp(Shape{2, 5}, 100.f).view());
   w2.write(p);
   EXPECT_TRUE(leftovers().empty());
-  EXPECT_FALSE(fs::exists(p + std::string(".tmp.") + std::to_string(::getpid())));
   const SafetensorsFile after = SafetensorsFile::open(p);
   EXPECT_EQ(after.names(), std::vector<std::string>{"b"});
   EXPECT_EQ(after.get_f32("b").data()[9], 100.f + 0.25f * 9);
   // The old mapping still sees the old contents: rename replaced the file, it did not rewrite it.
   EXPECT_EQ(before.names(), std::vector<std::string>{"a"});
   EXPECT_EQ(before.get_f32("a").data()[3], -7.5f + 0.75f);
+}
+
+// A symlink planted where the old writer put its predictable temporary file is never followed, a
+// symlink at the target is replaced (not written through), and non-regular targets are refused.
+TEST_F(SafetensorsTest, OutputCannotBeHijacked) {
+  const std::string victim = path("victim.txt");
+  std::ofstream(victim) << "precious";
+  const std::string p = path("out.safetensors");
+  fs::create_symlink(victim, p + ".tmp." + std::to_string(::getpid()));
+  SafetensorsWriter w;
+  w.add("a", ramp(Shape{3}).view());
+  w.write(p);
+  std::ifstream in(victim);
+  std::string text;
+  in >> text;
+  EXPECT_EQ(text, "precious");
+  // A symlink at the target itself is replaced by the new file; its target is untouched.
+  const std::string link = path("link.safetensors");
+  fs::create_symlink(victim, link);
+  w.write(link);
+  EXPECT_FALSE(fs::is_symlink(link));
+  std::ifstream in2(victim);
+  in2 >> text;
+  EXPECT_EQ(text, "precious");
+  for (const std::string& bad : {dir_.string(), std::string("/dev/null")}) {
+    try {
+      w.write(bad);
+      ADD_FAILURE() << "wrote to " << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(leftovers().empty());
 }
 
 TEST_F(SafetensorsTest, CannotCreateNamesPathAndErrno) {
@@ -304,16 +336,16 @@ TEST_F(SafetensorsTest, CannotCreateNamesPathAndErrno) {
   }
 }
 
-TEST_F(SafetensorsTest, FailedRenameRemovesTempFile) {
+TEST_F(SafetensorsTest, DirectoryTargetIsRefusedBeforeAnyWrite) {
   const std::string p = path("is_a_dir");
-  fs::create_directories(fs::path(p) / "child");  // rename of a file over a non-empty directory fails
+  fs::create_directories(fs::path(p) / "child");
   SafetensorsWriter w;
   w.add("a", ramp(Shape{2}).view());
   try {
     w.write(p);
     FAIL() << "expected an Error";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("cannot rename"));
+    EXPECT_THAT(e.what(), HasSubstr("not a regular file (a directory)"));
     EXPECT_THAT(e.what(), HasSubstr(p));
   }
   EXPECT_TRUE(leftovers().empty());

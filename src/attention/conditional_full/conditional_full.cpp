@@ -51,6 +51,10 @@ std::unique_ptr<Attention> make_conditional_full(const Spec& spec) {
   check(!spec.inner.empty(), "spec '", spec.text,
         "': conditional-full needs an inner attention, e.g. "
         "conditional-full:length_limit=512,improved-clustered:clusters=100");
+  // One wrapper level: a nested conditional-full adds nothing, and refusing it bounds the
+  // recursion of make_attention (a spec nesting it thousands of times overflowed the stack).
+  check(parse_spec(spec.inner).name != "conditional-full", "spec '", spec.text.substr(0, 200),
+        spec.text.size() > 200 ? "...'" : "'", ": conditional-full cannot wrap another conditional-full");
   return std::make_unique<ConditionalFull>(limit, make_attention(spec.inner));
 }
 

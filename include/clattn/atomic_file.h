@@ -1,0 +1,37 @@
+// Files written atomically and safely: readers never see a half-written file, and a planted
+// symlink or a device node at the output path is never followed or replaced.
+//
+// The data goes to a fresh temporary file created exclusively (mkstemp, O_EXCL) in the target's
+// directory, named `.NAME.clattn-tmp-XXXXXX` so a leftover from a killed run is recognisable; it is
+// fsynced, then renamed over the target, and the directory is fsynced. An existing target must be
+// a regular file (or a symlink, which rename replaces rather than follows); anything else — a
+// directory such as ".", a device node, a FIFO — is refused with an error naming it.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace clattn {
+
+class AtomicFile {
+ public:
+  explicit AtomicFile(const std::string& path);  // throws clattn::Error naming path and reason
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile();  // removes the temporary file unless committed
+
+  void write(const void* data, size_t n);
+  void write(const std::string& s) { write(s.data(), s.size()); }
+  void commit();  // fsync, rename into place, fsync the directory
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+// The whole text of a small file, written atomically.
+void write_file_atomic(const std::string& path, const std::string& text);
+
+}  // namespace clattn
