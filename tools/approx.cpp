@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_util.h"
 #include "clattn/error.h"
 #include "clattn/model.h"
 #include "clattn/parallel.h"
@@ -102,11 +103,11 @@ Metrics compare(const Tensor& full, const Tensor& approx, const std::vector<int3
 }
 
 void run_approx(const ApproxOptions& o) {
-  if (o.threads > 0) set_threads(o.threads);
-  check(o.seeds >= 1, "approx: --seeds must be >= 1, got ", o.seeds);
+  set_threads(checked_threads(o.threads, "approx"));
+  check_size(o.seeds, 1, kMaxCount, "approx: --seeds");
   const int given = !o.features.empty() + !o.tokens.empty() + !o.text.empty();
-  check(given == 1, "approx: give exactly one of --features, --tokens, --text");
-  check(!o.attention.empty(), "approx: give at least one --attention plan");
+  usage_check(given == 1, "approx: give exactly one of --features, --tokens, --text");
+  usage_check(!o.attention.empty(), "approx: give at least one --attention plan");
   const ModelKind kind = model_kind(o.model);
   LoadOptions lo;
   lo.verbose = o.verbose;
@@ -260,8 +261,12 @@ struct GenerateOptions {
 };
 
 void run_generate(const GenerateOptions& o) {
-  if (o.threads > 0) set_threads(o.threads);
-  check(o.tokens >= 0, "generate: --tokens must be >= 0, got ", o.tokens);
+  set_threads(checked_threads(o.threads, "generate"));
+  check_size(o.tokens, 0, kMaxCount, "generate: --tokens");
+  check_size(o.top_k, 0, kMaxCount, "generate: --top-k (0: all)");
+  usage_check(o.temperature >= 0 && std::isfinite(o.temperature), "generate: --temperature must be >= 0, got ",
+              o.temperature);
+  usage_check(o.top_p > 0 && o.top_p <= 1, "generate: --top-p must be in (0, 1], got ", o.top_p);
   auto dec = Decoder::load(o.model);
   dec->set_attention(o.attention);
   const Tokenizer tok = Tokenizer::from_file((std::filesystem::path(o.model) / "tokenizer.json").string());
@@ -313,7 +318,7 @@ void add_approx(CLI::App& app) {
                   "(the last repeats)")->required();
   sub->add_option("--seeds", o->seeds, "run randomized variants with seeds 0..S-1; report mean [min-max]");
   sub->add_option("--json", o->json_out, "also write {\"model\", \"results\": [...]} to this file");
-  sub->add_option("--threads", o->threads, "OpenMP threads (default: all)");
+  add_threads_option(sub, o->threads, "approx");
   sub->add_flag("--verbose", o->verbose, "list checkpoint tensors the model does not use");
   sub->callback([o] { run_approx(*o); });
 }
@@ -329,7 +334,7 @@ void add_generate(CLI::App& app) {
   sub->add_option("--top-k", o->top_k, "keep the k most likely tokens (0 = all)");
   sub->add_option("--top-p", o->top_p, "nucleus: keep the smallest set with this mass (1 = all)");
   sub->add_option("--seed", o->seed, "sampling seed");
-  sub->add_option("--threads", o->threads, "OpenMP threads (default: all)");
+  add_threads_option(sub, o->threads, "generate");
   sub->callback([o] { run_generate(*o); });
 }
 

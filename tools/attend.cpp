@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "attention/validate.h"
+#include "cli_util.h"
 #include "clattn/attention.h"
 #include "clattn/error.h"
 #include "clattn/parallel.h"
@@ -57,8 +59,27 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Whether writing `output` would replace `input`: the same file when both exist (hard links and
+// symlinks included), else the same absolute path once normalised.
+bool same_file(const std::string& input, const std::string& output) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(input, ec) && fs::exists(output, ec)) {
+    const bool same = fs::equivalent(input, output, ec);
+    if (!ec) return same;
+  }
+  auto normal = [](const std::string& p) {
+    std::error_code e;
+    const fs::path abs = fs::absolute(p, e);
+    return (e ? fs::path(p) : abs).lexically_normal();
+  };
+  return normal(input) == normal(output);
+}
+
 void run_attend(const AttendOptions& o) {
-  if (o.threads > 0) set_threads(o.threads);
+  set_threads(checked_threads(o.threads, "attend"));
+  usage_check(!same_file(o.input, o.output), "attend: --output '", o.output, "' is the input file '", o.input,
+              "': it would be overwritten; write the output elsewhere");
   // The spec first: a typo fails at once, before a large input is read.
   auto att = make_attention(o.spec);
   const SafetensorsFile f = SafetensorsFile::open(o.input);
@@ -124,22 +145,40 @@ struct MakeOptions {
   std::string output;
   int64_t batch = 1, heads = 8, kv_heads = 0, n = 1024, m = 0, dim = 64;
   uint64_t seed = 0;
-  bool with_grad = false, with_bias = false;
+  bool with_grad = false, with_bias = false, shared_qk = false;
   std::vector<int32_t> query_lengths, key_lengths;
 };
 
+// Usage errors unless `lengths` is empty or has one value in [0, limit] per batch item.
+void check_lengths(const std::vector<int32_t>& lengths, int64_t batch, int64_t limit, const char* option,
+                   const char* size) {
+  if (lengths.empty()) return;
+  usage_check(static_cast<int64_t>(lengths.size()) == batch, "make-inputs: ", option,
+              " needs one value per batch item (", batch, "), got ", lengths.size());
+  for (size_t i = 0; i < lengths.size(); ++i)
+    usage_check(lengths[i] >= 0 && lengths[i] <= limit, "make-inputs: ", option, " value ", i + 1, " (",
+                lengths[i], ") must be in [0, ", limit, "] (", size, " = ", limit, ")");
+}
+
 void run_make_inputs(const MakeOptions& o) {
-  check(o.kv_heads >= 0 && o.m >= 0, "make-inputs: --kv-heads and --m must be >= 0 (0: same as --heads, --n), got ",
-        o.kv_heads, " and ", o.m);
+  check_size(o.batch, 1, kMaxCount, "make-inputs: --batch");
+  check_size(o.heads, 1, kMaxCount, "make-inputs: --heads");
+  check_size(o.kv_heads, 0, kMaxCount, "make-inputs: --kv-heads (0: same as --heads)");
+  check_size(o.n, 0, kMaxCount, "make-inputs: --n");
+  check_size(o.m, 0, kMaxCount, "make-inputs: --m (0: same as --n)");
+  check_size(o.dim, 1, kMaxCount, "make-inputs: --dim");
   const int64_t hkv = o.kv_heads > 0 ? o.kv_heads : o.heads, m = o.m > 0 ? o.m : o.n;
-  check(o.batch >= 1 && o.heads >= 1 && o.n >= 0 && o.dim >= 1,
-        "make-inputs: need batch >= 1, heads >= 1, n >= 0 and dim >= 1, got batch ", o.batch, ", heads ",
-        o.heads, ", n ", o.n, ", dim ", o.dim);
-  check(o.heads % hkv == 0, "make-inputs: heads must be a multiple of kv-heads, got ", o.heads, " and ", hkv);
-  for (const auto* l : {&o.query_lengths, &o.key_lengths})
-    check(l->empty() || static_cast<int64_t>(l->size()) == o.batch,
-          "make-inputs: --query-lengths and --key-lengths need one value per batch item (", o.batch,
-          "), got ", l->size());
+  usage_check(o.heads % hkv == 0, "make-inputs: --heads must be a multiple of --kv-heads, got ", o.heads,
+              " and ", hkv);
+  // Shared-QK attention takes q as its keys: k must be able to have q's shape.
+  usage_check(!o.shared_qk || (m == o.n && hkv == o.heads),
+              "make-inputs: --shared-qk writes no k (the keys are q), so it needs --m equal to --n and "
+              "--kv-heads equal to --heads, got n ", o.n, ", m ", m, ", heads ", o.heads, ", kv-heads ", hkv);
+  check_lengths(o.query_lengths, o.batch, o.n, "--query-lengths", "N");
+  check_lengths(o.key_lengths, o.batch, m, "--key-lengths", "M");
+  check_elements({o.batch, o.heads, o.n, o.dim}, "make-inputs: q (B, H, N, D)");
+  check_elements({o.batch, hkv, m, o.dim}, "make-inputs: k and v (B, Hkv, M, D)");
+  if (o.with_bias) check_elements({o.n, m}, "make-inputs: bias (N, M)");
   const Rng rng(o.seed);
   auto randn = [&](const Shape& s, uint64_t stream) {
     Tensor t = Tensor::empty_like_shape(s);
@@ -147,15 +186,28 @@ void run_make_inputs(const MakeOptions& o) {
     return t;
   };
   SafetensorsWriter w;
-  w.add("q", randn(Shape{o.batch, o.heads, o.n, o.dim}, 1).view());  // (B, H, N, D)
-  w.add("k", randn(Shape{o.batch, hkv, m, o.dim}, 2).view());        // (B, Hkv, M, D)
-  w.add("v", randn(Shape{o.batch, hkv, m, o.dim}, 3).view());        // (B, Hkv, M, D)
-  if (o.with_grad) w.add("do", randn(Shape{o.batch, o.heads, o.n, o.dim}, 4).view());  // (B, H, N, D)
-  if (o.with_bias) w.add("bias", randn(Shape{o.n, m}, 5).view());                      // (N, M)
-  // Lengths are written as given: out-of-range values are for attend to refuse, which is useful.
-  if (!o.query_lengths.empty()) w.add_i32("query_lengths", {o.batch}, o.query_lengths);
-  if (!o.key_lengths.empty()) w.add_i32("key_lengths", {o.batch}, o.key_lengths);
+  std::string summary;  // "q (1, 8, 1000, 64), k (1, 8, 1000, 64), ..."
+  auto add = [&](const char* name, const Shape& s, uint64_t stream) {
+    w.add(name, randn(s, stream).view());
+    summary += (summary.empty() ? "" : ", ") + std::string(name) + " " + s.str();
+  };
+  add("q", Shape{o.batch, o.heads, o.n, o.dim}, 1);                 // (B, H, N, D)
+  if (o.shared_qk) summary += ", no k (shared-QK: the keys are q)";
+  else add("k", Shape{o.batch, hkv, m, o.dim}, 2);                  // (B, Hkv, M, D)
+  add("v", Shape{o.batch, hkv, m, o.dim}, 3);                       // (B, Hkv, M, D)
+  if (o.with_grad) add("do", Shape{o.batch, o.heads, o.n, o.dim}, 4);  // (B, H, N, D)
+  if (o.with_bias) add("bias", Shape{o.n, m}, 5);                      // (N, M)
+  const std::string batch_shape = shape_str({o.batch});
+  if (!o.query_lengths.empty()) {
+    w.add_i32("query_lengths", {o.batch}, o.query_lengths);
+    summary += ", query_lengths " + batch_shape;
+  }
+  if (!o.key_lengths.empty()) {
+    w.add_i32("key_lengths", {o.batch}, o.key_lengths);
+    summary += ", key_lengths " + batch_shape;
+  }
   w.write(o.output);
+  std::fprintf(stderr, "make-inputs: wrote %s: %s\n", o.output.c_str(), summary.c_str());
 }
 
 }  // namespace
@@ -170,9 +222,10 @@ void add_attend(CLI::App& app) {
       "and dq, dk, dv when do is given.");
   sub->add_option("--spec", opts->spec, "attention spec, e.g. full or full:scale=0.125")->required();
   sub->add_option("--input", opts->input, "input .safetensors")->required();
-  sub->add_option("--output", opts->output, "output .safetensors (written atomically)")->required();
+  sub->add_option("--output", opts->output, "output .safetensors (written atomically; not the input)")
+      ->required();
   sub->add_flag("--causal", opts->causal, "causal mask (query i sees keys j <= i + M - N)");
-  sub->add_option("--threads", opts->threads, "OpenMP threads (default: all)");
+  add_threads_option(sub, opts->threads, "attend");
   sub->add_option("--step", opts->step,
                   "random step of stochastic variants: same spec, inputs and step give the same output");
   sub->add_flag("--train", opts->train, "a training call (routing centroids=ema updates its state)");
@@ -193,9 +246,12 @@ void add_make_inputs(CLI::App& app) {
   sub->add_option("--seed", opts->seed, "rng seed");
   sub->add_flag("--with-grad", opts->with_grad, "also write do (B,H,N,D)");
   sub->add_flag("--with-bias", opts->with_bias, "also write an additive bias (N,M) (full only)");
-  sub->add_option("--query-lengths", opts->query_lengths, "valid queries per batch item, e.g. 70,33")
+  sub->add_flag("--shared-qk", opts->shared_qk,
+                "write no k: attend uses q as the keys, for shared-QK attention (reformer); needs M = N "
+                "and Hkv = H");
+  sub->add_option("--query-lengths", opts->query_lengths, "valid queries per batch item, each in [0, N], e.g. 70,33")
       ->delimiter(',');
-  sub->add_option("--key-lengths", opts->key_lengths, "valid keys per batch item, e.g. 90,41")
+  sub->add_option("--key-lengths", opts->key_lengths, "valid keys per batch item, each in [0, M], e.g. 90,41")
       ->delimiter(',');
   sub->callback([opts] { run_make_inputs(*opts); });
 }

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_util.h"
+#include "cli_util.h"
 #include "clattn/attention.h"
 #include "clattn/error.h"
 #include "clattn/gemm.h"
@@ -43,7 +44,6 @@ struct BenchOptions {
   std::string json;
   uint64_t seed = 0;
   const CLI::Option* kv_heads_opt = nullptr;
-  const CLI::Option* threads_opt = nullptr;
 };
 
 // One table row / JSON result. Optional fields are "-" in the table and null in JSON.
@@ -76,15 +76,16 @@ struct MemoryProbe {
   }
 };
 
-void validate(const BenchOptions& o) {
-  check(o.batch >= 1, "bench: --batch must be >= 1, got ", o.batch);
-  check(o.heads >= 1, "bench: --heads must be >= 1, got ", o.heads);
-  check(o.kv_heads >= 1, "bench: --kv-heads must be >= 1, got ", o.kv_heads);
-  check(o.heads % o.kv_heads == 0, "bench: --heads must be a multiple of --kv-heads, got heads=",
-        o.heads, " kv-heads=", o.kv_heads);
-  check(o.dim >= 1, "bench: --dim must be >= 1, got ", o.dim);
-  check(o.threads >= 1, "bench: --threads must be >= 1, got ", o.threads);
-  check(o.repeat >= 1, "bench: --repeat must be >= 1, got ", o.repeat);
+// Usage errors for sizes out of range, before anything is measured.
+void validate(const BenchOptions& o, const std::vector<int64_t>& lengths) {
+  check_size(o.batch, 1, kMaxCount, "bench: --batch");
+  check_size(o.heads, 1, kMaxCount, "bench: --heads");
+  check_size(o.kv_heads, 1, kMaxCount, "bench: --kv-heads");
+  usage_check(o.heads % o.kv_heads == 0, "bench: --heads must be a multiple of --kv-heads, got heads=",
+              o.heads, " kv-heads=", o.kv_heads);
+  check_size(o.dim, 1, kMaxCount, "bench: --dim");
+  check_size(o.repeat, 1, kMaxCount, "bench: --repeat");
+  for (const int64_t n : lengths) check_elements({o.batch, o.heads, n, o.dim}, "bench: q (B, H, N, D)");
 }
 
 // `all` stands for every registered variant's example spec (full first, the baseline), leaving
@@ -202,10 +203,10 @@ void run_bench(BenchOptions o) {
   // Before anything big is allocated, so every buffer follows the same rules (bench_util.cpp).
   bench::configure_malloc_for_rss();
   if (o.kv_heads_opt->count() == 0) o.kv_heads = o.heads;
-  if (o.threads_opt->count() == 0) o.threads = max_threads();
-  validate(o);
+  o.threads = checked_threads(o.threads, "bench");
+  const std::vector<int64_t> lengths = bench::parse_lengths(o.lengths, "bench");
+  validate(o, lengths);
   const std::vector<std::string> specs = expand_all(bench::split_specs(o.attention), o);
-  const std::vector<int64_t> lengths = bench::parse_lengths(o.lengths);
 
   // Every spec is built once up front, so a typo fails now rather than after an hour of sweep.
   // The first spec named `full` is the baseline; it runs first at each length.
@@ -340,7 +341,7 @@ void add_bench(CLI::App& app) {
   o->kv_heads_opt =
       sub->add_option("--kv-heads", o->kv_heads, "Key/value heads Hkv (default: --heads)");
   sub->add_option("--dim", o->dim, "Head dimension D (Dk = Dv)")->capture_default_str();
-  o->threads_opt = sub->add_option("--threads", o->threads, "Threads (default: all available)");
+  add_threads_option(sub, o->threads, "bench");
   sub->add_flag("--backward", o->backward, "Time forward + backward instead of forward only");
   sub->add_flag("--causal", o->causal, "Causal mask");
   sub->add_option("--repeat", o->repeat, "Timed calls per case, after one warm-up call")

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "bench_util.h"
+#include "cli_util.h"
 #include "clattn/error.h"
 #include "clattn/gemm.h"
 #include "clattn/model.h"
@@ -33,9 +34,20 @@ double now_ms() {
 }
 
 void run_bench_model(const BenchModelOptions& o) {
-  if (o.threads > 0) set_threads(o.threads);
-  check(o.repeat >= 1, "bench-model: --repeat must be >= 1");
-  check(o.random_bert != !o.model.empty(), "bench-model: give exactly one of --model DIR and --random-bert");
+  set_threads(checked_threads(o.threads, "bench-model"));
+  check_size(o.repeat, 1, kMaxCount, "bench-model: --repeat");
+  check_size(o.layers, 1, kMaxCount, "bench-model: --layers");
+  check_size(o.hidden, 1, kMaxCount, "bench-model: --hidden");
+  check_size(o.heads, 1, kMaxCount, "bench-model: --heads");
+  check_size(o.ffn, 1, kMaxCount, "bench-model: --ffn");
+  check_size(o.batch, 0, kMaxCount, "bench-model: --batch (0: the default)");
+  check_size(o.decode, 0, kMaxCount, "bench-model: --decode");
+  const std::vector<int64_t> lengths_given = bench::parse_lengths(o.lengths, "bench-model");
+  usage_check(o.random_bert != !o.model.empty(), "bench-model: give exactly one of --model DIR and --random-bert");
+  if (o.random_bert)
+    for (const int64_t n : lengths_given)
+      check_elements({std::max<int64_t>(o.batch, 1), n, std::max(o.hidden, o.ffn)},
+                     "bench-model: activations (B, N, max(hidden, ffn))");
   bench::prime_threads_and_blas();
   const double peak = measure_sgemm_gflops(2048, 3);
   std::printf("sgemm 2048: %.1f GFLOP/s, %d threads\n", peak, max_threads());
@@ -72,7 +84,7 @@ void run_bench_model(const BenchModelOptions& o) {
     Tensor features;
     std::vector<int64_t> lengths;
     if (o.random_bert) {
-      lengths = bench::parse_lengths(o.lengths);
+      lengths = lengths_given;
       ModelConfig c;
       c.hidden = o.hidden;
       c.layers = o.layers;
@@ -128,7 +140,7 @@ void run_bench_model(const BenchModelOptions& o) {
   // Decoder: prefill of N tokens, then --decode tokens one at a time through the KV cache.
   auto dec = Decoder::load(o.model);
   const ModelConfig& c = dec->config();
-  for (const int64_t n : bench::parse_lengths(o.lengths)) {
+  for (const int64_t n : lengths_given) {
     check(n + o.decode <= c.max_positions, "bench-model: N + --decode (", n + o.decode, ") exceeds the context ", c.max_positions);
     std::vector<int32_t> ids(static_cast<size_t>(n));
     const Rng rng(1);
@@ -184,7 +196,7 @@ void add_bench_model(CLI::App& app) {
   sub->add_option("--decode", o->decode, "decoder: tokens decoded after the prefill (128)");
   sub->add_option("--attention", o->attention, "attention plan, repeatable (default full)");
   sub->add_option("--repeat", o->repeat, "timed runs after one warm-up (3)");
-  sub->add_option("--threads", o->threads, "OpenMP threads (default: all)");
+  add_threads_option(sub, o->threads, "bench-model");
   sub->callback([o] { run_bench_model(*o); });
 }
 

@@ -17,6 +17,7 @@
 #include <malloc.h>
 #endif
 
+#include "cli_util.h"
 #include "clattn/error.h"
 #include "clattn/gemm.h"
 #include "clattn/parallel.h"
@@ -129,25 +130,27 @@ std::vector<std::string> split_specs(std::string_view list) {
   std::vector<std::string> out;
   const auto items = split(list, ';');
   for (size_t i = 0; i < items.size(); ++i) {
-    check(!items[i].empty(), "bench: --attention item ", i + 1, " of '", list,
-          "' is empty (specs are separated by ';')");
+    cli::usage_check(!items[i].empty(), "bench: --attention item ", i + 1, " of '", list,
+                     "' is empty (specs are separated by ';')");
     out.emplace_back(items[i]);
   }
   return out;
 }
 
-std::vector<int64_t> parse_lengths(std::string_view list) {
+std::vector<int64_t> parse_lengths(std::string_view list, const char* cmd) {
+  using cli::usage_check;
   std::vector<int64_t> out;
   const auto items = split(list, ',');
   for (size_t i = 0; i < items.size(); ++i) {
     const std::string_view s = items[i];
-    check(!s.empty(), "bench: --lengths item ", i + 1, " of '", list,
-          "' is empty (lengths are separated by ',')");
+    usage_check(!s.empty(), cmd, ": --lengths item ", i + 1, " of '", list,
+                "' is empty (lengths are separated by ',')");
     int64_t v = 0;
     const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    check(ec == std::errc() && end == s.data() + s.size(), "bench: --lengths item ", i + 1,
-          " ('", s, "') is not an integer");
-    check(v > 0, "bench: --lengths item ", i + 1, " must be > 0, got ", v);
+    usage_check(ec == std::errc() && end == s.data() + s.size(), cmd, ": --lengths item ", i + 1, " ('", s,
+                "') is not an integer", ec == std::errc::result_out_of_range ? " that fits 64 bits" : "");
+    usage_check(v >= 1 && v <= cli::kMaxCount, cmd, ": --lengths item ", i + 1, " must be in [1, ",
+                cli::kMaxCount, "], got ", v);
     out.push_back(v);
   }
   return out;

@@ -28,8 +28,9 @@ inline constexpr const char* kInputRecipe =
 
 // ';'-separated spec strings, items trimmed; empty items are errors.
 std::vector<std::string> split_specs(std::string_view list);
-// ','-separated positive integers; empty items, non-numbers and values <= 0 are errors.
-std::vector<int64_t> parse_lengths(std::string_view list);
+// ','-separated lengths in [1, cli::kMaxCount] of command `cmd`'s --lengths; empty items,
+// non-numbers and values out of range are usage errors (cli::UsageError).
+std::vector<int64_t> parse_lengths(std::string_view list, const char* cmd);
 
 struct InputDims {
   int64_t B = 1, H = 1, Hkv = 1, N = 1, D = 1;

@@ -1,13 +1,40 @@
 // clattn: attention for long sequences on the CPU. `clattn --help` lists the subcommands.
+// Exit codes (kExit* in cli_util.h): 0 success (and --help, --version), 1 runtime error, 2 usage
+// error -- a command line CLI11 cannot parse (with "did you mean" for a misspelt name) or a value
+// a command refuses before it starts (UsageError).
 #include <cstdio>
 #include <exception>
+#include <new>
+#include <string>
 
+#include "cli_util.h"
 #include "clattn/error.h"
 #include "commands.h"
+#include "version.h"
+
+namespace {
+
+constexpr const char* kExitCodes =
+    "Exit codes: 0 success; 1 runtime error (an input that cannot be read or is refused, a failed\n"
+    "run); 2 usage error (an unknown or misspelt option or command, a missing or out-of-range value).";
+
+int usage_error(CLI::App& app, const char* message, int argc, char** argv) {
+  const clattn::cli::UsageHints hints = clattn::cli::usage_hints(app, argc, argv);
+  std::fprintf(stderr, "clattn: usage error: %s\n", message);
+  for (const std::string& line : hints.lines) std::fprintf(stderr, "clattn: %s\n", line.c_str());
+  std::fprintf(stderr, "Run 'clattn%s%s --help' for the options.\n", hints.command.empty() ? "" : " ",
+               hints.command.c_str());
+  return clattn::cli::kExitUsage;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"clattn: clustered attention and its rivals, fast on the CPU"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("clattn " CLATTN_VERSION " (commit " CLATTN_COMMIT ")"),
+                       "Print the version and exit");
+  app.footer(kExitCodes);
   clattn::cli::add_approx(app);
   clattn::cli::add_attend(app);
   clattn::cli::add_generate(app);
@@ -16,14 +43,18 @@ int main(int argc, char** argv) {
   clattn::cli::add_make_inputs(app);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::Success& e) {  // --help, --version: printed on stdout, exit 0
     return app.exit(e);
-  } catch (const clattn::Error& e) {
+  } catch (const CLI::ParseError& e) {
+    return usage_error(app, e.what(), argc, argv);
+  } catch (const clattn::cli::UsageError& e) {
+    return usage_error(app, e.what(), argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "clattn: error: out of memory (std::bad_alloc): try smaller sizes\n");
+    return clattn::cli::kExitRuntime;
+  } catch (const std::exception& e) {  // clattn::Error and the rest
     std::fprintf(stderr, "clattn: error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "clattn: error: %s\n", e.what());
-    return 1;
+    return clattn::cli::kExitRuntime;
   }
-  return 0;
+  return clattn::cli::kExitOk;
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end checks of the clattn CLI: attend round trips (forward only, forward + backward, masks
 # and bias) and every error path exits non-zero with a message, never a crash (exit >= 128 is a
-# signal). Needs only bash and coreutils: inputs come from `clattn make-inputs` or are written by
-# hand below. Usage: bash tests/cli/run.sh /path/to/clattn
+# signal). Exit codes: 0 success, 1 runtime error, 2 usage error (expect_exit checks the exact one).
+# Needs only bash and coreutils: inputs come from `clattn make-inputs` or are written by hand below.
+# Usage: bash tests/cli/run.sh /path/to/clattn
 set -u
 bin=${1:?usage: run.sh /path/to/clattn}
 dir=$(mktemp -d)
@@ -24,6 +25,14 @@ expect_error() {
   local rc=$?
   if [ "$rc" -ge 1 ] && [ "$rc" -lt 128 ] && grep -qi -- "error" "$dir/err" && grep -qi -- "$needle" "$dir/err"; then ok
   else bad "$what: exit $rc, stderr: $(head -c 400 "$dir/err")"; fi
+}
+# expect_exit CODE DESCRIPTION NEEDLE CMD...: exit exactly CODE and stderr mentions NEEDLE
+expect_exit() {
+  local code=$1 what=$2 needle=$3; shift 3
+  "$@" >"$dir/out" 2>"$dir/err"
+  local rc=$?
+  if [ "$rc" -eq "$code" ] && grep -qi -- "$needle" "$dir/err"; then ok
+  else bad "$what: exit $rc (expected $code), stderr: $(head -c 400 "$dir/err")"; fi
 }
 # header_of FILE: the JSON header of a safetensors file (8-byte little-endian length, then JSON)
 header_of() {
@@ -52,6 +61,7 @@ in=$dir/in.safetensors       # with do: forward and backward
 fwd=$dir/fwd.safetensors     # without do: forward only
 masked=$dir/masked.safetensors
 expect_ok "make-inputs with grad" "$bin" make-inputs --output "$in" --batch 2 --heads 4 --kv-heads 2 --n 70 --m 90 --dim 16 --with-grad
+grep -q "make-inputs: wrote $in: q (2, 4, 70, 16), k (2, 2, 90, 16), v (2, 2, 90, 16), do (2, 4, 70, 16)$" "$dir/err" && ok || bad "make-inputs summary line: $(cat "$dir/err")"
 expect_ok "make-inputs forward only" "$bin" make-inputs --output "$fwd" --batch 1 --heads 2 --n 33 --dim 8 --seed 3
 expect_ok "make-inputs masks and bias" "$bin" make-inputs --output "$masked" --batch 2 --heads 2 --n 40 --m 50 --dim 8 --with-grad --with-bias --query-lengths 40,17 --key-lengths 50,9
 expect_tensors "make-inputs writes q, k, v, do" "$in" q k v do
@@ -71,7 +81,7 @@ cmp -s "$dir/out3.safetensors" "$dir/out4.safetensors" && ok || bad "same spec, 
 ls "$dir" | grep -q '\.tmp\.' && bad "temporary file left behind" || ok
 
 # Broken files: each is refused with a message, never a crash.
-expect_error "missing input" "cannot open" "$bin" attend --spec full --input "$dir/nope.safetensors" --output "$dir/x.safetensors"
+expect_exit 1 "missing input (runtime error)" "cannot open" "$bin" attend --spec full --input "$dir/nope.safetensors" --output "$dir/x.safetensors"
 head -c 1000 "$in" >"$dir/trunc.safetensors"
 expect_error "truncated input" "safetensors" "$bin" attend --spec full --input "$dir/trunc.safetensors" --output "$dir/x.safetensors"
 printf '\xff\xff\xff\xff\xff\xff\xff\x7f{}' >"$dir/lying.safetensors"
@@ -105,13 +115,46 @@ expect_error "out-of-range parameter" "must be in" "$bin" attend --spec full:sca
 expect_error "malformed spec" "empty parameter" "$bin" attend --spec full:,scale=1 --input "$in" --output "$dir/x.safetensors"
 expect_error "causal refused" "causal" "$bin" attend --spec clustered:clusters=3 --causal --input "$in" --output "$dir/x.safetensors"
 expect_error "bias refused" "bias" "$bin" attend --spec clustered:clusters=3 --input "$masked" --output "$dir/x.safetensors"
-expect_ok "make-inputs lengths out of range" "$bin" make-inputs --output "$dir/long.safetensors" --batch 2 --heads 2 --n 8 --dim 4 --key-lengths 8,12
-expect_error "key length beyond M" "key_lengths" "$bin" attend --spec full --input "$dir/long.safetensors" --output "$dir/x.safetensors"
+# make-inputs refuses lengths out of [0, N] / [0, M] (usage errors); attend still refuses a file
+# that has them (hand-made: key_lengths = 3 for M = 2).
+expect_exit 2 "make-inputs key length beyond M" "--key-lengths value 2 (12) must be in \[0, 8\]" "$bin" make-inputs --output "$dir/long.safetensors" --batch 2 --heads 2 --n 8 --dim 4 --key-lengths 8,12
+expect_exit 2 "make-inputs query length beyond N" "--query-lengths value 1 (70) must be in \[0, 64\]" "$bin" make-inputs --output "$dir/long.safetensors" --batch 2 --n 64 --query-lengths 70,-3
+expect_exit 2 "make-inputs negative query length" "--query-lengths value 2 (-3)" "$bin" make-inputs --output "$dir/long.safetensors" --batch 2 --n 64 --query-lengths 10,-3
+[ -e "$dir/long.safetensors" ] && bad "make-inputs wrote a file it refused" || ok
+st_file "$dir/h_long.safetensors" "{$(entry q F32 1,1,2,4 0 32),$kv,$(entry key_lengths I32 1 96 100)}" 96
+printf '\x03\x00\x00\x00' >>"$dir/h_long.safetensors"
+expect_error "key length beyond M" "key_lengths" "$bin" attend --spec full --input "$dir/h_long.safetensors" --output "$dir/x.safetensors"
 expect_error "make-inputs bad sizes" "heads" "$bin" make-inputs --output "$dir/x.safetensors" --heads 6 --kv-heads 4
 expect_error "make-inputs lengths per batch" "one value per batch item" "$bin" make-inputs --output "$dir/x.safetensors" --batch 3 --key-lengths 1,2
-"$bin" attend --input "$in" --output "$dir/x.safetensors" >"$dir/out" 2>"$dir/err"
-rc=$?
-[ "$rc" -ge 1 ] && [ "$rc" -lt 128 ] && grep -q -- "--spec" "$dir/err" && ok || bad "missing --spec: exit $rc, $(cat "$dir/err")"
+expect_exit 2 "make-inputs absurd size" "--n must be in" "$bin" make-inputs --output "$dir/x.safetensors" --n 99999999999
+expect_exit 2 "make-inputs huge tensor" "elements" "$bin" make-inputs --output "$dir/x.safetensors" --batch 100000 --n 100000
+expect_exit 2 "missing --spec" "--spec" "$bin" attend --input "$in" --output "$dir/x.safetensors"
+expect_exit 2 "--output is --input" "is the input file" "$bin" attend --spec full --input "$in" --output "$in"
+expect_exit 2 "--output is --input by another path" "is the input file" "$bin" attend --spec full --input "$in" --output "$dir/./sub/../$(basename "$in")"
+ln -s "$in" "$dir/link.safetensors"
+expect_exit 2 "--output is --input through a symlink" "is the input file" "$bin" attend --spec full --input "$dir/link.safetensors" --output "$in"
+expect_tensors "--output is --input: input untouched" "$in" q k v do
+
+# Conventions shared by every command: usage errors exit 2 with a hint, --version, --threads.
+expect_exit 2 "unknown option" "did you mean --lengths?" "$bin" bench --lenghts 64
+expect_exit 2 "unknown subcommand" "did you mean bench?" "$bin" bnch
+expect_exit 2 "no subcommand" "subcommand is required" "$bin"
+expect_exit 2 "bad option value" "--n" "$bin" make-inputs --output "$dir/x.safetensors" --n abc
+expect_ok "--version" "$bin" --version
+grep -Eq '^clattn [0-9]+\.[0-9]+\.[0-9]+ \(commit [^)]+\)$' "$dir/out" && ok || bad "--version printed: $(cat "$dir/out")"
+expect_ok "--help" "$bin" --help
+grep -q "Exit codes: 0 success" "$dir/out" && ok || bad "--help does not list the exit codes"
+for t in 0 -1; do
+  expect_exit 2 "attend --threads $t" "--threads must be >= 1" "$bin" attend --threads "$t" --spec full --input "$fwd" --output "$dir/x.safetensors"
+  expect_exit 2 "bench --threads $t" "--threads must be >= 1" "$bin" bench --threads "$t" --lengths 64
+  expect_exit 2 "bench-model --threads $t" "--threads must be >= 1" "$bin" bench-model --random-bert --threads "$t"
+done
+expect_ok "attend --threads 100000" "$bin" attend --threads 100000 --spec full --input "$fwd" --output "$dir/t.safetensors"
+grep -q "clattn attend: --threads 100000 capped at [0-9]* (the machine's processors)" "$dir/err" && ok || bad "no capping note: $(cat "$dir/err")"
+expect_ok "bench --threads 100000" "$bin" bench --threads 100000 --attention full --lengths 64 --heads 1 --dim 8 --repeat 1
+grep -q "clattn bench: --threads 100000 capped at" "$dir/err" && ok || bad "no capping note: $(cat "$dir/err")"
+expect_exit 2 "bench absurd length" "--lengths item 2 must be in" "$bin" bench --lengths 64,99999999999
+expect_exit 2 "bench zero repeat" "--repeat must be in" "$bin" bench --repeat 0 --lengths 64
 
 expect_error "bench bad lengths" "lengths" "$bin" bench --lengths 64,abc
 expect_ok "bench smoke" "$bin" bench --attention 'full;clustered:clusters=4;improved-clustered:clusters=4,topk=8' --lengths 64,200 --heads 2 --dim 16 --repeat 2 --backward --json "$dir/b.json"
@@ -127,6 +170,14 @@ grep -q "clustered:clusters=100 left out (it refuses the causal mask)" "$dir/err
 # attend: reformer takes q as its keys when the file has no k (and refuses a different k).
 expect_ok "make-inputs for reformer" "$bin" make-inputs --output "$dir/r.safetensors" --heads 2 --n 40 --dim 8
 expect_error "reformer with another k" "equal to q" "$bin" attend --spec reformer --input "$dir/r.safetensors" --output "$dir/x.safetensors"
+expect_ok "make-inputs --shared-qk" "$bin" make-inputs --output "$dir/rq.safetensors" --heads 2 --n 40 --dim 8 --with-grad --shared-qk
+expect_tensors "--shared-qk writes no k" "$dir/rq.safetensors" q v do
+grep -q "no k (shared-QK" "$dir/err" && ok || bad "make-inputs --shared-qk summary: $(cat "$dir/err")"
+expect_ok "attend reformer on --shared-qk inputs" "$bin" attend --spec reformer --input "$dir/rq.safetensors" --output "$dir/ro.safetensors"
+expect_tensors "reformer fwd+bwd writes o, dq, dk, dv" "$dir/ro.safetensors" o dq dk dv
+expect_error "full on --shared-qk inputs" "no tensor 'k'" "$bin" attend --spec full --input "$dir/rq.safetensors" --output "$dir/x.safetensors"
+expect_exit 2 "--shared-qk with M != N" "--shared-qk" "$bin" make-inputs --output "$dir/x.safetensors" --n 40 --m 50 --shared-qk
+expect_exit 2 "--shared-qk with Hkv != H" "--shared-qk" "$bin" make-inputs --output "$dir/x.safetensors" --heads 4 --kv-heads 2 --shared-qk
 expect_ok "attend step" "$bin" attend --spec clustered:clusters=4 --step 3 --input "$dir/r.safetensors" --output "$dir/s3.safetensors"
 expect_ok "attend step again" "$bin" attend --spec clustered:clusters=4 --step 3 --input "$dir/r.safetensors" --output "$dir/s3b.safetensors"
 cmp -s <(tail -c +9 "$dir/s3.safetensors") <(tail -c +9 "$dir/s3b.safetensors") && ok || bad "same step, different output"

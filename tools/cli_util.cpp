@@ -1,0 +1,150 @@
+#include "cli_util.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+namespace clattn::cli {
+
+void check_size(int64_t v, int64_t lo, int64_t hi, const char* what) {
+  if (v >= lo && v <= hi) return;
+  if (hi == std::numeric_limits<int64_t>::max()) usage_fail(what, " must be >= ", lo, ", got ", v);
+  usage_fail(what, " must be in [", lo, ", ", hi, "], got ", v);
+}
+
+void check_elements(std::initializer_list<int64_t> dims, const char* what) {
+  bool too_big = false;
+  int64_t n = 1;
+  for (const int64_t d : dims) {
+    if (d == 0) return;  // an empty tensor, whatever the other sizes
+    if (too_big || d > kMaxElements / n) too_big = true;  // n * d > kMaxElements, without overflow
+    else n *= d;
+  }
+  usage_check(!too_big, what, " would have more than ", kMaxElements, " elements (",
+              kMaxElements / (int64_t{1} << 28), " GiB of F32): reduce the sizes");
+}
+
+int available_processors() { return std::max(1, omp_get_num_procs()); }
+
+CLI::Option* add_threads_option(CLI::App* sub, int& threads, const char* cmd) {
+  return sub->add_option_function<int>(
+      "--threads",
+      [&threads, cmd](const int& v) {
+        usage_check(v >= 1, cmd, ": --threads must be >= 1 (leave it out to use every processor), got ", v);
+        threads = v;
+      },
+      "OpenMP threads, >= 1 (default: all available; more than the machine's processors are capped)");
+}
+
+namespace {
+
+// Optimal string alignment distance: insertions, deletions, substitutions and transpositions of
+// neighbours each cost 1 ("--lenghts" is 1 from "--lengths").
+size_t edit_distance(const std::string& a, const std::string& b) {
+  const size_t n = a.size(), m = b.size();
+  std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
+  for (size_t i = 0; i <= n; ++i) d[i][0] = i;
+  for (size_t j = 0; j <= m; ++j) d[0][j] = j;
+  for (size_t i = 1; i <= n; ++i)
+    for (size_t j = 1; j <= m; ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[n][m];
+}
+
+// The candidates nearest to `word`, if near enough to be a slip: within a third of the word's
+// length (at least 1, at most 3 edits).
+std::vector<std::string> nearest(const std::string& word, const std::vector<std::string>& candidates) {
+  const size_t letters = word.size() - std::min(word.find_first_not_of('-'), word.size());
+  const size_t limit = std::clamp<size_t>(letters / 3, 1, 3);
+  size_t best = limit + 1;
+  std::vector<std::string> out;
+  for (const std::string& c : candidates) {
+    const size_t d = edit_distance(word, c);
+    if (d < best) {
+      best = d;
+      out.clear();
+    }
+    if (d == best && std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+  }
+  return out;
+}
+
+std::vector<std::string> option_names(const CLI::App& app) {
+  std::vector<std::string> names;
+  for (const CLI::Option* opt : app.get_options()) {
+    for (const std::string& l : opt->get_lnames()) names.push_back("--" + l);
+    for (const std::string& s : opt->get_snames()) names.push_back("-" + s);
+  }
+  return names;
+}
+
+bool is_number(const std::string& s) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  (void)std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size();
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return out;
+}
+
+}  // namespace
+
+UsageHints usage_hints(CLI::App& app, int argc, const char* const* argv) {
+  UsageHints hints;
+  std::vector<std::string> commands;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+    commands.push_back(sub->get_name());
+  const CLI::App* context = &app;
+  std::vector<std::string> known = option_names(app);
+  bool saw_command = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") break;  // the rest are values
+    if (arg.size() > 1 && arg[0] == '-' && !is_number(arg)) {
+      const std::string name = arg.substr(0, arg.find('='));
+      if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+      const auto near = nearest(name, known);
+      if (!near.empty())
+        hints.lines.push_back("unknown option '" + name + "'" +
+                              (context == &app ? "" : " of " + context->get_name()) +
+                              ": did you mean " + joined(near) + "?");
+    } else if (!saw_command) {  // the first word is the subcommand
+      saw_command = true;
+      if (std::find(commands.begin(), commands.end(), arg) != commands.end()) {
+        context = app.get_subcommand(arg);
+        known = option_names(*context);
+        hints.command = arg;
+      } else {
+        const auto near = nearest(arg, commands);
+        hints.lines.push_back("unknown command '" + arg + "'" +
+                              (near.empty() ? " (the commands: " + joined(commands) + ")"
+                                                    : ": did you mean " + joined(near) + "?"));
+      }
+    }
+  }
+  return hints;
+}
+
+int checked_threads(int requested, const char* cmd) {
+  usage_check(requested >= 0, cmd, ": --threads must be >= 1 (leave it out to use every processor), got ",
+              requested);
+  if (requested == 0) return std::max(1, omp_get_max_threads());
+  const int procs = available_processors();
+  if (requested <= procs) return requested;
+  std::fprintf(stderr, "clattn %s: --threads %d capped at %d (the machine's processors)\n", cmd, requested, procs);
+  return procs;
+}
+
+}  // namespace clattn::cli

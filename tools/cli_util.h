@@ -1,0 +1,71 @@
+// Argument conventions shared by every clattn subcommand: usage errors (exit code 2, see main.cpp),
+// the --threads option and bounds of size options, so each command checks them the same way.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "clattn/error.h"
+
+namespace clattn::cli {
+
+// The process exit codes, listed in `clattn --help`.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitRuntime = 1;  // the run failed: unreadable input, refused spec, I/O ...
+inline constexpr int kExitUsage = 2;    // the command line is wrong: unknown option, bad value ...
+
+// A command line the command cannot run with (an option's value out of range, options that
+// contradict each other). main() exits with kExitUsage on it; it is a clattn::Error too, so code
+// that catches Error sees it as before.
+class UsageError : public Error {
+ public:
+  explicit UsageError(const std::string& what) : Error(what) {}
+};
+
+template <class... Args>
+[[noreturn]] void usage_fail(const Args&... args) {
+  throw UsageError(detail::concat(args...));
+}
+
+template <class... Args>
+inline void usage_check(bool cond, const Args&... args) {
+  if (!cond) [[unlikely]] usage_fail(args...);
+}
+
+// Upper bound of counts (batch, heads, lengths, dims, tokens, ...): larger values are refused up
+// front as usage errors instead of failing later on an allocation.
+inline constexpr int64_t kMaxCount = int64_t{1} << 31;
+// Upper bound of the elements of one tensor a command allocates from its options (16 GiB of F32).
+inline constexpr int64_t kMaxElements = int64_t{1} << 32;
+
+// Usage error unless lo <= v <= hi. `what` names the option with its command, e.g. "bench: --batch".
+void check_size(int64_t v, int64_t lo, int64_t hi, const char* what);
+// Usage error unless the product of dims (each already checked >= 0) is at most kMaxElements.
+// `what` names the tensor, e.g. "make-inputs: q (B, H, N, D)".
+void check_elements(std::initializer_list<int64_t> dims, const char* what);
+
+// The processors this process may run on (its CPU affinity), at least 1.
+int available_processors();
+
+// Registers `--threads N` on sub: an explicit value must be >= 1 (a usage error otherwise, at
+// parse time); absent leaves `threads` at 0.
+CLI::Option* add_threads_option(CLI::App* sub, int& threads, const char* cmd);
+
+// The thread count to run with: 0 (option absent) is all available (OpenMP's default, which
+// OMP_NUM_THREADS sets); negative is a usage error; more than available_processors() is capped
+// with a note on stderr. Does not change the OpenMP setting: callers pass the result to set_threads.
+int checked_threads(int requested, const char* cmd);
+
+// What to add to a parse error: for each argument that names no option of its command (or no
+// subcommand), the closest known names by edit distance ("unknown option '--lenghts': did you mean
+// --lengths?"), and the subcommand the arguments were for ("" for the top level).
+struct UsageHints {
+  std::vector<std::string> lines;
+  std::string command;
+};
+UsageHints usage_hints(CLI::App& app, int argc, const char* const* argv);
+
+}  // namespace clattn::cli
