@@ -182,6 +182,8 @@ void validate_backward(const AttentionInputs& in, const AttentionDims& d, ConstV
         "decoding, which is inference)");
   validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out (the forward's output)", who);
   validate_output(dout, Shape{d.B, d.H, d.N, d.Dv}, "dout", who);
+  // NaN/Inf in the upstream gradient would come back as NaN gradients: refused like q, k, v.
+  check_finite(dout, "dout", who);
   validate_output(dq, in.q.shape, "dq", who);
   validate_output(dk, in.k.shape, "dk", who);
   validate_output(dv, in.v.shape, "dv", who);

@@ -435,6 +435,14 @@ TEST_P(RegistrySuite, BadInputsAreErrors) {
                    Error);
       Context ctx;
       att->forward(pd.inputs(), out.view(), ctx);
+      Tensor dout_nan = Tensor::from(pd.dout.view());
+      dout_nan.data()[17] = std::numeric_limits<float>::quiet_NaN();
+      try {
+        att->backward(pd.inputs(), out.view(), ctx, dout_nan.view(), dq.view(), dk.view(), dv.view());
+        ADD_FAILURE() << "NaN in dout accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("dout must be finite"), std::string::npos) << e.what();
+      }
       Tensor dk_bad(Shape{2, ok.Hkv, 10, 9});
       EXPECT_THROW(att->backward(pd.inputs(), out.view(), ctx, pd.dout.view(), dq.view(), dk_bad.view(), dv.view()),
                    Error);
