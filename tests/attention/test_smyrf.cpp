@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention/full/full.h"
@@ -126,6 +127,27 @@ TEST(Smyrf, SpecErrors) {
   EXPECT_THROW(make_attention("smyrf:hashes=0"), Error);
   EXPECT_THROW(make_attention("smyrf:q_cluster=65"), Error);
   EXPECT_THROW(make_attention("smyrf:clusters=3"), Error);
+}
+
+}  // namespace
+}  // namespace clattn
+
+namespace clattn {
+namespace {
+
+// Different query and key cluster counts never leave a query without keys (the fixed-size cut
+// left rows of exact zeros: q_cluster=64, k_cluster=99 on N = M = 99 zeroed 35 of them).
+TEST(Smyrf, EveryQuerySeesKeysWhateverTheClusterSizes) {
+  for (auto [qc, kc, n, m] : {std::tuple<int, int, int64_t, int64_t>{64, 99, 99, 99}, {32, 33, 99, 99}, {1, 64, 50, 3}, {64, 1, 5, 300}}) {
+    SCOPED_TRACE(::testing::Message() << "q_cluster=" << qc << " k_cluster=" << kc << " N=" << n << " M=" << m);
+    ProblemData pd = make_problem(Problem{.B = 1, .H = 1, .Hkv = 1, .N = n, .M = m, .Dk = 8, .Dv = 8});
+    for (int64_t i = 0; i < pd.v.numel(); ++i) pd.v.data()[i] = 1.f + std::abs(pd.v.data()[i]);  // no output row can be 0 by chance
+    auto att = make_attention("smyrf:hashes=1,q_cluster=" + std::to_string(qc) + ",k_cluster=" + std::to_string(kc));
+    Tensor out(Shape{1, 1, n, 8});
+    Context ctx;
+    att->forward(pd.inputs(), out.view(), ctx);
+    for (int64_t i = 0; i < n; ++i) EXPECT_NE(out.data()[i * 8], 0.f) << "row " << i;
+  }
 }
 
 }  // namespace

@@ -6,9 +6,11 @@
 // over the keys of all rounds (a key met in two rounds counts twice, as in the reference).
 //
 // Choices where the reference is silent or stricter:
-// - Sizes need not divide: nc = max(ceil(N_valid/q_cluster), ceil(M_valid/k_cluster)) clusters;
-//   the last ones may be short, and with N != M a cluster may be empty on one side (its queries
-//   then see nothing in that round).
+// - Sizes need not divide: nc = max(ceil(N_valid/q_cluster), ceil(M_valid/k_cluster)) clusters,
+//   each side cut into nc balanced consecutive clusters (sizes differ by at most one, never above
+//   q_cluster / k_cluster). A key cluster is never empty while a key exists (with fewer keys than
+//   clusters, neighbouring clusters share one), so every query sees keys in every round. (Cutting
+//   by fixed sizes left query clusters without keys: rows of exact zeros.)
 // - Padded keys and queries are left out of the sort (equivalent to sorting them last, masked).
 // - Causal (not in the reference): inside a cluster keys after the query's position i + M − N
 //   are masked, and a query always sees the key at its own position: when that key is not among
@@ -114,10 +116,13 @@ struct Block {
 Block make_block(const SmyrfState& st, const int32_t* qp, const int32_t* kp, int64_t nv,
                  int64_t mv, int64_t cl) {
   Block blk;
-  blk.qi = qp + std::min(cl * st.qc, nv);
-  blk.nq = std::clamp(nv - cl * st.qc, int64_t{0}, st.qc);
-  blk.kj = kp + std::min(cl * st.kc, mv);
-  blk.nk = std::clamp(mv - cl * st.kc, int64_t{0}, st.kc);
+  const int64_t nc = num_clusters(st, nv, mv);
+  const auto [q0, q1] = smyrf_cluster_range(nv, nc, cl, false);
+  const auto [k0, k1] = smyrf_cluster_range(mv, nc, cl, true);
+  blk.qi = qp + q0;
+  blk.nq = q1 - q0;
+  blk.kj = kp + k0;
+  blk.nk = k1 - k0;
   blk.kw = round_up(std::max<int64_t>(blk.nk, 1), mk::kLanes);
   return blk;
 }
@@ -245,7 +250,7 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
       const int64_t nc = num_clusters(st, nv, mv);
       for (int64_t cl = 0; cl < nc; ++cl) {
         Block blk = make_block(st, qp, kp, nv, mv, cl);
-        if (blk.nq == 0) break;  // queries run out first: later clusters have none either
+        if (blk.nq == 0) continue;  // fewer queries than clusters: some clusters have none
         const Block next = cl + 1 < nc ? make_block(st, qp, kp, nv, mv, cl + 1) : Block{};
         const gather::Ahead qa{next.qi, next.nq}, ka{next.kj, next.nk};
         request_far(st, qp, kp, nv, mv, cl, nc, hr, D, Dv, r > 0 ? ob : nullptr, ors);
@@ -321,7 +326,7 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
       const int64_t nc = num_clusters(st, nv, mv);
       for (int64_t cl = 0; cl < nc; ++cl) {
         Block blk = make_block(st, qp, kp, nv, mv, cl);
-        if (blk.nq == 0) break;
+        if (blk.nq == 0) continue;  // fewer queries than clusters: some clusters have none
         const Block next = cl + 1 < nc ? make_block(st, qp, kp, nv, mv, cl + 1) : Block{};
         const gather::Ahead qa{next.qi, next.nq}, ka{next.kj, next.nk};
         request_far(st, qp, kp, nv, mv, cl, nc, hr, D, Dv, gob, grs);
@@ -425,10 +430,11 @@ void attn_smyrf_ref(const RefProblem& pr, const SmyrfState& st, std::vector<doub
         const int32_t* kp = st.kperm.data() + (t * st.rounds + r) * d.M;
         const int64_t nc = std::max((nv + st.qc - 1) / st.qc, (mv + st.kc - 1) / st.kc);
         for (int64_t cl = 0; cl < nc; ++cl)
-          for (int64_t x = cl * st.qc; x < std::min(nv, (cl + 1) * st.qc); ++x) {
+          for (int64_t x = smyrf_cluster_range(nv, nc, cl, false).first; x < smyrf_cluster_range(nv, nc, cl, false).second; ++x) {
             const int64_t i = qp[x], pos = i + d.M - d.N;
             bool self_in = false;
-            for (int64_t y = cl * st.kc; y < std::min(mv, (cl + 1) * st.kc); ++y) {
+            const auto [k0, k1] = smyrf_cluster_range(mv, nc, cl, true);
+            for (int64_t y = k0; y < k1; ++y) {
               if (pr.causal && kp[y] > pos) continue;
               self_in |= kp[y] == pos;
               seen[static_cast<size_t>(i)].push_back(kp[y]);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "attention/tile/ref_problem.h"
@@ -27,6 +28,16 @@ struct SmyrfState : ContextState {
   Tensor lse2;                 // (B, H, N) log2-sum-exp2 over all rounds (+inf: no key seen)
   size_t bytes() const override { return held_bytes(qperm, kperm, lse2); }
 };
+
+// Rows [first, second) of cluster cl when n sorted rows are cut into nc balanced consecutive
+// clusters (sizes differ by at most one, so at most ceil(n / nc) <= q_cluster or k_cluster). Keys
+// pass at_least_one: a key cluster that would be empty (fewer keys than clusters) takes one key,
+// so no query cluster is ever left with nothing to attend.
+inline std::pair<int64_t, int64_t> smyrf_cluster_range(int64_t n, int64_t nc, int64_t cl, bool at_least_one) {
+  const int64_t b = cl * n / nc, e = (cl + 1) * n / nc;
+  if (at_least_one && e == b && n > 0) return {std::min(b, n - 1), std::min(b, n - 1) + 1};
+  return {b, e};
+}
 
 struct SmyrfWorkspace;  // smyrf.cpp; kept in the caller's Scratch
 // Upper bound of the Scratch and saved state of one call.
