@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: dependencies (idempotent), a warnings-as-errors Release
-# build with every CTest suite, the same suites in a portable build (no -march=native), then under
-# AddressSanitizer + UndefinedBehaviorSanitizer (skip that with CLATTN_SKIP_SANITIZE=1 for a quick
-# local run).
+# build with every CTest suite, the install/consumer checks (tests/install/run.sh), the same
+# suites in a portable build (no -march=native), then under AddressSanitizer +
+# UndefinedBehaviorSanitizer (skip that with CLATTN_SKIP_SANITIZE=1 for a quick local run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -13,6 +13,10 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 cmake -S . -B build-test -G Ninja -DCMAKE_BUILD_TYPE=Release -DCLATTN_WERROR=ON >/dev/null
 cmake --build build-test -j "$jobs"
 (cd build-test && ctest --output-on-failure --timeout 900)
+
+# Install rules and consumers: `cmake --install` into a temporary prefix, a program built against
+# it with find_package(clattn) and with pkg-config, and clattn as an add_subdirectory() subproject.
+CLATTN_JOBS=$jobs bash tests/install/run.sh "$PWD"
 
 # The portable build (no -march=native) exercises the scalar fallbacks of the SIMD paths
 # (popcount k-means, exp, reductions) that the native build never runs.

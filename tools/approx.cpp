@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
+#include "clattn/atomic_file.h"
 #include "clattn/error.h"
 #include "clattn/model.h"
 #include "clattn/parallel.h"
@@ -240,14 +241,7 @@ void run_approx(const ApproxOptions& o) {
   }
   if (!o.json_out.empty()) {
     const nlohmann::json doc = {{"model", o.model}, {"results", results}};
-    const std::string tmp = o.json_out + ".tmp";
-    {
-      std::ofstream f(tmp);
-      check(f.good(), "approx: cannot write '", tmp, "'");
-      f << doc.dump(2) << "\n";
-      check(f.good(), "approx: write to '", tmp, "' failed");
-    }
-    std::filesystem::rename(tmp, o.json_out);
+    write_file_atomic(o.json_out, doc.dump(2) + "\n");
   }
 }
 

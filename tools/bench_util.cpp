@@ -1,5 +1,7 @@
 #include "bench_util.h"
 
+#include "clattn/atomic_file.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -275,27 +277,7 @@ TimeStats summarise(std::vector<double> ms) {
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  check(fd >= 0, "bench: cannot create '", tmp, "': ", std::strerror(errno));
-  size_t done = 0;
-  int err = 0;
-  while (done < text.size()) {
-    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      err = w < 0 ? errno : EIO;
-      break;
-    }
-    done += static_cast<size_t>(w);
-  }
-  if (err == 0 && ::fsync(fd) != 0) err = errno;
-  if (::close(fd) != 0 && err == 0) err = errno;
-  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
-  if (err != 0) {
-    ::unlink(tmp.c_str());
-    fail("bench: cannot write '", path, "': ", std::strerror(err));
-  }
+  clattn::write_file_atomic(path, text);  // exclusive temporary, only over a regular file
 }
 
 }  // namespace clattn::bench
