@@ -110,6 +110,13 @@ void run_attend(const AttendOptions& o) {
   AttentionState state;  // a stateful variant's layer state, fresh from its seed
   in.state = &state;
   if (bias) in.bias = bias->view();
+  {  // Memory before allocation: the output (and gradients) plus the variant's stated workspace.
+    const AttentionDims d{q.dim(0), q.dim(1), in.k.dim(1), q.dim(2), in.k.dim(2), q.dim(3), v.dim(3)};
+    const double outsz = 4.0 * d.B * d.H * d.N * d.Dv;
+    const double grads = dout ? 4.0 * (q.numel() + 2.0 * static_cast<double>(in.k.numel())) : 0;
+    check_memory(outsz + grads + static_cast<double>(att->workspace_bytes(d, dout ? Mode::training : Mode::inference, max_threads())),
+                 "attend: " + att->name() + " on q " + q.shape().str());
+  }
   Tensor out(Shape{q.dim(0), q.dim(1), q.dim(2), v.dim(3)});  // (B, H, N, Dv)
   // Without dO there is no backward: the forward need not keep its backward state.
   Context ctx = dout ? Context() : Context::for_inference();
@@ -177,6 +184,10 @@ void run_make_inputs(const MakeOptions& o) {
   check_lengths(o.query_lengths, o.batch, o.n, "--query-lengths", "N");
   check_lengths(o.key_lengths, o.batch, m, "--key-lengths", "M");
   check_elements({o.batch, o.heads, o.n, o.dim}, "make-inputs: q (B, H, N, D)");
+  {  // each tensor is built, then copied into the writer: twice its size at the peak
+    const double q = 4.0 * o.batch * o.heads * o.n * o.dim, kv = 4.0 * o.batch * (o.kv_heads > 0 ? o.kv_heads : o.heads) * (o.m > 0 ? o.m : o.n) * o.dim;
+    check_memory(2 * (q * (o.with_grad ? 2 : 1) + 2 * kv + (o.with_bias ? 4.0 * o.n * (o.m > 0 ? o.m : o.n) : 0)), "make-inputs");
+  }
   check_elements({o.batch, hkv, m, o.dim}, "make-inputs: k and v (B, Hkv, M, D)");
   if (o.with_bias) check_elements({o.n, m}, "make-inputs: bias (N, M)");
   const Rng rng(o.seed);

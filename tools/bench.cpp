@@ -207,6 +207,18 @@ void run_bench(BenchOptions o) {
   const std::vector<int64_t> lengths = bench::parse_lengths(o.lengths, "bench");
   validate(o, lengths);
   const std::vector<std::string> specs = expand_all(bench::split_specs(o.attention), o);
+  // Memory before allocation: each length's inputs, output (and dO and gradients) plus the largest
+  // workspace any spec states for it; refused up front with the estimate, never a bad_alloc.
+  for (const int64_t n : lengths) {
+    const AttentionDims d{o.batch, o.heads, o.kv_heads, n, n, o.dim, o.dim};
+    const double qsz = 4.0 * o.batch * o.heads * n * o.dim, kvsz = 4.0 * o.batch * o.kv_heads * n * o.dim;
+    double bytes = (qsz + 2 * kvsz + qsz) * (o.backward ? 2 : 1) + (o.backward ? qsz : 0);
+    size_t ws = 0;
+    for (const auto& sp : specs)
+      ws = std::max(ws, make_attention(sp)->workspace_bytes(d, o.backward ? Mode::training : Mode::inference, max_threads()));
+    bytes += static_cast<double>(ws) + qsz;  // + the reference output of rel_err
+    check_memory(bytes, detail::concat("bench: N = ", n, " (B = ", o.batch, ", H = ", o.heads, ", D = ", o.dim, ")"));
+  }
 
   // Every spec is built once up front, so a typo fails now rather than after an hour of sweep.
   // The first spec named `full` is the baseline; it runs first at each length.

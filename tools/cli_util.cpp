@@ -148,3 +148,28 @@ int checked_threads(int requested, const char* cmd) {
 }
 
 }  // namespace clattn::cli
+
+namespace clattn::cli {
+
+int64_t available_memory_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return -1;
+  char line[256];
+  long long kib = -1;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib < 0 ? -1 : static_cast<int64_t>(kib) * 1024;
+}
+
+void check_memory(double bytes, const std::string& what) {
+  const int64_t avail = available_memory_bytes();
+  if (avail < 0) return;  // unknown: let the allocation decide
+  char need[32], have[32];
+  std::snprintf(need, sizeof need, "%.2f GB", bytes / 1e9);
+  std::snprintf(have, sizeof have, "%.2f GB", static_cast<double>(avail) / 1e9);
+  check(bytes <= 0.9 * static_cast<double>(avail), what, " needs about ", need,
+        " of memory, but this machine has ", have, " available");
+}
+
+}  // namespace clattn::cli

@@ -47,6 +47,12 @@ void check_size(int64_t v, int64_t lo, int64_t hi, const char* what);
 // `what` names the tensor, e.g. "make-inputs: q (B, H, N, D)".
 void check_elements(std::initializer_list<int64_t> dims, const char* what);
 
+// Memory: the bytes the kernel says can be allocated without swapping (MemAvailable of
+// /proc/meminfo; -1 when unknown), and a refusal — a runtime error naming the estimate, what it
+// is for and what is available — when a request would not fit (more than 90 % of it).
+int64_t available_memory_bytes();
+void check_memory(double bytes, const std::string& what);
+
 // The processors this process may run on (its CPU affinity), at least 1.
 int available_processors();
 

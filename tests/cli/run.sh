@@ -182,6 +182,11 @@ expect_ok "attend step" "$bin" attend --spec clustered:clusters=4 --step 3 --inp
 expect_ok "attend step again" "$bin" attend --spec clustered:clusters=4 --step 3 --input "$dir/r.safetensors" --output "$dir/s3b.safetensors"
 cmp -s <(tail -c +9 "$dir/s3.safetensors") <(tail -c +9 "$dir/s3b.safetensors") && ok || bad "same step, different output"
 
+# Memory before allocation: requests that cannot fit are refused with the estimate (exit 1).
+expect_exit 1 "bench too big for memory" "GB available" "$bin" bench --lengths 10000000 --attention full --heads 8 --dim 32
+grep -q "needs about .* GB of memory, but this machine has .* GB available" "$dir/err" && ok || bad "bench memory refusal: $(cat "$dir/err")"
+expect_exit 1 "bench workspace too big" "needs about" "$bin" bench --lengths 200000 --attention 'topk:topk=100000' --heads 8 --batch 16 --no-error
+
 # Models (the real ones in ../shared/data; CLATTN_DATA overrides).
 data=${CLATTN_DATA:-$(dirname "$0")/../../../shared/data}
 if [ -d "$data/stories260k" ] && [ -d "$data/kwt1" ]; then
