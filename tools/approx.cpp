@@ -184,6 +184,17 @@ void run_approx(const ApproxOptions& o) {
     out.logits = run();
     out.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   };
+  // Memory before allocation: the largest plan's forward on the whole input.
+  {
+    double need = 0;
+    for (const std::string& plan : o.attention) {
+      set_plan(plan);
+      need = std::max(need, enc ? enc->forward_bytes(enc->config().kind == ModelKind::kwt ? features.dim(0) : B,
+                                                     enc->config().kind == ModelKind::kwt ? enc->config().num_patches + 1 : T)
+                                : dec->forward_bytes(B, T));
+    }
+    check_memory(2 * need, "approx: " + o.model);  // full's outputs are kept beside each plan's
+  }
   set_plan("full");
   Outputs full;
   timed(full);  // warm-up: first touch of activations and workspace
@@ -270,6 +281,7 @@ void run_generate(const GenerateOptions& o) {
   check(dec->config().max_positions <= 0 || cap <= dec->config().max_positions, "generate: prompt (",
         prompt.size(), " tokens) + --tokens ", o.tokens, " exceed the model's context of ", dec->config().max_positions);
   SamplingOptions so{o.temperature, o.top_k, o.top_p, o.seed};
+  check_memory(dec->forward_bytes(1, static_cast<int64_t>(prompt.size()), cap), "generate: " + o.model);
   dec->start(cap);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<float> logits = dec->prefill(prompt);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -25,6 +26,7 @@
 #include "clattn/parallel.h"
 #include "clattn/spec.h"
 #include "commands.h"
+#include "version.h"
 
 namespace clattn::cli {
 namespace {
@@ -42,6 +44,7 @@ struct BenchOptions {
   bool backward = false, causal = false, no_error = false;
   int repeat = 5;
   std::string json;
+  std::string format = "text";  // -o: text, md, csv, json, jsonl
   uint64_t seed = 0;
   const CLI::Option* kv_heads_opt = nullptr;
 };
@@ -51,9 +54,13 @@ struct CaseResult {
   std::string spec;
   int64_t n = 0;
   std::optional<std::string> error;
-  double ms_median = 0, ms_min = 0, gflops = 0, peak_fraction = 0, rss_mb = 0;
-  std::optional<double> rel_err, ratio_to_full;
+  double ms_median = 0, ms_min = 0, ms_max = 0, rss_mb = 0;
+  // Exact attention (specs named `full`) only: nominal FLOPs are meaningless for an approximation.
+  std::optional<double> gflops, peak_fraction;
+  std::optional<double> rel_err, cos, ratio_to_full;
 };
+
+constexpr double kProgressSeconds = 5.0;  // a case whose warm-up took longer is announced on stderr
 
 struct Buffers {               // allocated and touched before a case's RSS baseline
   Tensor out;                  // (B, H, N, D)
@@ -133,7 +140,16 @@ CaseResult run_case(const std::string& spec, const AttentionInputs& in_given, co
       att->forward(in, buf.out, ctx);
       if (o.backward) att->backward(in, buf.out, ctx, dout, buf.dq, buf.dk, buf.dv);
     };
+    const auto w0 = std::chrono::steady_clock::now();
     call();  // warm-up: pays first touches of workspace and context, as a first real call would
+    const double warm_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+    if (warm_s > kProgressSeconds) {
+      std::fprintf(stderr, "bench: %s N=%lld %s ... (running, %.0f s so far; %d timed calls to go)\n",
+                   spec.c_str(), static_cast<long long>(r.n), o.backward ? "fwdbwd" : "fwd", warm_s,
+                   o.repeat);
+      std::fflush(stderr);
+    }
     std::vector<double> ms;
     for (int i = 0; i < o.repeat; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -144,7 +160,8 @@ CaseResult run_case(const std::string& spec, const AttentionInputs& in_given, co
     const bench::TimeStats st = bench::summarise(std::move(ms));
     r.ms_median = st.median;
     r.ms_min = st.min;
-    r.gflops = flops / (st.median * 1e-3) * 1e-9;
+    r.ms_max = st.max;
+    if (parse_spec(spec).name == "full") r.gflops = flops / (st.median * 1e-3) * 1e-9;
   } catch (const std::exception& e) {
     r.error = e.what();
   }
@@ -152,52 +169,147 @@ CaseResult run_case(const std::string& spec, const AttentionInputs& in_given, co
   return r;
 }
 
-// The table: widths fixed by the longest spec so rows of a long sweep line up as they stream in.
-struct Table {
-  int spec_w = 4;
-  void header() const {
-    std::printf("%-*s %7s %-6s %10s %10s %9s %7s %7s %8s %9s\n", spec_w, "spec", "n", "mode",
-                "ms_median", "ms_min", "GFLOP/s", "%peak", "x full", "rss MB", "rel_err");
-    std::fflush(stdout);
+std::string fmt(const char* f, double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, x);
+  return buf;
+}
+std::string fmt_opt(const char* f, const std::optional<double>& x, const char* none) {
+  return x ? fmt(f, *x) : std::string(none);
+}
+
+// The cells of one row, in the column order of kColumns; `none` stands for a missing value.
+constexpr const char* kColumns[] = {"spec",    "n",      "mode",   "ms_median", "ms_min",
+                                    "ms_max",  "GFLOP/s", "%peak", "x full",    "rss MB",
+                                    "rel_err", "cos"};
+constexpr const char* kCsvColumns[] = {"spec",   "n",      "mode",          "ms_median",
+                                       "ms_min", "ms_max", "gflops",        "peak_fraction",
+                                       "ratio_to_full", "rss_mb", "rel_err", "cos", "error"};
+std::vector<std::string> cells(const CaseResult& r, const char* mode, const char* none, bool csv) {
+  std::vector<std::string> c = {r.spec, std::to_string(r.n), mode};
+  if (r.error) {
+    for (int i = 0; i < 9; ++i) c.emplace_back(none);
+    return c;
   }
-  void row(const CaseResult& r, const char* mode) const {
-    if (r.error) {
-      std::printf("%-*s %7lld %-6s error: %s\n", spec_w, r.spec.c_str(),
-                  static_cast<long long>(r.n), mode, r.error->c_str());
-    } else {
-      char ratio[32] = "-", err[32] = "-";
-      if (r.ratio_to_full) std::snprintf(ratio, sizeof ratio, "%.3f", *r.ratio_to_full);
-      if (r.rel_err) std::snprintf(err, sizeof err, "%.2e", *r.rel_err);
-      std::printf("%-*s %7lld %-6s %10.2f %10.2f %9.1f %6.1f%% %7s %8.1f %9s\n", spec_w,
-                  r.spec.c_str(), static_cast<long long>(r.n), mode, r.ms_median, r.ms_min,
-                  r.gflops, 100.0 * r.peak_fraction, ratio, r.rss_mb, err);
-    }
-    std::fflush(stdout);
+  c.push_back(fmt("%.2f", r.ms_median));
+  c.push_back(fmt("%.2f", r.ms_min));
+  c.push_back(fmt("%.2f", r.ms_max));
+  c.push_back(fmt_opt("%.1f", r.gflops, none));
+  if (csv) c.push_back(fmt_opt("%.4f", r.peak_fraction, none));
+  else c.push_back(r.peak_fraction ? fmt("%.1f%%", 100.0 * *r.peak_fraction) : std::string(none));
+  c.push_back(fmt_opt("%.3f", r.ratio_to_full, none));
+  c.push_back(fmt("%.1f", r.rss_mb));
+  c.push_back(fmt_opt("%.2e", r.rel_err, none));
+  c.push_back(fmt_opt("%.4f", r.cos, none));
+  return c;
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string q = "\"";
+  for (const char ch : s) {
+    if (ch == '"') q += '"';
+    q += ch;
   }
-};
+  return q + "\"";
+}
+
+std::string md_field(const std::string& s) {
+  std::string q;
+  for (const char ch : s) {
+    if (ch == '|') q += '\\';
+    q += ch == '\n' ? ' ' : ch;
+  }
+  return q;
+}
 
 ordered_json to_json(const CaseResult& r, const BenchOptions& o, const char* mode) {
   auto num = [&](double x) { return r.error ? ordered_json(nullptr) : ordered_json(x); };
-  auto opt = [](const std::optional<double>& x) {
-    return x ? ordered_json(*x) : ordered_json(nullptr);
+  auto opt = [&](const std::optional<double>& x) {
+    return x && !r.error ? ordered_json(*x) : ordered_json(nullptr);
   };
   ordered_json j = {{"spec", r.spec},
                     {"batch", o.batch},
                     {"heads", o.heads},
+                    {"kv_heads", o.kv_heads},
                     {"dim", o.dim},
                     {"n", r.n},
                     {"m", r.n},
+                    {"causal", o.causal},
                     {"mode", mode},
+                    {"threads", o.threads},
+                    {"repeat", o.repeat},
                     {"ms_median", num(r.ms_median)},
                     {"ms_min", num(r.ms_min)},
-                    {"gflops", num(r.gflops)},
-                    {"peak_fraction", num(r.peak_fraction)},
+                    {"ms_max", num(r.ms_max)},
+                    {"gflops", opt(r.gflops)},
+                    {"peak_fraction", opt(r.peak_fraction)},
                     {"rss_mb", num(r.rss_mb)},
                     {"rel_err", opt(r.rel_err)},
+                    {"cos", opt(r.cos)},
                     {"ratio_to_full", opt(r.ratio_to_full)}};
   if (r.error) j["error"] = *r.error;  // failed cases only: the schema's fields stay null
   return j;
 }
+
+// Streams the results in the chosen -o format. Text widths are fixed by the longest spec so rows
+// of a long sweep line up as they stream in; json prints the whole document at the end.
+struct Output {
+  std::string format;
+  int spec_w = 4;
+  void header() const {
+    if (format == "text") {
+      std::printf("%-*s %7s %-6s %10s %10s %10s %9s %7s %7s %8s %9s %7s\n", spec_w, kColumns[0],
+                  kColumns[1], kColumns[2], kColumns[3], kColumns[4], kColumns[5], kColumns[6],
+                  kColumns[7], kColumns[8], kColumns[9], kColumns[10], kColumns[11]);
+    } else if (format == "md") {
+      std::string h = "|", sep = "|";
+      for (const char* c : kColumns) {
+        h += std::string(" ") + c + " |";
+        sep += std::string(c == kColumns[0] || c == kColumns[2] ? " :--- |" : " ---: |");
+      }
+      std::printf("%s\n%s\n", h.c_str(), sep.c_str());
+    } else if (format == "csv") {
+      std::string h;
+      for (const char* c : kCsvColumns) h += (h.empty() ? "" : ",") + std::string(c);
+      std::printf("%s\n", h.c_str());
+    }
+    std::fflush(stdout);
+  }
+  void row(const CaseResult& r, const char* mode, const ordered_json& j) const {
+    if (format == "text") {
+      if (r.error) {
+        std::printf("%-*s %7lld %-6s error: %s\n", spec_w, r.spec.c_str(),
+                    static_cast<long long>(r.n), mode, r.error->c_str());
+      } else {
+        const auto c = cells(r, mode, "-", false);
+        std::printf("%-*s %7s %-6s %10s %10s %10s %9s %7s %7s %8s %9s %7s\n", spec_w, c[0].c_str(),
+                    c[1].c_str(), c[2].c_str(), c[3].c_str(), c[4].c_str(), c[5].c_str(),
+                    c[6].c_str(), c[7].c_str(), c[8].c_str(), c[9].c_str(), c[10].c_str(),
+                    c[11].c_str());
+      }
+    } else if (format == "md") {
+      auto c = cells(r, mode, "-", false);
+      if (r.error) c[3] = "error: " + *r.error;
+      std::string line = "|";
+      for (const auto& x : c) line += " " + md_field(x) + " |";
+      std::printf("%s\n", line.c_str());
+    } else if (format == "csv") {
+      auto c = cells(r, mode, "", true);
+      c.push_back(r.error ? *r.error : std::string());
+      std::string line;
+      for (size_t i = 0; i < c.size(); ++i) line += (i ? "," : "") + csv_field(c[i]);
+      std::printf("%s\n", line.c_str());
+    } else if (format == "jsonl") {
+      std::printf("%s\n", j.dump().c_str());
+    }
+    std::fflush(stdout);
+  }
+  void end(const ordered_json& doc) const {
+    if (format == "json") std::printf("%s\n", doc.dump(2).c_str());
+    std::fflush(stdout);
+  }
+};
 
 void run_bench(BenchOptions o) {
   // Before anything big is allocated, so every buffer follows the same rules (bench_util.cpp).
@@ -247,23 +359,32 @@ void run_bench(BenchOptions o) {
   bench::prime_threads_and_blas();
   MemoryProbe mem;
   mem.resettable = bench::reset_peak_rss();
-  std::printf("sgemm 2048: %.1f GFLOP/s, %d threads\n", sgemm, o.threads);
-  std::printf("batch %lld, heads %lld (kv %lld), dim %lld, %s%s, repeat %d, seed %llu\n",
+  // The run's preamble is part of the text table; the machine-readable formats keep stdout to
+  // their data and say it on stderr.
+  FILE* pre = o.format == "text" ? stdout : stderr;
+  std::fprintf(pre, "sgemm 2048: %.1f GFLOP/s, %d threads\n", sgemm, o.threads);
+  std::fprintf(pre, "batch %lld, heads %lld (kv %lld), dim %lld, %s%s, repeat %d, seed %llu\n",
               static_cast<long long>(o.batch), static_cast<long long>(o.heads),
               static_cast<long long>(o.kv_heads), static_cast<long long>(o.dim),
               o.backward ? "forward+backward" : "forward", o.causal ? ", causal" : "", o.repeat,
               static_cast<unsigned long long>(o.seed));
   if (!mem.resettable)
-    std::printf("note: /proc/self/clear_refs is not writable: rss MB is the growth of the "
+    std::fprintf(pre, "note: /proc/self/clear_refs is not writable: rss MB is the growth of the "
                 "process's peak RSS only\n");
 
-  Table table;
+  Output table{o.format};
   for (const auto& s : specs) table.spec_w = std::max<int>(table.spec_w, static_cast<int>(s.size()));
   table.header();
 
   const char* mode = o.backward ? "fwdbwd" : "fwd";
-  ordered_json doc = {{"machine", {{"sgemm_gflops", sgemm}, {"threads", o.threads}}},
-                      {"results", ordered_json::array()}};
+  const std::string cpu = bench::cpu_model();
+  ordered_json machine = {{"cpu", cpu.empty() ? ordered_json(nullptr) : ordered_json(cpu)},
+                          {"cores", available_processors()},
+                          {"sgemm_gflops", sgemm},
+                          {"threads", o.threads},
+                          {"clattn", {{"version", CLATTN_VERSION}, {"commit", CLATTN_COMMIT}}},
+                          {"date", bench::utc_now_iso8601()}};
+  ordered_json doc = {{"machine", std::move(machine)}, {"results", ordered_json::array()}};
   // Written now too, so an unwritable path fails before the sweep rather than after its first case.
   auto write_json = [&] {
     if (!o.json.empty()) bench::write_file_atomic(o.json, doc.dump(2) + "\n");
@@ -315,22 +436,27 @@ void run_bench(BenchOptions o) {
       if (r.error) {
         ++failed;
       } else {
-        r.peak_fraction = r.gflops / sgemm;
+        if (r.gflops) r.peak_fraction = *r.gflops / sgemm;
         if (is_baseline) baseline_ms = r.ms_median;
         if (baseline_ms) r.ratio_to_full = r.ms_median / *baseline_ms;
         if (reference.defined() && !shares_qk(specs[si])) {  // full's keys are not the queries
-          r.rel_err = bench::relative_error(buf.out.cview(), reference.cview());
+          const bench::OutputAgreement g = bench::compare_outputs(buf.out.cview(), reference.cview());
+          r.rel_err = g.rel_err;
+          r.cos = g.cos;
         } else if (want_error && is_baseline && baseline_is_reference) {
           r.rel_err = 0.0;  // it is the reference
+          r.cos = 1.0;
           reference = std::move(buf.out);
         }
       }
       if (want_error && is_baseline && !reference.defined()) compute_reference();  // it failed
-      table.row(r, mode);
-      doc["results"].push_back(to_json(r, o, mode));
+      ordered_json j = to_json(r, o, mode);
+      table.row(r, mode, j);
+      doc["results"].push_back(std::move(j));
       write_json();  // after every row: an interrupted sweep keeps what it measured
     }
   }
+  table.end(doc);
   check(failed == 0, "bench: ", failed, " of ", total,
         " cases failed (rows marked 'error'); the other results are valid");
 }
@@ -359,9 +485,14 @@ void add_bench(CLI::App& app) {
   sub->add_option("--repeat", o->repeat, "Timed calls per case, after one warm-up call")
       ->capture_default_str();
   sub->add_option("--json", o->json, "Also write the results as JSON to this file (atomically)");
+  sub->add_option("-o,--output-format", o->format,
+                  "Result format on stdout: text (table), md (Markdown table), csv (with a header "
+                  "row), json (the --json document), jsonl (one JSON object per result)")
+      ->check(CLI::IsMember({"text", "md", "csv", "json", "jsonl"}))
+      ->capture_default_str();
   sub->add_option("--seed", o->seed, "Seed of the inputs")->capture_default_str();
   sub->add_flag("--no-error", o->no_error,
-                "Skip rel_err (otherwise computed against full attention for n <= 16384)");
+                "Skip rel_err and cos (otherwise computed against full attention for n <= 16384)");
   sub->footer(bench::kInputRecipe);
   sub->callback([o] { run_bench(*o); });
 }

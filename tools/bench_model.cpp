@@ -112,6 +112,7 @@ void run_bench_model(const BenchModelOptions& o) {
       const double flops = 2.0 * static_cast<double>(B * n) * c.layers * (4.0 * c.hidden * c.hidden + 2.0 * c.hidden * c.ffn);
       for (const std::string& plan : o.attention) {
         enc->set_attention(plan);
+        check_memory(enc->forward_bytes(B, n), detail::concat("bench-model: ", plan, " at N = ", n));
         double attn_ms = 0, run_attn = 0;  // run_attn: attention time of the latest pass
         int64_t rss = 0;
         auto ms = timed([&] {

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -57,7 +58,8 @@ enum Kind : uint64_t {
   kKeyPick,
   kKeyNoise,
   kValues,
-  kNormal
+  kNormal,
+  kValueCentres
 };
 constexpr int64_t kCentreCount = 32;
 constexpr int64_t kRowBlock = 512;  // rows per parallel work item
@@ -94,9 +96,12 @@ struct FillTask {
   uint64_t pick, noise;    // stream kinds; pick == 0 means plain N(0, 1) rows from `noise`
   int64_t head, centre_set;
   int64_t r0, r1;
+  uint64_t centres = kCentres;  // stream kind of the centre vectors (values: kValueCentres)
+  float amplitude = 1.f;
 };
 
-void run_fill(const FillTask& t, const Rng& rng, int64_t D, float amplitude) {
+void run_fill(const FillTask& t, const Rng& rng, int64_t D) {
+  const float amplitude = t.amplitude;
   if (t.pick == 0) {
     for (int64_t r = t.r0; r < t.r1; ++r)
       normal_row(rng, stream_of(t.noise, t.head), r, D, t.head_base + r * D);
@@ -104,7 +109,7 @@ void run_fill(const FillTask& t, const Rng& rng, int64_t D, float amplitude) {
   }
   std::vector<float> centres(static_cast<size_t>(kCentreCount * D));  // (32, D)
   for (int64_t j = 0; j < kCentreCount; ++j)
-    normal_row(rng, stream_of(kCentres, t.centre_set), j, D, centres.data() + j * D);
+    normal_row(rng, stream_of(t.centres, t.centre_set), j, D, centres.data() + j * D);
   for (int64_t r = t.r0; r < t.r1; ++r) {
     const auto j = static_cast<int64_t>(
         rng.below(kCentreCount, stream_of(t.pick, t.head), static_cast<uint64_t>(r)));
@@ -117,12 +122,13 @@ void run_fill(const FillTask& t, const Rng& rng, int64_t D, float amplitude) {
 
 void add_tasks(std::vector<FillTask>& tasks, float* data, int64_t heads, int64_t N, int64_t D,
                uint64_t pick, uint64_t noise, int64_t group_div, int64_t heads_per_batch,
-               int64_t sets_per_batch) {
+               int64_t sets_per_batch, float amplitude = 1.f, uint64_t centres = kCentres) {
   for (int64_t hd = 0; hd < heads; ++hd) {
     const int64_t b = hd / heads_per_batch, h = hd % heads_per_batch;
     const int64_t set = b * sets_per_batch + h / group_div;
     for (int64_t r0 = 0; r0 < N; r0 += kRowBlock)
-      tasks.push_back({data + hd * N * D, pick, noise, hd, set, r0, std::min(N, r0 + kRowBlock)});
+      tasks.push_back({data + hd * N * D, pick, noise, hd, set, r0, std::min(N, r0 + kRowBlock),
+                       centres, amplitude});
   }
 }
 
@@ -169,14 +175,20 @@ Inputs make_inputs(const InputDims& d, uint64_t seed) {
   in.k = Tensor::empty_like_shape(Shape{d.B, d.Hkv, d.N, d.D});
   in.v = Tensor::empty_like_shape(Shape{d.B, d.Hkv, d.N, d.D});
   const int64_t group = d.H / d.Hkv;
-  std::vector<FillTask> tasks;
-  add_tasks(tasks, in.q.data(), d.B * d.H, d.N, d.D, kQueryPick, kQueryNoise, group, d.H, d.Hkv);
-  add_tasks(tasks, in.k.data(), d.B * d.Hkv, d.N, d.D, kKeyPick, kKeyNoise, 1, d.Hkv, d.Hkv);
-  add_tasks(tasks, in.v.data(), d.B * d.Hkv, d.N, d.D, 0, kValues, 1, d.Hkv, d.Hkv);
-  const Rng rng(seed);
   const float amplitude = static_cast<float>(2.0 / std::pow(static_cast<double>(d.D), 0.25));
+  std::vector<FillTask> tasks;
+  add_tasks(tasks, in.q.data(), d.B * d.H, d.N, d.D, kQueryPick, kQueryNoise, group, d.H, d.Hkv,
+            amplitude);
+  add_tasks(tasks, in.k.data(), d.B * d.Hkv, d.N, d.D, kKeyPick, kKeyNoise, 1, d.Hkv, d.Hkv,
+            amplitude);
+  // Value row i follows key row i's centre (the same pick stream): v_i = u_j + 0.5 * eps, with
+  // u_j ~ N(0, I_D) the value vector of centre j, so exact attention's output is the value of the
+  // query's own cluster, not a vanishing average of noise.
+  add_tasks(tasks, in.v.data(), d.B * d.Hkv, d.N, d.D, kKeyPick, kValues, 1, d.Hkv, d.Hkv, 1.f,
+            kValueCentres);
+  const Rng rng(seed);
   parallel_for(static_cast<int64_t>(tasks.size()),
-               [&](int64_t i) { run_fill(tasks[static_cast<size_t>(i)], rng, d.D, amplitude); });
+               [&](int64_t i) { run_fill(tasks[static_cast<size_t>(i)], rng, d.D); });
   return in;
 }
 
@@ -188,7 +200,7 @@ Tensor make_normal(const Shape& s, uint64_t seed) {
   add_tasks(tasks, t.data(), heads, N, D, 0, kNormal, 1, heads, 1);
   const Rng rng(seed);
   parallel_for(static_cast<int64_t>(tasks.size()),
-               [&](int64_t i) { run_fill(tasks[static_cast<size_t>(i)], rng, D, 1.f); });
+               [&](int64_t i) { run_fill(tasks[static_cast<size_t>(i)], rng, D); });
   return t;
 }
 
@@ -217,6 +229,26 @@ double relative_error(ConstView a, ConstView ref) {
   }
   if (norm == 0) return diff == 0 ? 0.0 : std::sqrt(diff);
   return std::sqrt(diff / norm);
+}
+
+OutputAgreement compare_outputs(ConstView a, ConstView ref) {
+  check(a.shape == ref.shape && a.contiguous() && ref.contiguous(),
+        "bench: compare_outputs needs contiguous views of one shape, got ", a.shape, " and ",
+        ref.shape);
+  double diff = 0, norm = 0, norm_a = 0, dot = 0;
+  const int64_t n = a.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const double r = ref.data[i], x = a.data[i], e = x - r;
+    diff += e * e;
+    norm += r * r;
+    norm_a += x * x;
+    dot += x * r;
+  }
+  OutputAgreement g;
+  g.rel_err = norm == 0 ? (diff == 0 ? 0.0 : std::sqrt(diff)) : std::sqrt(diff / norm);
+  if (norm == 0 || norm_a == 0) g.cos = (norm == 0 && norm_a == 0) ? 1.0 : 0.0;
+  else g.cos = dot / (std::sqrt(norm) * std::sqrt(norm_a));
+  return g;
 }
 
 // glibc's default malloc keeps freed memory in the process: its mmap threshold is dynamic (after
@@ -273,7 +305,28 @@ TimeStats summarise(std::vector<double> ms) {
   TimeStats s;
   s.median = ms.size() % 2 ? ms[m] : 0.5 * (ms[m - 1] + ms[m]);
   s.min = ms.front();
+  s.max = ms.back();
   return s;
+}
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon != std::string::npos) return std::string(trim(std::string_view(line).substr(colon + 1)));
+  }
+  return {};
+}
+
+std::string utc_now_iso8601() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {

@@ -18,10 +18,15 @@ inline constexpr const char* kInputRecipe =
     "picks a centre uniformly and is x = a * (c_j + 0.5 * N(0, I_D)) with a = 2 / D^(1/4), so with\n"
     "the default scale 1/sqrt(D) a query meets keys of its own centre with logits around 4 and the\n"
     "others with logits of spread ~0.6 -- clustered like real attention, not uniform noise.\n"
-    "Query heads share the centres of their kv head (grouped-query attention). v, dO ~ N(0, 1).\n"
-    "Shared-QK attention (reformer) gets k = q, so its rel_err column is '-'.\n"
-    "FLOPs are nominal full attention, 4*B*H*N*M*D (half when causal; x3.5 with --backward), so\n"
-    "GFLOP/s of an approximation is 'full-equivalent' throughput. rss MB is the peak resident\n"
+    "Query heads share the centres of their kv head (grouped-query attention). Values carry the\n"
+    "keys' clusters: each centre j also has a value vector u_j ~ N(0, I_D), and value row i is\n"
+    "v_i = u_j + 0.5 * N(0, I_D) with j the centre of key row i, so exact attention returns (about)\n"
+    "the value of the query's own cluster and an approximation that finds the right keys scores\n"
+    "well. dO ~ N(0, 1). rel_err is ||O - O_full|| / ||O_full||, cos the cosine similarity of the\n"
+    "flattened outputs. Shared-QK attention (reformer) gets k = q, so its rel_err and cos are '-'.\n"
+    "GFLOP/s and %peak are shown for exact attention (specs named 'full') only: 4*B*H*N*M*D (half\n"
+    "when causal; x3.5 with --backward); other variants print '-' (null in JSON) and are compared\n"
+    "by 'x full', their time over full's. ms_max is the slowest timed call. rss MB is the peak resident\n"
     "memory a case adds beyond its inputs, output and gradients (workspace, context, temporaries).\n"
     "The first spec named 'full' runs first at each length: it is the 'x full' baseline and, when\n"
     "it is plain default full, its output is the rel_err reference (else full is run once for it).";
@@ -50,6 +55,18 @@ Tensor make_zeros(const Shape& s);
 // ||a - ref|| / ||ref|| over all elements, accumulated in double (0 when both are all zero).
 double relative_error(ConstView a, ConstView ref);
 
+// rel_err (as relative_error) and the cosine similarity of the flattened a and ref, in one pass
+// (cos is 1 when both are all zero, 0 when only one is).
+struct OutputAgreement {
+  double rel_err = 0, cos = 0;
+};
+OutputAgreement compare_outputs(ConstView a, ConstView ref);
+
+// Machine facts for the JSON document: /proc/cpuinfo's first "model name" ("" if absent) and the
+// current UTC time as ISO 8601 (2026-01-31T12:00:00Z).
+std::string cpu_model();
+std::string utc_now_iso8601();
+
 // Memory: glibc settings so freed big buffers go back to the OS, and /proc/self probes.
 void configure_malloc_for_rss();
 bool reset_peak_rss();                   // writes "5" to /proc/self/clear_refs; false on failure
@@ -59,7 +76,7 @@ int64_t read_status_kib(const char* key);  // "VmRSS", "VmHWM" from /proc/self/s
 void prime_threads_and_blas();
 
 struct TimeStats {
-  double median = 0, min = 0;
+  double median = 0, min = 0, max = 0;
 };
 TimeStats summarise(std::vector<double> ms);
 

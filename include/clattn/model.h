@@ -80,6 +80,8 @@ class Encoder {
   Tensor forward_features(ConstView features);
   // Milliseconds spent in attention during the last forward (for the share of time outside it).
   double last_attention_ms() const { return attn_ms_; }
+  // Bytes a forward of (B, T) allocates: activations and the largest attention workspace.
+  double forward_bytes(int64_t B, int64_t T) const;
 
  private:
   Encoder();
@@ -132,6 +134,9 @@ class Decoder {
   std::vector<float> step(int32_t id);
   int64_t position() const { return pos_; }
   double last_attention_ms() const { return attn_ms_; }
+  // Bytes a forward of (B, T) allocates: activations, logits, the largest attention workspace,
+  // and with cache_positions > 0 the KV caches of that many positions.
+  double forward_bytes(int64_t B, int64_t T, int64_t cache_positions = 0) const;
 
  private:
   Decoder();

@@ -12,6 +12,7 @@
 #include "clattn/error.h"
 #include "clattn/model.h"
 #include "clattn/nn.h"
+#include "clattn/parallel.h"
 #include "clattn/rng.h"
 #include "model/weights.h"
 
@@ -83,6 +84,20 @@ void Decoder::set_attention(const std::string& plan) {
   att_ = std::move(att);
   ctx_.clear();
   for (size_t l = 0; l < att_.size(); ++l) ctx_.emplace_back(Mode::inference, &scratch_);
+}
+
+double Decoder::forward_bytes(int64_t B, int64_t T, int64_t cache_positions) const {
+  const ModelConfig& c = cfg_;
+  const double rows = static_cast<double>(B) * static_cast<double>(T);
+  const double Q = static_cast<double>(c.heads * c.head_dim), KV = static_cast<double>(c.kv_heads * c.head_dim);
+  double ws = 0;
+  const AttentionDims d{B, c.heads, c.kv_heads, T, cache_positions > 0 ? cache_positions : T, c.head_dim, c.head_dim};
+  for (const auto& a : att_) ws = std::max(ws, static_cast<double>(a->workspace_bytes(d, Mode::inference, max_threads())));
+  // x, xn, q, k|v, attention out, gate, up; logits (twice: buffer and returned copy); caches hold
+  // K twice (rows and panels) and V once.
+  const double act = 4.0 * rows * (2.0 * c.hidden + 2.0 * Q + 2.0 * KV + 2.0 * c.ffn + 2.0 * c.vocab);
+  const double cache = cache_positions > 0 ? 4.0 * c.layers * cache_positions * (3.0 * KV + 64) : 0;
+  return act + ws + cache;
 }
 
 void Decoder::ensure(int64_t B, int64_t T) {

@@ -192,6 +192,15 @@ void Encoder::set_attention(const std::string& plan) {
   for (size_t l = 0; l < att_.size(); ++l) ctx_.emplace_back(Mode::inference, &scratch_);
 }
 
+double Encoder::forward_bytes(int64_t B, int64_t T) const {
+  const ModelConfig& c = cfg_;
+  const double rows = static_cast<double>(B) * static_cast<double>(T);
+  double ws = 0;
+  const AttentionDims d{B, c.heads, c.heads, T, T, c.head_dim, c.head_dim};
+  for (const auto& a : att_) ws = std::max(ws, static_cast<double>(a->workspace_bytes(d, Mode::inference, max_threads())));
+  return 4.0 * rows * (7.0 * c.hidden + std::max(c.ffn, c.hidden)) + ws;
+}
+
 void Encoder::ensure(int64_t B, int64_t T) {
   if (B == B_ && T == T_) return;
   const int64_t rows = B * T, H = cfg_.hidden;
