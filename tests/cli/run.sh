@@ -159,6 +159,21 @@ expect_exit 2 "bench zero repeat" "--repeat must be in" "$bin" bench --repeat 0 
 expect_error "bench bad lengths" "lengths" "$bin" bench --lengths 64,abc
 expect_ok "bench smoke" "$bin" bench --attention 'full;clustered:clusters=4;improved-clustered:clusters=4,topk=8' --lengths 64,200 --heads 2 --dim 16 --repeat 2 --backward --json "$dir/b.json"
 grep -q '"results"' "$dir/b.json" && ok || bad "bench json has no results"
+grep -q '"machine"' "$dir/b.json" && grep -q '"cpu"' "$dir/b.json" && grep -q '"commit"' "$dir/b.json" && ok || bad "bench json machine: $(head -c 400 "$dir/b.json")"
+grep -q '"kv_heads": 2' "$dir/b.json" && grep -q '"ms_max"' "$dir/b.json" && grep -q '"cos"' "$dir/b.json" && ok || bad "bench json rows lack the case or ms_max/cos"
+# GFLOP/s and %peak are for exact attention only: '-' for an approximation, a number for full.
+grep -Eq '^full +64 +fwdbwd +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ ' "$dir/out" && ok || bad "bench full row has no GFLOP/s: $(cat "$dir/out")"
+grep -Eq '^clustered:clusters=4 +64 +fwdbwd +[0-9.]+ +[0-9.]+ +[0-9.]+ +- +- ' "$dir/out" && ok || bad "bench non-full row shows GFLOP/s: $(cat "$dir/out")"
+expect_ok "bench -o csv" "$bin" bench --attention 'full;improved-clustered:clusters=4,topk=8' --lengths 64 --heads 2 --dim 16 --repeat 1 -o csv
+head -n 1 "$dir/out" | grep -q '^spec,n,' && ok || bad "bench csv header: $(head -n 1 "$dir/out")"
+[ "$(wc -l <"$dir/out")" -eq 3 ] && grep -q '^"improved-clustered:clusters=4,topk=8",64,' "$dir/out" && ok || bad "bench csv rows: $(cat "$dir/out")"
+expect_ok "bench -o jsonl" "$bin" bench --attention 'full;topk:topk=8' --lengths 64,96 --heads 2 --kv-heads 1 --dim 16 --repeat 1 --output-format jsonl
+[ "$(wc -l <"$dir/out")" -eq 4 ] && [ "$(grep -c '^{.*"kv_heads":1.*}$' "$dir/out")" -eq 4 ] && ok || bad "bench jsonl: $(cat "$dir/out")"
+expect_ok "bench -o json" "$bin" bench --attention full --lengths 64 --heads 1 --dim 8 --repeat 1 -o json
+head -n 1 "$dir/out" | grep -q '^{$' && tail -n 1 "$dir/out" | grep -q '^}$' && grep -q '"sgemm_gflops"' "$dir/out" && ok || bad "bench -o json: $(head -c 300 "$dir/out")"
+expect_ok "bench -o md" "$bin" bench --attention 'full;local:window=16' --lengths 64 --heads 1 --dim 8 --repeat 1 -o md
+head -n 1 "$dir/out" | grep -q '^| spec | n |' && grep -q '^| local:window=16 | 64 | fwd |.* - | - |' "$dir/out" && ok || bad "bench -o md: $(cat "$dir/out")"
+expect_exit 2 "bench bad -o" "output-format" "$bin" bench -o xml --lengths 64
 # 'all' is every registered variant in one table (causal: those that honour it, the rest named).
 expect_ok "bench all" "$bin" bench --attention all --lengths 96 --heads 2 --dim 16 --repeat 1 --json "$dir/all.json"
 for v in full clustered improved-clustered local linear topk smyrf reformer routing conditional-full; do
