@@ -84,3 +84,41 @@ TEST(Topk, SpecErrors) {
 
 }  // namespace
 }  // namespace clattn
+
+namespace clattn {
+namespace {
+
+// Large logits (q, k ~ 100·N(0, 1)): variants whose exact limit is full attention reach full's
+// gradient accuracy against the double reference (their backward once re-derived P from the saved
+// log-sum-exp, and a saturated softmax amplified its rounding to a relative error of 3.9).
+TEST(LargeLogits, ExactLimitsMatchFullsGradientAccuracy) {
+  Problem p{.B = 1, .H = 2, .Hkv = 2, .N = 200, .M = 200, .Dk = 32, .Dv = 32};
+  ProblemData pd = make_problem(p);
+  for (int64_t i = 0; i < pd.q.numel(); ++i) pd.q.data()[i] *= 100.f;
+  for (int64_t i = 0; i < pd.k.numel(); ++i) pd.k.data()[i] *= 100.f;
+  Tensor rq(pd.q.shape()), rk(pd.k.shape()), rv(pd.v.shape());
+  attn_full_ref_bwd(pd.inputs(), 0.f, pd.dout.view(), rq.view(), rk.view(), rv.view());
+  auto rel = [](const Tensor& a, const Tensor& ref) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      num += (a.data()[i] - ref.data()[i]) * static_cast<double>(a.data()[i] - ref.data()[i]);
+      den += static_cast<double>(ref.data()[i]) * ref.data()[i];
+    }
+    return std::sqrt(num / den);
+  };
+  double full_err = 0;
+  for (const char* spec : {"full", "topk:topk=200", "improved-clustered:clusters=200,topk=200"}) {
+    SCOPED_TRACE(spec);
+    auto att = make_attention(spec);
+    Tensor out(Shape{1, 2, 200, 32}), dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
+    Context ctx;
+    att->forward(pd.inputs(), out.view(), ctx);
+    att->backward(pd.inputs(), out.view(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+    const double e = std::max({rel(dq, rq), rel(dk, rk), rel(dv, rv)});
+    if (std::string(spec) == "full") full_err = e;
+    EXPECT_LE(e, std::max(4 * full_err, 1e-3)) << "full's error " << full_err;
+  }
+}
+
+}  // namespace
+}  // namespace clattn

@@ -93,7 +93,6 @@ void improved_members_bwd(const AttentionInputs& in, const AttentionDims& d, int
   const float c = scale * kLog2e;
   const int32_t* order = st.order.data() + t * d.N;
   const int32_t* off = st.offsets.data() + t * (st.cmax + 1);
-  const float* lse_m = st.lse_m.data() + t * d.N;
   float* ktr = sc.ktr.floats(static_cast<size_t>(kw * Dkp));    // (kw, Dkp) K_T rows
   float* ktt = sc.ktp.floats(static_cast<size_t>(D * kw));      // (D, kw) K_Tᵀ
   float* vtr = sc.vtr.floats(static_cast<size_t>(kw * Dvp));    // (kw, Dvp) V_T rows
@@ -120,13 +119,18 @@ void improved_members_bwd(const AttentionInputs& in, const AttentionDims& d, int
       const int64_t rows = std::min(kMb, off[j + 1] - m0);
       gather_members(in.q, b, h, order + m0, rows, D, Dkp, c, qm);
       gather_members(dout, b, h, order + m0, rows, Dv, Dvp, 1.f, gm);
-      // P = softmax_T(s q·k), recomputed from the saved log-sum-exp
+      // P = softmax_T(s q·k), recomputed and normalised again here: the k scores fit one row, and
+      // a P that sums to 1 in this pass keeps dS = P∘(dP − D) accurate when the softmax is
+      // saturated (large logits), where exp(s − saved lse) drifts from 1 by the lse's rounding.
       std::memset(p, 0, sizeof(float) * static_cast<size_t>(rows * kw));
       mk::gemm_ab(rows, kw, D, qm, Dkp, 1, ktt, kw, p, kw, nullptr);
       for (int64_t r = 0; r < rows; ++r) {
         float* row = p + r * kw;
         tile::mask_tail(row, kw, k);
-        tile::exp2_row(row, kw, lse_m[order[m0 + r]] * kLog2e);
+        float mx = row[0];
+        for (int64_t x = 1; x < k; ++x) mx = std::max(mx, row[x]);
+        const float inv = 1.f / tile::exp2_row(row, kw, mx);
+        for (int64_t x = 0; x < k; ++x) row[x] *= inv;
       }
       // O_i = m_j u_i + R_j, u = P·V_T  ->  dm_j += Σ_i dO_i·u_i ; dV_T += m_j Pᵀ·dO
       std::memset(u, 0, sizeof(float) * static_cast<size_t>(rows * Dvp));

@@ -153,11 +153,17 @@ void attn_topk_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
       const int32_t* idx = st.idx.data() + (t * d.N + i) * k;
       const float* q = in.q.ptr(b, h, i);
       const float* g = dout.ptr(b, h, i);
-      const float lse = st.lse.data()[t * d.N + i];
-      // P = softmax over the kept keys of s q·k ; dP = dO·v ; dS = P ∘ (dP − Σ P dP) · s
+      // P = softmax over the kept keys of s q·k, normalised again here rather than through the
+      // saved log-sum-exp: with large logits the softmax saturates and exp(s − lse) drifts from
+      // a sum of 1 by the lse's rounding, which dS = P ∘ (dP − Σ P dP) then amplifies.
+      // dP = dO·v ; dS = P ∘ (dP − Σ P dP) · s
+      float mx = -kInf;
+      for (int64_t x = 0; x < n; ++x) mx = std::max(mx, p[x] = scale * simd::dot(q, in.k.ptr(b, hk, idx[x]), D));
+      double sum = 0;
+      for (int64_t x = 0; x < n; ++x) sum += p[x] = std::exp(p[x] - mx);
       float di = 0.f;
       for (int64_t x = 0; x < n; ++x) {
-        p[x] = std::exp(scale * simd::dot(q, in.k.ptr(b, hk, idx[x]), D) - lse);
+        p[x] = static_cast<float>(p[x] / sum);
         ds[x] = simd::dot(g, in.v.ptr(b, hk, idx[x]), Dv);
         di += p[x] * ds[x];
       }
