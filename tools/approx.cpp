@@ -64,6 +64,19 @@ std::string with_seed(const std::string& plan, int64_t s, bool& stochastic) {
   return out;
 }
 
+// A token file: integer `tokens` [T] or [B, T], and the labels under `label_name` when present.
+void read_tokens(const std::string& path, const char* label_name, std::vector<int32_t>& ids,
+                 int64_t& B, int64_t& T, std::vector<int32_t>& labels) {
+  const SafetensorsFile f = SafetensorsFile::open(path);
+  check(f.has("tokens"), "approx: '", path, "' has no integer tensor 'tokens' ([T] or [B, T])");
+  const TensorInfo& info = f.info("tokens");
+  check(info.shape.size() == 1 || info.shape.size() == 2, "approx: 'tokens' must be [T] or [B, T]");
+  ids = f.get_i32("tokens");
+  B = info.shape.size() == 2 ? info.shape[0] : 1;
+  T = info.shape.back();
+  if (f.has(label_name)) labels = f.get_i32(label_name);
+}
+
 struct Metrics {
   double agreement = 0, accuracy = -1, kl = 0, max_diff = 0, ms = 0;
 };
@@ -123,14 +136,7 @@ void run_approx(const ApproxOptions& o) {
     check(o.features.empty(), "approx: --features is for KWT encoders; this model is a decoder");
     dec = Decoder::load(o.model, lo);
     if (!o.tokens.empty()) {
-      const SafetensorsFile f = SafetensorsFile::open(o.tokens);
-      check(f.has("tokens"), "approx: '", o.tokens, "' has no integer tensor 'tokens' ([T] or [B, T])");
-      const TensorInfo& info = f.info("tokens");
-      check(info.shape.size() == 1 || info.shape.size() == 2, "approx: 'tokens' must be [T] or [B, T]");
-      ids = f.get_i32("tokens");
-      B = info.shape.size() == 2 ? info.shape[0] : 1;
-      T = info.shape.back();
-      if (f.has("targets")) labels = f.get_i32("targets");
+      read_tokens(o.tokens, "targets", ids, B, T, labels);
     } else {
       std::ifstream in(o.text, std::ios::binary);
       check(in.good(), "approx: cannot read '", o.text, "'");
@@ -163,14 +169,7 @@ void run_approx(const ApproxOptions& o) {
     } else {
       // BERT-style classifier: --tokens holds ids [T] or [B, T] (and optional 'labels' [B]).
       check(!o.tokens.empty(), "approx: a BERT-style encoder takes --tokens");
-      const SafetensorsFile f = SafetensorsFile::open(o.tokens);
-      check(f.has("tokens"), "approx: '", o.tokens, "' has no integer tensor 'tokens' ([T] or [B, T])");
-      const TensorInfo& info = f.info("tokens");
-      check(info.shape.size() == 1 || info.shape.size() == 2, "approx: 'tokens' must be [T] or [B, T]");
-      ids = f.get_i32("tokens");
-      B = info.shape.size() == 2 ? info.shape[0] : 1;
-      T = info.shape.back();
-      if (f.has("labels")) labels = f.get_i32("labels");
+      read_tokens(o.tokens, "labels", ids, B, T, labels);
       check(enc->config().num_labels >= 1, "approx: this encoder has no classifier to compare predictions of");
       run = [&] { return enc->forward_tokens(ids, B, T); };
     }

@@ -26,6 +26,10 @@ namespace clattn {
 
 // One spec per layer, parsed from a plan string (errors name the layer and the spec).
 std::vector<std::string> parse_attention_plan(const std::string& plan, int64_t layers);
+// The attention of each layer of a plan, refusing (by layer) a spec that cannot run there: keys
+// other than the queries (shared-QK), and for decoders a missing causal mask or grouped heads.
+std::vector<std::unique_ptr<Attention>> make_plan_attentions(const std::vector<std::string>& specs,
+                                                             bool causal, bool gqa);
 
 enum class ModelKind { bert, kwt, llama };
 

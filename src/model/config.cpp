@@ -177,3 +177,24 @@ std::vector<std::string> parse_attention_plan(const std::string& plan, int64_t l
 }
 
 }  // namespace clattn
+
+namespace clattn {
+
+std::vector<std::unique_ptr<Attention>> make_plan_attentions(const std::vector<std::string>& specs,
+                                                             bool causal, bool gqa) {
+  std::vector<std::unique_ptr<Attention>> att;
+  for (size_t l = 0; l < specs.size(); ++l) {
+    try {
+      att.push_back(make_attention(specs[l]));
+    } catch (const Error& e) {
+      throw Error(detail::concat("attention of layer ", l, ": ", e.what()));
+    }
+    const Capabilities& caps = att.back()->capabilities();
+    check(!causal || caps.causal, "attention of layer ", l, ": '", specs[l], "' does not support the causal mask a decoder needs");
+    check(!gqa || caps.gqa, "attention of layer ", l, ": '", specs[l], "' does not support grouped-query attention");
+    check(!caps.shared_qk, "attention of layer ", l, ": '", specs[l], "' needs keys equal to queries, which a model's are not");
+  }
+  return att;
+}
+
+}  // namespace clattn

@@ -67,19 +67,7 @@ std::unique_ptr<Decoder> Decoder::load(const std::string& dir, const LoadOptions
 
 void Decoder::set_attention(const std::string& plan) {
   std::vector<std::string> specs = parse_attention_plan(plan, cfg_.layers);
-  std::vector<std::unique_ptr<Attention>> att;
-  for (size_t l = 0; l < specs.size(); ++l) {
-    try {
-      att.push_back(make_attention(specs[l]));
-    } catch (const Error& e) {
-      throw Error(detail::concat("attention of layer ", l, ": ", e.what()));
-    }
-    const Capabilities& caps = att.back()->capabilities();
-    check(caps.causal, "attention of layer ", l, ": '", specs[l], "' does not support the causal mask a decoder needs");
-    check(caps.gqa || cfg_.kv_heads == cfg_.heads, "attention of layer ", l, ": '", specs[l],
-          "' does not support grouped-query attention (", cfg_.heads, " query heads, ", cfg_.kv_heads, " key/value heads)");
-    check(!caps.shared_qk, "attention of layer ", l, ": '", specs[l], "' needs keys equal to queries, which a decoder's are not");
-  }
+  std::vector<std::unique_ptr<Attention>> att = make_plan_attentions(specs, true, cfg_.kv_heads != cfg_.heads);
   specs_ = std::move(specs);
   att_ = std::move(att);
   ctx_.clear();

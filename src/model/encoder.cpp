@@ -178,14 +178,7 @@ std::unique_ptr<Encoder> Encoder::build(ModelConfig cfg, std::unique_ptr<Weights
 
 void Encoder::set_attention(const std::string& plan) {
   std::vector<std::string> specs = parse_attention_plan(plan, cfg_.layers);
-  std::vector<std::unique_ptr<Attention>> att;
-  for (size_t l = 0; l < specs.size(); ++l) {
-    try {
-      att.push_back(make_attention(specs[l]));
-    } catch (const Error& e) {
-      throw Error(detail::concat("attention of layer ", l, ": ", e.what()));
-    }
-  }
+  std::vector<std::unique_ptr<Attention>> att = make_plan_attentions(specs, false, false);
   specs_ = std::move(specs);
   att_ = std::move(att);
   ctx_.clear();
