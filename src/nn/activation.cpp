@@ -6,22 +6,15 @@
 #include "clattn/error.h"
 #include "clattn/nn.h"
 #include "core/simd.h"
+#include "nn/nn_internal.h"
 
 namespace clattn::nn {
 
 namespace {
 
-using simd::kLanes;
-using simd::load;
-using simd::load_partial;
-using simd::splat;
-using simd::store;
-using simd::store_partial;
-using simd::vf;
-using simd::vi;
+using namespace detail;  // nn_internal.h: SIMD names, kParallelMin
 
 constexpr int64_t kChunk = 4096;          // floats per OpenMP work item (16 KB)
-constexpr int64_t kParallelMin = 32768;   // below this many floats, one thread
 
 // y[e] = op(a[e], b[e]) over n floats, lane by lane (so y may equal a or b). b may be null when
 // op ignores it.

@@ -7,22 +7,14 @@
 #include "clattn/error.h"
 #include "clattn/nn.h"
 #include "core/simd.h"
+#include "nn/nn_internal.h"
 
 namespace clattn::nn {
 
 namespace {
 
-using simd::kLanes;
-using simd::load;
-using simd::load_partial;
-using simd::splat;
-using simd::store;
-using simd::store_partial;
-using simd::vf;
-using simd::vi;
+using namespace detail;  // nn_internal.h: SIMD names, kParallelMin
 
-// Below this many floats a call runs on one thread (an OpenMP region costs a few µs).
-constexpr int64_t kParallelMin = 32768;
 
 // v with lanes n.. set to `fill` (the tail of a row after load_partial, which fills with 0).
 inline vf keep_first(vf v, int n, float fill) {

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <vector>
 
@@ -31,6 +33,30 @@ inline double nmse(ConstView a, ConstView b) {
     den += x * x;
   }
   return den == 0 ? num : num / den;
+}
+
+// Rows (positions) [from, from + n) of a (B, H, M, D) tensor, as a view.
+inline ConstView rows(const Tensor& t, int64_t from, int64_t n) {
+  ConstView v = t.view();
+  v.data += from * v.stride(2);
+  v.shape = Shape{t.dim(0), t.dim(1), n, t.dim(3)};
+  return v;
+}
+
+// Same shape and the same bits (both undefined counts as equal).
+inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  if (a.defined() != b.defined()) return false;
+  if (!a.defined()) return true;
+  return a.shape() == b.shape() &&
+         std::memcmp(a.data(), b.data(), sizeof(float) * static_cast<size_t>(a.numel())) == 0;
+}
+
+inline double max_abs_diff(ConstView a, ConstView b) {
+  Tensor ca = Tensor::from(a), cb = Tensor::from(b);
+  double m = 0;
+  for (int64_t i = 0; i < ca.numel(); ++i)
+    m = std::max(m, std::abs(static_cast<double>(ca.data()[i]) - cb.data()[i]));
+  return m;
 }
 
 inline bool all_finite(ConstView a) {
