@@ -12,8 +12,19 @@ set -euo pipefail
 #   libcli11-dev                 the clattn command line
 #   libgtest-dev                 tests
 #   libbenchmark-dev             micro-benchmarks in bench/
+#   gnuplot-nox                  every picture (bench --plot, plot, inspect) is drawn by gnuplot's
+#                                pngcairo terminal; we never rasterise by hand
+#   python3-dev, pybind11-dev,   the `clattn` Python package (bindings built by the same CMake);
+#   python3-pybind11,            Debian's python3 (/usr/bin/python3) is the interpreter it targets
+#   python3-numpy, python3-pytest
+#   python3-torch                the clattn.torch adapter and its tests against PyTorch's autograd
+#                                (about 30 s to install, so CI tests it)
+#   clang, libomp-dev,           libFuzzer targets and the ThreadSanitizer build (TSan understands
+#   libclang-rt-14-dev           LLVM's libomp, not libgomp)
 packages=(cmake ninja-build g++ libopenblas-dev libopenblas0-openmp nlohmann-json3-dev
-          libcli11-dev libgtest-dev libbenchmark-dev pkg-config)
+          libcli11-dev libgtest-dev libbenchmark-dev pkg-config
+          gnuplot-nox python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest
+          python3-torch clang libomp-dev libclang-rt-14-dev)
 
 missing=()
 for p in "${packages[@]}"; do
