@@ -51,4 +51,71 @@ void embedding_fwd(float* y, const int32_t* ids, const float* table, int64_t n, 
 // Numerically safe softmax of each row of `cols` in place (max-subtracted, float accumulation).
 void softmax_rows(float* x, int64_t rows, int64_t cols);
 
+// ---- Backward passes (training). Conventions, the same for every function below:
+//   * parameter gradients (dw, db, dgamma, dbeta, dtable) are ACCUMULATED (+=): the trainer zeroes
+//     them once per optimiser step, and a tied weight (embedding = output layer) sums both uses;
+//   * input gradients (dx, dgate, dup) are WRITTEN (=) unless the function takes `accumulate`,
+//     in which case `accumulate = true` adds into dx (the residual stream's gradient);
+//   * a gradient pointer may be nullptr to skip that gradient; dx may alias dy where stated;
+//   * sizes and strides as in the matching forward; no allocation; OpenMP over rows.
+
+// Linear: dx (rows, in) = dy · W, dW (out, in) += dyᵀ · x, db (out) += Σ_rows dy. One sgemm each.
+void linear_bwd(float* dx, int64_t lddx, float* dw, float* db, const float* dy, int64_t lddy,
+                const float* x, int64_t ldx, const float* w, int64_t rows, int64_t in, int64_t out,
+                bool accumulate = false);
+
+// LayerNorm from the mean and rstd its forward saved. dx may alias dy (not with accumulate).
+void layernorm_bwd(float* dx, float* dgamma, float* dbeta, const float* dy, const float* x,
+                   const float* gamma, const float* mean, const float* rstd, int64_t rows,
+                   int64_t dim, bool accumulate = false);
+
+// RMSNorm from the rstd its forward saved. dx may alias dy (not with accumulate).
+void rmsnorm_bwd(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                 const float* rstd, int64_t rows, int64_t dim, bool accumulate = false);
+
+// dx = dy ∘ gelu'(x) over n floats (x the forward's input); dx may alias dy.
+void gelu_bwd(float* dx, const float* dy, const float* x, int64_t n, Gelu kind);
+
+// SwiGLU: dgate = dy ∘ up ∘ silu'(gate), dup = dy ∘ silu(gate). dgate may alias dy.
+void swiglu_bwd(float* dgate, float* dup, const float* dy, const float* gate, const float* up,
+                int64_t n);
+
+// RoPE is a rotation: its backward rotates the gradient by −θ, in place, same layout as rope_fwd.
+void rope_bwd(float* dx, int64_t ld, int64_t head_stride, const int32_t* pos, int64_t rows,
+              int64_t heads, int64_t head_dim, float theta);
+
+// dtable (vocab, dim) += scatter of dy (n, dim) by ids (n). Deterministic (same sums, same order,
+// any thread count).
+void embedding_bwd(float* dtable, const int32_t* ids, const float* dy, int64_t n, int64_t dim,
+                   int64_t vocab);
+
+// Softmax cross-entropy over rows of logits (rows, classes) with targets (rows); a target of −1
+// is ignored (padding, unmasked MLM positions). Returns the SUM of −log p[target] over counted
+// rows (in double) and writes *counted. When dlogits is not nullptr it receives
+// scale · (softmax − onehot) for counted rows and 0 for ignored ones (dlogits may alias logits;
+// pass scale = 1 / counted for the mean loss). Targets outside [−1, classes) are an error.
+double cross_entropy(float* dlogits, const float* logits, const int32_t* targets, int64_t rows,
+                     int64_t classes, float scale, int64_t* counted);
+
+// Inverted dropout with probability p, mask drawn from Rng(seed) at (stream, i) for element i —
+// nothing stored: backward redraws the same mask. y may alias x; p = 0 copies.
+void dropout_fwd(float* y, const float* x, int64_t n, float p, uint64_t seed, uint64_t stream);
+void dropout_bwd(float* dx, const float* dy, int64_t n, float p, uint64_t seed, uint64_t stream);
+
+// ---- Optimisation.
+struct AdamWOptions {
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.01f;
+};
+// One AdamW step (Loshchilov & Hutter, decoupled weight decay) over n parameters at step t >= 1
+// (bias correction uses t): m, v updated in place; decay = false for biases and norm gains.
+void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, int64_t t, float lr,
+                const AdamWOptions& opt, bool decay);
+// Σ g² over n floats, in double (for the global gradient-norm clip).
+double sum_squares(const float* g, int64_t n);
+// x *= a over n floats.
+void scale_inplace(float* x, float a, int64_t n);
+// Learning rate at `step` (0-based): linear warm-up from 0 over `warmup` steps, then cosine decay
+// from base to min_lr at `total` steps (constant min_lr after).
+float lr_schedule(int64_t step, int64_t warmup, int64_t total, float base, float min_lr);
+
 }  // namespace clattn::nn
