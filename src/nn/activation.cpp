@@ -1,5 +1,5 @@
-// Elementwise layers of nn.h: the residual add, GELU (exact and tanh forms) and SwiGLU, each one
-// vectorised pass over the data in chunks spread over the OpenMP threads.
+// Elementwise layers of nn.h: the residual add, GELU (exact and tanh forms) and SwiGLU and their
+// backward passes, each one vectorised pass over the data in chunks spread over the OpenMP threads.
 #include <algorithm>
 #include <cstring>
 
@@ -78,6 +78,38 @@ inline vf gelu_tanh(vf x, vf) {
 // gives 0 or gate·up, never NaN.
 inline vf swiglu(vf gate, vf up) { return gate / (1.f + simd::exp(-gate)) * up; }
 
+// σ(z) and 1 − σ(z) from t = exp(−|z|) <= 1, which never overflows: for z >= 0 they are
+// 1/(1+t) and t/(1+t), swapped for z < 0 (each keeps its relative accuracy where it is tiny).
+inline void sigmoid_pair(vf z, vf& s, vf& one_minus_s) {
+  const vf t = simd::exp(-vabs(z));
+  const vf inv = 1.f / (1.f + t);
+  const vf small = t * inv;
+  s = z >= 0.f ? inv : small;
+  one_minus_s = z >= 0.f ? small : inv;
+}
+
+// d/dx x·Φ(x) = Φ(x) + x·φ(x), φ(x) = exp(−x²/2)/√(2π). Beyond |x| = 20 the derivative is 1 or 0
+// in float (Φ(−20) ~ 3e−89), and clamping there keeps x² and x·φ finite for any finite input.
+inline vf gelu_erf_grad(vf dy, vf x) {
+  x = simd::vmin(simd::vmax(x, splat(-20.f)), splat(20.f));
+  const vf e = erfc_nonneg(vabs(x) * 0.70710678118654752f);
+  const vf cdf = x >= 0.f ? 1.f - 0.5f * e : 0.5f * e;
+  return dy * (cdf + x * 0.3989422804014327f * simd::exp(-0.5f * x * x));
+}
+
+// d/dx x·σ(2u) = σ(2u) + x·σ(2u)(1 − σ(2u))·2u', u = √(2/π)(x + 0.044715x³),
+// u' = √(2/π)(1 + 3·0.044715x²). Clamped at |x| = 10, where σ(2u) is 0 or 1 in float and the
+// second term below 1e−35 (so x³ cannot overflow).
+inline vf gelu_tanh_grad(vf dy, vf x) {
+  x = simd::vmin(simd::vmax(x, splat(-10.f)), splat(10.f));
+  const vf x2 = x * x;
+  const vf u = 0.7978845608028654f * (x + 0.044715f * x2 * x);
+  const vf du = 0.7978845608028654f * (1.f + 0.134145f * x2);
+  vf s, sc;
+  sigmoid_pair(2.f * u, s, sc);
+  return dy * (s + 2.f * x * s * sc * du);
+}
+
 }  // namespace
 
 void add_inplace(float* x, const float* r, int64_t n) {
@@ -100,6 +132,52 @@ void swiglu_fwd(float* y, const float* gate, const float* up, int64_t n) {
   if (n == 0) return;
   check(y != nullptr && gate != nullptr && up != nullptr, "swiglu_fwd: y, gate and up must not be null");
   map2(y, gate, up, n, swiglu);
+}
+
+void gelu_bwd(float* dx, const float* dy, const float* x, int64_t n, Gelu kind) {
+  check(n >= 0, "gelu_bwd: n must be >= 0, got ", n);
+  if (n == 0) return;
+  check(dx != nullptr && dy != nullptr && x != nullptr, "gelu_bwd: dx, dy and x must not be null");
+  if (kind == Gelu::erf) map2(dx, dy, x, n, gelu_erf_grad);
+  else map2(dx, dy, x, n, gelu_tanh_grad);
+}
+
+// y = silu(gate) ∘ up, silu(g) = g·σ(g), silu'(g) = σ(g)·(1 + g·(1 − σ(g))):
+//   dgate = dy ∘ up ∘ silu'(gate),  dup = dy ∘ silu(gate).
+// Lane by lane, every input is loaded before either output is stored, so dgate or dup may alias dy.
+void swiglu_bwd(float* dgate, float* dup, const float* dy, const float* gate, const float* up,
+                int64_t n) {
+  check(n >= 0, "swiglu_bwd: n must be >= 0, got ", n);
+  if (n == 0 || (dgate == nullptr && dup == nullptr)) return;
+  check(dy != nullptr && gate != nullptr, "swiglu_bwd: dy and gate must not be null");
+  check(dgate == nullptr || up != nullptr, "swiglu_bwd: up must not be null when dgate is wanted");
+  check(dgate == nullptr || dgate != dup, "swiglu_bwd: dgate and dup must be different buffers");
+  const auto step = [&](int64_t e, int r) {
+    const bool full = r == kLanes;
+    const vf d = full ? load(dy + e) : load_partial(dy + e, r);
+    const vf g = full ? load(gate + e) : load_partial(gate + e, r);
+    const vf u = dgate == nullptr ? vf{} : full ? load(up + e) : load_partial(up + e, r);
+    vf s, sc;
+    sigmoid_pair(g, s, sc);
+    if (dgate) {
+      const vf v = d * u * (s * (1.f + g * sc));
+      if (full) store(dgate + e, v);
+      else store_partial(dgate + e, v, r);
+    }
+    if (dup) {
+      const vf v = d * (g * s);
+      if (full) store(dup + e, v);
+      else store_partial(dup + e, v, r);
+    }
+  };
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t end = std::min(n, (c + 1) * kChunk);
+    int64_t e = c * kChunk;
+    for (; e + kLanes <= end; e += kLanes) step(e, kLanes);
+    if (e < end) step(e, static_cast<int>(end - e));
+  }
 }
 
 }  // namespace clattn::nn

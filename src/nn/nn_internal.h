@@ -1,9 +1,12 @@
-// Internals shared by the nn layer files: the SIMD names they use and the size below which a
-// call stays on one thread (an OpenMP region costs a few µs, more than a small pass).
+// Internals shared by the nn layer files: the SIMD names they use, the size below which a call
+// stays on one thread (an OpenMP region costs a few µs, more than a small pass), and the column
+// split the backward passes use for their parameter gradients.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
+#include "clattn/parallel.h"
 #include "core/simd.h"
 
 namespace clattn::nn::detail {
@@ -18,5 +21,28 @@ using simd::vf;
 using simd::vi;
 
 inline constexpr int64_t kParallelMin = 32768;  // floats
+
+// Widest column piece a thread accumulates in a stack array (2 KB) before adding it to a gradient.
+inline constexpr int64_t kColPiece = 512;
+
+// Runs fn(c0, c1) on every thread of a team (one thread unless `parallel`) for its own contiguous
+// range of whole 16-float vectors of [0, cols). Gradients summed over rows (dW's bias column sums,
+// dgamma, the embedding scatter) are split by column, not by row: each column is then summed by
+// one thread in row order, so the bits do not depend on the thread count and no per-thread partial
+// buffer (an allocation) is needed. fn must not throw.
+template <class F>
+void for_column_ranges(int64_t cols, bool parallel, F&& fn) {
+  const int64_t units = (cols + kLanes - 1) / kLanes;
+#pragma omp parallel if (parallel)
+  {
+    const int64_t t = thread_id(), T = team_size();
+    const int64_t c0 = std::min(cols, units * t / T * kLanes);
+    const int64_t c1 = std::min(cols, units * (t + 1) / T * kLanes);
+    if (c0 < c1) fn(c0, c1);
+  }
+}
+
+// acc[0, n) += src[0, n) (acc a short stack array, src a row piece).
+inline void add_row(float* acc, const float* src, int64_t n) { simd::axpy_row(acc, src, n); }
 
 }  // namespace clattn::nn::detail

@@ -1,6 +1,9 @@
-// Row-wise layers of nn.h: LayerNorm, RMSNorm and the row softmax. Each row is read from cache
-// two or three times (statistics, then the output), so a call costs one read and one write of the
-// data; rows are spread over the OpenMP threads.
+// Row-wise layers of nn.h: LayerNorm, RMSNorm and the row softmax, and the norms' backward passes.
+// Each row is read from cache two or three times (statistics, then the output), so a call costs
+// one read and one write of the data; rows are spread over the OpenMP threads. The backward
+// passes make two sweeps: the gain/bias gradients by column ranges (one thread per column, rows in
+// order: the same bits for any thread count), then dx by rows. The column sweep comes first so dx
+// may overwrite dy.
 #include <cmath>
 #include <limits>
 
@@ -13,7 +16,7 @@ namespace clattn::nn {
 
 namespace {
 
-using namespace detail;  // nn_internal.h: SIMD names, kParallelMin
+using namespace detail;  // nn_internal.h: SIMD names, kParallelMin, for_column_ranges
 
 
 // v with lanes n.. set to `fill` (the tail of a row after load_partial, which fills with 0).
@@ -166,6 +169,107 @@ void softmax_rows(float* x, int64_t rows, int64_t cols) {
     for (e = 0; e + kLanes <= cols; e += kLanes) store(xr + e, load(xr + e) * inv);
     if (tail > 0) store_partial(xr + e, load_partial(xr + e, tail) * inv, tail);
   }
+}
+
+namespace {
+
+void check_norm_bwd(const char* name, const float* dx, const float* dy, const float* x, const float* w,
+                    const float* stat, int64_t rows, int64_t dim, bool accumulate) {
+  check(rows >= 0 && dim >= 1, name, ": need rows >= 0 and dim >= 1, got rows=", rows, " dim=", dim);
+  check(rows == 0 || (dy != nullptr && x != nullptr && stat != nullptr), name,
+        ": dy, x and the saved statistics must not be null");
+  check(rows == 0 || dx == nullptr || w != nullptr, name, ": the gain must not be null when dx is wanted");
+  check(!(accumulate && dx != nullptr && dx == dy), name, ": dx may alias dy only when writing (accumulate = false)");
+}
+
+// The dx sweep shared by both norms, per row r with xhat = (x − m)·s, g = dy ∘ w:
+//   LayerNorm (centre): dx = s·(g − mean(g) − xhat·mean(g ∘ xhat))
+//   RMSNorm (m = 0):    dx = s·(g − xhat·mean(g ∘ xhat))
+template <bool kCentre>
+void norm_dx(float* dx, const float* dy, const float* x, const float* w, const float* mean,
+             const float* rstd, int64_t rows, int64_t dim, bool accumulate) {
+  const float inv_dim = 1.f / static_cast<float>(dim);
+  const int tail = static_cast<int>(dim % kLanes);
+  const int64_t body = dim - tail;
+#pragma omp parallel for schedule(static) if (rows * dim > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* dyr = dy + r * dim;  // (dim)
+    const float* xr = x + r * dim;    // (dim)
+    float* dxr = dx + r * dim;        // (dim), may be dyr
+    const vf mv = splat(kCentre ? mean[r] : 0.f), sv = splat(rstd[r]);
+    vf sg{}, sgx{};  // Σ g, Σ g·xhat
+    for (int64_t e = 0; e < body; e += kLanes) {
+      const vf g = load(dyr + e) * load(w + e);
+      sg += g;
+      sgx += g * ((load(xr + e) - mv) * sv);
+    }
+    if (tail) {  // lanes past the row load as 0, so g = 0 there
+      const vf g = load_partial(dyr + body, tail) * load_partial(w + body, tail);
+      sg += g;
+      sgx += g * ((load_partial(xr + body, tail) - mv) * sv);
+    }
+    const vf a = splat(kCentre ? simd::hsum(sg) * inv_dim : 0.f), c = splat(simd::hsum(sgx) * inv_dim);
+    for (int64_t e = 0; e < body; e += kLanes) {
+      const vf d = sv * (load(dyr + e) * load(w + e) - a - (load(xr + e) - mv) * sv * c);
+      store(dxr + e, accumulate ? load(dxr + e) + d : d);
+    }
+    if (tail) {
+      const vf d = sv * (load_partial(dyr + body, tail) * load_partial(w + body, tail) - a -
+                         (load_partial(xr + body, tail) - mv) * sv * c);
+      store_partial(dxr + body, accumulate ? load_partial(dxr + body, tail) + d : d, tail);
+    }
+  }
+}
+
+// dgain += Σ_rows dy ∘ xhat and dbias += Σ_rows dy (either may be null), xhat = (x − m)·s.
+template <bool kCentre>
+void norm_dparams(float* dgain, float* dbias, const float* dy, const float* x, const float* mean,
+                  const float* rstd, int64_t rows, int64_t dim) {
+  for_column_ranges(dim, rows * dim > kParallelMin, [&](int64_t c0, int64_t c1) {
+    for (int64_t p0 = c0; p0 < c1; p0 += kColPiece) {
+      const int64_t n = std::min(kColPiece, c1 - p0);
+      const int tail = static_cast<int>(n % kLanes);
+      const int64_t body = n - tail;
+      alignas(64) float ag[kColPiece] = {}, ab[kColPiece] = {};  // (n) sums over rows so far
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* dyr = dy + r * dim + p0;  // (n)
+        const float* xr = x + r * dim + p0;    // (n)
+        const vf mv = splat(kCentre ? mean[r] : 0.f), sv = splat(rstd[r]);
+        for (int64_t e = 0; e < body; e += kLanes) {
+          const vf d = load(dyr + e);
+          store(ag + e, load(ag + e) + d * ((load(xr + e) - mv) * sv));
+          store(ab + e, load(ab + e) + d);
+        }
+        if (tail) {
+          const vf d = load_partial(dyr + body, tail);
+          store(ag + body, load(ag + body) + d * ((load_partial(xr + body, tail) - mv) * sv));
+          store(ab + body, load(ab + body) + d);
+        }
+      }
+      if (dgain) add_row(dgain + p0, ag, n);
+      if (dbias) add_row(dbias + p0, ab, n);
+    }
+  });
+}
+
+}  // namespace
+
+void layernorm_bwd(float* dx, float* dgamma, float* dbeta, const float* dy, const float* x,
+                   const float* gamma, const float* mean, const float* rstd, int64_t rows,
+                   int64_t dim, bool accumulate) {
+  check_norm_bwd("layernorm_bwd", dx, dy, x, gamma, rstd, rows, dim, accumulate);
+  check(rows == 0 || mean != nullptr, "layernorm_bwd: mean must not be null");
+  if (rows == 0) return;
+  if (dgamma || dbeta) norm_dparams<true>(dgamma, dbeta, dy, x, mean, rstd, rows, dim);
+  if (dx) norm_dx<true>(dx, dy, x, gamma, mean, rstd, rows, dim, accumulate);
+}
+
+void rmsnorm_bwd(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                 const float* rstd, int64_t rows, int64_t dim, bool accumulate) {
+  check_norm_bwd("rmsnorm_bwd", dx, dy, x, w, rstd, rows, dim, accumulate);
+  if (rows == 0) return;
+  if (dw) norm_dparams<false>(dw, nullptr, dy, x, nullptr, rstd, rows, dim);
+  if (dx) norm_dx<false>(dx, dy, x, w, nullptr, rstd, rows, dim, accumulate);
 }
 
 }  // namespace clattn::nn

@@ -1,6 +1,7 @@
-// Rotary position embedding (nn.h): per row, the angles pos·θ_i in double, reduced modulo π/2 in
-// double (so positions in the tens of thousands keep ~1e-7 accuracy), then sin and cos of the
-// reduced angle as float polynomials over vectors, and the rotation of every head with them.
+// Rotary position embedding (nn.h) and its backward: per row, the angles pos·θ_i in double,
+// reduced modulo π/2 in double (so positions in the tens of thousands keep ~1e-7 accuracy), then
+// sin and cos of the reduced angle as float polynomials over vectors, and the rotation of every
+// head with them (by −θ in the backward).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -86,20 +87,20 @@ void rotate(float* a, float* b, const float* c, const float* s, int64_t n) {
   }
 }
 
-}  // namespace
-
-void rope_fwd(float* x, int64_t ld, int64_t head_stride, const int32_t* pos, int64_t rows,
-              int64_t heads, int64_t head_dim, float theta) {
-  check(rows >= 0 && heads >= 0, "rope_fwd: rows and heads must be >= 0, got rows=", rows, " heads=", heads);
-  check(head_dim >= 2 && head_dim % 2 == 0, "rope_fwd: head_dim must be even and >= 2, got ", head_dim);
-  check(theta > 0.f && std::isfinite(theta), "rope_fwd: theta must be finite and > 0, got ", theta);
-  check(heads <= 1 || head_stride >= head_dim, "rope_fwd: head_stride must be >= head_dim, got head_stride=",
+// Rotates every head of every row by +θ (forward) or −θ (backward: a rotation's transpose is its
+// inverse, and sin(−θ) = −sin θ, so the backward is the forward with s negated).
+void rope_apply(const char* name, float* x, int64_t ld, int64_t head_stride, const int32_t* pos,
+                int64_t rows, int64_t heads, int64_t head_dim, float theta, bool inverse) {
+  check(rows >= 0 && heads >= 0, name, ": rows and heads must be >= 0, got rows=", rows, " heads=", heads);
+  check(head_dim >= 2 && head_dim % 2 == 0, name, ": head_dim must be even and >= 2, got ", head_dim);
+  check(theta > 0.f && std::isfinite(theta), name, ": theta must be finite and > 0, got ", theta);
+  check(heads <= 1 || head_stride >= head_dim, name, ": head_stride must be >= head_dim, got head_stride=",
         head_stride, " head_dim=", head_dim);
   check(rows <= 1 || heads == 0 || ld >= (heads - 1) * head_stride + head_dim,
-        "rope_fwd: row stride ld must cover the heads of a row: ld=", ld, " heads=", heads,
+        name, ": row stride ld must cover the heads of a row: ld=", ld, " heads=", heads,
         " head_stride=", head_stride, " head_dim=", head_dim);
   if (rows == 0 || heads == 0) return;
-  check(x != nullptr && pos != nullptr, "rope_fwd: x and pos must not be null");
+  check(x != nullptr && pos != nullptr, name, ": x and pos must not be null");
   const int64_t h = head_dim / 2, items = (rows + kRowsPerItem - 1) / kRowsPerItem;
 #pragma omp parallel for schedule(static) if (rows * heads * head_dim > kParallelMin)
   for (int64_t it = 0; it < items; ++it) {
@@ -120,6 +121,8 @@ void rope_fwd(float* x, int64_t ld, int64_t head_stride, const int32_t* pos, int
           quad[i] = static_cast<int32_t>(static_cast<int64_t>(k) & 3);
         }
         sincos_reduced(red, quad, s, c, n);
+        if (inverse)
+          for (int64_t i = 0; i < n; ++i) s[i] = -s[i];
         float* row = x + r * ld;
         for (int64_t hd = 0; hd < heads; ++hd) {
           float* head = row + hd * head_stride;  // (head_dim)
@@ -128,6 +131,18 @@ void rope_fwd(float* x, int64_t ld, int64_t head_stride, const int32_t* pos, int
       }
     }
   }
+}
+
+}  // namespace
+
+void rope_fwd(float* x, int64_t ld, int64_t head_stride, const int32_t* pos, int64_t rows,
+              int64_t heads, int64_t head_dim, float theta) {
+  rope_apply("rope_fwd", x, ld, head_stride, pos, rows, heads, head_dim, theta, false);
+}
+
+void rope_bwd(float* dx, int64_t ld, int64_t head_stride, const int32_t* pos, int64_t rows,
+              int64_t heads, int64_t head_dim, float theta) {
+  rope_apply("rope_bwd", dx, ld, head_stride, pos, rows, heads, head_dim, theta, true);
 }
 
 }  // namespace clattn::nn
