@@ -59,12 +59,15 @@ void softmax_rows(float* x, int64_t rows, int64_t cols);
 //   * a gradient pointer may be nullptr to skip that gradient; dx may alias dy where stated;
 //   * sizes and strides as in the matching forward; no allocation; OpenMP over rows.
 
-// Linear: dx (rows, in) = dy · W, dW (out, in) += dyᵀ · x, db (out) += Σ_rows dy. One sgemm each.
+// Linear: dx (rows, in) = dy · W, dW (out, in) += dyᵀ · x, db (out) += Σ_rows dy. One sgemm each
+// (dx with beta 0 or 1), db a column sum with the same bits for any thread count. x may be null
+// when dw is, w when dx is. lddx / ldx are only read for the gradient that uses them.
 void linear_bwd(float* dx, int64_t lddx, float* dw, float* db, const float* dy, int64_t lddy,
                 const float* x, int64_t ldx, const float* w, int64_t rows, int64_t in, int64_t out,
                 bool accumulate = false);
 
-// LayerNorm from the mean and rstd its forward saved. dx may alias dy (not with accumulate).
+// LayerNorm from the mean and rstd its forward saved. dx may alias dy (not with accumulate: an
+// error). dgamma, dbeta have the same bits for any thread count (each column summed in row order).
 void layernorm_bwd(float* dx, float* dgamma, float* dbeta, const float* dy, const float* x,
                    const float* gamma, const float* mean, const float* rstd, int64_t rows,
                    int64_t dim, bool accumulate = false);
@@ -76,7 +79,8 @@ void rmsnorm_bwd(float* dx, float* dw, const float* dy, const float* x, const fl
 // dx = dy ∘ gelu'(x) over n floats (x the forward's input); dx may alias dy.
 void gelu_bwd(float* dx, const float* dy, const float* x, int64_t n, Gelu kind);
 
-// SwiGLU: dgate = dy ∘ up ∘ silu'(gate), dup = dy ∘ silu(gate). dgate may alias dy.
+// SwiGLU: dgate = dy ∘ up ∘ silu'(gate), dup = dy ∘ silu(gate). dgate or dup may alias dy (not
+// both: they must differ); up may be null when dgate is.
 void swiglu_bwd(float* dgate, float* dup, const float* dy, const float* gate, const float* up,
                 int64_t n);
 
@@ -93,12 +97,16 @@ void embedding_bwd(float* dtable, const int32_t* ids, const float* dy, int64_t n
 // is ignored (padding, unmasked MLM positions). Returns the SUM of −log p[target] over counted
 // rows (in double) and writes *counted. When dlogits is not nullptr it receives
 // scale · (softmax − onehot) for counted rows and 0 for ignored ones (dlogits may alias logits;
-// pass scale = 1 / counted for the mean loss). Targets outside [−1, classes) are an error.
+// pass scale = 1 / counted for the mean loss). Targets outside [−1, classes) are an error naming
+// the row and value; a NaN or ±Inf logit in a counted row is an error naming it (ignored rows are
+// not read). The loss has the same bits for any thread count. counted may be null.
 double cross_entropy(float* dlogits, const float* logits, const int32_t* targets, int64_t rows,
                      int64_t classes, float scale, int64_t* counted);
 
-// Inverted dropout with probability p, mask drawn from Rng(seed) at (stream, i) for element i —
-// nothing stored: backward redraws the same mask. y may alias x; p = 0 copies.
+// Inverted dropout with probability p in [0, 1) (else an error): y = x · keep / (1 − p). Element i
+// is kept when the top 24 bits k of word i mod 4 of Rng(seed).bits(stream, i / 4) satisfy
+// k / 2^24 >= p (one Philox block per four elements) — nothing stored: backward redraws the same
+// mask. y may alias x; p = 0 copies.
 void dropout_fwd(float* y, const float* x, int64_t n, float p, uint64_t seed, uint64_t stream);
 void dropout_bwd(float* dx, const float* dy, int64_t n, float p, uint64_t seed, uint64_t stream);
 
@@ -108,14 +116,19 @@ struct AdamWOptions {
 };
 // One AdamW step (Loshchilov & Hutter, decoupled weight decay) over n parameters at step t >= 1
 // (bias correction uses t): m, v updated in place; decay = false for biases and norm gains.
+// param −= lr · (m̂ / (√v̂ + eps) + weight_decay · param), the decay on the pre-step param (as
+// PyTorch). An error unless t >= 1, lr >= 0, β1, β2 in [0, 1), eps > 0, weight_decay >= 0.
 void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, int64_t t, float lr,
                 const AdamWOptions& opt, bool decay);
-// Σ g² over n floats, in double (for the global gradient-norm clip).
+// Σ g² over n floats, in double (for the global gradient-norm clip): a fixed partition of n into
+// blocks summed in order, so the same bits for any thread count.
 double sum_squares(const float* g, int64_t n);
 // x *= a over n floats.
 void scale_inplace(float* x, float a, int64_t n);
-// Learning rate at `step` (0-based): linear warm-up from 0 over `warmup` steps, then cosine decay
-// from base to min_lr at `total` steps (constant min_lr after).
+// Learning rate at `step` (0-based): warm-up base · (step + 1) / warmup for step < warmup (never
+// 0; base at the last warm-up step), then cosine from base at step = warmup down to min_lr at step
+// = total, min_lr after. warmup = 0: cosine from step 0. total <= warmup: no decay phase, base
+// after the warm-up (total = 0 with warmup = 0 is a constant base). Negative steps are an error.
 float lr_schedule(int64_t step, int64_t warmup, int64_t total, float base, float min_lr);
 
 }  // namespace clattn::nn
