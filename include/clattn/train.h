@@ -2,13 +2,24 @@
 // with a hand-written backward (nn.h), any registered attention per layer, AdamW, and checkpoints
 // in Hugging Face naming that the inference loaders of model.h read.
 //
-// Architectures (from ModelConfig):
-//   kind bert  pre-LN encoder (norm_placement "pre"), learned positions, GELU FFN; head
-//              classify: [CLS]-free mean-pooled... (see src/train/ header for the exact head)
-//              mlm: a tied output layer over the vocabulary
-//   kind llama decoder (RMSNorm, RoPE, SwiGLU, tied embeddings), head lm (next token)
+// Architectures (from ModelConfig; sizes from it, the rest fixed as below whatever it says):
+//   kind bert  pre-LN encoder: word + learned position embeddings (no token types), embedding
+//              LayerNorm, L x [LN -> MHA -> residual, LN -> GELU FFN -> residual], final LayerNorm
+//              (config: norm_placement "pre", final_layer_norm true, type_vocab_size 0). Heads:
+//              classify  MEAN over each sequence's valid tokens -> linear ("classifier.weight",
+//                        "classifier.bias"). Not a class token: with clustered attentions one
+//                        position's output is its cluster centroid's, a mean is robust to that,
+//                        and the data need not prepend anything. (Encoder::load reads the folder;
+//                        its classifier reads position 0 unless it honours "classifier_pooling".)
+//              mlm       output layer tied to the word embeddings plus "cls.predictions.bias"
+//                        (no transform layer), at the positions whose target is not -1.
+//   kind llama decoder (RMSNorm, rotate-half RoPE, SwiGLU, GQA when kv_heads < heads, embeddings
+//              tied to the output layer), head lm (next token; targets -1 are skipped).
 // Parameters, gradients and optimiser moments live in flat float buffers (one allocation each),
-// so the optimiser step and gradient clipping are single passes.
+// so the optimiser step and gradient clipping are single passes. Tensors that one GEMM reads as a
+// single matrix are adjacent: q, k, v (weights, and biases) and LLaMA's gate and up.
+// Activations are saved in one arena sized per (B, T): the first call at a new size allocates,
+// later ones do not.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +45,9 @@ struct StepResult {
   double loss_sum = 0;   // summed loss over counted targets (nats)
   int64_t counted = 0;   // targets counted
   int64_t correct = 0;   // argmax == target among counted
-  double attention_ms = 0, total_ms = 0;
+  double attention_ms = 0;  // attention forward + backward
+  double dense_ms = 0;      // linear layers (GEMMs) forward + backward, the output layer included
+  double total_ms = 0;      // the whole call
 };
 
 class TrainModel {
@@ -47,12 +60,21 @@ class TrainModel {
 
   virtual const ModelConfig& config() const = 0;
   virtual TaskKind head() const = 0;
-  virtual void set_attention(const std::string& plan) = 0;  // model.h plan syntax
+  // model.h plan syntax; refuses variants without a backward or without per-example lengths.
+  // Saved in config.json ("clattn_attention") and restored by load().
+  virtual void set_attention(const std::string& plan) = 0;
   virtual void set_dropout(float p) = 0;
 
-  // Forward of a batch and the loss; with `train` also the backward, ACCUMULATING into grads().
-  // `step` seeds the stochastic attentions and dropout (fresh draws each step, reproducible).
+  // Forward of a batch and the loss; with `train` also the backward, ACCUMULATING into grads()
+  // the gradient of the batch's MEAN loss (loss_sum / counted). `step` seeds the stochastic
+  // attentions and dropout (fresh draws each step, reproducible); `train` also lets stateful
+  // attentions (routing's EMA) update their state. Dropout applies to both residual branches of
+  // every layer, only when `train`.
   virtual StepResult forward_backward(const Batch& batch, bool train, uint64_t step) = 0;
+
+  // The final hidden state of the last forward_backward, after the final norm: (B·T, hidden),
+  // valid until the next call (what the head reads; tests compare it with the inference models).
+  virtual ConstView last_hidden() const = 0;
 
   virtual std::span<float> params() = 0;
   virtual std::span<float> grads() = 0;
@@ -75,15 +97,25 @@ struct OptimizerOptions {
 class Optimizer {
  public:
   Optimizer(TrainModel& model, const OptimizerOptions& opt);
-  // Applies one update from the model's grads (already averaged); returns the pre-clip grad norm.
+  // Applies one update from the model's grads (already averaged; clipped in place when their
+  // global norm exceeds clip); returns the pre-clip grad norm. The learning rate is
+  // nn::lr_schedule(steps_done(), ...) before the step. A non-finite norm is an error (nothing is
+  // updated). Does not zero the grads.
   double step(float* lr_used = nullptr);
   int64_t steps_done() const { return t_; }
-  void save(const std::string& path) const;  // m, v, t (safetensors, atomic)
+  // m, v (F32, bit-exact) and t (metadata) as safetensors, written atomically; load() checks
+  // that the sizes match the model's parameters.
+  void save(const std::string& path) const;
   void load(const std::string& path);
  private:
+  struct Run {  // consecutive parameters with the same weight-decay flag: one adamw_step each
+    int64_t offset, size;
+    bool decay;
+  };
   TrainModel* model_;
   OptimizerOptions opt_;
   std::vector<float> m_, v_;
+  std::vector<Run> runs_;
   int64_t t_ = 0;
 };
 
