@@ -4,6 +4,34 @@
 // Determinism: the training batch of step s is a pure function of (task, seed, s) — never of how
 // many batches were drawn before — so a resumed run sees exactly the batches of an uninterrupted
 // one. Evaluation batches are a fixed, held-out set (fixed by the seed too).
+//
+// The tasks (src/data/):
+//   listops  Long Range Arena ListOps (Tay et al. 2021; grammar of Nangia & Bowman 2018).
+//            Vocabulary (16): 0 pad, 1..10 the digits 0..9, 11 [MIN, 12 [MAX, 13 [MED, 14 [SM,
+//            15 ']'. The binarising parentheses of the Nangia/LRA files are dropped, as LRA's input
+//            pipeline does: "( ( [MAX 2 ) 9 ) ] )" and "[MAX 2 9 ]" are the same expression, the
+//            prefix form with ']' is unambiguous, and sequences are ~3x shorter. Generator and TSV
+//            reader produce the same tokens. Labels 0..9: MIN, MAX, MED = int(np.median(args))
+//            (even count: the mean of the two middle values, truncated), SM = sum mod 10 — the
+//            definitions of LRA's listops.py; all 10,000 labels of test_d20s.tsv agree (a test).
+//            Generator (LRA's generate_tree): at depth < 10 a node is a leaf (a uniform digit) with
+//            probability 0.75, otherwise an operator (uniform of 4) over 2..10 (uniform) arguments;
+//            at depth 10 always a leaf; a tree is kept when its token count (operators, digits,
+//            ']') lies in [min_length, min(max_length, T)] — inclusive, where LRA's is strict.
+//            Held-out: the TSV given as `data` (examples longer than T skipped, eval_skipped says
+//            how many), or without one 1,000 generated examples drawn apart from training ones.
+//   mlm      masked character modelling over a text file. Vocabulary (258): ids 0..255 the bytes,
+//            256 pad, 257 mask. A training window is T consecutive bytes of the first 90 % of the
+//            file, its start drawn from (seed, step, row). Exactly max(1, round(mask_prob·T))
+//            positions per window are targets (chosen uniformly without replacement); as in BERT
+//            each is replaced by mask with probability 0.8, a uniform random byte with 0.1, and
+//            kept with 0.1. targets = the original byte there, -1 elsewhere. The loss (and bits
+//            per character = nats / ln 2) is taken on all target positions.
+//   lm       causal character LM over a text file, the same bytes and split: a window is T + 1
+//            bytes, ids = window[0, T), targets = window[1, T].
+//   Held-out text: the last 10 % of the file (floor(size/10) bytes), never touched by a training
+//   window; evaluation windows tile it from its start with stride T (mlm: T bytes, lm: T + 1),
+//   masks drawn once from the seed.
 #pragma once
 
 #include <cstdint>
@@ -34,17 +62,22 @@ class Task {
   virtual int64_t classes() const = 0;         // classify: labels in [0, classes); else vocab()
   virtual int32_t pad_id() const = 0;
   virtual std::string decode(int32_t id) const = 0;  // a token's text, for logs and tests
+  // Throws clattn::Error naming the problem unless batches of length T can be made (listops: the
+  // length window must reach T; text: the file must hold a training and a held-out window).
+  virtual void check_length(int64_t T) const = 0;
   // Training batch of `step` (see Determinism). T is the sequence length asked for: mlm / lm
   // windows are exactly T; listops pads each batch to T (longer expressions are not drawn).
   virtual Batch train_batch(int64_t B, int64_t T, uint64_t step) const = 0;
   // The held-out set, cut into batches of B (the last one may be smaller); at most `limit`
   // examples (0 = all).
   virtual std::vector<Batch> eval_batches(int64_t B, int64_t T, int64_t limit) const = 0;
+  // Held-out examples left out of eval_batches because they are longer than T (listops TSV).
+  virtual int64_t eval_skipped(int64_t /*T*/) const { return 0; }
 };
 
 struct TaskOptions {
-  std::string kind;       // "listops" | "mlm" | "lm"
-  std::string data;       // listops: a TSV (label<TAB>expression) for evaluation, or "" for a
+  std::string kind{};     // "listops" | "mlm" | "lm"
+  std::string data{};     // listops: a TSV (label<TAB>expression) for evaluation, or "" for a
                           // generated held-out set; mlm / lm: a text file (the last 10 % held out)
   uint64_t seed = 0;
   int64_t min_length = 500, max_length = 2000;  // listops generator length window (tokens)
