@@ -61,7 +61,9 @@ class TrainModel {
   virtual const ModelConfig& config() const = 0;
   virtual TaskKind head() const = 0;
   // model.h plan syntax; refuses variants without a backward or without per-example lengths.
-  // Saved in config.json ("clattn_attention") and restored by load().
+  // Saved in config.json ("clattn_attention") and restored by load(), with the layer state of
+  // stateful attentions (routing's EMA centroids, as "clattn.attention_state.<layer>.<name>"
+  // tensors of model.safetensors); a layer whose spec changes starts a fresh state.
   virtual void set_attention(const std::string& plan) = 0;
   virtual void set_dropout(float p) = 0;
 

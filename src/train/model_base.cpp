@@ -77,12 +77,15 @@ void ModelBase::set_attention(const std::string& plan) {
   for (size_t l = 0; l < att.size(); ++l)
     check(att[l]->capabilities().query_lengths && att[l]->capabilities().key_lengths, "attention of layer ", l,
           ": '", specs[l], "' does not honour per-example lengths, which training batches have");
+  // A layer keeps its attention state (routing's EMA centroids) while its spec is unchanged.
+  std::vector<AttentionState> states(att.size());
+  for (size_t l = 0; l < att.size() && l < specs_.size() && l < states_.size(); ++l)
+    if (specs_[l] == specs[l]) states[l] = std::move(states_[l]);
   plan_ = plan;
   specs_ = std::move(specs);
   att_ = std::move(att);
+  states_ = std::move(states);
   ctx_.clear();
-  states_.clear();
-  states_.resize(att_.size());
   for (size_t l = 0; l < att_.size(); ++l) ctx_.emplace_back(Mode::training, &scratch_);
 }
 
@@ -273,6 +276,11 @@ void ModelBase::save(const std::string& dir) const {
   SafetensorsWriter w;
   for (const ParamInfo& pi : info_)
     w.add(pi.name, make_view(params_.data() + pi.offset, Shape(pi.shape)));
+  // Layer state of stateful attentions (routing's EMA centroids) beside the weights; the
+  // inference loaders ignore these names.
+  for (size_t l = 0; l < states_.size(); ++l)
+    for (const auto& [name, t] : states_[l].buffers)
+      w.add("clattn.attention_state." + std::to_string(l) + "." + name, t.view());
   w.set_metadata("format", "pt");
   w.write((fs::path(dir) / "model.safetensors").string());
   write_file_atomic((fs::path(dir) / "config.json").string(), config_json(cfg_, head_, plan_).dump(2) + "\n");
@@ -286,6 +294,22 @@ void ModelBase::load_tensors(const std::string& file) {
           Shape(f.info(pi.name).shape), " but the config implies ", Shape(pi.shape));
     const Tensor t = f.get_f32(pi.name);
     std::memcpy(params_.data() + pi.offset, t.data(), sizeof(float) * static_cast<size_t>(pi.size));
+  }
+  const std::string prefix = "clattn.attention_state.";
+  for (const std::string& name : f.names()) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    const size_t dot = name.find('.', prefix.size());
+    check(dot != std::string::npos, "train: checkpoint '", file, "': bad attention state name '", name, "'");
+    size_t l = 0;
+    try {
+      l = std::stoul(name.substr(prefix.size(), dot - prefix.size()));
+    } catch (...) {
+      fail("train: checkpoint '", file, "': bad attention state name '", name, "'");
+    }
+    check(l < states_.size(), "train: checkpoint '", file, "': attention state '", name, "' names a layer the model lacks");
+    const Tensor t = f.get_f32(name);
+    Tensor& dst = states_[l].add(name.substr(dot + 1), t.shape());
+    std::memcpy(dst.data(), t.data(), sizeof(float) * static_cast<size_t>(t.numel()));
   }
 }
 
@@ -319,9 +343,9 @@ std::unique_ptr<TrainModel> TrainModel::load(const std::string& dir) {
   check(j.is_object() && j.contains("clattn_head") && j["clattn_head"].is_string(), "train: config '", cpath,
         "' has no \"clattn_head\" (not a checkpoint written by clattn train)");
   std::unique_ptr<train::ModelBase> m = build(cfg, train::head_from_name(j["clattn_head"].get<std::string>()));
-  m->load_tensors((fs::path(dir) / "model.safetensors").string());
   if (j.contains("clattn_attention") && j["clattn_attention"].is_string())
     m->set_attention(j["clattn_attention"].get<std::string>());
+  m->load_tensors((fs::path(dir) / "model.safetensors").string());
   return m;
 }
 

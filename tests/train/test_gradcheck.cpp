@@ -121,11 +121,7 @@ void gradcheck(TrainModel& m, const Batch& b, const std::string& label) {
   // One thread: at these sizes an OpenMP region costs more than its work, and the checks make
   // hundreds of evaluations (the multi-threaded paths are compared with the inference models and
   // trained in test_train.cpp).
-  struct OneThread {
-    int saved = max_threads();
-    OneThread() { set_threads(1); }
-    ~OneThread() { set_threads(saved); }
-  } one;
+  OneThread one;
   const uint64_t step = 5;
   Checker c(m, b, step);
   const int64_t n = static_cast<int64_t>(c.base.size());

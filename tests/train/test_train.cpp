@@ -103,6 +103,23 @@ TEST(Train, SaveLoadGivesIdenticalLossBits) {
   }
 }
 
+// Routing's EMA centroids (layer state) move with training calls and travel with the checkpoint.
+TEST(Train, AttentionStateIsSavedWithTheCheckpoint) {
+  TempDir d("state");
+  std::unique_ptr<TrainModel> m = TrainModel::create(tiny_bert(), TaskKind::mlm, 1);
+  roughen(*m, 2);
+  m->set_attention("full;routing:clusters=3,centroids=ema,decay=0.1");
+  const Batch b = tiny_batch(TaskKind::mlm, 13, {13, 9}, 11, 0, 4);
+  const StepResult fresh = m->forward_backward(b, false, 1);
+  for (uint64_t s = 0; s < 3; ++s) m->forward_backward(b, true, s);  // EMA updates
+  const StepResult moved = m->forward_backward(b, false, 1);
+  EXPECT_NE(fresh.loss_sum, moved.loss_sum);
+  m->save(d.str());
+  std::unique_ptr<TrainModel> m2 = TrainModel::load(d.str());
+  const StepResult r = m2->forward_backward(b, false, 1);
+  EXPECT_EQ(std::memcmp(&r.loss_sum, &moved.loss_sum, sizeof(double)), 0) << r.loss_sum << " vs " << moved.loss_sum;
+}
+
 TEST(Train, CheckpointErrorsNameTheProblem) {
   TempDir d("bad");
   std::unique_ptr<TrainModel> m = TrainModel::create(tiny_bert(), TaskKind::mlm, 1);
@@ -139,6 +156,7 @@ TEST(Train, CheckpointErrorsNameTheProblem) {
 
 // AdamW on one small batch: the loss falls far, with clipping and the schedule on.
 TEST(Train, OverfitsATinyBatch) {
+  OneThread one;
   for (TaskKind head : {TaskKind::mlm, TaskKind::lm, TaskKind::classify}) {
     const bool dec = head == TaskKind::lm;
     const ModelConfig cfg = dec ? tiny_llama() : tiny_bert(11, head == TaskKind::classify ? 3 : 0);

@@ -8,10 +8,19 @@
 
 #include "clattn/data.h"
 #include "clattn/model.h"
+#include "clattn/parallel.h"
 #include "clattn/rng.h"
 #include "clattn/train.h"
 
 namespace clattn::testing {
+
+// Runs a scope on one thread: at these sizes an OpenMP region costs more than its work (and on a
+// loaded machine much more), and the loops calling the model many times would take minutes.
+struct OneThread {
+  int saved = max_threads();
+  OneThread() { set_threads(1); }
+  ~OneThread() { set_threads(saved); }
+};
 
 inline ModelConfig tiny_bert(int64_t vocab = 11, int64_t labels = 0) {
   ModelConfig c;
