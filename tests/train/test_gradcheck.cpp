@@ -42,8 +42,12 @@ namespace {
 
 constexpr double kRtol = 2e-2, kAtol = 1e-3, kH = 1e-3;
 
+// Dropout only acts in training calls: with it on, the evaluations are training calls too (their
+// gradient accumulation is harmless, the checker keeps its own copy of the gradient).
+bool g_train_evals = false;
+
 double mean_loss(TrainModel& m, const Batch& b, uint64_t step) {
-  const StepResult r = m.forward_backward(b, false, step);
+  const StepResult r = m.forward_backward(b, g_train_evals, step);
   return r.loss_sum / static_cast<double>(r.counted);
 }
 
@@ -208,6 +212,25 @@ TEST(TrainGradcheck, EncoderClassifyAndGqaDecoder) {
     const Batch b = tiny_batch(TaskKind::lm, 17, {17, 10}, 13, 0, 7);
     gradcheck(*m, b, "decoder/lm gqa full");
   }
+}
+
+// Dropout (both residual branches of every layer) redraws the same mask in backward.
+TEST(TrainGradcheck, Dropout) {
+  g_train_evals = true;
+  for (bool dec : {false, true}) {
+    std::unique_ptr<TrainModel> m = dec ? TrainModel::create(tiny_llama(), TaskKind::lm, 1)
+                                        : TrainModel::create(tiny_bert(), TaskKind::mlm, 1);
+    roughen(*m, 2);
+    m->set_dropout(0.2f);
+    const Batch b = tiny_batch(dec ? TaskKind::lm : TaskKind::mlm, 13, {13, 9}, dec ? 13 : 11, 0, 4);
+    const StepResult a = m->forward_backward(b, true, 1), a2 = m->forward_backward(b, true, 1);
+    const StepResult c = m->forward_backward(b, true, 2), e = m->forward_backward(b, false, 1);
+    EXPECT_EQ(a.loss_sum, a2.loss_sum);  // the same step draws the same masks
+    EXPECT_NE(a.loss_sum, c.loss_sum);   // another step, other masks
+    EXPECT_NE(a.loss_sum, e.loss_sum);   // evaluation: no dropout
+    gradcheck(*m, b, dec ? "decoder/lm dropout 0.2" : "encoder/mlm dropout 0.2");
+  }
+  g_train_evals = false;
 }
 
 // The check must be able to fail: a gradient with one tensor's entries halved is caught.
