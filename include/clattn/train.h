@@ -78,6 +78,11 @@ class TrainModel {
   // valid until the next call (what the head reads; tests compare it with the inference models).
   virtual ConstView last_hidden() const = 0;
 
+  // Bytes a training step of (B, T) holds, to refuse a request before allocating it: the
+  // activation arena, every layer's attention workspace and saved state (training mode), and the
+  // parameters with their gradients and both AdamW moments.
+  virtual double train_bytes(int64_t B, int64_t T) const = 0;
+
   virtual std::span<float> params() = 0;
   virtual std::span<float> grads() = 0;
   virtual const std::vector<ParamInfo>& param_info() const = 0;

@@ -22,6 +22,13 @@ class Bert final : public ModelBase {
 
  private:
   bool causal() const override { return false; }
+  double arena_floats(int64_t B, int64_t T) const override {
+    // Per layer 8H + F + 4 floats a row, then 13H + 2F + 4 + classes (see ensure), each piece
+    // rounded up to 16 floats.
+    const double rows = static_cast<double>(B * T), H = static_cast<double>(cfg_.hidden), F = static_cast<double>(cfg_.ffn);
+    const double pieces = 11.0 * static_cast<double>(cfg_.layers) + 17;
+    return rows * (static_cast<double>(cfg_.layers) * (8 * H + F + 4) + 13 * H + 2 * F + 4 + static_cast<double>(head_out_)) + 16 * pieces;
+  }
   void ensure(int64_t B, int64_t T);
   struct Layer {  // offsets into params / grads
     int64_t wqkv, bqkv, wo, bo, ln1g, ln1b, w1, b1, w2, b2, ln2g, ln2b;
@@ -133,7 +140,12 @@ void Bert::ensure(int64_t B, int64_t T) {
     hs_ = a.take(rows * H);         // head: gathered rows (n, H)
     dhs_ = a.take(rows * H);
     logits_ = a.take(rows * head_out_);  // (n, classes)
-    if (!pass) arena_.resize(Shape{a.used()});
+    if (!pass) {
+      // train_bytes() promises this bound: a layout change must update arena_floats().
+      check(static_cast<double>(a.used()) <= arena_floats(B, T), "train: internal: the arena (", a.used(),
+            " floats) exceeds arena_floats() = ", arena_floats(B, T));
+      arena_.resize(Shape{a.used()});
+    }
   }
   sel_.assign(static_cast<size_t>(rows), 0);
   tsel_.assign(static_cast<size_t>(rows), 0);

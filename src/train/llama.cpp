@@ -21,6 +21,16 @@ class Llama final : public ModelBase {
 
  private:
   bool causal() const override { return true; }
+  double arena_floats(int64_t B, int64_t T) const override {
+    // Per layer 4H + (Q + 2KV) + Q + 2F + 2 floats a row, then 7H + Q + (Q + 2KV) + 3F + 1 +
+    // vocab (see ensure), each piece rounded up to 16 floats.
+    const ModelConfig& c = cfg_;
+    const double rows = static_cast<double>(B * T), H = static_cast<double>(c.hidden), F = static_cast<double>(c.ffn);
+    const double Q = static_cast<double>(c.heads * c.head_dim), QKV = Q + 2.0 * static_cast<double>(c.kv_heads * c.head_dim);
+    const double pieces = 9.0 * static_cast<double>(c.layers) + 13;
+    return rows * (static_cast<double>(c.layers) * (4 * H + QKV + Q + 2 * F + 2) + 7 * H + Q + QKV + 3 * F + 1 + static_cast<double>(head_out_)) +
+           16 * pieces;
+  }
   void ensure(int64_t B, int64_t T);
   struct Layer {
     int64_t in_norm, wqkv, wo, post_norm, wgu, down;
@@ -103,7 +113,12 @@ void Llama::ensure(int64_t B, int64_t T) {
     hs_ = a.take(rows * H);
     dhs_ = a.take(rows * H);
     logits_ = a.take(rows * head_out_);
-    if (!pass) arena_.resize(Shape{a.used()});
+    if (!pass) {
+      // train_bytes() promises this bound: a layout change must update arena_floats().
+      check(static_cast<double>(a.used()) <= arena_floats(B, T), "train: internal: the arena (", a.used(),
+            " floats) exceeds arena_floats() = ", arena_floats(B, T));
+      arena_.resize(Shape{a.used()});
+    }
   }
   pos_.resize(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) pos_[static_cast<size_t>(r)] = static_cast<int32_t>(r % T);

@@ -67,6 +67,13 @@ void ModelBase::init(uint64_t seed) {
   }
 }
 
+double ModelBase::train_bytes(int64_t B, int64_t T) const {
+  const AttentionDims d{B, cfg_.heads, cfg_.kv_heads, T, T, cfg_.head_dim, cfg_.head_dim};
+  double att = 0;
+  for (const auto& a : att_) att += static_cast<double>(a->workspace_bytes(d, Mode::training, max_threads()));
+  return 4.0 * arena_floats(B, T) + att + 4.0 * 4.0 * static_cast<double>(params_.size());
+}
+
 void ModelBase::zero_grads() { std::memset(grads_.data(), 0, sizeof(float) * grads_.size()); }
 
 void ModelBase::set_attention(const std::string& plan) {

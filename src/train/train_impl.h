@@ -56,6 +56,7 @@ class ModelBase : public TrainModel {
   std::span<float> grads() override { return {grads_.data(), grads_.size()}; }
   const std::vector<ParamInfo>& param_info() const override { return info_; }
   void zero_grads() override;
+  double train_bytes(int64_t B, int64_t T) const override;
   ConstView last_hidden() const override { return make_view(static_cast<const float*>(xf_), Shape{B_ * T_, cfg_.hidden}); }
   void save(const std::string& dir) const override;
 
@@ -71,6 +72,8 @@ class ModelBase : public TrainModel {
 
  protected:
   virtual bool causal() const = 0;
+  // Floats of the activation arena at (B, T) (an upper bound of what ensure() carves).
+  virtual double arena_floats(int64_t B, int64_t T) const = 0;
   // Validates the batch against the model (sizes, lengths, targets' shape).
   void check_batch(const Batch& b) const;
   // Runs layer l's attention forward / backward with the batch's lengths and this step's draws.

@@ -155,6 +155,20 @@ TEST(Train, CheckpointErrorsNameTheProblem) {
   EXPECT_THROW(TrainModel::create(tiny_llama(), TaskKind::mlm, 1), Error);
 }
 
+TEST(Train, TrainBytesEstimate) {
+  ModelConfig c = tiny_bert(256, 0);
+  c.hidden = 128;
+  c.ffn = 256;
+  c.layers = 4;
+  c.max_positions = 4096;
+  std::unique_ptr<TrainModel> m = TrainModel::create(c, TaskKind::mlm, 1);
+  // Activations alone are 4 layers x (8H + F) + 13H + 2F + vocab floats a row: ~9.6 KB a token.
+  const double per_token = (m->train_bytes(1, 4096) - m->train_bytes(1, 2048)) / 2048;
+  EXPECT_GT(per_token, 4.0 * (4 * (8 * 128 + 256) + 13 * 128 + 2 * 256 + 256));
+  EXPECT_LT(per_token, 4.0 * 3 * (4 * (8 * 128 + 256) + 13 * 128 + 2 * 256 + 256));  // + full's O(N) state
+  EXPECT_GT(m->train_bytes(1, 16), 16.0 * static_cast<double>(m->params().size()));
+}
+
 // AdamW on one small batch: the loss falls far, with clipping and the schedule on.
 TEST(Train, OverfitsATinyBatch) {
   OneThread one;
