@@ -97,9 +97,10 @@ void embedding_bwd(float* dtable, const int32_t* ids, const float* dy, int64_t n
 // is ignored (padding, unmasked MLM positions). Returns the SUM of −log p[target] over counted
 // rows (in double) and writes *counted. When dlogits is not nullptr it receives
 // scale · (softmax − onehot) for counted rows and 0 for ignored ones (dlogits may alias logits;
-// pass scale = 1 / counted for the mean loss). Targets outside [−1, classes) are an error naming
-// the row and value; a NaN or ±Inf logit in a counted row is an error naming it (ignored rows are
-// not read). The loss has the same bits for any thread count. counted may be null.
+// pass scale = 1 / counted for the mean loss; with nothing counted any scale, even inf, gives
+// zeros). Targets outside [−1, classes) are an error naming the row and value; a NaN or ±Inf logit
+// in a counted row is an error naming it (ignored rows are not read). The loss has the same bits
+// for any thread count. counted may be null.
 double cross_entropy(float* dlogits, const float* logits, const int32_t* targets, int64_t rows,
                      int64_t classes, float scale, int64_t* counted);
 

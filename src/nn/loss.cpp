@@ -73,7 +73,6 @@ double cross_entropy(float* dlogits, const float* logits, const int32_t* targets
                      int64_t classes, float scale, int64_t* counted) {
   check(rows >= 0 && classes >= 1, "cross_entropy: need rows >= 0 and classes >= 1, got rows=", rows,
         " classes=", classes);
-  check(std::isfinite(scale), "cross_entropy: scale must be finite, got ", scale);
   if (counted) *counted = 0;
   if (rows == 0) return 0.0;
   check(logits != nullptr && targets != nullptr, "cross_entropy: logits and targets must not be null");
@@ -83,6 +82,9 @@ double cross_entropy(float* dlogits, const float* logits, const int32_t* targets
           "; targets must lie in [0, classes = ", classes, ") or be -1 (ignored)");
     n_counted += targets[r] != -1;
   }
+  // 1 / counted is inf for a batch with nothing counted: harmless then (every gradient row is 0).
+  check(dlogits == nullptr || n_counted == 0 || std::isfinite(scale), "cross_entropy: scale must be finite, got ",
+        scale);
   const int64_t blocks = std::min(kMaxLossBlocks, rows);
   double partial[kMaxLossBlocks];   // (blocks) Σ loss over each block's rows, in row order
   int64_t first_bad[kMaxLossBlocks];  // (blocks) first row with a non-finite logit, or −1

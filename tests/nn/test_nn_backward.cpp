@@ -590,6 +590,14 @@ TEST(CrossEntropy, RejectsBadTargetsAndNonFiniteLogitsNamingThem) {
   int64_t counted = 9;
   EXPECT_EQ(cross_entropy(nullptr, nullptr, nullptr, 0, classes, 1.f, &counted), 0.0);
   EXPECT_EQ(counted, 0);
+  // Nothing counted: scale = 1 / 0 is accepted and every gradient row is 0.
+  const std::vector<int32_t> none(sz(rows), -1);
+  std::vector<float> d(sz(rows * classes), 1.f);
+  EXPECT_EQ(cross_entropy(d.data(), l.data(), none.data(), rows, classes, std::numeric_limits<float>::infinity(), &counted), 0.0);
+  EXPECT_EQ(counted, 0);
+  for (float v : d) EXPECT_EQ(v, 0.f);
+  const std::vector<int32_t> one = {-1, 2, -1};
+  EXPECT_THROW(cross_entropy(d.data(), l.data(), one.data(), rows, classes, std::numeric_limits<float>::infinity(), &counted), Error);
 }
 
 // ---------------------------------------------------------------------------------------------
