@@ -263,7 +263,16 @@ TEST(Train, DISABLED_Throughput) {
   const double peak = measure_sgemm_gflops(1024, 3);
   std::printf("sgemm rate (1024^3, %d threads): %.1f GFLOP/s\n", max_threads(), peak);
   for (int64_t N : lengths) {
-    for (const std::string spec : {"full", "improved-clustered:clusters=100,topk=32", "clustered:clusters=100"}) {
+    std::vector<std::string> specs = {"full", "improved-clustered:clusters=100,topk=32", "clustered:clusters=100"};
+    if (const char* e = std::getenv("CLATTN_TRAIN_SPECS")) {  // ';'-separated
+      specs.clear();
+      for (std::string s = e; !s.empty();) {
+        const size_t c = s.find(';');
+        specs.push_back(s.substr(0, c));
+        s = c == std::string::npos ? "" : s.substr(c + 1);
+      }
+    }
+    for (const std::string& spec : specs) {
       ModelConfig c;
       c.kind = ModelKind::bert;
       c.hidden = 128;
@@ -302,9 +311,15 @@ TEST(Train, DISABLED_Throughput) {
       for (int32_t t : b.targets) targets += t != -1;
       const double H = 128, F = 256;
       const double flops = 3.0 * (4 * 2.0 * N * H * (3 * H + H + 2 * F) + 2.0 * static_cast<double>(targets) * H * 256);
-      std::printf("N=%-6lld %-42s %8.1f ms/step  attention %5.1f%%  dense %5.1f%% (%.0f GFLOP/s)  optimizer %4.1f%%  other %5.1f%%  (%d threads)\n",
+      long rss_kb = 0;
+      if (std::ifstream st("/proc/self/status"); st)
+        for (std::string line; std::getline(st, line);)
+          if (line.rfind("VmHWM:", 0) == 0) rss_kb = std::atol(line.c_str() + 6);
+      std::printf("N=%-6lld %-42s %8.1f ms/step  attention %5.1f%%  dense %5.1f%% (%.0f GFLOP/s)  optimizer %4.1f%%  other %5.1f%%  "
+                  "(%d threads; train_bytes %.0f MB, peak RSS so far %.0f MB)\n",
                   static_cast<long long>(N), spec.c_str(), tot, 100 * att / tot, 100 * dense / tot, flops / dense / 1e6,
-                  100 * optms / tot, 100 * (tot - att - dense - optms) / tot, max_threads());
+                  100 * optms / tot, 100 * (tot - att - dense - optms) / tot, max_threads(), m->train_bytes(1, N) / 1e6,
+                  static_cast<double>(rss_kb) / 1e3);
       std::fflush(stdout);
     }
   }
