@@ -77,10 +77,10 @@ void linear_bwd(float* dx, int64_t lddx, float* dw, float* db, const float* dy, 
   if (db) {
     for_column_ranges(out, rows * out > kParallelMin, [&](int64_t c0, int64_t c1) {
       for (int64_t p0 = c0; p0 < c1; p0 += kColPiece) {
-        const int64_t w_ = std::min(kColPiece, c1 - p0);
-        alignas(64) float acc[kColPiece] = {};  // (w_) Σ over rows so far, in row order
-        for (int64_t r = 0; r < rows; ++r) add_row(acc, dy + r * lddy + p0, w_);
-        add_row(db + p0, acc, w_);
+        const int64_t width = std::min(kColPiece, c1 - p0);
+        alignas(64) float acc[kColPiece] = {};  // (width) Σ over rows so far, in row order
+        for (int64_t r = 0; r < rows; ++r) add_row(acc, dy + r * lddy + p0, width);
+        add_row(db + p0, acc, width);
       }
     });
   }
