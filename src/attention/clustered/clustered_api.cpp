@@ -2,6 +2,7 @@
 // The planes and initial centroids are drawn from (seed, AttentionInputs::step): the same step
 // gives the same clusters, training advances the step to see new hashes, and backward reuses the
 // partition saved in the context.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -16,13 +17,14 @@ namespace {
 class ClusteredAttention final : public Attention {
  public:
   ClusteredAttention(std::string kind, const ClusteredParams& p) : kind_(std::move(kind)), p_(p) {
-    caps_ = Capabilities{.causal = false, .query_lengths = true, .key_lengths = true, .bias = false,
+    caps_ = Capabilities{.causal = true, .query_lengths = true, .key_lengths = true, .bias = false,
                          .cross = true, .gqa = true, .trainable = true, .shared_qk = false,
                          .stochastic = !p.positional, .stateful = false};
   }
   std::string name() const override {
     std::string s = detail::concat(kind_, ":clusters=", p_.clusters);
     if (p_.topk > 0) s += detail::concat(",topk=", p_.topk);
+    s += detail::concat(",block=", p_.block);
     if (p_.positional) return s + detail::concat(",clustering=positional,seed=", p_.seed);
     return s + detail::concat(",bits=", p_.bits, ",iterations=", p_.iterations,
                               ",hash_bias=", p_.hash_bias ? "true" : "false", ",seed=", p_.seed,
@@ -34,6 +36,11 @@ class ClusteredAttention final : public Attention {
     const AttentionDims d = validate_inputs(in, caps_, kind_);
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", kind_);
     ClusteredState& st = ctx.state<ClusteredState>();
+    if (in.causal) {
+      attn_causal_clustered_fwd(in, d, p_, in.step, out, st, ctx);
+      return;
+    }
+    st.causal = false;
     attn_clustered_fwd(in, d, p_, in.step, out, st, ctx.scratch().get<ClusteredWorkspace>());
   }
 
@@ -41,6 +48,14 @@ class ClusteredAttention final : public Attention {
                 View dk, View dv) const override {
     const AttentionDims d = validate_inputs(in, caps_, kind_);
     const ClusteredState& st = ctx.saved<ClusteredState>();
+    check(st.causal == in.causal, kind_, ": backward's causal flag differs from the forward's");
+    if (in.causal) {
+      check(st.cz.lse.shape() == Shape{d.B * d.H, d.N} && st.cz.nb == (d.M + p_.block - 1) / p_.block,
+            kind_, ": backward inputs have shapes other than the forward's (q is now ", in.q.shape, ")");
+      validate_backward(in, d, out, dout, dq, dk, dv, kind_);
+      attn_causal_clustered_bwd(in, d, p_, ctx.state<ClusteredState>(), out, dout, dq, dk, dv, ctx);
+      return;
+    }
     check(st.order.size() == static_cast<size_t>(d.B * d.H * d.N) &&
               st.qc.shape() == Shape{d.B, d.H, st.cmax, d.Dk},
           kind_, ": backward inputs have shapes other than the forward's (q is now ",
@@ -50,7 +65,9 @@ class ClusteredAttention final : public Attention {
   }
 
   size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {
-    return clustered_workspace_bytes(d, p_, mode, threads);
+    // The mask is not among the sizes: the bound covers both the causal and the plain pipeline.
+    return std::max(clustered_workspace_bytes(d, p_, mode, threads),
+                    causal_clustered_workspace_bytes(d, p_, mode, threads));
   }
 
  private:
@@ -69,6 +86,7 @@ ClusteredParams read_clustered(SpecReader& r, const Spec& spec, bool improved) {
   p.hash_bias = r.get_bool("hash_bias", true);
   p.positional = r.get_choice("clustering", "lsh", {"lsh", "positional"}) == "positional";
   if (improved) p.topk = r.get_int("topk", 32, 1, int64_t{1} << 30);
+  p.block = r.get_int("block", 128, 1, int64_t{1} << 30);
   p.scale = static_cast<float>(r.get_float("scale", 0.0, 1e-6, 1e6));
   p.seed = static_cast<uint64_t>(r.get_int("seed", 0, 0, int64_t{1} << 62));
   r.finish();

@@ -1,0 +1,222 @@
+// Causal clustered and improved-clustered attention (src/attention/clustered/causal_clustered.cpp):
+// the exact limits, the double reference, masks, GQA, the prefix-cache offset, decoding, the
+// paper's L1 property where it applies, and gradients by finite differences in double.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "attention/clustered/clustered.h"
+#include "attention/clustered/clustered_ref.h"
+#include "attention/full/full.h"
+#include "clattn/attention.h"
+#include "common/fd.h"
+#include "common/test_util.h"
+
+namespace clattn {
+namespace {
+
+using testing::make_problem;
+using testing::nmse;
+using testing::Problem;
+using testing::ProblemData;
+
+Tensor run(const std::string& spec, const AttentionInputs& in, Context& ctx) {
+  Tensor out(Shape{in.q.dim(0), in.q.dim(1), in.q.dim(2), in.v.dim(3)});
+  make_attention(spec)->forward(in, out.view(), ctx);
+  return out;
+}
+
+Tensor causal_full(const AttentionInputs& in) {
+  Tensor out(Shape{in.q.dim(0), in.q.dim(1), in.q.dim(2), in.v.dim(3)});
+  attn_full_ref_fwd(in, 0.f, out.view(), nullptr);
+  return out;
+}
+
+// Largest |a − b| relative to the largest |b|.
+double max_rel(ConstView a, ConstView b) {
+  double num = 0, den = 0;
+  const Tensor x = Tensor::from(a), y = Tensor::from(b);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    num = std::max(num, static_cast<double>(std::abs(x.data()[i] - y.data()[i])));
+    den = std::max(den, static_cast<double>(std::abs(y.data()[i])));
+  }
+  return num / std::max(den, 1e-30);
+}
+
+// Queries and keys near a few centres, as in trained models.
+ProblemData structured(const Problem& p, int centres = 5) {
+  ProblemData pd = make_problem(p);
+  Tensor cq = testing::randn(Shape{centres, p.Dk}, p.seed + 50, 1);
+  for (Tensor* t : {&pd.q, &pd.k}) {
+    const int64_t rows = t->numel() / p.Dk;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t e = 0; e < p.Dk; ++e)
+        t->data()[r * p.Dk + e] = 1.5f * cq.data()[(r * 7 % centres) * p.Dk + e] + 0.6f * t->data()[r * p.Dk + e];
+  }
+  pd.causal = true;
+  return pd;
+}
+
+// The shapes every check below runs on: lengths, GQA, prefix-cache offsets (M > N), N > M.
+std::vector<Problem> shapes() {
+  return {Problem{.B = 1, .H = 2, .Hkv = 2, .N = 100, .M = 100, .Dk = 16, .Dv = 8, .causal = true},
+          Problem{.B = 2, .H = 4, .Hkv = 2, .N = 90, .M = 130, .Dk = 8, .Dv = 12, .causal = true, .qlen = {90, 37}, .klen = {130, 101}},
+          Problem{.B = 1, .H = 3, .Hkv = 1, .N = 130, .M = 70, .Dk = 5, .Dv = 3, .causal = true},
+          Problem{.B = 2, .H = 2, .Hkv = 1, .N = 1, .M = 77, .Dk = 16, .Dv = 16, .causal = true, .klen = {77, 40}},
+          Problem{.B = 1, .H = 2, .Hkv = 1, .N = 64, .M = 64, .Dk = 16, .Dv = 16, .causal = true, .klen = {31}}};
+}
+
+TEST(CausalClustered, AsManyClustersAsBlockGiveCausalFull) {
+  for (const char* spec : {"clustered:clusters=16,block=16", "improved-clustered:clusters=16,topk=3,block=16",
+                           "clustered:clusters=100,block=7"})
+    for (const Problem& p : shapes()) {
+      ProblemData pd = structured(p);
+      Context ctx;
+      Tensor out = run(spec, pd.inputs(), ctx);
+      EXPECT_LE(max_rel(out.view(), causal_full(pd.inputs()).view()), 1e-5) << spec << " N=" << p.N << " M=" << p.M;
+    }
+}
+
+TEST(CausalClustered, TopkCoveringThePrefixGivesCausalFull) {
+  for (const Problem& p : shapes()) {
+    ProblemData pd = structured(p);
+    Context ctx;
+    Tensor out = run("improved-clustered:clusters=2,topk=130,block=16", pd.inputs(), ctx);
+    EXPECT_LE(max_rel(out.view(), causal_full(pd.inputs()).view()), 1e-5) << "N=" << p.N << " M=" << p.M;
+    EXPECT_GT(ctx.saved<ClusteredState>().cz.nb, 2);
+  }
+}
+
+// The fast kernels against the definition in double, clusters held fixed; padded rows and rows
+// that see no key are 0; with V = 1 every row that sees a key is 1 (no empty rows, weights sum to 1).
+TEST(CausalClustered, MatchesTheDoubleReference) {
+  for (const char* spec : {"clustered:clusters=3,block=16", "improved-clustered:clusters=3,topk=5,block=16",
+                           "improved-clustered:clusters=2,topk=1,block=5", "clustered:clusters=4,block=9,clustering=positional"})
+    for (const Problem& p : shapes()) {
+      SCOPED_TRACE(std::string(spec) + " N=" + std::to_string(p.N) + " M=" + std::to_string(p.M));
+      ProblemData pd = structured(p);
+      Context ctx;
+      Tensor out = run(spec, pd.inputs(), ctx);
+      Tensor ref(out.shape());
+      attn_clustered_ref_fwd(pd.inputs(), ClusteredParams{}, ctx.saved<ClusteredState>(), ref.view());
+      EXPECT_LE(nmse(ref.view(), out.view()), 1e-10);
+      if (p.N > 1) {  // one query has no previous block among the inputs: exact (decoding)
+        EXPECT_GT(nmse(causal_full(pd.inputs()).view(), out.view()), 1e-8) << "the approximation was not exercised";
+      }
+      pd.v.fill(1.f);
+      Context c2;
+      Tensor ones = run(spec, pd.inputs(), c2);
+      for (int64_t b = 0; b < p.B; ++b)
+        for (int64_t h = 0; h < p.H; ++h)
+          for (int64_t i = 0; i < p.N; ++i) {
+            const int64_t nv = p.qlen.empty() ? p.N : p.qlen[static_cast<size_t>(b)];
+            const int64_t mv = p.klen.empty() ? p.M : p.klen[static_cast<size_t>(b)];
+            const bool sees = i < nv && i + p.M - p.N >= 0 && mv > 0;
+            for (int64_t e = 0; e < p.Dv; ++e)
+              ASSERT_NEAR(ones.view().ptr(b, h, i)[e], sees ? 1.f : 0.f, sees ? 1e-5 : 0.0) << "b=" << b << " h=" << h << " i=" << i;
+          }
+    }
+}
+
+// A decoding step (one query against a cache) has no query of the previous block among its
+// inputs: it attends its prefix exactly, i.e. it is causal full attention (README, decoding).
+TEST(CausalClustered, DecodingStepIsCausalFull) {
+  for (int64_t m : {1, 17, 200}) {
+    ProblemData pd = structured(Problem{.B = 2, .H = 4, .Hkv = 2, .N = 1, .M = m, .Dk = 16, .Dv = 16, .causal = true});
+    for (const char* spec : {"clustered:clusters=3,block=16", "improved-clustered:clusters=3,topk=4,block=16"}) {
+      Context ctx = Context::for_inference();
+      Tensor out = run(spec, pd.inputs(), ctx);
+      EXPECT_LE(max_rel(out.view(), causal_full(pd.inputs()).view()), 1e-5) << spec << " M=" << m;
+    }
+  }
+}
+
+// Prefill, then the same positions one query at a time against the growing keys: equal to causal
+// full, while the prefill approximates (it has every block's predecessor).
+TEST(CausalClustered, PrefillApproximatesAndTokenByTokenIsExact) {
+  ProblemData pd = structured(Problem{.B = 1, .H = 2, .Hkv = 2, .N = 80, .M = 80, .Dk = 8, .Dv = 8, .causal = true});
+  Context ctx;
+  const std::string spec = "improved-clustered:clusters=2,topk=2,block=8";
+  Tensor pre = run(spec, pd.inputs(), ctx);
+  const Tensor full = causal_full(pd.inputs());
+  EXPECT_GT(nmse(full.view(), pre.view()), 1e-8);
+  for (int64_t pos : {0, 9, 79}) {
+    AttentionInputs in = pd.inputs();
+    View q = pd.q.view();
+    q.data += pos * q.strides[2];
+    q.shape.dims[2] = 1;
+    in.q = q;
+    in.k.shape.dims[2] = pos + 1;
+    in.v.shape.dims[2] = pos + 1;
+    Context c;
+    Tensor one = run(spec, in, c);
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t e = 0; e < 8; ++e) EXPECT_NEAR(one.view().ptr(0, h, 0)[e], full.view().ptr(0, h, pos)[e], 1e-5);
+  }
+}
+
+// Proposition 2 of the paper (improved's L1 distance to the true row never exceeds clustered's)
+// applies to the prefix part; rows whose in-block part is empty — key padding at a block start —
+// are exactly that part. V = I makes outputs attention rows.
+TEST(CausalClustered, ImprovedNeverWorseThanClusteredInL1WhereItApplies) {
+  int rows = 0;
+  for (uint64_t seed = 1; seed <= 8; ++seed)
+    for (auto [c, k, lb] : {std::tuple<int, int, int>{3, 4, 16}, {2, 1, 8}, {5, 8, 32}}) {
+      const int64_t n = 96, mv = 2 * lb;  // keys end where block 2 begins
+      Problem p{.B = 1, .H = 2, .Hkv = 1, .N = n, .M = n, .Dk = 8, .Dv = n, .causal = true, .klen = {static_cast<int32_t>(mv)}, .seed = seed};
+      ProblemData pd = structured(p, 6);
+      pd.v = Tensor(Shape{1, 1, n, n});
+      for (int64_t j = 0; j < n; ++j) pd.v.data()[j * n + j] = 1.f;
+      const std::string opts = ",block=" + std::to_string(lb) + ",seed=" + std::to_string(seed);
+      Context c1, c2;
+      Tensor oc = run("clustered:clusters=" + std::to_string(c) + opts, pd.inputs(), c1);
+      Tensor oi = run("improved-clustered:clusters=" + std::to_string(c) + ",topk=" + std::to_string(k) + opts, pd.inputs(), c2);
+      ASSERT_EQ(c1.saved<ClusteredState>().cz.member, c2.saved<ClusteredState>().cz.member);
+      const Tensor of = causal_full(pd.inputs());
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t i = mv; i < n; ++i) {
+          double lc = 0, li = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            lc += std::abs(oc.view().ptr(0, h, i)[j] - of.view().ptr(0, h, i)[j]);
+            li += std::abs(oi.view().ptr(0, h, i)[j] - of.view().ptr(0, h, i)[j]);
+          }
+          EXPECT_LE(li, lc + 1e-5) << "seed " << seed << " row " << i;
+          ++rows;
+        }
+    }
+  EXPECT_GT(rows, 1000);
+}
+
+TEST(CausalClustered, SpecAndBackwardMismatch) {
+  EXPECT_THROW(make_attention("clustered:clusters=3,block=0"), Error);
+  EXPECT_NE(make_attention("clustered:clusters=3")->name().find("block=128"), std::string::npos);
+  // Backward with the mask flipped since forward is refused.
+  ProblemData pd = structured(Problem{.B = 1, .H = 1, .Hkv = 1, .N = 40, .M = 40, .Dk = 4, .Dv = 4, .causal = true});
+  auto att = make_attention("clustered:clusters=2,block=8");
+  Tensor out(Shape{1, 1, 40, 4}), dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
+  Context ctx;
+  att->forward(pd.inputs(), out.view(), ctx);
+  AttentionInputs in = pd.inputs();
+  in.causal = false;
+  EXPECT_THROW(att->backward(in, out.view(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view()), Error);
+}
+
+// Gradients against central finite differences of the double reference, clusters, definers and
+// top-k sets held fixed (centroids still move with the earlier queries that define them).
+TEST(CausalClusteredGradients, FiniteDifferencesInDouble) {
+  for (const char* spec : {"clustered:clusters=2,block=4", "improved-clustered:clusters=2,topk=3,block=4",
+                           "improved-clustered:clusters=3,topk=1,block=5", "clustered:clusters=4,block=4"}) {
+    for (const Problem& p : {Problem{.B = 1, .H = 2, .Hkv = 2, .N = 13, .M = 13, .Dk = 4, .Dv = 3, .causal = true},
+                             Problem{.B = 2, .H = 4, .Hkv = 2, .N = 11, .M = 15, .Dk = 3, .Dv = 5, .causal = true, .qlen = {11, 6}, .klen = {13, 15}},
+                             Problem{.B = 1, .H = 2, .Hkv = 1, .N = 16, .M = 9, .Dk = 2, .Dv = 2, .causal = true}}) {
+      testing::check_fd_gradients(spec, structured(p, 3), [](const RefProblem& pr, const Context& ctx, std::vector<double>& o) {
+        attn_clustered_ref(pr, ctx.saved<ClusteredState>(), o);
+      });
+    }
+  }
+}
+
+}  // namespace
+}  // namespace clattn
