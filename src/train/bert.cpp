@@ -168,7 +168,7 @@ StepResult Bert::forward_backward(const Batch& b, bool train, uint64_t step) {
   // Embeddings: word + position, LayerNorm.
   nn::embedding_fwd(e_, b.ids.data(), p(word_), rows, H, c.vocab);
   const float* pe = p(pos_);
-  parallel_for(rows, [&](int64_t r) {
+  for_rows(rows, H, [&](int64_t r) {
     for (int64_t e = 0; e < H; ++e) e_[r * H + e] += pe[(r % T) * H + e];
   });
   float* x0 = S_[0].x;
@@ -184,7 +184,8 @@ StepResult Bert::forward_backward(const Batch& b, bool train, uint64_t step) {
     if (drop) {
       lin(dt_, H, s.ao, H, p(y.wo), p(y.bo), rows, H, H);
       nn::dropout_fwd(dt_, dt_, rows * H, dropout_, dseed, static_cast<uint64_t>(2 * l));
-      for (int64_t i = 0; i < rows * H; ++i) s.xm[i] = s.x[i] + dt_[i];
+      std::memcpy(s.xm, s.x, sizeof(float) * static_cast<size_t>(rows * H));
+      nn::add_inplace(s.xm, dt_, rows * H);
     } else {
       lin(s.xm, H, s.ao, H, p(y.wo), p(y.bo), rows, H, H, s.x);
     }
@@ -194,7 +195,8 @@ StepResult Bert::forward_backward(const Batch& b, bool train, uint64_t step) {
     if (drop) {
       lin(dt_, H, gbuf_, F, p(y.w2), p(y.b2), rows, F, H);
       nn::dropout_fwd(dt_, dt_, rows * H, dropout_, dseed, static_cast<uint64_t>(2 * l + 1));
-      for (int64_t i = 0; i < rows * H; ++i) xnext[i] = s.xm[i] + dt_[i];
+      std::memcpy(xnext, s.xm, sizeof(float) * static_cast<size_t>(rows * H));
+      nn::add_inplace(xnext, dt_, rows * H);
     } else {
       lin(xnext, H, gbuf_, F, p(y.w2), p(y.b2), rows, F, H, s.xm);
     }
@@ -241,7 +243,7 @@ StepResult Bert::forward_backward(const Batch& b, bool train, uint64_t step) {
   nn::layernorm_bwd(dt2_, g(elng_), g(elnb_), dx_, e_, p(elng_), em_, er_, rows, H);
   nn::embedding_bwd(g(word_), b.ids.data(), dt2_, rows, H, c.vocab);
   float* dpos = g(pos_);
-  parallel_for(T, [&](int64_t t) {  // fixed order over the batch: deterministic
+  for_rows(T, B * H, [&](int64_t t) {  // fixed order over the batch: deterministic
     for (int64_t s = 0; s < B; ++s)
       for (int64_t e = 0; e < H; ++e) dpos[t * H + e] += dt2_[(s * T + t) * H + e];
   });

@@ -142,10 +142,7 @@ StepResult Llama::forward_backward(const Batch& b, bool train, uint64_t step) {
   // SwiGLU over the fused (rows, 2F) gate | up rows: nn's elementwise passes take flat buffers, so
   // one call per row inside our own loop over rows (each call below nn's threading threshold).
   auto swiglu_rows = [&](float* out, const float* gu) {
-    parallel_for((rows + 63) / 64, [&](int64_t blk) {
-      for (int64_t r = blk * 64; r < std::min(rows, (blk + 1) * 64); ++r)
-        nn::swiglu_fwd(out + r * F, gu + r * 2 * F, gu + r * 2 * F + F, F);
-    });
+    for_rows(rows, F, [&](int64_t r) { nn::swiglu_fwd(out + r * F, gu + r * 2 * F, gu + r * 2 * F + F, F); });
   };
 
   nn::embedding_fwd(S_[0].x, b.ids.data(), p(embed_), rows, H, c.vocab);
@@ -162,7 +159,8 @@ StepResult Llama::forward_backward(const Batch& b, bool train, uint64_t step) {
     if (drop) {
       lin(dt_, H, s.ao, Q, p(y.wo), nullptr, rows, Q, H);
       nn::dropout_fwd(dt_, dt_, rows * H, dropout_, dseed, static_cast<uint64_t>(2 * l));
-      for (int64_t i = 0; i < rows * H; ++i) s.xm[i] = s.x[i] + dt_[i];
+      std::memcpy(s.xm, s.x, sizeof(float) * static_cast<size_t>(rows * H));
+      nn::add_inplace(s.xm, dt_, rows * H);
     } else {
       lin(s.xm, H, s.ao, Q, p(y.wo), nullptr, rows, Q, H, s.x);
     }
@@ -172,7 +170,8 @@ StepResult Llama::forward_backward(const Batch& b, bool train, uint64_t step) {
     if (drop) {
       lin(dt_, H, sbuf_, F, p(y.down), nullptr, rows, F, H);
       nn::dropout_fwd(dt_, dt_, rows * H, dropout_, dseed, static_cast<uint64_t>(2 * l + 1));
-      for (int64_t i = 0; i < rows * H; ++i) xnext[i] = s.xm[i] + dt_[i];
+      std::memcpy(xnext, s.xm, sizeof(float) * static_cast<size_t>(rows * H));
+      nn::add_inplace(xnext, dt_, rows * H);
     } else {
       lin(xnext, H, sbuf_, F, p(y.down), nullptr, rows, F, H, s.xm);
     }
@@ -200,9 +199,8 @@ StepResult Llama::forward_backward(const Batch& b, bool train, uint64_t step) {
     lin_bwd(dgu_, 2 * F, g(y.down), nullptr, dff, H, sbuf_, F, p(y.down), rows, F, H);
     // dgu_ holds d(swiglu) in its first F columns of each row; SwiGLU's backward per row writes
     // dgate over it (allowed: dgate may alias dy) and dup beside it.
-    parallel_for((rows + 63) / 64, [&](int64_t blk) {
-      for (int64_t r = blk * 64; r < std::min(rows, (blk + 1) * 64); ++r)
-        nn::swiglu_bwd(dgu_ + r * 2 * F, dgu_ + r * 2 * F + F, dgu_ + r * 2 * F, s.gu + r * 2 * F, s.gu + r * 2 * F + F, F);
+    for_rows(rows, F, [&](int64_t r) {
+      nn::swiglu_bwd(dgu_ + r * 2 * F, dgu_ + r * 2 * F + F, dgu_ + r * 2 * F, s.gu + r * 2 * F, s.gu + r * 2 * F + F, F);
     });
     lin_bwd(dt2_, H, g(y.wgu), nullptr, dgu_, 2 * F, s.xn2, H, p(y.wgu), rows, H, 2 * F);
     nn::rmsnorm_bwd(dx_, g(y.post_norm), dt2_, s.xm, p(y.post_norm), s.r2, rows, H, true);

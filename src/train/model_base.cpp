@@ -179,7 +179,7 @@ void ModelBase::head_forward_backward(const Batch& b, const float* xf, float* dx
     // Mean over each sequence's valid tokens: unlike a class token, it does not depend on how an
     // approximate attention treats one position (a clustered query gets its centroid's output).
     n = b.B;
-    parallel_for(b.B, [&](int64_t s) {
+    for_rows(b.B, b.T * H, [&](int64_t s) {
       const int64_t len = b.lengths[static_cast<size_t>(s)];
       float* o = hs_ + s * H;
       std::fill(o, o + H, 0.f);
@@ -196,7 +196,7 @@ void ModelBase::head_forward_backward(const Batch& b, const float* xf, float* dx
         tsel_[static_cast<size_t>(n)] = b.targets[static_cast<size_t>(i)];
         ++n;
       }
-    parallel_for(n, [&](int64_t i) {
+    for_rows(n, H, [&](int64_t i) {
       std::memcpy(hs_ + i * H, xf + static_cast<int64_t>(sel_[static_cast<size_t>(i)]) * H, sizeof(float) * static_cast<size_t>(H));
     });
   }
@@ -218,14 +218,14 @@ void ModelBase::head_forward_backward(const Batch& b, const float* xf, float* dx
   if (!train || counted == 0) return;
   lin_bwd(dhs_, H, g(head_w_), head_b_ >= 0 ? g(head_b_) : nullptr, logits_, O, hs_, H, w, n, H, O);
   if (head_ == TaskKind::classify) {
-    parallel_for(b.B, [&](int64_t s) {
+    for_rows(b.B, b.T * H, [&](int64_t s) {
       const int64_t len = b.lengths[static_cast<size_t>(s)];
       const float inv = 1.f / static_cast<float>(len);
       for (int64_t t = 0; t < len; ++t)
         for (int64_t e = 0; e < H; ++e) dxf[(s * b.T + t) * H + e] = dhs_[s * H + e] * inv;
     });
   } else {
-    parallel_for(n, [&](int64_t i) {
+    for_rows(n, H, [&](int64_t i) {
       std::memcpy(dxf + static_cast<int64_t>(sel_[static_cast<size_t>(i)]) * H, dhs_ + i * H, sizeof(float) * static_cast<size_t>(H));
     });
   }

@@ -3,6 +3,7 @@
 // Scratch, the activation arena sized once per (B, T), timers, and the head's loss.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "clattn/attention.h"
+#include "clattn/parallel.h"
 #include "clattn/train.h"
 
 namespace clattn::train {
@@ -26,6 +28,20 @@ inline View heads_view(float* base, int64_t B, int64_t heads, int64_t T, int64_t
   View v{base, Shape{B, heads, T, hd}, {}};
   v.strides = {T * ld, hd, ld, 1};
   return v;
+}
+
+// fn(i) for i in [0, n), each of about `work` floats: serially when the whole is small (an OpenMP
+// region costs a few µs), else over the team in blocks of ~4096 floats.
+template <class F>
+void for_rows(int64_t n, int64_t work, F&& fn) {
+  if (n * work < 32768) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  const int64_t blk = std::max<int64_t>(1, 4096 / std::max<int64_t>(work, 1));
+  parallel_for((n + blk - 1) / blk, [&](int64_t b) {
+    for (int64_t i = b * blk; i < std::min(n, (b + 1) * blk); ++i) fn(i);
+  });
 }
 
 // Bump allocator over one buffer: each piece 64-byte aligned; carving is two passes (measure,
