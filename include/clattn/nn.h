@@ -57,7 +57,10 @@ void softmax_rows(float* x, int64_t rows, int64_t cols);
 //   * input gradients (dx, dgate, dup) are WRITTEN (=) unless the function takes `accumulate`,
 //     in which case `accumulate = true` adds into dx (the residual stream's gradient);
 //   * a gradient pointer may be nullptr to skip that gradient; dx may alias dy where stated;
-//   * sizes and strides as in the matching forward; no allocation; OpenMP over rows.
+//   * sizes and strides as in the matching forward; no allocation; OpenMP over rows, except the
+//     sums over rows into a parameter gradient (db, dgamma, dbeta, dw of RMSNorm, dtable): those
+//     split columns over the threads and add rows in order, so their bits do not depend on the
+//     thread count (dW of linear is OpenBLAS's: deterministic for a fixed thread count).
 
 // Linear: dx (rows, in) = dy · W, dW (out, in) += dyᵀ · x, db (out) += Σ_rows dy. One sgemm each
 // (dx with beta 0 or 1), db a column sum with the same bits for any thread count. x may be null
