@@ -1,0 +1,145 @@
+"""clattn from PyTorch: an autograd Function and an nn.Module on (B, H, N, D) CPU tensors.
+
+    import clattn.torch
+    att = clattn.torch.Attention("improved-clustered:clusters=100")
+    o = att(q, k, v, causal=True)         # q (B, H, N, D), k, v (B, Hkv, M, D)
+    o.sum().backward()
+
+Memory: float32 tensors whose last dim has stride 1 (contiguous, or views such as
+``x.transpose(1, 2)`` of a (B, N, H, D) buffer) are read in place through NumPy, and the output
+and gradients are written straight into tensors PyTorch allocated. Other floating dtypes are
+computed in float32 and cast back to the input's dtype (so a float64 model works, at float32
+precision). Each forward that needs a gradient gets its own clattn Call (Context and saved
+inputs), kept by autograd until its backward: a module may run several times per step.
+
+Discrete choices (clusters, hashes, top-k sets) are constants of the backward, as in the C++
+library. Stochastic variants draw from the spec's ``seed=`` and ``Attention.step`` (set it to
+your training step; it is never advanced behind your back). Stateful variants (routing with
+EMA centroids) update their state in training mode (``module.train()``).
+
+Importing this module needs PyTorch; ``import clattn`` alone does not.
+"""
+import torch
+
+from . import _clattn
+
+__all__ = ["Attention", "AttentionFunction", "attention"]
+
+
+def _as_numpy_f32(t, name):
+    """A float32 CPU tensor readable in place by clattn (stride 1 in the last dim), and its NumPy view."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} must be a CPU tensor, got device {t.device}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    t = t.detach()
+    if t.dtype != torch.float32:
+        t = t.to(torch.float32)
+    if t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        t = t.contiguous()
+    return t, t.numpy()
+
+
+def _lengths(x):
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    return x
+
+
+class AttentionFunction(torch.autograd.Function):
+    """o = attention(q, k, v): forward and backward by one clattn Call.
+
+    apply(attention, q, k, v, query_lengths, key_lengths, causal, bias, step, train, need_grad),
+    attention a clattn.Attention; k may be None for shared-QK variants (the keys are q).
+    """
+
+    @staticmethod
+    def forward(ctx, attention, q, k, v, query_lengths, key_lengths, causal, bias, step, train, need_grad):
+        q32, qn = _as_numpy_f32(q, "q")
+        if k is None or k is q:
+            k32, kn = q32, (None if k is None else qn)
+        else:
+            k32, kn = _as_numpy_f32(k, "k")
+        v32, vn = _as_numpy_f32(v, "v")
+        bn = None
+        if bias is not None:
+            if bias.requires_grad:
+                raise ValueError("clattn.torch: bias gets no gradient (it is a constant of the backward); "
+                                 "pass bias.detach()")
+            _, bn = _as_numpy_f32(bias, "bias")
+        if q32.dim() != 4 or v32.dim() != 4:
+            raise ValueError(f"clattn.torch: q and v must be (B, H, N, D) and (B, Hkv, M, Dv), got "
+                             f"{tuple(q.shape)} and {tuple(v.shape)}")
+        call = attention.new_call(backward=bool(need_grad))
+        out = torch.empty((q32.shape[0], q32.shape[1], q32.shape[2], v32.shape[3]), dtype=torch.float32)
+        call.forward(qn, kn, vn, query_lengths=_lengths(query_lengths), key_lengths=_lengths(key_lengths),
+                     causal=bool(causal), bias=bn, step=int(step), train=bool(train), out=out.numpy())
+        ctx.call = call
+        # Saved so that autograd refuses a backward after q, k or v changed in place (the call
+        # reads them again); the call itself keeps their float32 NumPy views.
+        ctx.save_for_backward(q, k if k is not None else q, v)
+        ctx.shapes = (q32.shape, k32.shape, v32.shape)
+        ctx.dtypes = (q.dtype, None if k is None else k.dtype, v.dtype)
+        ctx.k_none = k is None
+        return out if q.dtype == torch.float32 else out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, do):
+        call = ctx.call
+        ctx.saved_tensors  # noqa: B018 -- raises if an input was modified in place since forward
+        _, don = _as_numpy_f32(do, "do")
+        qs, ks, vs = ctx.shapes
+        dq = torch.zeros(qs, dtype=torch.float32)
+        dk = torch.zeros(ks, dtype=torch.float32)
+        dv = torch.zeros(vs, dtype=torch.float32)
+        call.backward(don, dq=dq.numpy(), dk=dk.numpy(), dv=dv.numpy())
+        qd, kd, vd = ctx.dtypes
+        if ctx.k_none:  # shared-QK: k was q, its gradient is q's
+            dq += dk
+            dk = None
+        dq = dq.to(qd)
+        dk = None if dk is None else dk.to(kd)
+        dv = dv.to(vd)
+        return None, dq, dk, dv, None, None, None, None, None, None, None
+
+
+def attention(att, q, k, v, *, query_lengths=None, key_lengths=None, causal=False, bias=None, step=0,
+              train=False):
+    """Functional form: o = att(q, k, v) through autograd, att a clattn.Attention."""
+    need_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v))
+    return AttentionFunction.apply(att, q, k, v, query_lengths, key_lengths, causal, bias, step, train,
+                                   need_grad)
+
+
+class Attention(torch.nn.Module):
+    """clattn attention as a module: forward(q, k, v, *, query_lengths, key_lengths, causal, bias).
+
+    q (B, H, N, Dk), k (B, Hkv, M, Dk) (None for shared-QK variants), v (B, Hkv, M, Dv) CPU
+    tensors; returns (B, H, N, Dv). No parameters of its own: attention has none (the
+    projections around it are the model's). ``step`` is the random step of stochastic variants.
+    """
+
+    def __init__(self, spec, step=0):
+        super().__init__()
+        self.attention = _clattn.Attention(spec)
+        self.step = step
+
+    @property
+    def spec(self):
+        return self.attention.spec
+
+    @property
+    def capabilities(self):
+        return self.attention.capabilities
+
+    def forward(self, q, k, v, *, query_lengths=None, key_lengths=None, causal=False, bias=None):
+        return attention(self.attention, q, k, v, query_lengths=query_lengths, key_lengths=key_lengths,
+                         causal=causal, bias=bias, step=self.step, train=self.training)
+
+    def extra_repr(self):
+        return repr(self.attention.spec)

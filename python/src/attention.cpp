@@ -1,0 +1,383 @@
+// clattn.Attention (NumPy) and clattn.Call: one spec's attention on NumPy arrays.
+//
+// The C++ Attention is const and keeps nothing between calls; backward needs the forward's
+// inputs, output and Context again. A Call holds exactly that: its Context and references to the
+// arrays of its last forward (so a backward never reads memory Python has freed; arrays changed
+// in place in between are read as they are then). clattn.Attention has one Call of its own for
+// forward() then backward(); autograd adapters make a Call per forward (Attention.new_call()).
+//
+// Threads: kernels run with the GIL released. A Call runs one forward or backward at a time
+// (a second thread waits for it); Calls of one Attention run at once, except that a stateful
+// variant's training calls, which update the shared layer state, take turns.
+//
+// Error classes: a failed call is re-checked against the attention contract (validate_inputs /
+// validate_backward, run only on this failure path): inputs that break it are ValueError, any
+// other failure RuntimeError, both with clattn's message.
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "attention/validate.h"
+#include "clattn/attention.h"
+#include "clattn/error.h"
+#include "common.h"
+
+namespace clattn::py {
+namespace {
+
+struct Core {  // one spec, shared by an Attention and every Call it made
+  std::unique_ptr<Attention> att;
+  AttentionState state;  // layer state of stateful variants (routing's EMA centroids)
+  std::mutex state_mu;   // held only with the GIL released
+};
+
+// One forward's arguments, kept alive until the next forward of the same Call.
+struct Saved {
+  FloatArg q, k, v, bias;
+  pb::array_t<int32_t> qlen, klen;
+  pb::array out;
+  View out_view;
+  AttentionInputs in;  // views into the arrays above
+  std::vector<std::string> copied;
+};
+
+pb::dict capabilities_dict(const Capabilities& c) {
+  pb::dict d;
+  d["causal"] = c.causal;
+  d["query_lengths"] = c.query_lengths;
+  d["key_lengths"] = c.key_lengths;
+  d["bias"] = c.bias;
+  d["cross"] = c.cross;
+  d["gqa"] = c.gqa;
+  d["trainable"] = c.trainable;
+  d["shared_qk"] = c.shared_qk;
+  d["stochastic"] = c.stochastic;
+  d["stateful"] = c.stateful;
+  return d;
+}
+
+// Waits for `mu` with the GIL released, returns holding both. Nothing locks a Call's mutex while
+// holding the GIL, so this never deadlocks.
+std::unique_lock<std::mutex> lock_released(std::mutex& mu) {
+  std::unique_lock<std::mutex> lock(mu, std::defer_lock);
+  pb::gil_scoped_release nogil;
+  lock.lock();
+  return lock;
+}
+
+// Rethrows a failure of a kernel call as ValueError when `contract_broken` says the inputs break
+// the attention contract, as RuntimeError (or the exception's own class) otherwise.
+template <class F>
+[[noreturn]] void rethrow_classified(std::exception_ptr e, F&& contract_broken) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    bool broken = false;
+    try {
+      contract_broken();
+    } catch (const Error&) {
+      broken = true;
+    }
+    if (broken) throw pb::value_error(err.what());
+    throw;
+  }
+}
+
+class Call {
+ public:
+  Call(std::shared_ptr<Core> core, bool backward) : core_(std::move(core)), ctx_(backward ? Mode::training : Mode::inference) {}
+
+  pb::array forward(pb::handle q, pb::handle k, pb::handle v, pb::handle qlen, pb::handle klen,
+                    bool causal, pb::handle bias, uint64_t step, bool train, pb::handle out) {
+    const Attention& att = *core_->att;
+    const Capabilities& caps = att.capabilities();
+    auto s = std::make_unique<Saved>();
+    s->q = float_arg(q, "q", 4, "(B, H, N, Dk)");
+    if (k.is_none() && caps.shared_qk) {
+      s->k = s->q;  // shared-QK: the keys are the queries
+    } else if (k.is(q)) {
+      s->k = s->q;
+    } else {
+      s->k = float_arg(k, "k", 4, "(B, Hkv, M, Dk)");
+    }
+    s->v = float_arg(v, "v", 4, "(B, Hkv, M, Dv)");
+    if (!bias.is_none()) s->bias = float_arg(bias, "bias", 2, "(N, M)");
+    s->qlen = int_arg(qlen, "query_lengths");
+    s->klen = int_arg(klen, "key_lengths");
+    const std::pair<const FloatArg*, const char*> args[] = {{&s->q, "q"}, {&s->k, "k"}, {&s->v, "v"}, {&s->bias, "bias"}};
+    for (const auto& [arg, name] : args)
+      if (arg->copied && !(arg == &s->k && s->k.keep.is(s->q.keep))) s->copied.push_back(name);
+    const Shape oshape{s->q.view.dim(0), s->q.view.dim(1), s->q.view.dim(2), s->v.view.dim(3)};  // (B, H, N, Dv)
+    if (out.is_none()) {
+      s->out = new_array(oshape, false);
+      s->out_view = out_arg(s->out, "out", oshape);
+    } else {
+      s->out_view = out_arg(out, "out", oshape);
+      s->out = pb::reinterpret_borrow<pb::array>(out);
+    }
+    AttentionInputs& in = s->in;
+    in.q = s->q.view;
+    in.k = s->k.view;
+    in.v = s->v.view;
+    in.bias = s->bias.view;
+    in.query_lengths = span_of(s->qlen);
+    in.key_lengths = span_of(s->klen);
+    in.causal = causal;
+    in.step = step;
+    in.train = train;
+    in.state = &core_->state;
+
+    auto lock = lock_released(mu_);
+    std::unique_ptr<Saved> old = std::move(saved_);  // a failed forward leaves nothing to differentiate
+    std::exception_ptr error;
+    {
+      pb::gil_scoped_release nogil;
+      try {
+        apply_threads();
+        std::unique_lock<std::mutex> state_lock(core_->state_mu, std::defer_lock);
+        if (caps.stateful) state_lock.lock();
+        att.forward(in, s->out_view, ctx_);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    if (error) {
+      rethrow_classified(error, [&] {
+        validate_inputs(in, caps, att.name());
+        validate_output(s->out_view, oshape, "out", att.name());
+      });
+    }
+    last_copied_ = s->copied;
+    pb::array result = s->out;
+    saved_ = std::move(s);
+    return result;
+  }
+
+  pb::tuple backward(pb::handle dout, pb::handle dq, pb::handle dk, pb::handle dv) {
+    const Attention& att = *core_->att;
+    auto lock = lock_released(mu_);
+    if (!saved_)
+      throw std::runtime_error(att.name() + ": backward needs a successful forward of this call first");
+    if (ctx_.inference())
+      throw std::runtime_error(att.name() + ": backward on an inference call (made with backward=False), "
+                               "whose forward keeps no backward state");
+    const Saved& s = *saved_;
+    FloatArg d = float_arg(dout, "do", 4, "(B, H, N, Dv)");
+    if (!(d.view.shape == s.out_view.shape))
+      throw pb::value_error(att.name() + ": do must have the output's shape " + s.out_view.shape.str() +
+                            ", got " + d.view.shape.str());
+    auto grad = [](pb::handle given, const char* name, const Shape& shape, pb::array& keep) {
+      if (given.is_none()) {
+        keep = new_array(shape, true);  // backward accumulates
+        return out_arg(keep, name, shape);
+      }
+      keep = pb::reinterpret_borrow<pb::array>(given);
+      return out_arg(given, name, shape);
+    };
+    pb::array gq, gk, gv;
+    const View vq = grad(dq, "dq", s.in.q.shape, gq), vk = grad(dk, "dk", s.in.k.shape, gk),
+               vv = grad(dv, "dv", s.in.v.shape, gv);
+    last_copied_ = s.copied;
+    if (d.copied) last_copied_.push_back("do");
+    std::exception_ptr error;
+    {
+      pb::gil_scoped_release nogil;
+      try {
+        apply_threads();
+        att.backward(s.in, s.out_view, ctx_, d.view, vq, vk, vv);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    if (error) {
+      rethrow_classified(error, [&] {
+        const AttentionDims dims = validate_inputs(s.in, att.capabilities(), att.name());
+        validate_backward(s.in, dims, s.out_view, d.view, vq, vk, vv, att.name());
+      });
+    }
+    return pb::make_tuple(gq, gk, gv);
+  }
+
+  std::vector<std::string> last_copied() {
+    auto lock = lock_released(mu_);
+    return last_copied_;
+  }
+  bool has_forward() {
+    auto lock = lock_released(mu_);
+    return saved_ != nullptr;
+  }
+  // Drops the last forward's references and the Context's buffers.
+  void release() {
+    auto lock = lock_released(mu_);
+    saved_.reset();
+    ctx_.release();
+  }
+  size_t context_bytes() {
+    auto lock = lock_released(mu_);
+    return ctx_.bytes();
+  }
+
+ private:
+  std::shared_ptr<Core> core_;
+  std::mutex mu_;  // held only with the GIL released, or while re-taking it
+  Context ctx_;
+  std::unique_ptr<Saved> saved_;
+  std::vector<std::string> last_copied_;
+};
+
+class PyAttention {
+ public:
+  PyAttention(const std::string& spec, bool backward) : core_(std::make_shared<Core>()) {
+    try {
+      core_->att = make_attention(spec);
+    } catch (const Error& e) {
+      throw pb::value_error(e.what());
+    }
+    call_ = std::make_unique<Call>(core_, backward);
+  }
+  Call& call() { return *call_; }
+  const Attention& att() const { return *core_->att; }
+  std::unique_ptr<Call> new_call(bool backward) { return std::make_unique<Call>(core_, backward); }
+  pb::dict state() {
+    std::vector<std::pair<std::string, Tensor>> copy;
+    {
+      pb::gil_scoped_release nogil;
+      std::lock_guard<std::mutex> lock(core_->state_mu);
+      for (const auto& [name, t] : core_->state.buffers) copy.emplace_back(name, Tensor::from(t.view()));
+    }
+    pb::dict d;
+    for (auto& [name, t] : copy) d[pb::str(name)] = to_numpy(std::move(t));
+    return d;
+  }
+  void reset_state() {
+    pb::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lock(core_->state_mu);
+    core_->state.buffers.clear();
+  }
+
+ private:
+  std::shared_ptr<Core> core_;
+  std::unique_ptr<Call> call_;
+};
+
+constexpr const char* kForwardDoc = R"(Attention output o (B, H, N, Dv), float32.
+
+q (B, H, N, Dk), k (B, Hkv, M, Dk), v (B, Hkv, M, Dv): float32 arrays with a unit innermost stride
+are read in place (no copy); other float dtypes and layouts are converted to a float32 copy
+(last_copies names them). k may be None for shared-QK variants (reformer): the keys are q.
+query_lengths, key_lengths: one valid length per batch item (padding at the end); causal: query i
+sees keys j <= i + M - N; bias (N, M): additive logits (full only). step: the random step of
+stochastic variants (same inputs and step give the same output); train: a training call
+(stateful variants update their state). out: a float32 array to write o into, in place.)";
+
+constexpr const char* kBackwardDoc = R"(Gradients (dq, dk, dv) of the last forward for do (B, H, N, Dv).
+
+They are accumulated (+=) into dq, dk, dv when given (float32, shaped like q, k, v), else
+returned as new arrays. Uses the arrays of the last forward as they are now. For a shared-QK
+variant (reformer) the gradient of q is dq + dk.)";
+
+}  // namespace
+
+void bind_attention(pb::module_& m) {
+  pb::class_<Call>(m, "Call",
+                   "One forward, then its backward: an Attention's call with its own Context (see "
+                   "Attention.new_call). Autograd adapters use one per forward.")
+      .def("forward", &Call::forward, pb::arg("q"), pb::arg("k"), pb::arg("v"), pb::kw_only(),
+           pb::arg("query_lengths") = pb::none(), pb::arg("key_lengths") = pb::none(),
+           pb::arg("causal") = false, pb::arg("bias") = pb::none(), pb::arg("step") = 0,
+           pb::arg("train") = false, pb::arg("out") = pb::none(), kForwardDoc)
+      .def("backward", &Call::backward, pb::arg("do"), pb::kw_only(), pb::arg("dq") = pb::none(),
+           pb::arg("dk") = pb::none(), pb::arg("dv") = pb::none(), kBackwardDoc)
+      .def_property_readonly("last_copies", &Call::last_copied,
+                             "Names of the arrays the last call converted to a float32 copy ([] = none)")
+      .def_property_readonly("has_forward", &Call::has_forward)
+      .def_property_readonly("context_bytes", &Call::context_bytes,
+                             "Bytes held by the Context (saved state and scratch)")
+      .def("release", &Call::release, "Drop the last forward's arrays and the Context's buffers");
+
+  pb::class_<PyAttention>(m, "Attention",
+                          "An attention variant from a spec string, e.g. Attention('improved-clustered:clusters=100').\n"
+                          "backward=False: forward keeps no backward state (inference).")
+      .def(pb::init<const std::string&, bool>(), pb::arg("spec"), pb::kw_only(), pb::arg("backward") = true)
+      .def(
+          "forward",
+          [](PyAttention& a, pb::handle q, pb::handle k, pb::handle v, pb::handle qlen, pb::handle klen,
+             bool causal, pb::handle bias, uint64_t step, bool train, pb::handle out) {
+            return a.call().forward(q, k, v, qlen, klen, causal, bias, step, train, out);
+          },
+          pb::arg("q"), pb::arg("k"), pb::arg("v"), pb::kw_only(), pb::arg("query_lengths") = pb::none(),
+          pb::arg("key_lengths") = pb::none(), pb::arg("causal") = false, pb::arg("bias") = pb::none(),
+          pb::arg("step") = 0, pb::arg("train") = false, pb::arg("out") = pb::none(), kForwardDoc)
+      .def(
+          "backward",
+          [](PyAttention& a, pb::handle dout, pb::handle dq, pb::handle dk, pb::handle dv) {
+            return a.call().backward(dout, dq, dk, dv);
+          },
+          pb::arg("do"), pb::kw_only(), pb::arg("dq") = pb::none(), pb::arg("dk") = pb::none(),
+          pb::arg("dv") = pb::none(), kBackwardDoc)
+      .def("new_call", &PyAttention::new_call, pb::arg("backward") = true,
+           "A new Call of this attention (own Context): for autograd, one per forward")
+      .def_property_readonly("spec", [](const PyAttention& a) { return a.att().name(); },
+                             "The canonical spec string, every parameter spelled out")
+      .def_property_readonly("capabilities", [](const PyAttention& a) { return capabilities_dict(a.att().capabilities()); })
+      .def_property_readonly("last_copies", [](PyAttention& a) { return a.call().last_copied(); },
+                             "Names of the arrays the last forward/backward converted to a float32 copy")
+      .def_property_readonly("state", &PyAttention::state,
+                             "Copies of the layer state buffers of stateful variants (routing's EMA centroids)")
+      .def("reset_state", &PyAttention::reset_state, "Forget the layer state (rebuilt from the seed on next use)")
+      .def("release", [](PyAttention& a) { a.call().release(); },
+           "Drop the last forward's arrays and the Context's buffers")
+      .def("__repr__", [](const PyAttention& a) { return "clattn.Attention('" + a.att().name() + "')"; });
+
+  // For python/bench_overhead.py: the same forward timed in a C++ loop (an inference Context
+  // reused across calls, the output allocated once), the reference a Python call is measured
+  // against.
+  m.def(
+      "_time_forward_cpp",
+      [](const PyAttention& a, pb::handle q, pb::handle k, pb::handle v, int repeat, bool causal) {
+        FloatArg fq = float_arg(q, "q", 4, ""), fk = float_arg(k, "k", 4, ""), fv = float_arg(v, "v", 4, "");
+        AttentionInputs in;
+        in.q = fq.view;
+        in.k = fk.view;
+        in.v = fv.view;
+        in.causal = causal;
+        AttentionState state;
+        in.state = &state;
+        Tensor out(Shape{fq.view.dim(0), fq.view.dim(1), fq.view.dim(2), fv.view.dim(3)});  // (B, H, N, Dv)
+        std::vector<double> ms;
+        pb::gil_scoped_release nogil;
+        apply_threads();
+        Context ctx = Context::for_inference();
+        for (int r = 0; r < repeat; ++r) {
+          const auto t0 = std::chrono::steady_clock::now();
+          a.att().forward(in, out.view(), ctx);
+          ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        }
+        return ms;
+      },
+      pb::arg("attention"), pb::arg("q"), pb::arg("k"), pb::arg("v"), pb::arg("repeat"), pb::arg("causal") = false);
+
+  m.def(
+      "variants",
+      [] {
+        pb::list out;
+        for (const VariantInfo& v : registered_attentions()) {
+          pb::dict d;
+          d["name"] = v.name;
+          d["params"] = v.params;
+          d["summary"] = v.summary;
+          d["example"] = v.example;
+          d["capabilities"] = capabilities_dict(make_attention(v.example)->capabilities());
+          out.append(d);
+        }
+        return out;
+      },
+      "The registered attention variants: name, params, summary, example spec, capabilities");
+}
+
+}  // namespace clattn::py

@@ -1,0 +1,66 @@
+// Shared by the binding files: NumPy arrays in and out of clattn's views, and the error rules.
+//
+// Arrays in: float32 arrays whose innermost stride is one element (C-contiguous or any view of
+// rows, as the C++ contract allows) are used in place, without a copy. Other floating dtypes
+// (float64, float16, longdouble) are converted to a float32 copy, and so are layouts the
+// contract cannot read (a transposed last dim, negative or unaligned strides); the copy is
+// recorded so that callers and tests can see it. Integer, bool, complex and object arrays are
+// refused with a TypeError: converting them would hide a mistake.
+//
+// Errors: bad specs, shapes, lengths and values are ValueError; everything else clattn throws
+// is RuntimeError, with clattn's message unchanged (see module.cpp for the translator).
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "clattn/tensor.h"
+
+namespace clattn::py {
+
+namespace pb = pybind11;
+
+// A float32 array and the clattn view over it. `keep` owns the memory the view reads: the
+// caller's array itself, or the converted copy.
+struct FloatArg {
+  pb::array keep;
+  ConstView view;
+  bool copied = false;
+};
+
+// `obj` as a float32 array of `rank` dims ("q", rank 4, "(B, H, N, D)" name the rule in errors).
+FloatArg float_arg(pb::handle obj, const char* name, int rank, const char* layout);
+
+// A writable float32 array of exactly `shape` with a unit innermost stride (an output the
+// caller gave), as a view; ValueError otherwise.
+View out_arg(pb::handle obj, const char* name, const Shape& shape);
+
+// Lengths: None -> empty; otherwise a 1-D integer sequence converted to int32 (ValueError for
+// values outside int32 or non-integers).
+pb::array_t<int32_t> int_arg(pb::handle obj, const char* name);
+std::span<const int32_t> span_of(const pb::array_t<int32_t>& a);
+
+// A new C-contiguous float32 array of `shape`, zero-filled when asked (gradients accumulate).
+pb::array_t<float> new_array(const Shape& shape, bool zero);
+
+// An owning Tensor handed to NumPy without a copy (the array owns it through a capsule).
+pb::array to_numpy(Tensor&& t);
+
+// str(obj) as a std::string.
+inline std::string to_str(pb::handle obj) { return pb::str(obj).cast<std::string>(); }
+
+// "(2, 3)".
+std::string shape_str(pb::handle array);
+
+// The threads every kernel call runs on (0: OpenMP's default). omp_set_num_threads only sets the
+// calling thread's value, and Python may call from any thread: each call applies it itself.
+void apply_threads();
+void set_default_threads(int n);  // clattn.set_num_threads
+int default_threads();
+
+}  // namespace clattn::py

@@ -1,0 +1,245 @@
+// clattn.Encoder, clattn.Decoder and clattn.load_model: Hugging Face checkpoints (model.h) run
+// with any per-layer attention plan, logits returned as NumPy arrays without a copy.
+//
+// Token ids and lengths are checked here (integers, ranks, ranges: ValueError) before the model
+// runs; a bad attention plan is ValueError; a folder that cannot be loaded and anything the model
+// refuses later is RuntimeError, with clattn's message. A model runs one forward at a time (a
+// second thread waits, with the GIL released, as during the forward itself).
+#include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
+
+#include <filesystem>
+#include <functional>
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "clattn/error.h"
+#include "clattn/model.h"
+#include "common.h"
+
+namespace clattn::py {
+namespace {
+
+const char* kind_name(ModelKind k) {
+  switch (k) {
+    case ModelKind::bert: return "bert";
+    case ModelKind::kwt: return "kwt";
+    case ModelKind::llama: return "llama";
+  }
+  return "?";
+}
+
+pb::dict config_dict(const ModelConfig& c) {
+  pb::dict d;
+  d["kind"] = kind_name(c.kind);
+  d["model_type"] = c.model_type;
+  d["architecture"] = c.architecture;
+  d["hidden"] = c.hidden;
+  d["layers"] = c.layers;
+  d["heads"] = c.heads;
+  d["kv_heads"] = c.kv_heads;
+  d["head_dim"] = c.head_dim;
+  d["ffn"] = c.ffn;
+  d["vocab"] = c.vocab;
+  d["max_positions"] = c.max_positions;
+  d["num_labels"] = c.num_labels;
+  d["labels"] = c.labels;
+  return d;
+}
+
+// Token ids: (T,) or (B, T) integers in [0, vocab), as a contiguous int32 copy.
+struct Ids {
+  pb::array_t<int32_t> ids;
+  int64_t B = 0, T = 0;
+  bool batched = false;
+};
+
+Ids ids_arg(pb::handle obj, int64_t vocab, const char* name) {
+  pb::array a = pb::array::ensure(obj);
+  if (!a) {
+    PyErr_Clear();
+    throw pb::type_error(std::string(name) + " must be an array of token ids");
+  }
+  const char kind = a.dtype().kind();
+  if (kind != 'i' && kind != 'u')
+    throw pb::type_error(std::string(name) + " must hold integers, got dtype " + to_str(a.dtype()));
+  if (a.ndim() != 1 && a.ndim() != 2)
+    throw pb::value_error(std::string(name) + " must be (T,) or (B, T), got shape " + shape_str(a));
+  Ids r;
+  r.batched = a.ndim() == 2;
+  r.B = r.batched ? a.shape(0) : 1;
+  r.T = a.shape(a.ndim() - 1);
+  if (r.B < 1 || r.T < 1) throw pb::value_error(std::string(name) + " holds no token: shape " + shape_str(a));
+  auto wide = pb::array_t<int64_t, pb::array::c_style | pb::array::forcecast>::ensure(a);
+  r.ids = pb::array_t<int32_t>(wide.size());
+  for (pb::ssize_t i = 0; i < wide.size(); ++i) {
+    const int64_t id = wide.data()[i];
+    if (id < 0 || id >= vocab)
+      throw pb::value_error(std::string(name) + ": token id " + std::to_string(id) + " at flat index " +
+                            std::to_string(i) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    r.ids.mutable_data()[i] = static_cast<int32_t>(id);
+  }
+  return r;
+}
+
+pb::array_t<int32_t> lengths_arg(pb::handle obj, const Ids& ids, int32_t min_len) {
+  pb::array_t<int32_t> len = int_arg(obj, "lengths");
+  if (!len || len.size() == 0) return len;
+  if (len.size() != ids.B)
+    throw pb::value_error("lengths must have one entry per sequence (B = " + std::to_string(ids.B) + "), got " +
+                          std::to_string(len.size()));
+  for (pb::ssize_t b = 0; b < len.size(); ++b)
+    if (len.data()[b] < min_len || len.data()[b] > ids.T)
+      throw pb::value_error("lengths[" + std::to_string(b) + "] = " + std::to_string(len.data()[b]) + " must be in [" +
+                            std::to_string(min_len) + ", T = " + std::to_string(ids.T) + "]");
+  return len;
+}
+
+// (B, T, ...) logits of an unbatched (T,) input lose their leading 1.
+pb::array unbatch(pb::array a, bool batched) {
+  return batched ? a : pb::array(a[pb::int_(0)]);
+}
+
+void set_plan(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    throw pb::value_error(e.what());
+  }
+}
+
+template <class M>
+std::unique_ptr<M> load(const std::filesystem::path& dir) {
+  pb::gil_scoped_release nogil;
+  return M::load(dir.string());
+}
+
+struct PyDecoder {
+  std::unique_ptr<Decoder> m;
+  std::mutex mu;
+};
+struct PyEncoder {
+  std::unique_ptr<Encoder> m;
+  std::mutex mu;
+};
+
+// Runs f with the GIL released and the model's mutex held.
+template <class P, class F>
+auto run_locked(P& p, F&& f) {
+  pb::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lock(p.mu);
+  apply_threads();
+  return f();
+}
+
+}  // namespace
+
+void bind_model(pb::module_& m) {
+  pb::class_<PyDecoder>(m, "Decoder", "A LLaMA-family decoder loaded from a Hugging Face folder")
+      .def(pb::init([](const std::filesystem::path& dir) {
+             auto p = std::make_unique<PyDecoder>();
+             p->m = load<Decoder>(dir);
+             return p;
+           }),
+           pb::arg("path"))
+      .def_property_readonly("config", [](PyDecoder& p) { return config_dict(p.m->config()); })
+      .def("set_attention", [](PyDecoder& p, const std::string& plan) {
+             set_plan([&] { run_locked(p, [&] { p.m->set_attention(plan); }); });
+           }, pb::arg("plan"),
+           "Attention of every layer: one spec, or ';'-separated specs per layer (the last repeats); "
+           "each must honour a causal mask")
+      .def_property_readonly("attention_specs", [](PyDecoder& p) { return p.m->attention_specs(); })
+      .def("forward", [](PyDecoder& p, pb::handle ids_obj, pb::handle lengths) {
+             const Ids ids = ids_arg(ids_obj, p.m->config().vocab, "ids");
+             const auto len = lengths_arg(lengths, ids, 0);
+             Tensor out = run_locked(p, [&] {
+               return p.m->forward({ids.ids.data(), static_cast<size_t>(ids.ids.size())}, ids.B, ids.T, span_of(len));
+             });
+             return unbatch(to_numpy(std::move(out)), ids.batched);
+           }, pb::arg("ids"), pb::kw_only(), pb::arg("lengths") = pb::none(),
+           "Causal forward: logits (B, T, vocab) for ids (B, T), or (T, vocab) for ids (T,)")
+      .def("start", [](PyDecoder& p, int64_t capacity) { run_locked(p, [&] { p.m->start(capacity); }); },
+           pb::arg("capacity"), "Incremental decoding: clear the KV cache (capacity positions)")
+      .def("prefill", [](PyDecoder& p, pb::handle ids_obj) {
+             const Ids ids = ids_arg(ids_obj, p.m->config().vocab, "ids");
+             if (ids.batched) throw pb::value_error("prefill takes one sequence (T,), got a batch");
+             std::vector<float> l = run_locked(p, [&] {
+               return p.m->prefill({ids.ids.data(), static_cast<size_t>(ids.ids.size())});
+             });
+             return pb::array_t<float>(static_cast<pb::ssize_t>(l.size()), l.data());
+           }, pb::arg("ids"), "Run a prompt through the cache: logits of its last position (vocab)")
+      .def("step", [](PyDecoder& p, int64_t id) {
+             if (id < 0 || id >= p.m->config().vocab)
+               throw pb::value_error("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                     std::to_string(p.m->config().vocab) + ")");
+             std::vector<float> l = run_locked(p, [&] { return p.m->step(static_cast<int32_t>(id)); });
+             return pb::array_t<float>(static_cast<pb::ssize_t>(l.size()), l.data());
+           }, pb::arg("id"), "Append one token: logits of the new position (vocab)")
+      .def_property_readonly("position", [](PyDecoder& p) { return p.m->position(); })
+      .def_property_readonly("last_attention_ms", [](PyDecoder& p) { return p.m->last_attention_ms(); })
+      .def("__repr__", [](PyDecoder& p) { return "clattn.Decoder(" + p.m->config().model_type + ")"; });
+
+  pb::class_<PyEncoder>(m, "Encoder", "A BERT-style or KWT encoder loaded from a Hugging Face folder")
+      .def(pb::init([](const std::filesystem::path& dir) {
+             auto p = std::make_unique<PyEncoder>();
+             p->m = load<Encoder>(dir);
+             return p;
+           }),
+           pb::arg("path"))
+      .def_property_readonly("config", [](PyEncoder& p) { return config_dict(p.m->config()); })
+      .def("set_attention", [](PyEncoder& p, const std::string& plan) {
+             set_plan([&] { run_locked(p, [&] { p.m->set_attention(plan); }); });
+           }, pb::arg("plan"), "Attention of every layer: one spec, or ';'-separated specs per layer")
+      .def_property_readonly("attention_specs", [](PyEncoder& p) { return p.m->attention_specs(); })
+      .def("forward", [](PyEncoder& p, pb::handle ids_obj, pb::handle lengths, pb::handle types) {
+             const Ids ids = ids_arg(ids_obj, p.m->config().vocab, "ids");
+             const auto len = lengths_arg(lengths, ids, 1);
+             Ids tt;
+             if (!types.is_none()) {
+               tt = ids_arg(types, std::max<int64_t>(p.m->config().type_vocab, 1), "token_types");
+               if (tt.B != ids.B || tt.T != ids.T)
+                 throw pb::value_error("token_types must have the shape of ids");
+             }
+             Tensor out = run_locked(p, [&] {
+               std::span<const int32_t> ts;
+               if (tt.ids) ts = {tt.ids.data(), static_cast<size_t>(tt.ids.size())};
+               return p.m->forward_tokens({ids.ids.data(), static_cast<size_t>(ids.ids.size())}, ids.B, ids.T,
+                                          span_of(len), ts);
+             });
+             pb::array a = to_numpy(std::move(out));
+             return ids.batched || a.ndim() != 3 ? a : unbatch(a, false);
+           }, pb::arg("ids"), pb::kw_only(), pb::arg("lengths") = pb::none(), pb::arg("token_types") = pb::none(),
+           "BERT: classifier logits (B, labels), or without a classifier the last hidden state (B, T, hidden)")
+      .def("forward_features", [](PyEncoder& p, pb::handle features) {
+             const ModelConfig& c = p.m->config();
+             FloatArg f = float_arg(features, "features", 3, "(B, patches, input_dim)");
+             if (f.view.dim(1) != c.num_patches || f.view.dim(2) != c.input_dim || f.view.dim(0) < 1)
+               throw pb::value_error("features must be (B >= 1, " + std::to_string(c.num_patches) + ", " +
+                                     std::to_string(c.input_dim) + "), got " + f.view.shape.str());
+             if (!f.view.contiguous()) f = float_arg(pb::array_t<float, pb::array::c_style>::ensure(f.keep), "features", 3, "");
+             Tensor out = run_locked(p, [&] { return p.m->forward_features(f.view); });
+             return to_numpy(std::move(out));
+           }, pb::arg("features"), "KWT: logits (B, labels) for features (B, patches, input_dim)")
+      .def_property_readonly("last_attention_ms", [](PyEncoder& p) { return p.m->last_attention_ms(); })
+      .def("__repr__", [](PyEncoder& p) { return "clattn.Encoder(" + p.m->config().model_type + ")"; });
+
+  m.def("load_model", [](const std::filesystem::path& dir) -> pb::object {
+          ModelKind kind;
+          {
+            pb::gil_scoped_release nogil;
+            kind = model_kind(dir.string());
+          }
+          if (kind == ModelKind::llama) {
+            auto p = std::make_unique<PyDecoder>();
+            p->m = load<Decoder>(dir);
+            return pb::cast(std::move(p));
+          }
+          auto p = std::make_unique<PyEncoder>();
+          p->m = load<Encoder>(dir);
+          return pb::cast(std::move(p));
+        }, pb::arg("path"), "A Decoder (llama) or Encoder (bert, kwt) from a Hugging Face folder, by its config.json");
+}
+
+}  // namespace clattn::py

@@ -1,0 +1,44 @@
+"""Shared fixtures of the clattn Python tests (run by CTest as `python`, see python/CMakeLists.txt).
+
+CTest sets PYTHONPATH to the build tree's python/ folder, CLATTN_BIN to the clattn command (for the
+bit-for-bit comparison with `clattn attend`) and CLATTN_SOURCE_DIR; CLATTN_DATA overrides the real
+data folder (default: the source tree's ../shared/data).
+"""
+import os
+import pathlib
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import clattn
+
+SOURCE_DIR = pathlib.Path(os.environ.get("CLATTN_SOURCE_DIR", pathlib.Path(__file__).resolve().parents[2]))
+
+
+def data_dir():
+    return pathlib.Path(os.environ.get("CLATTN_DATA", SOURCE_DIR.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def cli():
+    """Runs the clattn command; fails (never skips) when it cannot be found."""
+    exe = os.environ.get("CLATTN_BIN") or shutil.which("clattn")
+    assert exe, "set CLATTN_BIN to the clattn command (CTest does)"
+
+    def run(*args):
+        r = subprocess.run([exe, *map(str, args)], capture_output=True, text=True)
+        return r
+    return run
+
+
+@pytest.fixture(autouse=True)
+def two_threads():
+    """Every test on 2 threads, as the C++ suites (OMP_NUM_THREADS=2)."""
+    clattn.set_num_threads(2)
+    yield
+
+
+def randn(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)

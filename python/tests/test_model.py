@@ -1,0 +1,65 @@
+"""Models from Python: the real checkpoints of ../shared/data reproduce their reference logits, per
+layer plans, and the README's five-line approximation experiment runs as written."""
+import contextlib
+import io
+import os
+import re
+
+import numpy as np
+
+import clattn
+from conftest import SOURCE_DIR, data_dir
+
+
+def test_decoder_reproduces_reference_logits():
+    m = clattn.load_model(str(data_dir() / "stories260k"))
+    assert isinstance(m, clattn.Decoder) and m.config["kind"] == "llama"
+    ref = clattn.read_safetensors(str(data_dir() / "stories260k" / "reference_logits.safetensors"))
+    logits = m.forward(ref["tokens"])                    # (T,) in, (T, vocab) out
+    assert logits.shape == ref["logits"].shape and logits.dtype == np.float32
+    assert np.abs(logits - ref["logits"]).max() < 1e-3
+    batched = m.forward(np.stack([ref["tokens"], ref["tokens"]]), lengths=[200, 120])
+    assert batched.shape == (2, 200, 512)
+    assert np.array_equal(batched[0], logits)
+    # Incremental decoding agrees with the full forward.
+    m.start(64)
+    last = m.prefill(ref["tokens"][:10])
+    assert np.abs(last - logits[9]).max() < 1e-3
+    assert np.abs(m.step(int(ref["tokens"][10])) - logits[10]).max() < 1e-3
+
+
+def test_encoder_features_and_plans():
+    m = clattn.load_model(str(data_dir() / "kwt1"))
+    assert isinstance(m, clattn.Encoder) and m.config["kind"] == "kwt"
+    x = clattn.read_safetensors(str(data_dir() / "kwt1" / "features_speech_commands.safetensors"))
+    logits = m.forward_features(x["features"])
+    assert np.abs(logits - x["logits"]).max() < 1e-3
+    m.set_attention("full;full;improved-clustered:clusters=25")
+    specs = m.attention_specs
+    assert len(specs) == m.config["layers"] and specs[1].startswith("full") and specs[-1].startswith("improved")
+    assert m.forward_features(x["features"].astype(np.float64)).shape == logits.shape
+
+
+def readme_example():
+    text = (SOURCE_DIR / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    found = [b for b in blocks if "load_model" in b and "agreement" in b]
+    assert found, "README.md has no python block with the approximation experiment"
+    return found[0]
+
+
+def test_readme_approximation_example_runs():
+    code = readme_example()
+    lines = [ln for ln in code.splitlines() if ln.strip() and not ln.lstrip().startswith(("#", "import"))]
+    assert len(lines) <= 5, "five lines, as the README says"
+    out = io.StringIO()
+    cwd = os.getcwd()
+    try:
+        os.chdir(SOURCE_DIR)  # the README runs from the repository root
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, "README.md", "exec"), {})
+    finally:
+        os.chdir(cwd)
+    m = re.search(r"agreement ([0-9.]+)", out.getvalue())
+    assert m, out.getvalue()
+    assert 0.9 <= float(m.group(1)) <= 1.0
