@@ -57,6 +57,9 @@ void embedding_fwd(float* y, const int32_t* ids, const float* table, int64_t n, 
 //   dx (rows, in)  = dy (rows, out) · W (out, in)        one sgemm, beta 0 (write) or 1 (accumulate)
 //   dW (out, in)  += dyᵀ (out, rows) · x (rows, in)      one sgemm, beta 1
 //   db (out)      += Σ_rows dy                           a column sum, columns split over threads
+// Measured (bench/nn_bwd.cpp; a machine at load ~15 on 2 cores, so rates from CPU time, not wall):
+// rows = 16384, in = 256, out = 1024 on one thread 89 GFLOP/s against the forward's 87 (dx 90, dW
+// 90, db 4.3 ms of 194); on 2 threads, per main-thread CPU second, 142 against the forward's 150.
 void linear_bwd(float* dx, int64_t lddx, float* dw, float* db, const float* dy, int64_t lddy,
                 const float* x, int64_t ldx, const float* w, int64_t rows, int64_t in, int64_t out,
                 bool accumulate) {
