@@ -10,8 +10,15 @@ from other processes hits all three alike; medians are reported.
     PYTHONPATH=build/python /usr/bin/python3 python/bench_overhead.py --lengths 1024,16384
 """
 import argparse
+import os
 import statistics
+import sys
 import time
+
+# Run as a file, Python puts python/ first on sys.path, where the source package (without the
+# built extension) would shadow the one on PYTHONPATH.
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 
 import numpy as np
 
@@ -40,6 +47,18 @@ def main():
         cur.append(part)
     specs.append(",".join(cur))
 
+    # The fixed cost of a call, which the noise of long calls hides: a (1, 1, 16, 64) forward,
+    # many times, Python against C++.
+    tiny = np.random.default_rng(1).standard_normal((1, 1, 16, a.dim), dtype=np.float32)
+    att = clattn.Attention("full", backward=False)
+    py, cpp = [], []
+    for _ in range(2000):
+        t0 = time.perf_counter()
+        att.forward(tiny, tiny, tiny)
+        py.append(1e6 * (time.perf_counter() - t0))
+        cpp.append(1e3 * _clattn._time_forward_cpp(att, tiny, tiny, tiny, 1)[0])
+    print(f"fixed cost of a Python call (full, N = 16, median of 2000): {statistics.median(py):.1f} us from "
+          f"Python, {statistics.median(cpp):.1f} us in C++: {statistics.median(py) - statistics.median(cpp):.1f} us")
     print(f"B={a.batch} H={a.heads} D={a.dim}, {a.threads} threads, median of {a.repeat} calls (ms)")
     print("| spec | N | C++ | Python | Python, out= | overhead | overhead, out= |")
     print("|---|---|---|---|---|---|---|")

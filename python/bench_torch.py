@@ -12,8 +12,15 @@ One warm-up call, then the median of --repeat calls.
     PYTHONPATH=build/python /usr/bin/python3 python/bench_torch.py --lengths 4096,16384
 """
 import argparse
+import os
 import statistics
+import sys
 import time
+
+# Run as a file, Python puts python/ first on sys.path, where the source package (without the
+# built extension) would shadow the one on PYTHONPATH.
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 
 import torch
 

@@ -42,6 +42,10 @@ def _as_numpy_f32(t, name):
     return t, t.numpy()
 
 
+def _nbytes(t):
+    return t.storage().nbytes() if t.numel() else 0
+
+
 def _lengths(x):
     if x is None:
         return None
@@ -79,6 +83,9 @@ class AttentionFunction(torch.autograd.Function):
         call.forward(qn, kn, vn, query_lengths=_lengths(query_lengths), key_lengths=_lengths(key_lengths),
                      causal=bool(causal), bias=bn, step=int(step), train=bool(train), out=out.numpy())
         ctx.call = call
+        # The call reads these float32 tensors again in backward: a storage freed or resized in
+        # between (t.storage().resize_(0)) is refused there rather than read.
+        ctx.buffers = [(t, t.data_ptr(), _nbytes(t)) for t in (q32, k32, v32)]
         # Saved so that autograd refuses a backward after q, k or v changed in place (the call
         # reads them again); the call itself keeps their float32 NumPy views.
         ctx.save_for_backward(q, k if k is not None else q, v)
@@ -91,6 +98,10 @@ class AttentionFunction(torch.autograd.Function):
     def backward(ctx, do):
         call = ctx.call
         ctx.saved_tensors  # noqa: B018 -- raises if an input was modified in place since forward
+        for t, ptr, nbytes in ctx.buffers:
+            if t.data_ptr() != ptr or _nbytes(t) < nbytes:
+                raise RuntimeError("clattn.torch: an input's storage was freed or resized between forward and "
+                                   "backward; the backward reads the forward's inputs")
         _, don = _as_numpy_f32(do, "do")
         qs, ks, vs = ctx.shapes
         dq = torch.zeros(qs, dtype=torch.float32)

@@ -229,6 +229,19 @@ def test_in_place_change_after_forward_is_refused():
         o.sum().backward()
 
 
+def test_freed_storage_refused_not_read():
+    q = rand(1, 2, 16, 8, seed=37)
+    k = rand(1, 2, 16, 8, seed=38)
+    qg = q.clone().requires_grad_()
+    o = ct.Attention("full")(qg, k, k)
+    # Freeing k's memory under the call's feet: PyTorch refuses while the call's NumPy view of it
+    # lives (the adapter would refuse a changed storage in backward otherwise).
+    with pytest.raises(RuntimeError, match="not resizable"):
+        k.storage().resize_(0)
+    o.sum().backward()
+    assert torch.isfinite(qg.grad).all()
+
+
 def test_adapter_errors():
     att = ct.Attention("full")
     q = rand(1, 2, 8, 4, seed=34)
