@@ -11,5 +11,7 @@ void add_generate(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_bench_model(CLI::App& app);
 void add_make_inputs(CLI::App& app);
+void add_train(CLI::App& app);
+void add_eval(CLI::App& app);
 
 }  // namespace clattn::cli

@@ -41,6 +41,8 @@ int main(int argc, char** argv) {
   clattn::cli::add_bench(app);
   clattn::cli::add_bench_model(app);
   clattn::cli::add_make_inputs(app);
+  clattn::cli::add_train(app);
+  clattn::cli::add_eval(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version: printed on stdout, exit 0
