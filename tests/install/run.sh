@@ -3,7 +3,7 @@
 # with `cmake --install --prefix` into a temporary prefix, then
 #   - builds tests/install/main.cpp against it with find_package(clattn) and with pkg-config, and
 #     runs both (each must print "ok"); every public header must compile on its own;
-#   - runs the installed `clattn --help`;
+#   - runs the installed `clattn --help`, and imports the installed Python package (when built);
 #   - uses the clattn source as a subproject (add_subdirectory) of a parent project that has its own
 #     tests/ folder: only the library is built, the parent's build type is kept, no GoogleTest,
 #     Google Benchmark or CLI11 is looked for, and the parent's tests/ is never globbed.
@@ -69,6 +69,14 @@ check "no source-tree path in the CMake package" \
 # --- 2. the installed CLI ---------------------------------------------------------------------
 step cli_help "$prefix/bin/clattn" --help
 loads_blas "installed clattn loads the OpenMP OpenBLAS" "$prefix/bin/clattn"
+
+# The installed Python package (when built: pybind11 and NumPy found) imports from its folder
+# and runs an attention with the OpenMP OpenBLAS.
+pydir=$(sed -n 's/^CLATTN_PYTHON_INSTALL_DIR:STRING=//p' "$work/build/CMakeCache.txt")
+if [ -n "$pydir" ]; then
+  step python_import env -C "$work" PYTHONPATH="$prefix/$pydir" /usr/bin/python3 -c \
+    'import numpy as np, clattn; q = np.ones((1, 1, 8, 4), np.float32); assert clattn.Attention("full").forward(q, q, q).shape == q.shape; assert "openblas-openmp" in clattn._clattn._blas_library() or "openmp" not in clattn._clattn._openblas_expected'
+fi
 
 # --- 3. find_package consumer -----------------------------------------------------------------
 if step cmake_consumer_configure cmake -S "$src/tests/install" -B "$work/consumer" -G Ninja \
