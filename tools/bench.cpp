@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -26,6 +27,7 @@
 #include "clattn/parallel.h"
 #include "clattn/spec.h"
 #include "commands.h"
+#include "plot_util.h"
 #include "version.h"
 
 namespace clattn::cli {
@@ -44,6 +46,7 @@ struct BenchOptions {
   bool backward = false, causal = false, no_error = false;
   int repeat = 5;
   std::string json;
+  std::string plot;  // --plot FILE.png
   std::string format = "text";  // -o: text, md, csv, json, jsonl
   uint64_t seed = 0;
   const CLI::Option* kv_heads_opt = nullptr;
@@ -319,6 +322,11 @@ void run_bench(BenchOptions o) {
   const std::vector<int64_t> lengths = bench::parse_lengths(o.lengths, "bench");
   validate(o, lengths);
   const std::vector<std::string> specs = expand_all(bench::split_specs(o.attention), o);
+  if (!o.plot.empty()) {  // a missing gnuplot fails now, not after the sweep
+    const std::string ext = std::filesystem::path(o.plot).extension().string();
+    usage_check(ext == ".png" || ext == ".PNG", "bench: --plot must name a .png file, got '", o.plot, "'");
+    plot::find_gnuplot();
+  }
   // Memory before allocation: each length's inputs, output (and dO and gradients) plus the largest
   // workspace any spec states for it; refused up front with the estimate, never a bad_alloc.
   for (const int64_t n : lengths) {
@@ -457,6 +465,11 @@ void run_bench(BenchOptions o) {
     }
   }
   table.end(doc);
+  if (!o.plot.empty()) {  // drawn from the rows the JSON holds, as `clattn plot --bench` would
+    const nlohmann::json d = nlohmann::json::parse(doc.dump());
+    plot::plot_bench({plot::BenchRun{"bench", d["machine"], d["results"].get<std::vector<nlohmann::json>>()}}, o.plot);
+    std::fprintf(stderr, "bench: wrote %s\n", o.plot.c_str());
+  }
   check(failed == 0, "bench: ", failed, " of ", total,
         " cases failed (rows marked 'error'); the other results are valid");
 }
@@ -485,6 +498,9 @@ void add_bench(CLI::App& app) {
   sub->add_option("--repeat", o->repeat, "Timed calls per case, after one warm-up call")
       ->capture_default_str();
   sub->add_option("--json", o->json, "Also write the results as JSON to this file (atomically)");
+  sub->add_option("--plot", o->plot,
+                  "Also draw time and peak memory against N (log-log, one line per spec) to this PNG "
+                  "with gnuplot (Debian gnuplot-nox)");
   sub->add_option("-o,--output-format", o->format,
                   "Result format on stdout: text (table), md (Markdown table), csv (with a header "
                   "row), json (the --json document), jsonl (one JSON object per result)")

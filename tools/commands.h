@@ -13,5 +13,7 @@ void add_bench_model(CLI::App& app);
 void add_make_inputs(CLI::App& app);
 void add_train(CLI::App& app);
 void add_eval(CLI::App& app);
+void add_plot(CLI::App& app);
+void add_inspect(CLI::App& app);
 
 }  // namespace clattn::cli

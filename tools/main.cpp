@@ -43,6 +43,8 @@ int main(int argc, char** argv) {
   clattn::cli::add_make_inputs(app);
   clattn::cli::add_train(app);
   clattn::cli::add_eval(app);
+  clattn::cli::add_plot(app);
+  clattn::cli::add_inspect(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version: printed on stdout, exit 0

@@ -56,6 +56,17 @@ struct ModelConfig {
 // Reads config.json (errors name the file and the field).
 ModelConfig read_model_config(const std::string& path);
 
+// Inspection (`clattn inspect`): copies of what one layer's attention received in a forward — q
+// (B, H, T, D), k and v (B, Hkv, T, D) after the projections (and RoPE in decoders), the random
+// step and the causal flag — so a tool can replay that layer's attention on them. The caller owns
+// it and hands it to set_capture(); only a capturing forward allocates the copies.
+struct AttentionCapture {
+  int64_t layer = -1;  // the layer to copy; -1 (or past the last layer) copies nothing
+  Tensor q, k, v;
+  uint64_t step = 0;
+  bool causal = false;
+};
+
 class Weights;  // model/weights.h: the checkpoint's tensors, memory-mapped where F32
 
 struct LoadOptions {
@@ -86,6 +97,8 @@ class Encoder {
   double last_attention_ms() const { return attn_ms_; }
   // Bytes a forward of (B, T) allocates: activations and the largest attention workspace.
   double forward_bytes(int64_t B, int64_t T) const;
+  // Later forwards fill cap (nullptr: stop capturing); cap must outlive them.
+  void set_capture(AttentionCapture* cap) { capture_ = cap; }
 
  private:
   Encoder();
@@ -105,6 +118,7 @@ class Encoder {
   int64_t B_ = 0, T_ = 0;
   uint64_t step_ = 0;
   double attn_ms_ = 0;
+  AttentionCapture* capture_ = nullptr;
 };
 
 // Sampling for generation: temperature 0 is greedy; top-k (0 = off) then top-p (1 = off).
@@ -141,6 +155,8 @@ class Decoder {
   // Bytes a forward of (B, T) allocates: activations, logits, the largest attention workspace,
   // and with cache_positions > 0 the KV caches of that many positions.
   double forward_bytes(int64_t B, int64_t T, int64_t cache_positions = 0) const;
+  // Later forwards fill cap (nullptr: stop capturing); cap must outlive them.
+  void set_capture(AttentionCapture* cap) { capture_ = cap; }
 
  private:
   Decoder();
@@ -163,6 +179,7 @@ class Decoder {
   int64_t B_ = 0, T_ = 0, pos_ = 0;
   uint64_t step_ = 0;
   double attn_ms_ = 0;
+  AttentionCapture* capture_ = nullptr;
 };
 
 // The model folder's kind, read from its config.json (bert / kwt -> Encoder, llama -> Decoder).

@@ -145,6 +145,13 @@ void Decoder::run(int64_t B, int64_t T, std::span<const int32_t> lengths, const 
       ai.k = heads_view(kv, kvh, 2 * KV);
       ai.v = heads_view(kv + KV, kvh, 2 * KV);
     }
+    if (capture_ && capture_->layer == static_cast<int64_t>(l)) {  // inspection only: copies
+      capture_->q = Tensor::from(ai.q);
+      capture_->k = Tensor::from(ai.k);
+      capture_->v = Tensor::from(ai.v);
+      capture_->step = ai.step;
+      capture_->causal = ai.causal;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     att_[l]->forward(ai, heads_view(ao, nh, Q), ctx_[l]);
     attn_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

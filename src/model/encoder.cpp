@@ -242,6 +242,13 @@ void Encoder::run_layers(int64_t B, int64_t T, std::span<const int32_t> lengths)
     ai.query_lengths = lengths;
     ai.key_lengths = lengths;
     ai.step = step_;
+    if (capture_ && capture_->layer == static_cast<int64_t>(l)) {  // inspection only: copies
+      capture_->q = Tensor::from(ai.q);
+      capture_->k = Tensor::from(ai.k);
+      capture_->v = Tensor::from(ai.v);
+      capture_->step = ai.step;
+      capture_->causal = ai.causal;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     att_[l]->forward(ai, heads_view(ao, H), ctx_[l]);
     attn_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# The pictures: `clattn bench --plot`, `clattn plot --bench / --logs` and `clattn inspect` each
+# write a PNG of the expected size (signature and IHDR width/height checked); wrong arguments exit 2
+# with a message; a missing or failing gnuplot exits 1 naming the package (gnuplot-nox). inspect
+# runs on make-inputs files and, when ../shared/data is present (or CLATTN_DATA), on KWT-1 features
+# and stories260k tokens. Needs gnuplot with pngcairo (scripts/install-deps.sh installs gnuplot-nox).
+# Usage: bash tests/cli/plot.sh /path/to/clattn
+set -u
+bin=${1:?usage: plot.sh /path/to/clattn}
+here=$(cd "$(dirname "$0")" && pwd)
+data=${CLATTN_DATA:-$here/../../../shared/data}
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+
+# expect_ok DESCRIPTION CMD...: exit 0
+expect_ok() {
+  local what=$1; shift
+  if "$@" >"$dir/out" 2>"$dir/err"; then ok; else bad "$what (exit $?): $(head -c 600 "$dir/err")"; fi
+}
+# expect_exit CODE DESCRIPTION NEEDLE CMD...: exit exactly CODE and stderr mentions NEEDLE
+expect_exit() {
+  local code=$1 what=$2 needle=$3; shift 3
+  "$@" >"$dir/out" 2>"$dir/err"
+  local rc=$?
+  if [ "$rc" -eq "$code" ] && grep -qi -- "$needle" "$dir/err"; then ok
+  else bad "$what: exit $rc (expected $code), stderr: $(head -c 600 "$dir/err")"; fi
+}
+# be32 FILE OFFSET: the big-endian 32-bit unsigned integer at OFFSET
+be32() {
+  local b
+  read -r -a b <<<"$(od -An -t u1 -j "$2" -N 4 "$1")"
+  echo $(((b[0] << 24) | (b[1] << 16) | (b[2] << 8) | b[3]))
+}
+# expect_png DESCRIPTION FILE WIDTH HEIGHT: a PNG (signature, IHDR first) of that size
+expect_png() {
+  local what=$1 file=$2 w=$3 h=$4
+  if [ ! -s "$file" ]; then bad "$what: $file missing or empty"; return; fi
+  local sig ihdr
+  sig=$(od -An -t x1 -N 8 "$file" | tr -d ' \n')
+  ihdr=$(od -An -c -j 12 -N 4 "$file" | tr -d ' \n')
+  if [ "$sig" != "89504e470d0a1a0a" ] || [ "$ihdr" != "IHDR" ]; then bad "$what: $file is not a PNG ($sig $ihdr)"; return; fi
+  local gw gh
+  gw=$(be32 "$file" 16)
+  gh=$(be32 "$file" 20)
+  [ "$gw" = "$w" ] && [ "$gh" = "$h" ] && ok || bad "$what: $file is ${gw}x${gh}, expected ${w}x${h}"
+}
+
+if ! command -v gnuplot >/dev/null; then
+  echo "FAIL: gnuplot is not installed (Debian package gnuplot-nox; scripts/install-deps.sh)"
+  exit 1
+fi
+
+# --- bench --plot and plot --bench ---------------------------------------------------------------
+small=(--attention 'full;linear;clustered:clusters=4' --lengths 64,128 --heads 2 --dim 16 --repeat 1 --threads 2)
+expect_ok "bench --plot" "$bin" bench "${small[@]}" --plot "$dir/bench.png" --json "$dir/fwd.json"
+expect_png "bench --plot" "$dir/bench.png" 1400 640
+expect_ok "bench forward+backward causal json" "$bin" bench --attention 'full;linear' --lengths 64,128 --heads 2 \
+  --dim 16 --repeat 1 --backward --causal --json "$dir/bwd.json"
+expect_ok "plot --bench two files" "$bin" plot --bench "$dir/fwd.json" "$dir/bwd.json" --out "$dir/overlay.png"
+expect_png "plot --bench overlay" "$dir/overlay.png" 1400 640
+expect_ok "bench -o jsonl" "$bin" bench "${small[@]}" -o jsonl
+cp "$dir/out" "$dir/rows.jsonl"
+expect_ok "plot --bench jsonl rows" "$bin" plot --bench "$dir/rows.jsonl" --out "$dir/rows.png"
+expect_png "plot --bench jsonl" "$dir/rows.png" 1400 640
+printf '{"machine":{},"results":[{"spec":"full","n":64,"ms_median":null,"error":"boom"}]}\n' >"$dir/failed.json"
+expect_exit 1 "plot --bench with only failed rows" "no bench result" "$bin" plot --bench "$dir/failed.json" --out "$dir/x.png"
+printf 'not json\n' >"$dir/garbage.json"
+expect_exit 1 "plot --bench on garbage" "line 1" "$bin" plot --bench "$dir/garbage.json" --out "$dir/x.png"
+expect_exit 1 "plot --bench on a missing file" "cannot read" "$bin" plot --bench "$dir/none.json" --out "$dir/x.png"
+
+# --- plot --logs on synthetic train logs ---------------------------------------------------------
+for run in full clustered; do
+  {
+    echo "{\"config\":{\"attention\":\"$run:clusters=8\",\"task\":\"mlm\"},\"metric\":\"bpc\"}"
+    for s in 1 2 3 4 5 6 7 8 9 10; do
+      echo "{\"step\":$s,\"loss\":$(awk -v s=$s 'BEGIN{print 3/s+1}'),\"lr\":0.001,\"ms\":12.5,\"tokens_per_s\":1000,\"unknown\":[1,2]}"
+      if [ $((s % 5)) -eq 0 ]; then echo "{\"step\":$s,\"eval_loss\":2.0,\"eval_metric\":$(awk -v s=$s 'BEGIN{print 4/s+1}'),\"elapsed_s\":$((s * 3))}"; fi
+    done
+    printf '{"step":11,"loss":1.'  # a run killed mid-line
+  } >"$dir/$run.jsonl"
+done
+expect_ok "plot --logs" "$bin" plot --logs "$dir/full.jsonl" "$dir/clustered.jsonl" --out "$dir/logs.png"
+expect_png "plot --logs" "$dir/logs.png" 1500 520
+grep -q "not JSON objects skipped" "$dir/err" && ok || bad "plot --logs does not say it skipped the torn line: $(cat "$dir/err")"
+printf '{"step":1,"loss":2.0}\n{"step":2,"loss":1.5}\n' >"$dir/bare.jsonl"  # no header, no eval lines
+expect_ok "plot --logs without header or eval" "$bin" plot --logs "$dir/bare.jsonl" --out "$dir/bare.png"
+expect_png "plot --logs bare" "$dir/bare.png" 1500 520
+printf '{"hello":1}\nnot json\n' >"$dir/empty.jsonl"
+expect_exit 1 "plot --logs with no usable line" "no usable line" "$bin" plot --logs "$dir/empty.jsonl" --out "$dir/x.png"
+
+# --- usage errors and a missing gnuplot ----------------------------------------------------------
+expect_exit 2 "plot with neither input" "exactly one of" "$bin" plot --out "$dir/x.png"
+expect_exit 2 "plot with both inputs" "exactly one of" "$bin" plot --bench "$dir/fwd.json" --logs "$dir/bare.jsonl" --out "$dir/x.png"
+expect_exit 2 "plot without --out" "out" "$bin" plot --bench "$dir/fwd.json"
+expect_exit 2 "plot --out not a png" ".png" "$bin" plot --bench "$dir/fwd.json" --out "$dir/x.txt"
+expect_exit 2 "bench --plot not a png" ".png" "$bin" bench "${small[@]}" --plot "$dir/x.svg"
+expect_exit 1 "CLATTN_GNUPLOT=/nonexistent" "gnuplot-nox" env CLATTN_GNUPLOT=/nonexistent "$bin" plot --bench "$dir/fwd.json" --out "$dir/x.png"
+expect_exit 1 "no gnuplot on PATH" "gnuplot-nox" env PATH=/nonexistent "$bin" plot --logs "$dir/bare.jsonl" --out "$dir/x.png"
+expect_exit 1 "bench --plot without gnuplot fails before the sweep" "gnuplot-nox" env CLATTN_GNUPLOT=/nonexistent \
+  "$bin" bench "${small[@]}" --plot "$dir/x.png"
+grep -q "ms_median" "$dir/out" && bad "bench ran its sweep before failing on the missing gnuplot" || ok
+expect_exit 1 "a gnuplot that fails" "exit status 1" env CLATTN_GNUPLOT=/bin/false "$bin" plot --logs "$dir/bare.jsonl" --out "$dir/x.png"
+expect_exit 1 "inspect without gnuplot" "gnuplot-nox" env CLATTN_GNUPLOT=/nonexistent "$bin" inspect --input "$dir/none" \
+  --attention full --out "$dir/x.png"
+[ -e "$dir/x.png" ] && bad "a failed plot left $dir/x.png behind" || ok
+
+# --- inspect on attend input files --------------------------------------------------------------
+expect_ok "make-inputs" "$bin" make-inputs --output "$dir/in.safetensors" --batch 2 --heads 2 --n 150 --dim 16 --seed 5
+expect_ok "inspect clustered" "$bin" inspect --input "$dir/in.safetensors" --index 1 --head 1 \
+  --attention clustered:clusters=6 --out "$dir/cl.png"
+expect_png "inspect heatmaps" "$dir/cl.png" 1500 560
+expect_png "inspect clusters (derived name)" "$dir/cl-clusters.png" 900 600
+grep -q "^clusters: 6, R2 of position" "$dir/out" && ok || bad "inspect clustered summary: $(cat "$dir/out")"
+grep -q "reconstruction check" "$dir/err" && ok || bad "inspect prints no reconstruction check: $(cat "$dir/err")"
+expect_ok "inspect full" "$bin" inspect --input "$dir/in.safetensors" --attention full --out "$dir/full.png"
+awk '/mean row L1/ { exit !($NF < 1e-5) }' "$dir/out" && ok || bad "full's reconstruction differs from exact: $(cat "$dir/out")"
+[ -e "$dir/full-clusters.png" ] && bad "full made a cluster picture" || ok
+grep -q "no cluster picture" "$dir/err" && ok || bad "inspect full does not say why there is no cluster picture"
+# Every causal-capable variant with masks (reformer shares q and k), and an explicit clusters file.
+expect_ok "make-inputs masks" "$bin" make-inputs --output "$dir/m.safetensors" --batch 2 --heads 4 --kv-heads 2 --n 90 \
+  --dim 8 --query-lengths 90,61 --key-lengths 90,61
+for spec in smyrf:q_cluster=16,k_cluster=16 routing:clusters=4 topk:topk=8 local:window=16 linear \
+  improved-clustered:clusters=5,topk=8; do
+  causal=--causal
+  case $spec in improved-clustered*) causal= ;; esac
+  expect_ok "inspect $spec" "$bin" inspect --input "$dir/m.safetensors" --index 1 --head 3 $causal --attention "$spec" \
+    --out "$dir/v.png" --clusters-out "$dir/v_c.png"
+  expect_png "inspect $spec" "$dir/v.png" 1500 560
+done
+expect_png "inspect improved-clustered clusters" "$dir/v_c.png" 900 600
+expect_exit 1 "inspect reformer on grouped heads" "same heads" "$bin" inspect --input "$dir/m.safetensors" --attention reformer --out "$dir/x.png"
+expect_ok "inspect reformer causal" "$bin" inspect --input "$dir/in.safetensors" --causal --attention reformer:chunk=16 --out "$dir/rf.png"
+expect_png "inspect reformer" "$dir/rf.png" 1500 560
+expect_png "inspect reformer chunks" "$dir/rf-clusters.png" 900 600
+expect_exit 2 "inspect --head out of range" "out of range" "$bin" inspect --input "$dir/in.safetensors" --head 2 --attention full --out "$dir/x.png"
+expect_exit 2 "inspect --index out of range" "out of range" "$bin" inspect --input "$dir/in.safetensors" --index 2 --attention full --out "$dir/x.png"
+expect_exit 2 "inspect with --model and --input" "exactly one of" "$bin" inspect --input "$dir/in.safetensors" --model "$dir" --attention full --out "$dir/x.png"
+expect_exit 2 "inspect with a bad spec" "attention" "$bin" inspect --input "$dir/in.safetensors" --attention clusterd --out "$dir/x.png"
+expect_exit 2 "inspect without --attention" "attention" "$bin" inspect --input "$dir/in.safetensors" --out "$dir/x.png"
+expect_exit 2 "inspect --out not a png" ".png" "$bin" inspect --input "$dir/in.safetensors" --attention full --out "$dir/x.jpg"
+expect_exit 2 "inspect --layer -1" "layer" "$bin" inspect --input "$dir/in.safetensors" --layer -1 --attention full --out "$dir/x.png"
+expect_ok "make-inputs long" "$bin" make-inputs --output "$dir/long.safetensors" --heads 1 --n 2100 --dim 4
+expect_exit 1 "inspect refuses N > 2048" "2048" "$bin" inspect --input "$dir/long.safetensors" --attention full --out "$dir/x.png"
+expect_exit 1 "inspect on a missing file" "none" "$bin" inspect --input "$dir/none" --attention full --out "$dir/x.png"
+
+# --- inspect on the real models ------------------------------------------------------------------
+if [ -d "$data/kwt1" ] && [ -d "$data/stories260k" ]; then
+  expect_ok "inspect KWT-1" "$bin" inspect --model "$data/kwt1" --features "$data/kwt1/features_fsdd_test.safetensors" \
+    --index 3 --layer 5 --head 0 --attention improved-clustered:clusters=25 --out "$dir/kwt.png"
+  expect_png "inspect KWT-1" "$dir/kwt.png" 1500 560
+  expect_png "inspect KWT-1 clusters" "$dir/kwt-clusters.png" 900 600
+  expect_ok "inspect stories260k" "$bin" inspect --model "$data/stories260k" --tokens \
+    "$data/stories260k/reference_logits.safetensors" --layer 2 --head 5 --attention routing:clusters=8 --out "$dir/st.png"
+  expect_png "inspect stories260k" "$dir/st.png" 1500 560
+  expect_png "inspect stories260k clusters" "$dir/st-clusters.png" 900 600
+  expect_exit 2 "inspect --layer past the model" "5 layers" "$bin" inspect --model "$data/stories260k" --tokens \
+    "$data/stories260k/reference_logits.safetensors" --layer 5 --attention full --out "$dir/x.png"
+  expect_exit 1 "inspect reformer on a model" "reformer" "$bin" inspect --model "$data/stories260k" --tokens \
+    "$data/stories260k/reference_logits.safetensors" --attention reformer --out "$dir/x.png"
+  expect_exit 2 "inspect KWT with --tokens" "features" "$bin" inspect --model "$data/kwt1" --tokens \
+    "$data/stories260k/reference_logits.safetensors" --attention full --out "$dir/x.png"
+else
+  echo "note: $data has no kwt1/stories260k: the real-model inspect checks were skipped"
+fi
+
+echo "plot.sh: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,315 @@
+// `clattn plot`: pictures of saved results, drawn by gnuplot (plot_util.h).
+//   --bench A.json [B.json ...]  time and peak memory against N, log-log, one line per spec and
+//                                mode, several files overlaid (e.g. forward and forward+backward);
+//                                the same figure `clattn bench --plot` draws at the end of a sweep.
+//   --logs RUN.jsonl [...]       `clattn train --log` files: training loss against step, the
+//                                evaluation metric against step and against wall-clock time, one
+//                                line per run labelled by the run's attention spec.
+// Log lines are read tolerantly: unknown keys are ignored, a line that is not JSON (a run killed
+// mid-write) is skipped with a note, and a file with no usable line is refused.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_util.h"
+#include "clattn/error.h"
+#include "commands.h"
+#include "plot_util.h"
+
+namespace clattn::cli {
+namespace plot {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kBenchWidth = 1400, kBenchHeight = 640;
+constexpr int kLogsWidth = 1500, kLogsHeight = 520;
+
+std::string num(double x, const char* f = "%.6g") {
+  char b[64];
+  std::snprintf(b, sizeof b, f, x);
+  return b;
+}
+
+std::string str_or(const json& j, const char* key, const std::string& dflt) {
+  return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : dflt;
+}
+
+bool number_at(const json& j, const char* key, double& out) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number()) return false;
+  out = j[key].get<double>();
+  return std::isfinite(out);
+}
+
+// The preamble of every figure: pngcairo at a fixed size, literal text (no enhanced markup).
+std::string preamble(const TempDir& dir, int w, int h) {
+  return "set terminal pngcairo size " + std::to_string(w) + "," + std::to_string(h) +
+         " enhanced font 'DejaVu Sans,10'\nset termoption noenhanced\nset output " +
+         quote(dir.file("plot.png")) + "\nset grid\nset encoding utf8\n";
+}
+
+struct Series {
+  std::string spec, mode, file;
+  bool causal = false;
+  std::vector<std::tuple<double, double, double>> points;  // (n, ms_median, rss_mb)
+};
+
+std::string mode_text(const std::string& mode, bool causal) {
+  std::string m = mode == "fwdbwd" ? "forward+backward" : mode == "fwd" ? "forward" : mode;
+  return causal ? m + ", causal" : m;
+}
+
+}  // namespace
+
+void plot_bench(const std::vector<BenchRun>& runs, const std::string& out_png) {
+  find_gnuplot();
+  std::vector<Series> series;
+  std::map<std::tuple<size_t, std::string, std::string, bool>, size_t> index;
+  int64_t skipped = 0;
+  for (size_t fi = 0; fi < runs.size(); ++fi) {
+    for (const json& r : runs[fi].results) {
+      double n = 0, ms = 0, rss = 0;
+      const std::string spec = str_or(r, "spec", "");
+      if (spec.empty() || !number_at(r, "n", n) || !number_at(r, "ms_median", ms) || n <= 0 || ms <= 0) {
+        ++skipped;  // a failed case (error row) or a row of another schema
+        continue;
+      }
+      if (!number_at(r, "rss_mb", rss)) rss = 0;
+      const std::string mode = str_or(r, "mode", "fwd");
+      const bool causal = r.contains("causal") && r["causal"].is_boolean() && r["causal"].get<bool>();
+      const auto key = std::make_tuple(fi, spec, mode, causal);
+      auto [it, fresh] = index.emplace(key, series.size());
+      if (fresh) series.push_back(Series{spec, mode, runs[fi].name, causal, {}});
+      series[it->second].points.emplace_back(n, ms, rss);
+    }
+  }
+  check(!series.empty(), "plot: no bench result with a time to draw (", skipped,
+        " rows without one) in ", runs.size() == 1 ? "'" + runs[0].name + "'" : "the given files");
+  if (skipped > 0) std::fprintf(stderr, "plot: %lld bench rows without a time (failed cases) left out\n",
+                                static_cast<long long>(skipped));
+
+  // Colour by spec, dash type by (file, mode): the same variant keeps its colour across overlays.
+  std::vector<std::string> specs;
+  std::vector<std::string> variants;  // "file|mode|causal"
+  for (const Series& s : series) {
+    if (std::find(specs.begin(), specs.end(), s.spec) == specs.end()) specs.push_back(s.spec);
+    const std::string v = s.file + "|" + s.mode + "|" + (s.causal ? "c" : "");
+    if (std::find(variants.begin(), variants.end(), v) == variants.end()) variants.push_back(v);
+  }
+  bool several_modes = false, several_files = runs.size() > 1;
+  for (const Series& s : series)
+    several_modes |= s.mode != series[0].mode || s.causal != series[0].causal;
+
+  TempDir dir;
+  std::string caption;
+  for (const BenchRun& run : runs) {
+    std::string modes;
+    for (const Series& s : series) {
+      if (s.file != run.name) continue;
+      const std::string m = mode_text(s.mode, s.causal);
+      if (modes.find(m) == std::string::npos) modes += (modes.empty() ? "" : " / ") + m;
+    }
+    std::string line = several_files ? run.name + ": " : "clattn bench: ";
+    line += modes.empty() ? "no results" : modes;
+    if (!run.results.empty()) {
+      const json& r0 = run.results.front();
+      double b = 0, h = 0, d = 0;
+      if (number_at(r0, "batch", b) && number_at(r0, "heads", h) && number_at(r0, "dim", d))
+        line += ", B=" + num(b) + " H=" + num(h) + " D=" + num(d);
+    }
+    double sg = 0, th = 0;
+    if (number_at(run.machine, "sgemm_gflops", sg)) line += "; sgemm " + num(sg, "%.0f") + " GFLOP/s";
+    if (number_at(run.machine, "threads", th)) line += ", " + num(th) + " threads";
+    const std::string cpu = str_or(run.machine, "cpu", "");
+    if (!cpu.empty()) line += ", " + cpu;
+    caption += (caption.empty() ? "" : "\n") + line;
+  }
+
+  std::string s = preamble(dir, kBenchWidth, kBenchHeight);
+  s += "set logscale x 2\nset logscale y 10\nset format x '%g'\nset format y '%g'\nset xlabel 'sequence length N'\n";
+  s += "set key top left Left reverse font ',9' samplen 3\n";
+  s += "set bmargin 4\nset tmargin 6\n";
+  s += "set multiplot layout 1,2 title " + quote(caption) + " font ',11'\n";
+  std::string plot_t, plot_m;
+  for (size_t i = 0; i < series.size(); ++i) {
+    Series& se = series[i];
+    std::sort(se.points.begin(), se.points.end());
+    std::string data;
+    for (const auto& [n, ms, rss] : se.points) data += num(n) + " " + num(ms) + " " + num(rss) + "\n";
+    const std::string f = dir.write("bench" + std::to_string(i) + ".dat", data);
+    const size_t color = std::find(specs.begin(), specs.end(), se.spec) - specs.begin();
+    const std::string v = se.file + "|" + se.mode + "|" + (se.causal ? "c" : "");
+    const size_t dash = std::find(variants.begin(), variants.end(), v) - variants.begin();
+    std::string title = se.spec;
+    if (several_modes) title += " (" + mode_text(se.mode, se.causal) + ")";
+    if (several_files) title += " [" + se.file + "]";
+    const std::string style = " with linespoints lw 2 lc " + std::to_string(color + 1) + " dt " +
+                              std::to_string(dash + 1) + " pt " + std::to_string(7 + dash % 6);
+    plot_t += (plot_t.empty() ? "plot " : ", \\\n  ") + quote(f) + " using 1:2" + style +
+              " title " + quote(title);
+    plot_m += (plot_m.empty() ? "plot " : ", \\\n  ") + quote(f) + " using 1:($3 > 0 ? $3 : 1/0)" +
+              style + " notitle";
+  }
+  s += "set title 'time per call (median of the timed calls)'\nset ylabel 'ms'\n" + plot_t + "\n";
+  s += "set title 'peak memory added by the call (workspace, context)'\nset ylabel 'MB'\n" + plot_m + "\n";
+  s += "unset multiplot\n";
+  run_gnuplot(dir, s, out_png);
+}
+
+namespace {
+
+struct LogRun {
+  std::string file, label, metric = "eval metric";
+  std::vector<std::pair<double, double>> loss;            // (step, loss)
+  std::vector<std::tuple<double, double, double>> eval;   // (step, metric, elapsed_s or NaN)
+};
+
+// The attention spec of a run from its header line: "attention" at the top or inside "config".
+std::string attention_of(const json& j) {
+  std::string a = str_or(j, "attention", "");
+  if (a.empty() && j.contains("config")) a = str_or(j["config"], "attention", "");
+  return a;
+}
+
+LogRun read_log(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  check(in.good(), "plot: cannot read '", path, "'");
+  LogRun run;
+  run.file = std::filesystem::path(path).filename().string();
+  std::string line;
+  int64_t number = 0, bad = 0;
+  std::map<double, double> loss;
+  std::map<double, std::pair<double, double>> eval;
+  while (std::getline(in, line)) {
+    ++number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      ++bad;
+      continue;
+    }
+    if (run.label.empty()) run.label = attention_of(j);
+    for (const char* k : {"metric", "eval_metric_name", "metric_name"}) {
+      const std::string m = str_or(j, k, str_or(j.contains("config") ? j["config"] : json(), k, ""));
+      if (!m.empty()) run.metric = m;
+    }
+    double step = 0, v = 0, t = 0;
+    if (!number_at(j, "step", step)) continue;
+    // A resumed run appends: a step logged twice keeps its last line.
+    if (number_at(j, "loss", v)) loss[step] = v;
+    if (number_at(j, "eval_metric", v)) eval[step] = {v, number_at(j, "elapsed_s", t) ? t : std::nan("")};
+  }
+  for (const auto& [st, v] : loss) run.loss.emplace_back(st, v);
+  for (const auto& [st, vt] : eval) run.eval.emplace_back(st, vt.first, vt.second);
+  check(run.loss.size() + run.eval.size() > 0, "plot: '", path, "' has no usable line (", number,
+        " lines, ", bad, " not JSON): expected `clattn train --log` lines with \"step\" and \"loss\", or ",
+        "\"step\" and \"eval_metric\"");
+  if (bad > 0) std::fprintf(stderr, "plot: '%s': %lld lines that are not JSON objects skipped\n", path.c_str(),
+                            static_cast<long long>(bad));
+  if (run.label.empty()) run.label = run.file;
+  return run;
+}
+
+void plot_logs(const std::vector<std::string>& paths, const std::string& out_png) {
+  find_gnuplot();
+  std::vector<LogRun> runs;
+  for (const std::string& p : paths) runs.push_back(read_log(p));
+  // Two runs of the same attention keep apart by their file names.
+  for (LogRun& r : runs) {
+    int same = 0;
+    for (const LogRun& o : runs) same += o.label == r.label;
+    if (same > 1 && r.label != r.file) r.label += " (" + r.file + ")";
+  }
+  std::string metric = runs[0].metric;
+  for (const LogRun& r : runs)
+    if (r.metric != metric) metric = "eval metric";
+  TempDir dir;
+  std::string s = preamble(dir, kLogsWidth, kLogsHeight);
+  s += "set key top right font ',9'\nset tmargin 4\n";
+  s += "set multiplot layout 1,3 title " +
+       quote("clattn train: " + std::to_string(runs.size()) + (runs.size() == 1 ? " run" : " runs")) +
+       " font ',11'\n";
+  std::string p_loss, p_step, p_time;
+  auto add = [](std::string& plot, const std::string& item) { plot += (plot.empty() ? "plot " : ", \\\n  ") + item; };
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const LogRun& r = runs[i];
+    const std::string lc = " lc " + std::to_string(i + 1) + " title " + quote(r.label);
+    if (!r.loss.empty()) {
+      std::string d;
+      for (const auto& [st, v] : r.loss) d += num(st) + " " + num(v) + "\n";
+      add(p_loss, quote(dir.write("loss" + std::to_string(i) + ".dat", d)) + " using 1:2 with lines lw 1.5" + lc);
+    }
+    std::string de, dt;
+    for (const auto& [st, v, t] : r.eval) {
+      de += num(st) + " " + num(v) + "\n";
+      if (!std::isnan(t)) dt += num(t) + " " + num(v) + "\n";
+    }
+    if (!de.empty())
+      add(p_step, quote(dir.write("eval" + std::to_string(i) + ".dat", de)) + " using 1:2 with linespoints lw 2 pt 7" + lc);
+    if (!dt.empty())
+      add(p_time, quote(dir.write("time" + std::to_string(i) + ".dat", dt)) + " using 1:2 with linespoints lw 2 pt 7" + lc);
+  }
+  // A panel no run has data for says so instead of drawing empty axes.
+  auto panel = [&](const std::string& plot, const char* none) {
+    return plot.empty() ? "set label 1 " + quote(none) + " at graph 0.5,0.5 center\nplot [0:1][0:1] 1/0 notitle\n"
+                               "unset label 1\n"
+                        : plot + "\n";
+  };
+  s += "set title 'training loss'\nset xlabel 'step'\nset ylabel 'loss'\n" + panel(p_loss, "no training lines");
+  s += "set title " + quote(metric + " (evaluation)") + "\nset xlabel 'step'\nset ylabel " + quote(metric) + "\n" +
+       panel(p_step, "no evaluation lines");
+  s += "set title " + quote(metric + " against wall-clock time") + "\nset xlabel 'elapsed (s)'\nset ylabel " +
+       quote(metric) + "\n" + panel(p_time, "no evaluation lines with elapsed_s");
+  s += "unset multiplot\n";
+  run_gnuplot(dir, s, out_png);
+}
+
+struct PlotOptions {
+  std::vector<std::string> bench, logs;
+  std::string out;
+};
+
+void run_plot(const PlotOptions& o) {
+  usage_check(o.bench.empty() != o.logs.empty(), "plot: give exactly one of --bench FILE... or --logs FILE...");
+  const std::string ext = std::filesystem::path(o.out).extension().string();
+  usage_check(ext == ".png" || ext == ".PNG", "plot: --out must name a .png file, got '", o.out, "'");
+  if (!o.bench.empty()) {
+    std::vector<BenchRun> runs;
+    for (const std::string& p : o.bench) runs.push_back(read_bench_file(p));
+    plot_bench(runs, o.out);
+  } else {
+    plot_logs(o.logs, o.out);
+  }
+  const PngSize sz = png_size(o.out);
+  std::fprintf(stderr, "plot: wrote %s (%lld x %lld)\n", o.out.c_str(), static_cast<long long>(sz.width),
+               static_cast<long long>(sz.height));
+}
+
+}  // namespace
+}  // namespace plot
+
+void add_plot(CLI::App& app) {
+  auto o = std::make_shared<plot::PlotOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "plot", "Draw saved results with gnuplot (Debian gnuplot-nox): bench JSON (time and memory "
+              "against N) or train logs (loss and metric against steps and time)");
+  sub->add_option("--bench", o->bench,
+                  "`clattn bench --json` files (or -o jsonl output), overlaid in one figure");
+  sub->add_option("--logs", o->logs, "`clattn train --log` files (JSON lines), one line per run");
+  sub->add_option("--out", o->out, "the PNG to write")->required();
+  sub->footer("The picture is drawn by gnuplot with the pngcairo terminal ($CLATTN_GNUPLOT, else gnuplot\n"
+              "on PATH); without it the command fails and names the package: gnuplot-nox.");
+  sub->callback([o] { plot::run_plot(*o); });
+}
+
+}  // namespace clattn::cli

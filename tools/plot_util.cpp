@@ -1,0 +1,193 @@
+// The gnuplot driver (plot_util.h): find the program, run it on a script in a private folder,
+// check what it made, and read saved bench results.
+#include "plot_util.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "clattn/atomic_file.h"
+#include "clattn/error.h"
+
+extern char** environ;
+
+namespace clattn::cli::plot {
+namespace {
+
+constexpr const char* kInstallHint =
+    "install Debian's gnuplot-nox (apt-get install gnuplot-nox; scripts/install-deps.sh does it), "
+    "or point CLATTN_GNUPLOT at a gnuplot with the pngcairo terminal";
+
+bool executable_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The last few non-empty lines of a program's message, joined by " | ", for an error.
+std::string tail_lines(const std::string& text, size_t lines) {
+  std::vector<std::string> all;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.find_first_not_of(" \t\r") != std::string::npos) all.push_back(line);
+  if (all.empty()) return "(no message)";
+  std::string out;
+  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i)
+    out += (out.empty() ? "" : " | ") + all[i];
+  return out;
+}
+
+}  // namespace
+
+std::string find_gnuplot() {
+  if (const char* env = std::getenv("CLATTN_GNUPLOT"); env && *env) {
+    check(executable_file(env), "plot: gnuplot not found: CLATTN_GNUPLOT='", env,
+          "' is not an executable file; ", kInstallHint);
+    return env;
+  }
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path ? path : "");
+  for (std::string d; std::getline(dirs, d, ':');) {
+    const std::filesystem::path candidate = std::filesystem::path(d.empty() ? "." : d) / "gnuplot";
+    if (executable_file(candidate.string())) return candidate.string();
+  }
+  fail("plot: gnuplot not found on PATH; ", kInstallHint);
+}
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl = std::string(base && *base ? base : "/tmp") + "/clattn-plot-XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  check(::mkdtemp(buf.data()) != nullptr, "plot: cannot create a temporary folder from '", tmpl,
+        "': ", std::strerror(errno));
+  path_ = buf.data();
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+std::string TempDir::write(const std::string& name, const std::string& text) const {
+  const std::string p = file(name);
+  std::ofstream out(p, std::ios::binary);
+  out << text;
+  out.close();
+  check(out.good(), "plot: cannot write '", p, "'");
+  return p;
+}
+
+std::string TempDir::write_floats(const std::string& name, std::span<const float> values) const {
+  const std::string p = file(name);
+  std::ofstream out(p, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(values.data()),
+            static_cast<std::streamsize>(values.size() * sizeof(float)));
+  out.close();
+  check(out.good(), "plot: cannot write '", p, "'");
+  return p;
+}
+
+void run_gnuplot(const TempDir& dir, const std::string& script, const std::string& out_png) {
+  const std::string program = find_gnuplot();
+  const std::string gp = dir.write("plot.gp", script);
+  const std::string log = dir.file("gnuplot.log");
+  const std::string png = dir.file("plot.png");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  std::vector<char*> argv = {const_cast<char*>(program.c_str()), const_cast<char*>(gp.c_str()), nullptr};
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, program.c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  check(rc == 0, "plot: cannot run '", program, "': ", std::strerror(rc), "; ", kInstallHint);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    check(errno == EINTR, "plot: waiting for gnuplot failed: ", std::strerror(errno));
+  }
+  const std::string msg = read_all(log);
+  check(WIFEXITED(status), "plot: gnuplot ('", program, "') was killed by signal ",
+        WIFSIGNALED(status) ? WTERMSIG(status) : 0, ": ", tail_lines(msg, 4));
+  check(WEXITSTATUS(status) == 0, "plot: gnuplot ('", program, "') failed with exit status ",
+        WEXITSTATUS(status), ": ", tail_lines(msg, 4));
+  const std::string bytes = read_all(png);
+  check(bytes.size() > 24 && bytes.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0, "plot: gnuplot ('", program,
+        "') exited normally but wrote no PNG (does it have the pngcairo terminal? ", kInstallHint,
+        "); its message: ", tail_lines(msg, 4));
+  AtomicFile f(out_png);
+  f.write(bytes);
+  f.commit();
+}
+
+std::string quote(const std::string& text) {
+  std::string q = "\"";
+  for (const char c : text) {
+    if (c == '\\' || c == '"') q += '\\';
+    if (c == '\n') {
+      q += "\\n";
+      continue;
+    }
+    q += c;
+  }
+  return q + "\"";
+}
+
+PngSize png_size(const std::string& path) {
+  const std::string b = read_all(path);
+  check(b.size() >= 24 && b.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0 && b.compare(12, 4, "IHDR") == 0,
+        "'", path, "' is not a PNG file");
+  auto be32 = [&](size_t at) {
+    return (int64_t{static_cast<uint8_t>(b[at])} << 24) | (int64_t{static_cast<uint8_t>(b[at + 1])} << 16) |
+           (int64_t{static_cast<uint8_t>(b[at + 2])} << 8) | int64_t{static_cast<uint8_t>(b[at + 3])};
+  };
+  return {be32(16), be32(20)};
+}
+
+BenchRun read_bench_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  check(in.good(), "plot: cannot read '", path, "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  BenchRun run;
+  run.name = std::filesystem::path(path).filename().string();
+  const nlohmann::json doc = nlohmann::json::parse(text, nullptr, false);
+  if (!doc.is_discarded() && doc.is_object() && doc.contains("results")) {
+    check(doc["results"].is_array(), "plot: '", path, "': \"results\" is not an array");
+    if (doc.contains("machine") && doc["machine"].is_object()) run.machine = doc["machine"];
+    for (const auto& r : doc["results"]) run.results.push_back(r);
+  } else {
+    // -o jsonl: one result object per line.
+    std::istringstream lines(text);
+    std::string line;
+    int64_t number = 0;
+    while (std::getline(lines, line)) {
+      ++number;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
+      check(!r.is_discarded() && r.is_object(), "plot: '", path, "' is neither a bench --json document ",
+            "({\"machine\", \"results\"}) nor bench -o jsonl rows: line ", number, " is not a JSON object");
+      run.results.push_back(r);
+    }
+  }
+  return run;
+}
+
+}  // namespace clattn::cli::plot

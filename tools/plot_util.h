@@ -1,0 +1,69 @@
+// Pictures through gnuplot (Debian's gnuplot-nox, pngcairo terminal): the commands write their
+// data and a script into a private temporary folder, run gnuplot on it, check its exit status and
+// that it made a PNG, then copy the PNG to the output path atomically (clattn/atomic_file.h), so a
+// failed plot never leaves a half-written picture. No pixel is drawn by clattn itself.
+//
+// The program is $CLATTN_GNUPLOT when set (a path; tests point it at nothing to check the error),
+// else `gnuplot` on PATH. When it cannot be found the error names the Debian package to install.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace clattn::cli::plot {
+
+// The gnuplot executable to run, resolved now; throws clattn::Error naming gnuplot-nox when there
+// is none. Commands call it before long work, so a missing tool fails in a second, not after it.
+std::string find_gnuplot();
+
+// A fresh private folder (mkdtemp under $TMPDIR or /tmp), removed with its contents on
+// destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  // Writes text, or raw floats (gnuplot's `binary array=(cols,rows) format='%float32'`), to a file
+  // of the folder and returns its path.
+  std::string write(const std::string& name, const std::string& text) const;
+  std::string write_floats(const std::string& name, std::span<const float> values) const;
+
+ private:
+  std::string path_;
+};
+
+// Runs gnuplot on `script` (saved as plot.gp in dir; it must `set output` to dir.file("plot.png"))
+// and copies the PNG it made to out_png. Errors name gnuplot's exit status and its last message.
+void run_gnuplot(const TempDir& dir, const std::string& script, const std::string& out_png);
+
+// A gnuplot string literal: text in double quotes with \ and " escaped (titles are set with
+// `noenhanced`, so _ and ^ in spec strings print as themselves).
+std::string quote(const std::string& text);
+
+// Width and height from a PNG's IHDR chunk; throws when the file is not a PNG.
+struct PngSize {
+  int64_t width = 0, height = 0;
+};
+PngSize png_size(const std::string& path);
+
+// One saved `clattn bench` result set: the --json document ({"machine", "results"}), or a
+// -o jsonl stream of result rows (then no machine facts); `name` labels it in legends.
+struct BenchRun {
+  std::string name;
+  nlohmann::json machine;  // object or null
+  std::vector<nlohmann::json> results;
+};
+BenchRun read_bench_file(const std::string& path);
+
+// Time against N (log-log, one line per spec and mode) beside peak memory against N, with the
+// machine facts in the caption (plot.cpp). Throws when no run holds a row with a time.
+void plot_bench(const std::vector<BenchRun>& runs, const std::string& out_png);
+
+}  // namespace clattn::cli::plot
