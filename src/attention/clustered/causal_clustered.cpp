@@ -74,14 +74,16 @@ namespace {
 // Per-thread scratch of the prefix stage.
 struct CausalThread {
   ClusterScratch cs;
-  std::vector<int32_t> dorder, doff, remap;
+  std::vector<int32_t> dorder, doff, remap, morder, moff;
+  Workspace kg, vg, dkg, dvg;  // a cluster's T_j rows of K and V gathered (k, D), and their grads
   std::vector<float> qc0, norms;
   Workspace kt, s, vc, rs, qcs, vr, tmp, a, da, dkacc, dvacc, gsum, dqc, dl;
   std::vector<Cand> cand;
   std::vector<int64_t> ncand, cursor;
   std::vector<float> thr;
   size_t bytes() const {
-    return held_bytes(cs.codes, cs.centroids, cs.assign, cs.proj, dorder, doff, remap, qc0, norms,
+    return held_bytes(cs.codes, cs.centroids, cs.assign, cs.proj, dorder, doff, remap, morder, moff,
+                      kg, vg, dkg, dvg, qc0, norms,
                       kt, s, vc, rs, qcs, vr, tmp, a, da, dkacc, dvacc, gsum, dqc, dl, cand, ncand,
                       cursor, thr) + cs.km.bytes();
   }
@@ -245,7 +247,8 @@ int64_t build_clusters(const AttentionInputs& in, const AttentionDims& d, const 
 // The prefix part of block β of head t, combined into out (which holds the in-block part).
 void prefix_fwd(const AttentionInputs& in, const AttentionDims& d, const ClusteredParams& p,
                 uint64_t step, const Rng& rng, const cluster::LshPlanes& planes, int64_t t,
-                int64_t beta, float scale, View out, CausalClusters& cz, CausalThread& sc) {
+                int64_t beta, float scale, const float* kpan, int64_t Mp, View out,
+                CausalClusters& cz, CausalThread& sc) {
   const int64_t b = t / d.H, h = t % d.H, hk = h / d.group(), D = d.Dk, Dv = d.Dv, Lb = cz.block;
   const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b), off = d.M - d.N;
   const BlockRange r = block_queries(d, Lb, beta);
@@ -281,7 +284,7 @@ void prefix_fwd(const AttentionInputs& in, const AttentionDims& d, const Cluster
   const mk::RowsOperand vr = mk::rows_operand(in.v.ptr(b, hk, 0), P, Dv, in.v.stride(2),
                                               sc.vr.floats(static_cast<size_t>(std::max<int64_t>(1, mk::rows_operand_size(P, Dv)))));
   float* qcs = sc.qcs.floats(static_cast<size_t>(ce * D));     // (C, D) Qc·c
-  float* kt = sc.kt.floats(static_cast<size_t>(kBc * D));      // (8, D, 64) key tile, packed
+  const float* kh = kpan + (b * d.Hkv + hk) * Mp * D;          // (np, D, 64) this head's K panels
   float* s = sc.s.floats(static_cast<size_t>(kCb * kBc));      // (Cb, Bc) scores, then P
   float* vc = sc.vc.floats(static_cast<size_t>(ce * Dvp));     // (C, Dvp)
   float* rs = sc.rs.floats(static_cast<size_t>(3 * ce));       // m, l, alpha: (C) each
@@ -295,10 +298,9 @@ void prefix_fwd(const AttentionInputs& in, const AttentionDims& d, const Cluster
   std::memset(vc, 0, sizeof(float) * static_cast<size_t>(ce * Dvp));
   for (int64_t k0 = 0; k0 < P; k0 += kBc) {
     const int64_t bc = std::min(kBc, P - k0), npan = (bc + kPanel - 1) / kPanel, width = npan * kPanel;
-    mk::pack_panels(in.k.ptr(b, hk, k0), bc, D, in.k.stride(2), kt);
     for (int64_t j0 = 0; j0 < ce; j0 += kCb) {
       const int64_t rows = std::min(kCb, ce - j0);
-      mk::gemm_abt(rows, npan, D, qcs + j0 * D, D, kt, s, kBc);
+      mk::gemm_abt(rows, npan, D, qcs + j0 * D, D, kh + k0 * D, s, kBc);
       for (int64_t x = 0; x < rows; ++x) {
         const int64_t j = j0 + x;
         float* row = s + x * kBc;
@@ -336,36 +338,49 @@ void prefix_fwd(const AttentionInputs& in, const AttentionDims& d, const Cluster
     }
     mass[j] = static_cast<float>(msum);
   }
-  // Members: the prefix output, then the log-sum-exp blend with the in-block part.
+  // Members, cluster by cluster (T_j's rows gathered once, contiguous): the prefix output, then
+  // the log-sum-exp blend with the in-block part.
   float* pv = sc.tmp.floats(static_cast<size_t>(k + 2 * Dv));  // (k) scores, (Dv) u, (Dv) O_pre
   float *u = pv + k, *opre = u + Dv;
+  float* kg = sc.kg.floats(static_cast<size_t>(std::max<int64_t>(1, k * D)));   // (k, D) K_T
+  float* vg = sc.vg.floats(static_cast<size_t>(std::max<int64_t>(1, k * Dv)));  // (k, Dv) V_T
   const int32_t* member = cz.member.data() + t * d.N;
-  for (int64_t i = qa; i < qb; ++i) {
-    const int64_t j = member[i];
-    const float* q = in.q.ptr(b, h, i);
-    float lz;
-    if (improved) {
-      const int32_t* tk = topk + j * cz.kmax;
-      float mx = -kInf;
-      for (int64_t x = 0; x < k; ++x) mx = std::max(mx, pv[x] = c * simd::dot(q, in.k.ptr(b, hk, tk[x]), D));
-      float sum = 0.f;
-      for (int64_t x = 0; x < k; ++x) sum += (pv[x] = std::exp2(pv[x] - mx));
-      std::fill(u, u + Dv, 0.f);
-      const float inv = 1.f / sum;
-      for (int64_t x = 0; x < k; ++x) simd::axpy_row(u, in.v.ptr(b, hk, tk[x]), Dv, pv[x] * inv);
-      for (int64_t e = 0; e < Dv; ++e) opre[e] = mass[j] * u[e] + resid[j * Dv + e];
-      lz = (mx + std::log2(sum)) * kLn2 - std::log(mass[j]);
-    } else {
-      std::memcpy(opre, resid + j * Dv, sizeof(float) * static_cast<size_t>(Dv));
-      lz = lse_c[j];
+  sc.morder.resize(static_cast<size_t>(qb - qa));
+  sc.moff.resize(static_cast<size_t>(ce + 1));
+  cluster::counting_sort(member + qa, qb - qa, ce, sc.morder.data(), sc.moff.data());
+  for (int64_t j = 0; j < ce; ++j) {
+    const int32_t* tk = improved ? topk + j * cz.kmax : nullptr;
+    for (int64_t x = 0; x < k; ++x) {
+      std::memcpy(kg + x * D, in.k.ptr(b, hk, tk[x]), sizeof(float) * static_cast<size_t>(D));
+      std::memcpy(vg + x * Dv, in.v.ptr(b, hk, tk[x]), sizeof(float) * static_cast<size_t>(Dv));
     }
-    const float li = in_lse(i), mxl = std::max(lz, li);
-    const float Li = mxl + std::log(std::exp(lz - mxl) + std::exp(li - mxl));
-    const float wp = std::exp(lz - Li), wi = li == -kInf ? 0.f : std::exp(li - Li);
-    float* o = out.ptr(b, h, i);
-    for (int64_t e = 0; e < Dv; ++e) o[e] = wp * opre[e] + wi * o[e];
-    lzp[i] = lz;
-    L[i] = Li;
+    const float lm = improved ? std::log(mass[j]) : 0.f;
+    for (int64_t y = sc.moff[static_cast<size_t>(j)]; y < sc.moff[static_cast<size_t>(j + 1)]; ++y) {
+      const int64_t i = qa + sc.morder[static_cast<size_t>(y)];
+      const float* q = in.q.ptr(b, h, i);
+      float lz;
+      if (improved) {
+        float mx = -kInf;
+        for (int64_t x = 0; x < k; ++x) mx = std::max(mx, pv[x] = c * simd::dot(q, kg + x * D, D));
+        float sum = 0.f;
+        for (int64_t x = 0; x < k; ++x) sum += (pv[x] = std::exp2(pv[x] - mx));
+        std::fill(u, u + Dv, 0.f);
+        const float inv = 1.f / sum;
+        for (int64_t x = 0; x < k; ++x) simd::axpy_row(u, vg + x * Dv, Dv, pv[x] * inv);
+        for (int64_t e = 0; e < Dv; ++e) opre[e] = mass[j] * u[e] + resid[j * Dv + e];
+        lz = (mx + std::log2(sum)) * kLn2 - lm;
+      } else {
+        std::memcpy(opre, resid + j * Dv, sizeof(float) * static_cast<size_t>(Dv));
+        lz = lse_c[j];
+      }
+      const float li = in_lse(i), mxl = std::max(lz, li);
+      const float Li = mxl + std::log(std::exp(lz - mxl) + std::exp(li - mxl));
+      const float wp = std::exp(lz - Li), wi = li == -kInf ? 0.f : std::exp(li - Li);
+      float* o = out.ptr(b, h, i);
+      for (int64_t e = 0; e < Dv; ++e) o[e] = wp * opre[e] + wi * o[e];
+      lzp[i] = lz;
+      L[i] = Li;
+    }
   }
 }
 
@@ -419,10 +434,17 @@ void attn_causal_clustered_fwd(const AttentionInputs& in, const AttentionDims& d
   const Rng rng(p.seed);
   cluster::LshPlanes planes;
   if (!p.positional) planes = cluster::draw_planes(rng, ((step * 4) << 32), p.bits, D, p.hash_bias);
+  // K in panels once per (b, kv head): every block's centroids read their prefix from it.
+  const int64_t Mp = round_up(d.M, kPanel);
+  float* kpan = ws.kpan.floats(static_cast<size_t>(d.B * d.Hkv * Mp * D));  // (B, Hkv, np, D, 64)
+  parallel_for(d.B * d.Hkv, [&](int64_t x) {
+    mk::pack_panels(in.k.ptr(x / d.Hkv, x % d.Hkv, 0), d.M, D, in.k.stride(2), kpan + x * Mp * D);
+  });
   const int64_t ntask = BH * cz.nb;
   parallel_for(ntask, [&](int64_t x, int thread) {
     const int64_t beta = cz.nb - 1 - x / BH, t = x % BH;
-    prefix_fwd(in, d, p, step, rng, planes, t, beta, scale, out, cz, ws.threads[static_cast<size_t>(thread)]);
+    prefix_fwd(in, d, p, step, rng, planes, t, beta, scale, kpan, Mp, out, cz,
+               ws.threads[static_cast<size_t>(thread)]);
   });
 }
 
@@ -466,47 +488,65 @@ void prefix_bwd(const AttentionInputs& in, const AttentionDims& d, const Cluster
     std::fill(dl, dl + 2 * ce, 0.f);
     float* w = sc.tmp.floats(static_cast<size_t>(2 * k + 2 * Dv + 16));  // P (k), dS (k), a, u
     float *pp = w, *ds = w + k, *a = ds + k, *u = a + Dv;
-    // Members. O_i = α O_pre + (1 − α) O_in with α = Z_pre / e^L: ∂L/∂O_pre = α dO = a_i and
-    // ∂L/∂ log Z_pre = a_i · (O_pre − O_i) = z_i.
-    for (int64_t i = qa; i < qb; ++i) {
-      const int64_t j = member[i];
-      const float al = std::exp(lzp[i] - L[i]);
-      const float* go = dout.ptr(b, h, i);
-      const float* oi = out.ptr(b, h, i);
-      for (int64_t e = 0; e < Dv; ++e) a[e] = al * go[e];
-      simd::axpy_row(gsum + j * Dvp, a, Dv);
-      if (!improved) {
-        float z = 0.f;
-        for (int64_t e = 0; e < Dv; ++e) z += a[e] * (resid[j * Dv + e] - oi[e]);
-        dz[j] += z;  // ∂/∂lse_c
-        continue;
-      }
-      // P over T_j, recomputed and normalised; u = P·V_T; O_pre = m u + R.
-      const int32_t* tk = topk + j * cz.kmax;
-      const float* q = in.q.ptr(b, h, i);
-      float mx = -kInf;
-      for (int64_t x = 0; x < k; ++x) mx = std::max(mx, pp[x] = c * simd::dot(q, in.k.ptr(b, hk, tk[x]), D));
-      float sum = 0.f;
-      for (int64_t x = 0; x < k; ++x) sum += (pp[x] = std::exp2(pp[x] - mx));
-      const float inv = 1.f / sum;
-      std::fill(u, u + Dv, 0.f);
-      for (int64_t x = 0; x < k; ++x) simd::axpy_row(u, in.v.ptr(b, hk, tk[x]), Dv, pp[x] *= inv);
-      const float mj = mass[j];
-      float z = 0.f, au = 0.f;
-      for (int64_t e = 0; e < Dv; ++e) {
-        z += a[e] * (mj * u[e] + resid[j * Dv + e] - oi[e]);
-        au += a[e] * u[e];
-      }
-      // log Z_pre = lse_T − log m: ∂/∂m_j gets a·u − z/m; the T softmax's logits get
-      // dS_x = s P_x (m (a·v_x − a·u) + z).
-      dz[j] += au - z / mj;
-      float* gq = dq.ptr(b, h, i);
+    // Members, cluster by cluster with T_j's rows gathered. O_i = α O_pre + (1 − α) O_in with
+    // α = Z_pre / e^L: ∂L/∂O_pre = α dO = a_i and ∂L/∂ log Z_pre = a_i · (O_pre − O_i) = z_i.
+    float* kgt = sc.kg.floats(static_cast<size_t>(std::max<int64_t>(1, k * D)));    // (k, D) K_T
+    float* vgt = sc.vg.floats(static_cast<size_t>(std::max<int64_t>(1, k * Dv)));   // (k, Dv) V_T
+    float* dkt = sc.dkg.floats(static_cast<size_t>(std::max<int64_t>(1, k * D)));   // (k, D) dK_T
+    float* dvt = sc.dvg.floats(static_cast<size_t>(std::max<int64_t>(1, k * Dv)));  // (k, Dv) dV_T
+    sc.morder.resize(static_cast<size_t>(qb - qa));
+    sc.moff.resize(static_cast<size_t>(ce + 1));
+    cluster::counting_sort(member + qa, qb - qa, ce, sc.morder.data(), sc.moff.data());
+    for (int64_t j = 0; j < ce; ++j) {
+      const int32_t* tk = improved ? topk + j * cz.kmax : nullptr;
       for (int64_t x = 0; x < k; ++x) {
-        const float* vx = in.v.ptr(b, hk, tk[x]);
-        ds[x] = scale * pp[x] * (mj * (simd::dot(a, vx, Dv) - au) + z);
-        simd::axpy_row(gq, in.k.ptr(b, hk, tk[x]), D, ds[x]);
-        kg.add_k(tk[x], q, D, ds[x]);
-        kg.add_v(tk[x], a, Dv, pp[x] * mj);
+        std::memcpy(kgt + x * D, in.k.ptr(b, hk, tk[x]), sizeof(float) * static_cast<size_t>(D));
+        std::memcpy(vgt + x * Dv, in.v.ptr(b, hk, tk[x]), sizeof(float) * static_cast<size_t>(Dv));
+      }
+      std::fill(dkt, dkt + k * D, 0.f);
+      std::fill(dvt, dvt + k * Dv, 0.f);
+      const float mj = improved ? mass[j] : 0.f;
+      for (int64_t y = sc.moff[static_cast<size_t>(j)]; y < sc.moff[static_cast<size_t>(j + 1)]; ++y) {
+        const int64_t i = qa + sc.morder[static_cast<size_t>(y)];
+        const float al = std::exp(lzp[i] - L[i]);
+        const float* go = dout.ptr(b, h, i);
+        const float* oi = out.ptr(b, h, i);
+        for (int64_t e = 0; e < Dv; ++e) a[e] = al * go[e];
+        simd::axpy_row(gsum + j * Dvp, a, Dv);
+        if (!improved) {
+          float z = 0.f;
+          for (int64_t e = 0; e < Dv; ++e) z += a[e] * (resid[j * Dv + e] - oi[e]);
+          dz[j] += z;  // ∂/∂lse_c
+          continue;
+        }
+        // P over T_j, recomputed and normalised; u = P·V_T; O_pre = m u + R.
+        const float* q = in.q.ptr(b, h, i);
+        float mx = -kInf;
+        for (int64_t x = 0; x < k; ++x) mx = std::max(mx, pp[x] = c * simd::dot(q, kgt + x * D, D));
+        float sum = 0.f;
+        for (int64_t x = 0; x < k; ++x) sum += (pp[x] = std::exp2(pp[x] - mx));
+        const float inv = 1.f / sum;
+        std::fill(u, u + Dv, 0.f);
+        for (int64_t x = 0; x < k; ++x) simd::axpy_row(u, vgt + x * Dv, Dv, pp[x] *= inv);
+        float z = 0.f, au = 0.f;
+        for (int64_t e = 0; e < Dv; ++e) {
+          z += a[e] * (mj * u[e] + resid[j * Dv + e] - oi[e]);
+          au += a[e] * u[e];
+        }
+        // log Z_pre = lse_T − log m: ∂/∂m_j gets a·u − z/m; the T softmax's logits get
+        // dS_x = s P_x (m (a·v_x − a·u) + z).
+        dz[j] += au - z / mj;
+        float* gq = dq.ptr(b, h, i);
+        for (int64_t x = 0; x < k; ++x) {
+          ds[x] = scale * pp[x] * (mj * (simd::dot(a, vgt + x * Dv, Dv) - au) + z);
+          simd::axpy_row(gq, kgt + x * D, D, ds[x]);
+          simd::axpy_row(dkt + x * D, q, D, ds[x]);
+          simd::axpy_row(dvt + x * Dv, a, Dv, pp[x] * mj);
+        }
+      }
+      for (int64_t x = 0; x < k; ++x) {
+        kg.add_k(tk[x], dkt + x * D, D, 1.f);
+        kg.add_v(tk[x], dvt + x * Dv, Dv, 1.f);
       }
     }
     // δ_j = Σ_l A_jl dA_jl: clustered G·Vc − ∂/∂lse_c; improved G·R + m dm.
@@ -641,13 +681,13 @@ size_t causal_clustered_workspace_bytes(const AttentionDims& d, const ClusteredP
   int64_t state = BH * nb * (C * (4 + 4 + 4 * k + f * (D + Dv + 2)) + 8) + BH * d.N * (2 * f + 4);
   state += nb * static_cast<int64_t>(sizeof(Context)) +
            nb * BH * std::min(Lb, std::max<int64_t>(d.N, 1)) * 3 * f;  // in-block lse
-  int64_t per = f * (kBc * D + mk::rows_operand_size(d.M, Dv) + C * D + kCb * kBc + C * Dvp + 3 * C + C * D) +
+  int64_t per = f * (mk::rows_operand_size(d.M, Dv) + C * D + kCb * kBc + C * Dvp + 3 * C + C * D) +
                 C * (2 * k * static_cast<int64_t>(sizeof(Cand)) + 24) + Lb * 24 + f * (2 * k + 3 * Dv + 16) +
                 Lb * (8 + 4 + 4 + 4 + 8) + C * (8 + 64 * 4 + 8) + cluster::kHashBlock * 64 * f;
-  int64_t shared = 0;
+  int64_t shared = f * d.B * d.Hkv * Mp * D;  // K panels
   if (mode == Mode::training) {
     per += f * (C * Dvp + C * Dkp + 3 * C + kCb * Dkp + 2 * kCb * kBc + kBc * Dkp + kBc * Dvp);
-    shared = f * (d.B * d.Hkv * Mp * (D + Dv + Dkp) + (d.group() > 1 ? BH * Mp * (Dkp + Dvp) : 0) +
+    shared = f * (d.B * d.Hkv * Mp * (Dv + Dkp) + (d.group() > 1 ? BH * Mp * (Dkp + Dvp) : 0) +
                   BH * Lb * Dv);
   }
   AttentionDims blk = d;
