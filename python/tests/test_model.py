@@ -52,6 +52,7 @@ def test_readme_approximation_example_runs():
     code = readme_example()
     lines = [ln for ln in code.splitlines() if ln.strip() and not ln.lstrip().startswith(("#", "import"))]
     assert len(lines) <= 5, "five lines, as the README says"
+    code = code.replace("../shared/data", str(data_dir()))  # CLATTN_DATA, when set, is the data folder
     out = io.StringIO()
     cwd = os.getcwd()
     try:
