@@ -191,7 +191,7 @@ TEST(CausalClustered, ImprovedNeverWorseThanClusteredInL1WhereItApplies) {
 
 TEST(CausalClustered, SpecAndBackwardMismatch) {
   EXPECT_THROW(make_attention("clustered:clusters=3,block=0"), Error);
-  EXPECT_NE(make_attention("clustered:clusters=3")->name().find("block=128"), std::string::npos);
+  EXPECT_NE(make_attention("clustered:clusters=3")->name().find("block=512"), std::string::npos);
   // Backward with the mask flipped since forward is refused.
   ProblemData pd = structured(Problem{.B = 1, .H = 1, .Hkv = 1, .N = 40, .M = 40, .Dk = 4, .Dv = 4, .causal = true});
   auto att = make_attention("clustered:clusters=2,block=8");

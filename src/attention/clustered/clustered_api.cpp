@@ -86,7 +86,7 @@ ClusteredParams read_clustered(SpecReader& r, const Spec& spec, bool improved) {
   p.hash_bias = r.get_bool("hash_bias", true);
   p.positional = r.get_choice("clustering", "lsh", {"lsh", "positional"}) == "positional";
   if (improved) p.topk = r.get_int("topk", 32, 1, int64_t{1} << 30);
-  p.block = r.get_int("block", 128, 1, int64_t{1} << 30);
+  p.block = r.get_int("block", 512, 1, int64_t{1} << 30);
   p.scale = static_cast<float>(r.get_float("scale", 0.0, 1e-6, 1e6));
   p.seed = static_cast<uint64_t>(r.get_int("seed", 0, 0, int64_t{1} << 62));
   r.finish();
