@@ -13,7 +13,8 @@
 // real V (max |A·V − attention(q, k, v)| is printed). Quadratic by design: N, M <= 2048.
 //
 // Cluster ids come from the state the forward leaves in a training Context (the same partition
-// backward would use): clusters of clustered / improved-clustered, routing's clusters (a query in
+// backward would use): clusters of clustered / improved-clustered (causal: each block of positions
+// has its own clusters, numbered block after block), routing's clusters (a query in
 // several takes the first), SMYRF's round-0 clusters, Reformer's round-0 chunks. Clusters are
 // renumbered by their mean position, so a clustering that follows position draws a staircase in
 // the second picture and one that follows content draws a scatter; R² (the share of the variance
@@ -203,7 +204,7 @@ struct Approx {
 
 // The query groups of head h from the state a training-context forward left, if the variant has
 // any (see the header comment).
-void read_groups(Context& ctx, int64_t H, int64_t h, int64_t N, int64_t nv, int64_t mv, Approx& a) {
+void read_groups(Context& ctx, int64_t H, int64_t h, int64_t N, int64_t M, int64_t nv, int64_t mv, Approx& a) {
   auto attempt = [&](auto tag, auto fill) {
     using T = decltype(tag);
     if (!a.group.empty()) return;
@@ -215,6 +216,14 @@ void read_groups(Context& ctx, int64_t H, int64_t h, int64_t N, int64_t nv, int6
     }
   };
   attempt(ClusteredState{}, [&](const ClusteredState& st) {
+    if (st.causal) {  // clusters are per block of positions: number them block by block
+      const CausalClusters& cz = st.cz;
+      const int32_t* member = cz.member.data() + h * N;
+      for (int64_t i = 0; i < N; ++i)
+        if (member[i] >= 0) a.group[static_cast<size_t>(i)] = static_cast<int32_t>(((i + M - N) / cz.block) * cz.cmax + member[i]);
+      a.group_word = "cluster";
+      return;
+    }
     const int32_t* off = st.offsets.data() + h * (st.cmax + 1);
     const int32_t* order = st.order.data() + h * N;
     for (int32_t c = 0; c < st.nclusters[static_cast<size_t>(h)]; ++c)
@@ -269,7 +278,7 @@ Approx approx_matrix(const Problem& p, const Attention& att, int64_t h) {
       for (int64_t c = 0; c < kBlock && j0 + c < M; ++c)
         a.A[static_cast<size_t>(i * M + j0 + c)] = out.data()[(h * N + i) * kBlock + c];
   }
-  read_groups(ctx, H, h, N, p.qlen.empty() ? N : p.qlen[0], p.klen.empty() ? M : p.klen[0], a);
+  read_groups(ctx, H, h, N, M, p.qlen.empty() ? N : p.qlen[0], p.klen.empty() ? M : p.klen[0], a);
   // The claim checked on the real values: A·V equals the variant's output.
   in.v = p.v.view();
   const int64_t Dv = p.v.dim(3), hk = h / (H / Hkv);
@@ -405,10 +414,10 @@ void draw(const Problem& p, const std::string& spec, int64_t h, const std::vecto
        "set colorbox user origin screen 0.625, screen 0.10 size screen 0.01, screen 0.73\n";
   s += "set title " + plot::quote("approximation (" + parse_spec(spec).name + ")") + "\nplot " + plot::quote(fa) + arr +
        " with image notitle\n";
-  s += "set palette defined (-1 '#2166ac', 0 '#f7f7f7', 1 '#b2182b')\nset palette maxcolors 0\n"
+  s += "set palette positive defined (-1 '#2166ac', 0 '#f7f7f7', 1 '#b2182b')\nset palette maxcolors 0\n"
        "set cbrange [" + fmt("%g", -dmax) + ":" + fmt("%g", dmax) + "]\nset cbtics auto\nset format cb '%.2g'\n"
-       "set lmargin at screen 0.70\nset rmargin at screen 0.955\n"
-       "set colorbox user origin screen 0.96, screen 0.10 size screen 0.01, screen 0.73\n";
+       "set lmargin at screen 0.69\nset rmargin at screen 0.935\n"
+       "set colorbox user origin screen 0.94, screen 0.10 size screen 0.01, screen 0.73\n";
   s += "set title 'approximation - full'\nplot " + plot::quote(fd) + arr + " with image notitle\n";
   s += "unset multiplot\n";
   plot::run_gnuplot(dir, s, o.out);

@@ -161,7 +161,7 @@ void plot_bench(const std::vector<BenchRun>& runs, const std::string& out_png) {
               style + " notitle";
   }
   s += "set title 'time per call (median of the timed calls)'\nset ylabel 'ms'\n" + plot_t + "\n";
-  s += "set title 'peak memory added by the call (workspace, context)'\nset ylabel 'MB'\n" + plot_m + "\n";
+  s += "set title 'peak memory added by the call (workspace, context; 0 MB not drawn)'\nset ylabel 'MB'\n" + plot_m + "\n";
   s += "unset multiplot\n";
   run_gnuplot(dir, s, out_png);
 }

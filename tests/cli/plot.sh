@@ -132,6 +132,11 @@ for spec in smyrf:q_cluster=16,k_cluster=16 routing:clusters=4 topk:topk=8 local
   expect_png "inspect $spec" "$dir/v.png" 1500 560
 done
 expect_png "inspect improved-clustered clusters" "$dir/v_c.png" 900 600
+# Causal clustered: each block of positions has its own clusters (numbered block after block).
+expect_ok "inspect causal clustered" "$bin" inspect --input "$dir/m.safetensors" --causal --head 2 \
+  --attention clustered:clusters=4,block=32 --out "$dir/cc.png"
+expect_png "inspect causal clustered" "$dir/cc.png" 1500 560
+expect_png "inspect causal clustered clusters" "$dir/cc-clusters.png" 900 600
 expect_exit 1 "inspect reformer on grouped heads" "same heads" "$bin" inspect --input "$dir/m.safetensors" --attention reformer --out "$dir/x.png"
 expect_ok "inspect reformer causal" "$bin" inspect --input "$dir/in.safetensors" --causal --attention reformer:chunk=16 --out "$dir/rf.png"
 expect_png "inspect reformer" "$dir/rf.png" 1500 560
