@@ -36,12 +36,22 @@ echo "== KWT-1, fsdd_test: what limits improved-clustered-25 (hash bits, bias, k
   --attention 'improved-clustered:clusters=25,topk=32,clustering=positional' \
   --attention 'clustered:clusters=25,clustering=positional' \
   --json "$out/kwt1_fsdd_ablation.json"
-echo "== stories260k, next token (causal variants)"
-"$bin" approx --model "$data/stories260k" --tokens "$data/stories260k/reference_logits.safetensors" --seeds 5 \
-  --attention 'topk:topk=32' --attention 'topk:topk=8' \
-  --attention 'local:window=64' --attention 'local:window=16' \
-  --attention 'smyrf:hashes=2,q_cluster=32,k_cluster=32' \
-  --attention 'routing:clusters=8' \
-  --attention 'linear' \
-  --attention 'full;local:window=16' \
-  --json "$out/stories260k.json"
+echo "== stories260k, causal: 200 reference positions and 512 generated ones (1 thread)"
+causal=(
+  --attention 'improved-clustered:clusters=25,topk=32,block=64'
+  --attention 'improved-clustered:clusters=25,topk=32,block=128'
+  --attention 'improved-clustered:clusters=8,topk=16,block=64'
+  --attention 'improved-clustered:clusters=8,topk=32,block=32'
+  --attention 'clustered:clusters=25,block=64'
+  --attention 'topk:topk=32'
+  --attention 'local:window=64'
+  --attention 'smyrf:hashes=2,q_cluster=32,k_cluster=32'
+  --attention 'routing:clusters=8'
+  --attention 'linear'
+)
+OMP_NUM_THREADS=1 "$bin" approx --model "$data/stories260k" --tokens "$data/stories260k/reference_logits.safetensors" \
+  --seeds 5 "${causal[@]}" --json "$out/stories260k.json"
+# 512 positions the model wrote itself (greedy, full attention), read back through the tokenizer.
+OMP_NUM_THREADS=1 "$bin" generate --model "$data/stories260k" --tokens 511 > "$out/stories260k_generated.txt"
+OMP_NUM_THREADS=1 "$bin" approx --model "$data/stories260k" --text "$out/stories260k_generated.txt" \
+  --seeds 5 "${causal[@]}" --json "$out/stories260k_generated.json"

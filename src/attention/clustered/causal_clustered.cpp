@@ -167,7 +167,7 @@ int64_t build_clusters(const AttentionInputs& in, const AttentionDims& d, const 
   const int64_t h0 = std::max<int64_t>(0, (beta - 1) * Lb - off), h1 = std::min(nv, beta * Lb - off);
   const size_t tb = static_cast<size_t>(t * cz.nb + beta);
   int32_t* member = cz.member.data() + t * d.N;
-  int32_t* dord = cz.def_order.data() + tb * static_cast<size_t>(cz.cmax);
+  int32_t* dord = cz.def_order.data() + tb * static_cast<size_t>(cz.block);
   int32_t* doff = cz.def_off.data() + tb * static_cast<size_t>(cz.cmax + 1);
   float* qc = cz.qc.data() + tb * static_cast<size_t>(cz.cmax * D);
   if (p.clusters >= Lb || h1 <= h0) {  // singletons: exact
@@ -397,13 +397,14 @@ void attn_causal_clustered_fwd(const AttentionInputs& in, const AttentionDims& d
   const int64_t Lb = p.block, BH = d.B * d.H, D = d.Dk, off = d.M - d.N;
   cz.block = Lb;
   cz.nb = (d.M + Lb - 1) / Lb;
-  cz.cmax = Lb;
+  // Clusters per block: C, or up to a block of singletons (clusters >= block; after a prefix cache).
+  cz.cmax = p.clusters >= Lb || off > 0 ? Lb : p.clusters;
   cz.kmax = p.topk > 0 ? std::max<int64_t>(1, std::min(p.topk, (cz.nb - 1) * Lb)) : 0;
   const size_t nbh = static_cast<size_t>(BH * cz.nb);
   cz.ncl.assign(nbh, 0);
   cz.ksel.assign(nbh, 0);
   cz.member.assign(static_cast<size_t>(BH * d.N), -1);
-  cz.def_order.resize(nbh * static_cast<size_t>(cz.cmax));
+  cz.def_order.resize(nbh * static_cast<size_t>(Lb));
   cz.def_off.resize(nbh * static_cast<size_t>(cz.cmax + 1));
   if (p.topk > 0) cz.topk_idx.resize(nbh * static_cast<size_t>(cz.cmax * cz.kmax));
   cz.qc.resize(Shape{BH, cz.nb, cz.cmax, D});
@@ -604,7 +605,7 @@ void prefix_bwd(const AttentionInputs& in, const AttentionDims& d, const Cluster
       }
     }
     // qc_j = mean of its definers.
-    const int32_t* dord = cz.def_order.data() + tb * static_cast<size_t>(cz.cmax);
+    const int32_t* dord = cz.def_order.data() + tb * static_cast<size_t>(cz.block);
     const int32_t* doff = cz.def_off.data() + tb * static_cast<size_t>(cz.cmax + 1);
     for (int64_t j = 0; j < ce; ++j) {
       const int64_t n = doff[j + 1] - doff[j];

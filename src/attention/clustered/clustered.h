@@ -30,10 +30,10 @@ struct ClusteredParams {
 // head, never N × M.
 struct CausalClusters {
   int64_t block = 0, nb = 0;        // positions per block, blocks (of key positions 0 .. M)
-  int64_t cmax = 0, kmax = 0;       // clusters (= block) and top-k capacity per block
+  int64_t cmax = 0, kmax = 0;       // clusters (C, or block for singletons), top-k per block
   std::vector<int32_t> ncl;         // (BH, nb) clusters of block β (0: no prefix part)
   std::vector<int32_t> member;      // (BH, N) cluster of query i within its block, -1 if none
-  std::vector<int32_t> def_order;   // (BH, nb, cmax) queries defining the centroids, by cluster
+  std::vector<int32_t> def_order;   // (BH, nb, block) queries defining the centroids, by cluster
   std::vector<int32_t> def_off;     // (BH, nb, cmax + 1) segments of def_order
   std::vector<int32_t> topk_idx;    // (BH, nb, cmax, kmax) T_j, ascending key index
   std::vector<int32_t> ksel;        // (BH, nb) k used in block β: min(topk, prefix keys)

@@ -25,7 +25,7 @@ void causal_ref(const RefProblem& pr, const CausalClusters& cz, std::vector<doub
       for (int64_t beta = 0; beta < cz.nb; ++beta) {
         const size_t tb = static_cast<size_t>(t * cz.nb + beta);
         const int64_t ce = cz.ncl[tb], k = cz.ksel[tb], P = std::min(beta * Lb, mv);
-        const int32_t* dord = cz.def_order.data() + tb * static_cast<size_t>(cz.cmax);
+        const int32_t* dord = cz.def_order.data() + tb * static_cast<size_t>(cz.block);
         const int32_t* doff = cz.def_off.data() + tb * static_cast<size_t>(cz.cmax + 1);
         // Centroids, their attention over the prefix, lse_c, m_j, R_j.
         std::vector<double> lse_c(static_cast<size_t>(ce)), mass(static_cast<size_t>(ce)),
