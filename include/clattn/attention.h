@@ -102,7 +102,8 @@ class Context {
   // Forward: the variant's state, made on first use (replaced when another variant's is held).
   template <class T>
   T& state() {
-    if (!state_ || typeid(*state_) != typeid(T)) state_ = std::make_unique<T>();
+    // typeid of a raw pointer's target: clang warns that typeid(*unique_ptr) evaluates a call.
+    if (const ContextState* s = state_.get(); !s || typeid(*s) != typeid(T)) state_ = std::make_unique<T>();
     return static_cast<T&>(*state_);
   }
   // Backward: the state a forward of the same variant left.
@@ -110,7 +111,8 @@ class Context {
   const T& saved() const {
     check(!inference_, "attention: backward needs a training context, but this one was made by ",
           "Context::for_inference(), whose forward keeps no backward state");
-    check(state_ && typeid(*state_) == typeid(T),
+    const ContextState* s = state_.get();
+    check(s && typeid(*s) == typeid(T),
           "attention: backward needs the context filled by forward of the same variant");
     return static_cast<const T&>(*state_);
   }

@@ -305,7 +305,7 @@ void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const 
                        uint64_t step, View out, ReformerState& st, ReformerWorkspace& ws) {
   const Dims dm{d.N, d.Dk, d.Dv, round_up(d.Dk, mk::kLanes), round_up(d.Dv, mk::kLanes)};
   const int64_t R = p.rounds, nb = reformer_buckets(p, d.N), ch = p.chunk;
-  const auto [f1, f2] = factorise(nb);
+  const int64_t f1 = factorise(nb).first, f2 = factorise(nb).second;  // lambdas capture them
   st.rounds = R;
   st.chunk = ch;
   st.buckets = nb;
@@ -501,7 +501,7 @@ void reformer_buckets_ref(const RefProblem& pr, const ReformerParams& p, uint64_
                           int64_t h, int64_t round, std::vector<int32_t>& bucket) {
   const AttentionDims& d = pr.d;
   const int64_t nb = reformer_buckets(p, d.N);
-  const auto [f1, f2] = factorise(nb);
+  const int64_t f1 = factorise(nb).first, f2 = factorise(nb).second;  // lambdas capture them
   const int64_t nrot = f1 / 2 + (f2 > 1 ? f2 / 2 : 0);
   bucket.resize(static_cast<size_t>(d.N));
   for (int64_t i = 0; i < d.N; ++i) {
@@ -570,7 +570,7 @@ size_t reformer_workspace_bytes(const AttentionDims& d, const ReformerParams& p,
   const int64_t Dkp = round_up(d.Dk, mk::kLanes), Dvp = round_up(d.Dv, mk::kLanes);
   const int64_t R = p.rounds, N = d.N, BH = d.B * d.H, W = kMaxChunk;
   const int64_t nb = reformer_buckets(p, N);
-  const auto [f1, f2] = factorise(nb);
+  const int64_t f1 = factorise(nb).first, f2 = factorise(nb).second;  // lambdas capture them
   const int64_t nrot = f1 / 2 + (f2 > 1 ? f2 / 2 : 0), ncol = round_up(R * nrot, mk::kLanes);
   constexpr int64_t f = sizeof(float), i32 = sizeof(int32_t);
   // Per thread, in bytes: buckets of two heads, the counting sort's offsets (both resized to one

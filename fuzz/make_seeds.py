@@ -1,0 +1,127 @@
+#!/usr/bin/python3
+"""Writes the seed corpora of fuzz/corpus/<target>/ (small valid inputs the fuzzers mutate).
+Run from the repository root: /usr/bin/python3 fuzz/make_seeds.py. Deterministic (fixed seed)."""
+import json, os, struct
+import numpy as np
+
+rng = np.random.default_rng(16)
+root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+DATA = "/work/shared/data"
+
+
+def safetensors(tensors, metadata=None):
+    """tensors: {name: np.ndarray (float32/float16/int32/int64) or ('BF16', uint16 array)}."""
+    header, blobs, off = {}, [], 0
+    for name, t in tensors.items():
+        if isinstance(t, tuple):
+            dtype, arr = t
+        else:
+            arr = t
+            dtype = {np.float32: "F32", np.float16: "F16", np.int32: "I32", np.int64: "I64"}[arr.dtype.type]
+        b = arr.tobytes()
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    if metadata:
+        header["__metadata__"] = metadata
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    return struct.pack("<Q", len(h)) + h + b"".join(blobs)
+
+
+def put(target, name, data):
+    d = os.path.join(root, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def randn(*shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+# spec strings
+for i, s in enumerate([
+        "full", "full:scale=0.125", "local:window=3", "linear", "topk:topk=4",
+        "clustered:clusters=3", "clustered:clusters=2,clustering=positional,iterations=3",
+        "improved-clustered:clusters=2,topk=3", "smyrf:hashes=2,q_cluster=4,k_cluster=3",
+        "reformer:rounds=2,chunk=4", "routing:clusters=2,mode=train,decay=0.9",
+        "conditional-full:length_limit=4,improved-clustered:clusters=2,topk=2",
+        "conditional-full:length_limit=64,conditional-full:length_limit=4,linear"]):
+    put("spec", f"spec{i:02d}", s)
+
+# safetensors files
+put("safetensors", "f32", safetensors({"a": randn(2, 3), "b": randn(4)}, {"format": "pt"}))
+put("safetensors", "mixed", safetensors({"h": randn(3, 2).astype(np.float16),
+                                          "bf": ("BF16", (randn(5).view(np.uint32) >> 16).astype(np.uint16)),
+                                          "i": np.arange(6, dtype=np.int32).reshape(2, 3),
+                                          "l": np.arange(3, dtype=np.int64)}))
+put("safetensors", "empty", safetensors({"e": np.zeros((0, 4), np.float32), "s": np.float32([1.5])}))
+
+# attend inputs: q (B,H,N,D), k, v (B,Hkv,M,D), lengths, bias, do
+B, H, N, D = 2, 2, 9, 4
+q, k, v = randn(B, H, N, D), randn(B, 1, 7, D), randn(B, 1, 7, D)
+put("attend", "qkv", safetensors({"q": q, "k": randn(B, H, N, D), "v": randn(B, H, N, D)}))
+put("attend", "gqa_cross_lengths", safetensors({"q": q, "k": k, "v": v, "query_lengths": np.int32([9, 4]),
+                                                "key_lengths": np.int32([7, 2])}))
+put("attend", "bias_grad", safetensors({"q": q, "k": randn(B, H, N, D), "v": randn(B, H, N, D),
+                                        "bias": randn(N, N), "do": randn(B, H, N, D)}))
+put("attend", "shared_qk", safetensors({"q": q, "v": randn(B, H, N, D), "do": randn(B, H, N, D)}))
+
+# config.json
+for name in ["stories260k", "kwt1"]:
+    with open(f"{DATA}/{name}/config.json", "rb") as f:
+        put("config", name, f.read())
+bert_cfg = {"architectures": ["BertForSequenceClassification"], "model_type": "bert", "hidden_size": 8,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 12, "vocab_size": 16,
+            "max_position_embeddings": 8, "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu",
+            "num_labels": 2, "id2label": {"0": "no", "1": "yes"}}
+put("config", "bert", json.dumps(bert_cfg))
+llama_cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8,
+             "intermediate_size": 12, "num_hidden_layers": 1, "num_attention_heads": 2,
+             "num_key_value_heads": 1, "head_dim": 4, "vocab_size": 16, "max_position_embeddings": 16,
+             "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True,
+             "bos_token_id": 1, "eos_token_id": 2}
+put("config", "llama", json.dumps(llama_cfg))
+
+# tokenizer.json [+ "\n#config\n" + tokenizer_config.json]
+with open(f"{DATA}/stories260k/tokenizer.json", "rb") as f:
+    tok = f.read()
+with open(f"{DATA}/stories260k/tokenizer_config.json", "rb") as f:
+    tok_cfg = f.read()
+put("tokenizer", "stories260k", tok + b"\n#config\n" + tok_cfg)
+put("tokenizer", "stories260k_plain", tok)
+
+# checkpoints: 4-byte length, config.json, model.safetensors
+def checkpoint(cfg, tensors):
+    c = json.dumps(cfg).encode()
+    return struct.pack("<I", len(c)) + c + safetensors(tensors)
+
+Hd, F, V = 8, 12, 16
+llama = {"model.embed_tokens.weight": randn(V, Hd, scale=0.1), "model.norm.weight": np.ones(Hd, np.float32),
+         "model.layers.0.self_attn.q_proj.weight": randn(8, Hd, scale=0.1),
+         "model.layers.0.self_attn.k_proj.weight": randn(4, Hd, scale=0.1),
+         "model.layers.0.self_attn.v_proj.weight": randn(4, Hd, scale=0.1),
+         "model.layers.0.self_attn.o_proj.weight": randn(Hd, 8, scale=0.1),
+         "model.layers.0.mlp.gate_proj.weight": randn(F, Hd, scale=0.1),
+         "model.layers.0.mlp.up_proj.weight": randn(F, Hd, scale=0.1),
+         "model.layers.0.mlp.down_proj.weight": randn(Hd, F, scale=0.1),
+         "model.layers.0.input_layernorm.weight": np.ones(Hd, np.float32),
+         "model.layers.0.post_attention_layernorm.weight": np.ones(Hd, np.float32)}
+put("checkpoint", "llama", checkpoint(llama_cfg, llama))
+bert = {"bert.embeddings.word_embeddings.weight": randn(V, Hd), "bert.embeddings.position_embeddings.weight": randn(8, Hd),
+        "bert.embeddings.token_type_embeddings.weight": randn(2, Hd),
+        "bert.embeddings.LayerNorm.weight": np.ones(Hd, np.float32), "bert.embeddings.LayerNorm.bias": np.zeros(Hd, np.float32)}
+p = "bert.encoder.layer.0."
+for n in ["query", "key", "value"]:
+    bert[p + f"attention.self.{n}.weight"] = randn(Hd, Hd, scale=0.1)
+    bert[p + f"attention.self.{n}.bias"] = randn(Hd, scale=0.1)
+bert.update({p + "attention.output.dense.weight": randn(Hd, Hd, scale=0.1), p + "attention.output.dense.bias": randn(Hd),
+             p + "attention.output.LayerNorm.weight": np.ones(Hd, np.float32), p + "attention.output.LayerNorm.bias": np.zeros(Hd, np.float32),
+             p + "intermediate.dense.weight": randn(F, Hd, scale=0.1), p + "intermediate.dense.bias": randn(F),
+             p + "output.dense.weight": randn(Hd, F, scale=0.1), p + "output.dense.bias": randn(Hd),
+             p + "output.LayerNorm.weight": np.ones(Hd, np.float32), p + "output.LayerNorm.bias": np.zeros(Hd, np.float32),
+             "bert.pooler.dense.weight": randn(Hd, Hd, scale=0.1), "bert.pooler.dense.bias": randn(Hd),
+             "classifier.weight": randn(2, Hd), "classifier.bias": randn(2)})
+put("checkpoint", "bert", checkpoint(bert_cfg, bert))
+print("seeds written under", root)
