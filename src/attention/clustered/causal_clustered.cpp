@@ -341,48 +341,71 @@ void prefix_fwd(const AttentionInputs& in, const AttentionDims& d, const Cluster
     }
     mass[j] = static_cast<float>(msum);
   }
-  // Members, cluster by cluster (T_j's rows gathered once, contiguous): the prefix output, then
-  // the log-sum-exp blend with the in-block part.
-  float* pv = sc.tmp.floats(static_cast<size_t>(k + 2 * Dv));  // (k) scores, (Dv) u, (Dv) O_pre
-  float *u = pv + k, *opre = u + Dv;
-  float* kg = sc.kg.floats(static_cast<size_t>(std::max<int64_t>(1, k * D)));   // (k, D) K_T
-  float* vg = sc.vg.floats(static_cast<size_t>(std::max<int64_t>(1, k * Dv)));  // (k, Dv) V_T
+  // Members, cluster by cluster: improved multiplies up to 64 members at once against T_j's rows,
+  // gathered once (S = Q_m·K_Tᵀ, U = P·V_T as small tile products); then the log-sum-exp blend
+  // with the in-block part. A member's row of each product depends only on its own query (the
+  // products accumulate over depth in a fixed order), so later members change nothing before them.
+  const int64_t kw = round_up(std::max<int64_t>(k, 1), mk::kLanes);
+  float* ktt = sc.kt.floats(static_cast<size_t>(D * kw));       // (D, kw) K_Tᵀ
+  float* vt = sc.vg.floats(static_cast<size_t>(kw * Dvp));      // (kw, Dvp) V_T
+  float* kg = sc.kg.floats(static_cast<size_t>(std::max<int64_t>(1, k * D)));  // (k, D) K_T
+  float* qm = sc.da.floats(static_cast<size_t>(kMb * D));       // (Mb, D) members · c
+  float* sm = sc.dkacc.floats(static_cast<size_t>(kMb * kw));   // (Mb, kw) scores, then P
+  float* um = sc.dvacc.floats(static_cast<size_t>(kMb * Dvp));  // (Mb, Dvp) P·V_T
+  float* lzr = sc.tmp.floats(static_cast<size_t>(kMb + Dv));    // (Mb) log Z_pre, (Dv) O_pre
+  float* opre = lzr + kMb;
   const int32_t* member = cz.member.data() + t * d.N;
   sc.morder.resize(static_cast<size_t>(qb - qa));
   sc.moff.resize(static_cast<size_t>(ce + 1));
   cluster::counting_sort(member + qa, qb - qa, ce, sc.morder.data(), sc.moff.data());
   for (int64_t j = 0; j < ce; ++j) {
-    const int32_t* tk = improved ? topk + j * cz.kmax : nullptr;
-    for (int64_t x = 0; x < k; ++x) {
-      std::memcpy(kg + x * D, in.k.ptr(b, hk, tk[x]), sizeof(float) * static_cast<size_t>(D));
-      std::memcpy(vg + x * Dv, in.v.ptr(b, hk, tk[x]), sizeof(float) * static_cast<size_t>(Dv));
+    if (improved) {
+      const int32_t* tk = topk + j * cz.kmax;
+      for (int64_t x = 0; x < k; ++x) {
+        std::memcpy(kg + x * D, in.k.ptr(b, hk, tk[x]), sizeof(float) * static_cast<size_t>(D));
+        simd::copy_row(vt + x * Dvp, in.v.ptr(b, hk, tk[x]), Dv, Dvp);
+      }
+      std::memset(vt + k * Dvp, 0, sizeof(float) * static_cast<size_t>((kw - k) * Dvp));
+      mk::pack_transposed(kg, k, D, D, ktt, kw);
     }
     const float lm = improved ? std::log(mass[j]) : 0.f;
-    for (int64_t y = sc.moff[static_cast<size_t>(j)]; y < sc.moff[static_cast<size_t>(j + 1)]; ++y) {
-      const int64_t i = qa + sc.morder[static_cast<size_t>(y)];
-      const float* q = in.q.ptr(b, h, i);
-      float lz;
+    for (int64_t m0 = sc.moff[static_cast<size_t>(j)]; m0 < sc.moff[static_cast<size_t>(j + 1)]; m0 += kMb) {
+      const int64_t rows = std::min(kMb, sc.moff[static_cast<size_t>(j + 1)] - m0);
+      const int32_t* mi = sc.morder.data() + m0;
       if (improved) {
-        float mx = -kInf;
-        for (int64_t x = 0; x < k; ++x) mx = std::max(mx, pv[x] = c * simd::dot(q, kg + x * D, D));
-        float sum = 0.f;
-        for (int64_t x = 0; x < k; ++x) sum += (pv[x] = std::exp2(pv[x] - mx));
-        std::fill(u, u + Dv, 0.f);
-        const float inv = 1.f / sum;
-        for (int64_t x = 0; x < k; ++x) simd::axpy_row(u, vg + x * Dv, Dv, pv[x] * inv);
-        for (int64_t e = 0; e < Dv; ++e) opre[e] = mass[j] * u[e] + resid[j * Dv + e];
-        lz = (mx + std::log2(sum)) * kLn2 - lm;
-      } else {
-        std::memcpy(opre, resid + j * Dv, sizeof(float) * static_cast<size_t>(Dv));
-        lz = lse_c[j];
+        for (int64_t r = 0; r < rows; ++r) simd::copy_row(qm + r * D, in.q.ptr(b, h, qa + mi[r]), D, D, c);
+        std::memset(sm, 0, sizeof(float) * static_cast<size_t>(rows * kw));
+        mk::gemm_ab(rows, kw, D, qm, D, 1, ktt, kw, sm, kw, nullptr);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* row = sm + r * kw;
+          tile::mask_tail(row, kw, k);
+          const float mx = tile::row_max(row, kw);
+          const float sum = tile::exp2_row(row, kw, mx);
+          lzr[r] = (mx + std::log2(sum)) * kLn2 - lm;
+          const float inv = 1.f / sum;
+          for (int64_t x = 0; x < kw; ++x) row[x] *= inv;
+        }
+        std::memset(um, 0, sizeof(float) * static_cast<size_t>(rows * Dvp));
+        mk::gemm_ab(rows, Dvp, kw, sm, kw, 1, vt, Dvp, um, Dvp, nullptr);
       }
-      const float li = in_lse(i), mxl = std::max(lz, li);
-      const float Li = mxl + std::log(std::exp(lz - mxl) + std::exp(li - mxl));
-      const float wp = std::exp(lz - Li), wi = li == -kInf ? 0.f : std::exp(li - Li);
-      float* o = out.ptr(b, h, i);
-      for (int64_t e = 0; e < Dv; ++e) o[e] = wp * opre[e] + wi * o[e];
-      lzp[i] = lz;
-      L[i] = Li;
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = qa + mi[r];
+        float lz;
+        if (improved) {
+          for (int64_t e = 0; e < Dv; ++e) opre[e] = mass[j] * um[r * Dvp + e] + resid[j * Dv + e];
+          lz = lzr[r];
+        } else {
+          std::memcpy(opre, resid + j * Dv, sizeof(float) * static_cast<size_t>(Dv));
+          lz = lse_c[j];
+        }
+        const float li = in_lse(i), mxl = std::max(lz, li);
+        const float Li = mxl + std::log(std::exp(lz - mxl) + std::exp(li - mxl));
+        const float wp = std::exp(lz - Li), wi = li == -kInf ? 0.f : std::exp(li - Li);
+        float* o = out.ptr(b, h, i);
+        for (int64_t e = 0; e < Dv; ++e) o[e] = wp * opre[e] + wi * o[e];
+        lzp[i] = lz;
+        L[i] = Li;
+      }
     }
   }
 }
