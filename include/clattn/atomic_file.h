@@ -2,8 +2,12 @@
 // symlink or a device node at the output path is never followed or replaced.
 //
 // The data goes to a fresh temporary file created exclusively (mkstemp, O_EXCL) in the target's
-// directory, named `.NAME.clattn-tmp-XXXXXX` so a leftover from a killed run is recognisable; it is
-// fsynced, then renamed over the target, and the directory is fsynced. An existing target must be
+// directory, named `.NAME.clattn-tmp-PID-XXXXXX`; it is fsynced, then renamed over the target, and
+// the directory is fsynced. Temporaries never outlive their writer when they can help it: the
+// destructor removes an uncommitted one; SIGINT, SIGTERM and SIGHUP remove every live one before
+// the process dies of the signal (a handler installed on first use, only where the action is the
+// default); and a later write of NAME removes leftovers of processes that no longer exist
+// (SIGKILL, a crash) once they are a minute old. An existing target must be
 // a regular file (or a symlink, which rename replaces rather than follows); anything else — a
 // directory such as ".", a device node, a FIFO — is refused with an error naming it.
 #pragma once
@@ -28,6 +32,7 @@ class AtomicFile {
  private:
   std::string path_, tmp_;
   int fd_ = -1;
+  int slot_ = -1;  // the signal handler's record of tmp_ (-1: none)
   bool committed_ = false;
 };
 

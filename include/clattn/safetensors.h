@@ -29,7 +29,8 @@ struct TensorInfo {
 
 class SafetensorsFile {
  public:
-  // Opens and validates path (memory-mapped; the data is read lazily by the getters).
+  // Reads and validates path. The file is read whole into memory, never mapped: a mapped file
+  // truncated by another process would raise SIGBUS; a file that changes while being read is an Error.
   static SafetensorsFile open(const std::string& path);
   ~SafetensorsFile();
   SafetensorsFile(SafetensorsFile&&) noexcept;
@@ -43,8 +44,8 @@ class SafetensorsFile {
 
   // F32, F16 and BF16 tensors as float32. Throws on other dtypes or when absent.
   Tensor get_f32(const std::string& name) const;
-  // An F32 tensor's data in place in the mapping (valid while this object lives), or nullptr when
-  // it is another dtype or not 4-byte aligned in the file (then get_f32 copies it).
+  // An F32 tensor's data in place in the file's bytes held by this object (valid while it lives),
+  // or nullptr when it is another dtype or not 4-byte aligned in the file (then get_f32 copies it).
   const float* mapped_f32(const std::string& name) const;
   // I32 (or I64 whose values fit) tensors as int32, flattened; shape via info().
   std::vector<int32_t> get_i32(const std::string& name) const;
@@ -54,7 +55,7 @@ class SafetensorsFile {
   std::string path_;
   std::map<std::string, TensorInfo> infos_;
   std::map<std::string, std::string> metadata_;
-  const uint8_t* map_ = nullptr;  // whole file
+  const uint8_t* map_ = nullptr;  // the whole file, read at open() (64-byte aligned, malloc'd)
   size_t map_size_ = 0;
   size_t data_start_ = 0;         // 8 + header length
 };
@@ -65,7 +66,8 @@ class SafetensorsWriter {
   void add_i32(const std::string& name, const std::vector<int64_t>& shape,
                std::span<const int32_t> values);
   void set_metadata(const std::string& key, const std::string& value);
-  // Writes to path.tmp.<pid>, fsyncs, renames over path: readers never see a half-written file.
+  // Writes an exclusive temporary beside path, fsyncs, renames over path (include/clattn/atomic_file.h):
+  // readers never see a half-written file.
   void write(const std::string& path) const;
 
  private:

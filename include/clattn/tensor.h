@@ -17,6 +17,10 @@ namespace clattn {
 
 inline constexpr int kMaxRank = 6;
 
+// Sizes are checked once, here: constructing a Shape throws clattn::Error when the product of
+// max(d, 1) over its dims overflows int64, so numel, every contiguous stride and every offset
+// below them fit in 64 bits, empty shapes included. Negative dims are left to the validators,
+// which name the argument (Tensor refuses them too).
 struct Shape {
   std::array<int64_t, kMaxRank> dims{};
   int rank = 0;
@@ -28,6 +32,7 @@ struct Shape {
   int64_t numel() const;
   bool operator==(const Shape& o) const;
   std::string str() const;  // "(1, 8, 64, 64)"
+  void check_extent() const;  // throws unless the product of max(d, 1) fits in int64
 };
 // Streams str(): pass a Shape itself to check(), so it is formatted only when the check fails.
 std::ostream& operator<<(std::ostream& os, const Shape& s);

@@ -1,4 +1,4 @@
-// Safetensors reading (memory-mapped, the whole header validated before any tensor is touched) and
+// Safetensors reading (read into memory, the whole header validated before any tensor is touched) and
 // atomic writing. The format: u64 little-endian header length, a JSON header, then the data buffer.
 //
 // Reading trusts nothing in the file: every offset is checked against the mapped size, every
@@ -6,19 +6,22 @@
 // Tolerated: holes in the data buffer (the HF reader rejects them; here they are simply never
 // read), duplicate keys (nlohmann keeps the last) and NUL padding after the JSON (nlohmann ends its
 // input at a NUL).
-// One thing no check can catch: a file truncated by another process *after* open() raises SIGBUS
-// on access, as with any memory map.
+// The file is read into memory at open(), not mapped: a mapped file that another process truncates
+// raises SIGBUS on the next access to a lost page, a signal no check can turn into an Error. A read
+// copy also sees one consistent size (a file that shrinks while being read is an Error). The cost
+// is the read itself (the same page faults a mapping would take on first touch) and no sharing of
+// pages between processes that open the same checkpoint.
 #include "clattn/safetensors.h"
 #include "clattn/atomic_file.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -132,12 +135,15 @@ TensorInfo parse_entry(const json& e, const std::string& where, uint64_t data_si
 
   // numel and bytes in 64 bits, each multiplication checked: the dims come from the file.
   constexpr uint64_t kMaxI64 = std::numeric_limits<int64_t>::max();
-  uint64_t numel = 1;
+  // The extent (product of max(d, 1)) too, the rule of clattn::Shape: an empty tensor declared
+  // (0, 2^40, 2^40) has no data, but its strides would overflow.
+  uint64_t numel = 1, extent = 1;
   for (const json& x : *sh) {
     const std::optional<uint64_t> v = as_index(x);
     check(v.has_value(), where, ": shape dims must be integers >= 0, got ", brief(*sh));
-    check(*v <= kMaxI64 && !__builtin_mul_overflow(numel, *v, &numel), where, ": shape ", brief(*sh),
-          " overflows a 64-bit element count");
+    check(*v <= kMaxI64 && !__builtin_mul_overflow(numel, *v, &numel) &&
+              !__builtin_mul_overflow(extent, std::max<uint64_t>(*v, 1), &extent) && extent <= kMaxI64,
+          where, ": shape ", brief(*sh), " overflows a 64-bit element count");
     info.shape.push_back(static_cast<int64_t>(*v));
   }
   uint64_t bytes = 0;
@@ -218,12 +224,28 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     ::close(fd);
     fail(where, ": file is ", size, " bytes, shorter than the 8-byte header length");
   }
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_err = errno;
-  ::close(fd);  // the mapping keeps the file alive
-  check(map != MAP_FAILED, where, ": cannot map ", size, " bytes: ", std::strerror(map_err));
-  f.map_ = static_cast<const uint8_t*>(map);
+  // 64-byte aligned, as a mapping would be page aligned: F32 tensors at 4-aligned offsets can be
+  // used in place (mapped_f32).
+  uint8_t* buf = static_cast<uint8_t*>(std::aligned_alloc(64, (size + 63) / 64 * 64));
+  if (!buf) {
+    ::close(fd);
+    fail(where, ": cannot allocate ", size, " bytes to read it");
+  }
+  f.map_ = buf;
   f.map_size_ = size;
+  size_t got = 0;
+  while (got < size) {
+    const ssize_t r = ::read(fd, buf + got, std::min<size_t>(size - got, size_t{1} << 30));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      const int err = errno;
+      ::close(fd);
+      fail(where, r == 0 ? ": file shrank while being read (" : ": cannot read (", got, " of ", size,
+           " bytes)", r == 0 ? "" : ": ", r == 0 ? "" : std::strerror(err));
+    }
+    got += static_cast<size_t>(r);
+  }
+  ::close(fd);
 
   uint64_t hlen = 0;  // u64 little-endian
   for (int i = 7; i >= 0; --i) hlen = hlen << 8 | f.map_[i];
@@ -264,15 +286,13 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   return f;
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (map_) ::munmap(const_cast<uint8_t*>(map_), map_size_);
-}
+SafetensorsFile::~SafetensorsFile() { std::free(const_cast<uint8_t*>(map_)); }
 
 SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept { *this = std::move(o); }
 
 SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
   if (this != &o) {
-    if (map_) ::munmap(const_cast<uint8_t*>(map_), map_size_);
+    std::free(const_cast<uint8_t*>(map_));
     path_ = std::move(o.path_);
     infos_ = std::move(o.infos_);
     metadata_ = std::move(o.metadata_);

@@ -13,21 +13,38 @@ namespace clattn {
 
 std::ostream& operator<<(std::ostream& os, const Shape& s) { return os << s.str(); }
 
+// The one size rule of every shape (see tensor.h): the product of max(d, 1) over the dims fits
+// in int64. It bounds every contiguous stride as well as numel, also when a zero dim makes the
+// tensor empty (a file may declare (0, 2^40, 2^40): no data, but strides of 2^80).
+void Shape::check_extent() const {
+  int64_t extent = 1;
+  for (int i = 0; i < rank; ++i) {
+    const int64_t d = dims[static_cast<size_t>(i)];
+    check(!__builtin_mul_overflow(extent, d > 1 ? d : 1, &extent), "tensor: shape ", *this,
+          " is too large: its sizes overflow a 64-bit element count");
+  }
+}
+
 Shape::Shape(std::initializer_list<int64_t> d) {
   check(d.size() <= static_cast<size_t>(kMaxRank), "tensor: rank must be <= ", kMaxRank, ", got ",
         d.size());
   for (int64_t x : d) dims[static_cast<size_t>(rank++)] = x;
+  check_extent();
 }
 
 Shape::Shape(const std::vector<int64_t>& d) {
   check(d.size() <= static_cast<size_t>(kMaxRank), "tensor: rank must be <= ", kMaxRank, ", got ",
         d.size());
   for (int64_t x : d) dims[static_cast<size_t>(rank++)] = x;
+  check_extent();
 }
 
 int64_t Shape::numel() const {
+  // Checked: dims is public, so a shape may have been edited after construction.
   int64_t n = 1;
-  for (int i = 0; i < rank; ++i) n *= dims[static_cast<size_t>(i)];
+  for (int i = 0; i < rank; ++i)
+    if (__builtin_mul_overflow(n, dims[static_cast<size_t>(i)], &n)) [[unlikely]]
+      fail("tensor: shape ", *this, " overflows a 64-bit element count");
   return n;
 }
 
@@ -51,7 +68,8 @@ std::array<int64_t, kMaxRank> contiguous_strides(const Shape& s) {
   int64_t acc = 1;
   for (int i = s.rank - 1; i >= 0; --i) {
     st[static_cast<size_t>(i)] = acc;
-    acc *= s[i];
+    if (__builtin_mul_overflow(acc, s[i], &acc)) [[unlikely]]
+      fail("tensor: shape ", s, " overflows 64-bit strides");
   }
   return st;
 }
@@ -67,7 +85,10 @@ ConstView make_view(const float* data, const Shape& s) {
 // the TLB. The rounding wastes at most half of a buffer at exactly 2 MB, ~nothing beyond.
 float* aligned_alloc_floats(size_t n) {
   constexpr size_t kHuge = size_t{2} << 20;
-  const size_t want = std::max<size_t>(n * sizeof(float), 1);
+  size_t want = 0;
+  check(!__builtin_mul_overflow(n, sizeof(float), &want), "tensor: ", n,
+        " floats do not fit in the address space");
+  want = std::max<size_t>(want, 1);
   const size_t align = want >= kHuge ? kHuge : 64;
   const size_t bytes = (want + align - 1) / align * align;
   void* p = std::aligned_alloc(align, bytes);
