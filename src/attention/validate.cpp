@@ -2,6 +2,7 @@
 // front, with messages that name the rule, the variant and the values seen.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -95,6 +96,62 @@ void check_finite(ConstView t, std::string_view what, std::string_view who) {
     check(std::isfinite(row[j]), who, ": ", what, " must be finite, found ", row[j], " at index (",
           r == 4 ? std::to_string(a) + ", " + std::to_string(b) + ", " : std::string(), i, ", ",
           j, ")");
+}
+
+double max_abs(ConstView t) {
+  const int r = t.rank();
+  const int64_t d0 = r == 4 ? t.dim(0) : 1, d1 = r == 4 ? t.dim(1) : 1;
+  const int64_t rows = t.dim(r - 2), cols = t.dim(r - 1);
+  const int64_t s0 = r == 4 ? t.stride(0) : 0, s1 = r == 4 ? t.stride(1) : 0, sr = t.stride(r - 2);
+  if (t.numel() == 0) return 0;
+  float m = 0.f;
+#pragma omp parallel for schedule(static) reduction(max : m) if (d0 * d1 * rows * cols > 65536)
+  for (int64_t e = 0; e < d0 * d1; ++e) {
+    const float* base = t.data + (e / d1) * s0 + (e % d1) * s1;
+    float me = 0.f;
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* row = base + i * sr;
+      for (int64_t j = 0; j < cols; ++j) {
+        const float a = std::fabs(row[j]);
+        if (a > me && a != INFINITY) me = a;
+      }
+    }
+    m = std::max(m, me);
+  }
+  return m;
+}
+
+namespace {
+
+[[noreturn]] void range_fail(std::string_view who, const std::string& what, double got, double limit) {
+  char g[32], l[32];
+  std::snprintf(g, sizeof g, "%.3g", got);
+  std::snprintf(l, sizeof l, "%.3g", limit);
+  fail(who, ": inputs too large for float arithmetic: ", what, " = ", g, " exceeds ", l,
+       " (results would overflow to inf or NaN); rescale q, k, v or the bias");
+}
+
+}  // namespace
+
+void check_softmax_range(const AttentionInputs& in, const AttentionDims& d, float scale,
+                         std::string_view who) {
+  if (d.B * d.H * d.N == 0 || d.M == 0) return;
+  const double mq = max_abs(in.q), mk = in.k.data == in.q.data ? mq : max_abs(in.k);
+  const double mb = in.bias.empty() ? 0.0 : max_abs(in.bias);
+  const double logit = static_cast<double>(scale) * static_cast<double>(d.Dk) * mq * mk + mb;
+  if (!(logit <= kMaxLogit))
+    range_fail(who, "the logit bound scale·Dk·max|q|·max|k| + max|bias|", logit, kMaxLogit);
+  const double vsum = static_cast<double>(d.M) * max_abs(in.v);
+  if (!(vsum <= kMaxValueSum)) range_fail(who, "the value-sum bound M·max|v|", vsum, kMaxValueSum);
+}
+
+void check_linear_range(const AttentionInputs& in, const AttentionDims& d, std::string_view who) {
+  if (d.B * d.H * d.N == 0 || d.M == 0) return;
+  const double mq = max_abs(in.q), mk = in.k.data == in.q.data ? mq : max_abs(in.k), mv = max_abs(in.v);
+  const double bound = static_cast<double>(d.Dk) * static_cast<double>(d.M) * (mq + 1) * (mk + 1) * (mv + 1);
+  if (!(bound <= kMaxValueSum))
+    range_fail(who, "the bound Dk·M·(max|q| + 1)·(max|k| + 1)·(max|v| + 1) of linear's sums", bound,
+               kMaxValueSum);
 }
 
 AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& caps,

@@ -26,6 +26,23 @@ void validate_backward(const AttentionInputs& in, const AttentionDims& d, ConstV
 // Throws naming `what`, `who` and the index of the first NaN/Inf in a rank-2 or rank-4 view.
 void check_finite(ConstView t, std::string_view what, std::string_view who);
 
+// Largest |x| over a rank-2 or rank-4 view (finite entries; -inf of a bias mask is skipped).
+double max_abs(ConstView t);
+
+// Finite inputs whose float arithmetic would still overflow are refused with the bound they break,
+// never answered with 0, NaN or inf. The bounds are worst cases from the largest magnitudes (one
+// pass over q, k, v, bias), so they refuse only inputs within a few orders of magnitude of FLT_MAX:
+//   softmax: logits scale·Dk·max|q|·max|k| + max|bias| <= kMaxLogit (differences of log2-unit
+//            logits must stay finite: 2·1.44·1e37 << FLT_MAX), and M·max|v| <= kMaxValueSum (the
+//            unnormalised Σ_j p_j v_j, p_j <= 1, of an online softmax).
+//   linear:  Dk·M·(max|q| + 1)·(max|k| + 1)·(max|v| + 1) <= kMaxValueSum (φ(x) = elu(x) + 1 <= |x| + 1:
+//            the key-value state, the normaliser and the numerator all stay below it).
+inline constexpr double kMaxLogit = 1e37;
+inline constexpr double kMaxValueSum = 1e37;
+void check_softmax_range(const AttentionInputs& in, const AttentionDims& d, float scale,
+                         std::string_view who);
+void check_linear_range(const AttentionInputs& in, const AttentionDims& d, std::string_view who);
+
 // Valid query / key count of batch b (lengths default to the full size).
 inline int64_t valid_queries(const AttentionInputs& in, const AttentionDims& d, int64_t b) {
   return in.query_lengths.empty() ? d.N : in.query_lengths[static_cast<size_t>(b)];

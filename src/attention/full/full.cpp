@@ -28,7 +28,6 @@ constexpr int64_t kBr = 64;    // forward: query rows per tile
 constexpr int64_t kBc = 512;   // forward: keys per tile (8 panels); S tile 128 KB stays in L2
 constexpr int64_t kBrB = 64;   // backward: query rows per tile
 constexpr int64_t kBcB = 256;  // backward: keys per tile
-using tile::exp2_row;
 using tile::kInf;
 using tile::kLn2;
 using tile::kLog2e;
@@ -48,7 +47,7 @@ struct FullWorkspace {
   Workspace vpan;   // (B, Hkv, np, Dv, 64) V panels (backward: dP = dO·Vᵀ)
   Workspace vrow;   // (B, Hkv, Mp, Dvp) V rows (forward: O += P·V)
   Workspace krow;   // (B, Hkv, Mp, Dkp) K rows (backward: dQ += dS·K)
-  Workspace stats;  // (2, B, H, N) backward: log2-unit lse and D_i = dO_i·O_i
+  Workspace stats;  // (B, H, N) backward: D_i = dO_i·O_i
   Workspace dqp;    // (B, H, P, N, Dkp) backward: per-task partial dQ
   Workspace dkvp;   // (B, H, Mp, Dkp + Dvp) backward with GQA: per-query-head partial dK, dV
   std::vector<ThreadScratch> threads;
@@ -123,7 +122,9 @@ const float* bias_row_ptr(const AttentionInputs& in, int64_t i, int64_t k0) {
 }  // namespace
 
 void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scale, View out,
-                   float* lse, FullWorkspace& ws, int64_t window) {
+                   float* lse, FullWorkspace& ws, int64_t window, float* parts) {
+  float* pm = parts;                                          // (B, H, N) row max, log2 units
+  float* pl = parts ? parts + d.B * d.H * d.N : nullptr;      // (B, H, N) log2 of the row sum
   const int64_t D = d.Dk, Dv = d.Dv, np = (d.M + kPanel - 1) / kPanel, Mp = np * kPanel;
   const int64_t Dvp = round_up(Dv, mk::kLanes);
   const float c = scale * kLog2e;
@@ -178,6 +179,7 @@ void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scal
       for (int64_t i = nv; i < d.N; ++i) {
         std::memset(out.ptr(b, h, i), 0, sizeof(float) * static_cast<size_t>(Dv));
         lse[(b * d.H + h) * d.N + i] = 0.f;
+        if (parts) pm[(b * d.H + h) * d.N + i] = pl[(b * d.H + h) * d.N + i] = 0.f;
       }
     const int64_t rows = std::min(kBr, nv - q0);
     if (rows <= 0) return;
@@ -221,21 +223,23 @@ void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scal
     }
     for (int64_t r = 0; r < rows; ++r) {
       float* o = out.ptr(b, h, q0 + r);
-      float* lr = lse + (b * d.H + h) * d.N + q0 + r;
+      const int64_t at = (b * d.H + h) * d.N + q0 + r;
       if (l[r] > 0.f) {
         const float inv = 1.f / l[r];
         for (int64_t e = 0; e < Dv; ++e) o[e] = oacc[r * Dvp + e] * inv;
-        *lr = (m[r] + std::log2(l[r])) * kLn2;
+        lse[at] = (m[r] + std::log2(l[r])) * kLn2;
+        if (parts) pm[at] = m[r], pl[at] = std::log2(l[r]);
       } else {
         std::memset(o, 0, sizeof(float) * static_cast<size_t>(Dv));
-        *lr = kInf;  // no visible key: backward's exp(s - lse) is then 0
+        lse[at] = kInf;  // no visible key: backward's 2^(s - m) is then 0
+        if (parts) pm[at] = kInf, pl[at] = 0.f;
       }
     }
   });
 }
 
 void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scale, ConstView out,
-                   const float* lse, ConstView dout, View dq, View dk, View dv, FullWorkspace& ws,
+                   const float* parts, ConstView dout, View dq, View dk, View dv, FullWorkspace& ws,
                    int64_t window) {
   const int64_t D = d.Dk, Dv = d.Dv, np = (d.M + kPanel - 1) / kPanel, Mp = np * kPanel;
   const int64_t Dkp = round_up(D, mk::kLanes), Dvp = round_up(Dv, mk::kLanes);
@@ -245,8 +249,7 @@ void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
   float* kpan = ws.kpan.floats(static_cast<size_t>(d.B * d.Hkv * Mp * D));    // (B, Hkv, np, D, 64)
   float* vpan = ws.vpan.floats(static_cast<size_t>(d.B * d.Hkv * Mp * Dv));   // (B, Hkv, np, Dv, 64)
   float* krow = ws.krow.floats(static_cast<size_t>(d.B * d.Hkv * Mp * Dkp));  // (B, Hkv, Mp, Dkp)
-  float* lse2 = ws.stats.floats(static_cast<size_t>(2 * BH * d.N));          // (B, H, N)
-  float* dvec = lse2 + BH * d.N;                                              // (B, H, N)
+  float* dvec = ws.stats.floats(static_cast<size_t>(BH * d.N));              // (B, H, N)
 
   parallel_for(d.B * d.Hkv, [&](int64_t t) {
     const int64_t b = t / d.Hkv, hk = t % d.Hkv;
@@ -262,7 +265,6 @@ void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
       float acc = 0.f;  // D_i = dO_i · O_i = Σ_j P_ij dP_ij
       for (int64_t e = 0; e < Dv; ++e) acc += o[e] * g[e];
       dvec[t * d.N + i] = acc;
-      lse2[t * d.N + i] = lse[t * d.N + i] * kLog2e;
     }
   });
 
@@ -288,7 +290,8 @@ void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
     float* dkacc = sc.e.floats(static_cast<size_t>(kBcB * Dkp));  // (Bc, Dkp)
     float* dvacc = sc.f.floats(static_cast<size_t>(kBcB * Dvp));  // (Bc, Dvp)
     const size_t hkv = static_cast<size_t>(b * d.Hkv + hk);
-    const float* lse2h = lse2 + (b * d.H + h) * d.N;
+    const float* mh = parts + (b * d.H + h) * d.N;           // (N) row max, log2 units
+    const float* llh = parts + (BH + b * d.H + h) * d.N;     // (N) log2 row sum
     const float* dvech = dvec + (b * d.H + h) * d.N;
 
     for (int64_t kt = kt0; kt < kt1; ++kt) {
@@ -303,13 +306,15 @@ void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
         const int64_t rows = std::min(kBrB, qend - q0);
         mk::pack_rows(in.q.ptr(b, h, q0), rows, D, in.q.stride(2), qs, rows, Dkp, c);
         mk::pack_rows(dout.ptr(b, h, q0), rows, Dv, dout.stride(2), dot, rows, Dvp);
-        // S = (c·Q)·Kᵀ ; P = 2^(S - lse2)  (the forward's softmax, recomputed)
+        // S = (c·Q)·Kᵀ ; P = 2^((S - m) - log2 l)  (the forward's softmax, recomputed)
         mk::gemm_abt(rows, npan, D, qs, Dkp, kpan + hkv * Mp * D + k0 * D, p, kBcB);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = q0 + r;
           float* row = p + r * kBcB;
           mask_row(row, width, lim.key_begin(i) - k0, lim.key_end(i) - k0, bias_row_ptr(in, i, k0));
-          exp2_row(row, width, lse2h[i]);
+          const simd::vf mv = simd::splat(mh[i]), lv = simd::splat(llh[i]);
+          for (int64_t j = 0; j < width; j += simd::kLanes)
+            simd::store(row + j, simd::exp2((simd::load(row + j) - mv) - lv));
         }
         // O = P·V  ->  dV += Pᵀ·dO
         mk::gemm_ab(width, Dvp, rows, p, 1, kBcB, dot, Dvp, dvacc, Dvp, nullptr);
@@ -377,20 +382,26 @@ class FullAttention final : public Attention {
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     const AttentionDims d = validate_inputs(in, caps_, kind_);
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", kind_);
+    // A decode step over a KVCache skips it: its rows were checked on append, and the pass would
+    // double the step's reads.
+    if (!in.cache) check_softmax_range(in, d, scale_for(d), kind_);
     FullState& st = ctx.state<FullState>();
     st.lse.resize(Shape{d.B, d.H, d.N});
-    attn_full_fwd(in, d, scale_for(d), out, st.lse.data(), ctx.scratch().get<FullWorkspace>(), window_);
+    st.parts.resize(Shape{2, d.B, d.H, d.N});
+    attn_full_fwd(in, d, scale_for(d), out, st.lse.data(), ctx.scratch().get<FullWorkspace>(), window_,
+                  st.parts.data());
   }
 
   void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
                 View dk, View dv) const override {
     const AttentionDims d = validate_inputs(in, caps_, kind_);
     const FullState& st = ctx.saved<FullState>();
-    check(st.lse.shape() == Shape{d.B, d.H, d.N}, kind_, ": backward inputs have shapes ",
+    check(st.parts.shape() == Shape{2, d.B, d.H, d.N}, kind_, ": backward inputs have shapes ",
           "other than the forward's: forward saved lse ", st.lse.shape(), ", q is now ",
           in.q.shape);
     validate_backward(in, d, out, dout, dq, dk, dv, kind_);
-    attn_full_bwd(in, d, scale_for(d), out, st.lse.data(), dout, dq, dk, dv,
+    check_softmax_range(in, d, scale_for(d), kind_);
+    attn_full_bwd(in, d, scale_for(d), out, st.parts.data(), dout, dq, dk, dv,
                   ctx.scratch().get<FullWorkspace>(), window_);
   }
 
@@ -418,10 +429,10 @@ size_t full_workspace_bytes(const AttentionDims& d, Mode mode, int threads, int6
   int64_t shared = (window > 0 ? 0 : d.B * d.Hkv * Mp * D) +
                    std::max<int64_t>(1, d.B * d.Hkv * mk::rows_operand_size(d.M, Dv));
   int64_t tile[6] = {kBr * D, kBr * kBc, kBr * Dvp, 3 * kBr, window > 0 ? band_keys * D : 0, 0};
-  int64_t state = BH * d.N;
+  int64_t state = 3 * BH * d.N;  // lse and its two parts
   if (mode == Mode::training) {
     const int64_t P = bwd_chunks(d, threads);
-    shared += (window > 0 ? d.B * d.Hkv * Mp * D : 0) + d.B * d.Hkv * Mp * (Dv + Dkp) + 2 * BH * d.N +
+    shared += (window > 0 ? d.B * d.Hkv * Mp * D : 0) + d.B * d.Hkv * Mp * (Dv + Dkp) + BH * d.N +
               BH * P * d.N * Dkp + (d.group() > 1 ? BH * Mp * (Dkp + Dvp) : 0);
     const int64_t btile[6] = {kBrB * Dkp, kBrB * Dvp, kBrB * kBcB, kBrB * kBcB, kBcB * Dkp, kBcB * Dvp};
     for (int i = 0; i < 6; ++i) tile[i] = std::max(tile[i], btile[i]);

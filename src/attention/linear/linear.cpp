@@ -292,6 +292,7 @@ class LinearAttention final : public Attention {
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     const AttentionDims d = validate_inputs(in, caps_, "linear");
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "linear");
+    check_linear_range(in, d, "linear");
     ctx.state<LinearState>().shape = in.q.shape;
     attn_linear_fwd(in, d, out, ctx.scratch().get<LinearWorkspace>());
   }
@@ -301,6 +302,7 @@ class LinearAttention final : public Attention {
     check(ctx.saved<LinearState>().shape == in.q.shape, "linear: backward inputs have shapes ",
           "other than the forward's (q is now ", in.q.shape, ")");
     validate_backward(in, d, out, dout, dq, dk, dv, "linear");
+    check_linear_range(in, d, "linear");
     attn_linear_bwd(in, d, dout, dq, dk, dv, ctx.scratch().get<LinearWorkspace>());
   }
   size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {

@@ -194,6 +194,7 @@ class TopkAttention final : public Attention {
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     const AttentionDims d = validate_inputs(in, caps_, "topk");
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "topk");
+    check_softmax_range(in, d, scale_for(d), "topk");
     attn_topk_fwd(in, d, k_for(d), scale_for(d), out, ctx.state<TopkState>(),
                   ctx.scratch().get<TopkWorkspace>());
   }
@@ -204,6 +205,7 @@ class TopkAttention final : public Attention {
     check(st.lse.shape() == Shape{d.B, d.H, d.N}, "topk: backward inputs have shapes other than ",
           "the forward's (q is now ", in.q.shape, ")");
     validate_backward(in, d, out, dout, dq, dk, dv, "topk");
+    check_softmax_range(in, d, scale_for(d), "topk");
     attn_topk_bwd(in, d, scale_for(d), st, dout, dq, dk, dv, ctx.scratch().get<TopkWorkspace>());
   }
   size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {
