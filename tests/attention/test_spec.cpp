@@ -81,7 +81,7 @@ TEST(Spec, MalformedStringsAreErrorsThatSayWhy) {
       {"full:a=b=c", "more than one '='"},
   };
   for (const auto& [bad, why] : cases) {
-    const std::string msg = error_of_call([&] { parse_spec(bad); });
+    const std::string msg = error_of_call([&bad = bad] { parse_spec(bad); });
     EXPECT_FALSE(msg.empty()) << "'" << bad << "' parsed";
     EXPECT_HAS(msg, why);
     if (!bad.empty()) EXPECT_HAS(msg, "'" + bad + "'");  // the whole spec is quoted back

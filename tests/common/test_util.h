@@ -71,7 +71,7 @@ inline bool all_finite(ConstView a) {
 class Guarded {
  public:
   static constexpr float kSentinel = -12345.f;
-  Guarded(const Shape& s, int64_t pad = 3, int64_t guard = 64) : shape_(s), pad_(pad), guard_(guard) {
+  Guarded(const Shape& s, int64_t pad = 3, int64_t guard = 64) : shape_(s), guard_(guard) {
     row_ = s[3] + pad;
     buf_.assign(static_cast<size_t>(2 * guard + s[0] * s[1] * s[2] * row_), kSentinel);
   }
@@ -99,7 +99,7 @@ class Guarded {
 
  private:
   Shape shape_;
-  int64_t pad_, guard_, row_;
+  int64_t guard_, row_;
   std::vector<float> buf_;
 };
 
