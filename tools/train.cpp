@@ -509,7 +509,7 @@ void run_eval(EvalArgs o) {
     std::printf("%-50s %10s %14s %9s %10s\n", "attention", "loss", metric.c_str(), "examples", "s");
   }
   for (const std::string& plan : o.attention) {
-    model->set_attention(plan);
+    model->set_attention(plan, /*training=*/false);
     check_memory(training_bytes(model->config(), static_cast<int64_t>(model->params().size()), plan, o.batch, o.seq),
                  "eval: " + plan);
     const EvalResult e = evaluate(*model, batches);

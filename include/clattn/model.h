@@ -26,10 +26,13 @@ namespace clattn {
 
 // One spec per layer, parsed from a plan string (errors name the layer and the spec).
 std::vector<std::string> parse_attention_plan(const std::string& plan, int64_t layers);
-// The attention of each layer of a plan, refusing (by layer) a spec that cannot run there: keys
-// other than the queries (shared-QK), and for decoders a missing causal mask or grouped heads.
+// The attention of each layer of a plan, refusing (by layer) a spec that cannot run there: for
+// decoders a missing causal mask or grouped heads, and shared-QK attention (keys = queries)
+// unless the model can give it its queries as keys (shared_qk_ok: the trainable models, which
+// learn with it; a pretrained checkpoint's keys are their own projection).
 std::vector<std::unique_ptr<Attention>> make_plan_attentions(const std::vector<std::string>& specs,
-                                                             bool causal, bool gqa);
+                                                             bool causal, bool gqa,
+                                                             bool shared_qk_ok = false);
 
 enum class ModelKind { bert, kwt, llama };
 
@@ -42,6 +45,9 @@ struct ModelConfig {
   bool gelu_tanh = false;      // hidden_act gelu_tanh / gelu_new / gelu_pytorch_tanh
   bool pre_ln = false;         // norm_placement "pre" (default post, as BERT)
   bool final_layer_norm = false;
+  // "classifier_pooling": "mean" (clattn's trained classifiers): the classifier reads the mean of
+  // each sequence's valid tokens; otherwise the first token (BERT's [CLS], KWT's class token).
+  bool mean_pooling = false;
   bool qkv_bias = true;
   float attention_scale = 0;   // 0 = 1/sqrt(head_dim)
   // KWT input path
@@ -105,7 +111,7 @@ class Encoder {
   struct Params;  // pointers to every weight, checked against the config on load
   static std::unique_ptr<Encoder> build(ModelConfig cfg, std::unique_ptr<Weights> w, const LoadOptions& opt);
   void run_layers(int64_t B, int64_t T, std::span<const int32_t> lengths);
-  Tensor classify(int64_t B, int64_t T);
+  Tensor classify(int64_t B, int64_t T, std::span<const int32_t> lengths);
   void ensure(int64_t B, int64_t T);
   ModelConfig cfg_;
   std::unique_ptr<Weights> w_;

@@ -60,11 +60,14 @@ class TrainModel {
 
   virtual const ModelConfig& config() const = 0;
   virtual TaskKind head() const = 0;
-  // model.h plan syntax; refuses variants without a backward or without per-example lengths.
+  // model.h plan syntax; refuses variants without per-example lengths, and, unless `training` is
+  // false (evaluation only: forward_backward with train = false), variants without a backward.
+  // Shared-QK attention (reformer) is given the layer's queries as keys (the K projection is then
+  // unused, as in the Reformer paper's shared-QK model).
   // Saved in config.json ("clattn_attention") and restored by load(), with the layer state of
   // stateful attentions (routing's EMA centroids, as "clattn.attention_state.<layer>.<name>"
   // tensors of model.safetensors); a layer whose spec changes starts a fresh state.
-  virtual void set_attention(const std::string& plan) = 0;
+  virtual void set_attention(const std::string& plan, bool training = true) = 0;
   virtual void set_dropout(float p) = 0;
 
   // Forward of a batch and the loss; with `train` also the backward, ACCUMULATING into grads()

@@ -36,7 +36,7 @@ const std::vector<Registration>& registrations() {
       {"reformer", "rounds=1, chunk=32 (<= 64), buckets=auto, seed=0",
        "shared-QK LSH attention: sorted buckets cut into chunks that attend themselves and the previous chunk (Kitaev et al. 2020); k must be q",
        "reformer:rounds=1,chunk=32", make_reformer},
-      {"routing", "clusters=<int, required>, window=auto, iterations=10, mode=eval|train, decay=0.999, scale=<float>, seed=0",
+      {"routing", "clusters=<int, required>, window=auto, iterations=10, centroids=kmeans|ema, decay=0.999, scale=<float>, seed=0",
        "queries and keys routed to shared centroids (spherical k-means or EMA); attention within each cluster's windows (Roy et al. 2020)",
        "routing:clusters=128", make_routing},
       {"conditional-full", "length_limit=512, then an inner spec",

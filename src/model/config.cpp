@@ -148,6 +148,10 @@ ModelConfig read_model_config(const std::string& path) {
   } else {
     c.vocab = f.integer("vocab_size");
     c.type_vocab = f.integer_or("type_vocab_size", 2);
+    const std::string pooling = f.string_or("classifier_pooling", "first");
+    check(pooling == "first" || pooling == "mean", "config '", path, "': classifier_pooling must be \"first\" or \"mean\", got \"",
+          pooling, "\"");
+    c.mean_pooling = pooling == "mean";
     check(c.max_positions >= 1, "config '", path, "': max_position_embeddings is required");
   }
   return c;
@@ -181,7 +185,7 @@ std::vector<std::string> parse_attention_plan(const std::string& plan, int64_t l
 namespace clattn {
 
 std::vector<std::unique_ptr<Attention>> make_plan_attentions(const std::vector<std::string>& specs,
-                                                             bool causal, bool gqa) {
+                                                             bool causal, bool gqa, bool shared_qk_ok) {
   std::vector<std::unique_ptr<Attention>> att;
   for (size_t l = 0; l < specs.size(); ++l) {
     try {
@@ -192,7 +196,7 @@ std::vector<std::unique_ptr<Attention>> make_plan_attentions(const std::vector<s
     const Capabilities& caps = att.back()->capabilities();
     check(!causal || caps.causal, "attention of layer ", l, ": '", specs[l], "' does not support the causal mask a decoder needs");
     check(!gqa || caps.gqa, "attention of layer ", l, ": '", specs[l], "' does not support grouped-query attention");
-    check(!caps.shared_qk, "attention of layer ", l, ": '", specs[l], "' needs keys equal to queries, which a model's are not");
+    check(shared_qk_ok || !caps.shared_qk, "attention of layer ", l, ": '", specs[l], "' needs keys equal to queries, which a model's are not");
   }
   return att;
 }

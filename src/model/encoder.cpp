@@ -272,7 +272,7 @@ void Encoder::run_layers(int64_t B, int64_t T, std::span<const int32_t> lengths)
 
 // The classifier on the class token (row 0 of each sequence), through BERT's pooler when the
 // checkpoint has one; without a classifier, the last hidden state (B, T, H).
-Tensor Encoder::classify(int64_t B, int64_t T) {
+Tensor Encoder::classify(int64_t B, int64_t T, std::span<const int32_t> lengths) {
   const int64_t H = cfg_.hidden;
   if (!p_->cls_w) {
     Tensor out(Shape{B, T, H});
@@ -280,7 +280,17 @@ Tensor Encoder::classify(int64_t B, int64_t T) {
     return out;
   }
   float* pooled = t_.data();  // (B, H)
-  if (p_->pool_w) {
+  if (cfg_.mean_pooling) {
+    // The mean over each sequence's valid tokens (padding excluded), as clattn's trainer pools.
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t len = lengths.empty() ? T : lengths[static_cast<size_t>(b)];
+      float* o = pooled + b * H;
+      std::fill(o, o + H, 0.f);
+      for (int64_t t = 0; t < len; ++t)
+        for (int64_t e = 0; e < H; ++e) o[e] += x_.data()[(b * T + t) * H + e];
+      for (int64_t e = 0; e < H; ++e) o[e] /= static_cast<float>(len);
+    }
+  } else if (p_->pool_w) {
     nn::linear_fwd(pooled, H, x_.data(), T * H, p_->pool_w, p_->pool_b, B, H, H);
     for (int64_t i = 0; i < B * H; ++i) pooled[i] = std::tanh(pooled[i]);
   } else {
@@ -318,7 +328,7 @@ Tensor Encoder::forward_tokens(std::span<const int32_t> ids, int64_t B, int64_t 
   });
   nn::layernorm_fwd(x, x, p_->eln_g, p_->eln_b, rows, H, c.eps);
   run_layers(B, T, lengths);
-  return classify(B, T);
+  return classify(B, T, lengths);
 }
 
 Tensor Encoder::forward_features(ConstView features) {
@@ -343,7 +353,7 @@ Tensor Encoder::forward_features(ConstView features) {
     for (int64_t e = 0; e < H; ++e) x[r * H + e] = src[e] + pe[e];
   });
   run_layers(B, T, {});
-  return classify(B, T);
+  return classify(B, T, {});
 }
 
 }  // namespace clattn

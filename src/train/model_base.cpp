@@ -76,11 +76,16 @@ double ModelBase::train_bytes(int64_t B, int64_t T) const {
 
 void ModelBase::zero_grads() { std::memset(grads_.data(), 0, sizeof(float) * grads_.size()); }
 
-void ModelBase::set_attention(const std::string& plan) {
+void ModelBase::set_attention(const std::string& plan, bool training) {
   std::vector<std::string> specs = parse_attention_plan(plan, cfg_.layers);
-  std::vector<std::unique_ptr<Attention>> att = make_plan_attentions(specs, causal(), cfg_.kv_heads != cfg_.heads);
-  for (size_t l = 0; l < att.size(); ++l)
-    check(att[l]->capabilities().trainable, "attention of layer ", l, ": '", specs[l], "' has no backward (not trainable)");
+  std::vector<std::unique_ptr<Attention>> att =
+      make_plan_attentions(specs, causal(), cfg_.kv_heads != cfg_.heads, /*shared_qk_ok=*/true);
+  bool trainable = true;
+  for (size_t l = 0; l < att.size(); ++l) {
+    check(!training || att[l]->capabilities().trainable, "attention of layer ", l, ": '", specs[l],
+          "' has no backward (not trainable)");
+    trainable = trainable && att[l]->capabilities().trainable;
+  }
   for (size_t l = 0; l < att.size(); ++l)
     check(att[l]->capabilities().query_lengths && att[l]->capabilities().key_lengths, "attention of layer ", l,
           ": '", specs[l], "' does not honour per-example lengths, which training batches have");
@@ -89,11 +94,12 @@ void ModelBase::set_attention(const std::string& plan) {
   for (size_t l = 0; l < att.size() && l < specs_.size() && l < states_.size(); ++l)
     if (specs_[l] == specs[l]) states[l] = std::move(states_[l]);
   plan_ = plan;
+  trainable_ = trainable;
   specs_ = std::move(specs);
   att_ = std::move(att);
   states_ = std::move(states);
   ctx_.clear();
-  for (size_t l = 0; l < att_.size(); ++l) ctx_.emplace_back(Mode::training, &scratch_);
+  for (size_t l = 0; l < att_.size(); ++l) ctx_.emplace_back(trainable_ ? Mode::training : Mode::inference, &scratch_);
 }
 
 void ModelBase::set_dropout(float p) {
@@ -117,9 +123,12 @@ void ModelBase::check_batch(const Batch& b) const {
 
 AttentionInputs ModelBase::attn_inputs(int64_t l, ConstView q, ConstView k, ConstView v, const Batch& b,
                                        bool train, uint64_t step) {
+  check(!train || trainable_, "train: the attention plan '", plan_, "' has a layer without a backward; it can only evaluate");
   AttentionInputs ai;
   ai.q = q;
-  ai.k = k;
+  // Shared-QK attention takes the queries as keys; its backward puts the gradient of both roles
+  // into dq and leaves dk (the K projection's slot, zeroed by the caller) alone.
+  ai.k = att_[static_cast<size_t>(l)]->capabilities().shared_qk ? q : k;
   ai.v = v;
   ai.query_lengths = b.lengths;
   ai.key_lengths = b.lengths;

@@ -65,7 +65,7 @@ class ModelBase : public TrainModel {
   ModelBase(const ModelConfig& cfg, TaskKind head) : cfg_(cfg), head_(head) {}
   const ModelConfig& config() const override { return cfg_; }
   TaskKind head() const override { return head_; }
-  void set_attention(const std::string& plan) override;
+  void set_attention(const std::string& plan, bool training = true) override;
   const std::string& attention_plan() const { return plan_; }
   void set_dropout(float p) override;
   std::span<float> params() override { return {params_.data(), params_.size()}; }
@@ -116,6 +116,7 @@ class ModelBase : public TrainModel {
   ModelConfig cfg_;
   TaskKind head_;
   std::string plan_ = "full";
+  bool trainable_ = true;  // every layer's attention has a backward (set_attention)
   std::vector<std::string> specs_;
   std::vector<std::unique_ptr<Attention>> att_;
   std::vector<Context> ctx_;

@@ -189,11 +189,11 @@ Plan plan_for(const VariantInfo& v, bool decoder) {
   else if (n == "topk") spec = "topk:topk=4";
   else if (n == "smyrf") spec = "smyrf:hashes=2,q_cluster=8,k_cluster=8";
   else if (n == "routing") spec = "routing:clusters=2";
+  else if (n == "reformer") spec = "reformer:chunk=4";  // shared QK: the model gives it its queries as keys
   else if (n == "conditional-full") spec = "conditional-full:length_limit=8,improved-clustered:clusters=" + std::string(decoder ? "2,topk=3" : "3,topk=4") + blk;
   const std::unique_ptr<Attention> a = make_attention(spec);
   const Capabilities& caps = a->capabilities();
   if (!caps.trainable) return {"", "no backward"};
-  if (caps.shared_qk) return {"", "needs keys equal to the queries; a model's keys are their own projection"};
   if (decoder && !caps.causal) return {"", "no causal mask, which the decoder needs"};
   return {spec, ""};
 }

@@ -55,6 +55,29 @@ TEST(Train, EncoderMatchesInferenceEncoder) {
   }
 }
 
+// A trained classifier pools the mean of the valid tokens; Encoder::load reads that from the
+// saved config ("classifier_pooling": "mean"), so its logits give the trainer's loss.
+TEST(Train, ClassifierMatchesInferenceEncoder) {
+  TempDir d("cls");
+  std::unique_ptr<TrainModel> m = TrainModel::create(tiny_bert(11, 3), TaskKind::classify, 1);
+  roughen(*m, 2);
+  const Batch b = tiny_batch(TaskKind::classify, 11, {11, 6, 9}, 11, 3, 6);
+  const StepResult r = m->forward_backward(b, false, 0);
+  m->save(d.str());
+  std::unique_ptr<Encoder> e = Encoder::load(d.str());
+  const Tensor logits = e->forward_tokens(b.ids, b.B, b.T, b.lengths);  // (B, 3)
+  ASSERT_EQ(logits.numel(), b.B * 3);
+  double loss = 0;
+  for (int64_t i = 0; i < b.B; ++i) {
+    const float* z = logits.data() + i * 3;
+    const double mx = std::max({z[0], z[1], z[2]});
+    double s = 0;
+    for (int c = 0; c < 3; ++c) s += std::exp(z[c] - mx);
+    loss += mx + std::log(s) - z[b.targets[static_cast<size_t>(i)]];
+  }
+  EXPECT_NEAR(loss, r.loss_sum, 1e-5 * b.B);
+}
+
 // The decoder's logits (final hidden state times the tied embeddings, in double) equal
 // Decoder::load's on the saved folder.
 TEST(Train, DecoderMatchesInferenceDecoder) {
@@ -150,7 +173,8 @@ TEST(Train, CheckpointErrorsNameTheProblem) {
   EXPECT_THROW(m->forward_backward(b, true, 0), Error);
   b = tiny_batch(TaskKind::mlm, 40, {40}, 11, 0, 4);  // beyond max_position_embeddings
   EXPECT_THROW(m->forward_backward(b, true, 0), Error);
-  EXPECT_THROW(m->set_attention("reformer"), Error);  // shared-QK
+  m->set_attention("reformer");  // shared-QK: trained with the queries as keys
+  m->set_attention("full");
   EXPECT_THROW(TrainModel::create(tiny_bert(), TaskKind::lm, 1), Error);
   EXPECT_THROW(TrainModel::create(tiny_llama(), TaskKind::mlm, 1), Error);
 }
