@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it: dependencies (idempotent), a warnings-as-errors Release
 # build with every CTest suite, the install/consumer checks (tests/install/run.sh), the same
 # suites in a portable build (no -march=native), then under AddressSanitizer +
-# UndefinedBehaviorSanitizer (skip that with CLATTN_SKIP_SANITIZE=1 for a quick local run).
+# UndefinedBehaviorSanitizer (skip that with CLATTN_SKIP_SANITIZE=1 for a quick local run), then
+# the fuzzing and ThreadSanitizer stages (skip with CLATTN_SKIP_FUZZ=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -31,4 +32,12 @@ if [ "${CLATTN_SKIP_SANITIZE:-0}" != 1 ]; then
     -DCLATTN_WERROR=ON -DCLATTN_SANITIZE="address;undefined" -DCLATTN_BUILD_BENCH=OFF >/dev/null
   cmake --build build-asan -j "$jobs"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 1800)
+fi
+
+if [ "${CLATTN_SKIP_FUZZ:-0}" != 1 ]; then
+  # clang builds (README, "Hardening / fuzzing"): every libFuzzer target for 30 s from its seed
+  # corpus under ASan + UBSan, then ThreadSanitizer over the threaded kernels' and the API's
+  # concurrency tests. Only the targets needed are built.
+  bash scripts/fuzz.sh "${CLATTN_FUZZ_SECONDS:-30}"
+  bash scripts/tsan.sh
 fi
