@@ -73,7 +73,7 @@ struct AttentionCapture {
   bool causal = false;
 };
 
-class Weights;  // model/weights.h: the checkpoint's tensors, memory-mapped where F32
+class Weights;  // model/weights.h: the checkpoint's tensors, read into memory at load (never mapped: a file changed underneath cannot fault)
 
 struct LoadOptions {
   bool verbose = false;  // list unused tensors of the checkpoint on stderr
