@@ -18,7 +18,7 @@ export OMP_NUM_THREADS=1
 # The model of issue #11: 4 layers, hidden 128, 2 heads of 64, ff 256, batch 1, AdamW. The
 # schedule is long (--steps 100000) so that the learning rate is the same for every variant over
 # the budget: equal time, not equal steps, decides.
-common=(--layers 4 --dim 128 --heads 2 --ff 256 --batch 1 --steps 100000 --lr 1e-3 --warmup 50
+common=(--layers 4 --dim 128 --heads 2 --ff 256 --steps 100000 --lr 1e-3 --warmup 50
         --threads 1 --seed 1 --time-budget "$budget")
 
 run() {  # name, then train arguments
@@ -26,7 +26,7 @@ run() {  # name, then train arguments
   rm -rf "$runs/$name" "$out/$name.jsonl"
   "$bin" train "${common[@]}" --checkpoint "$runs/$name" --log "$out/$name.jsonl" "$@" >"$out/$name.out" 2>&1
 }
-mlm=(--task mlm --data "$data/tinyshakespeare/input.txt" --seq 2048 --eval-every 40 --eval-examples 16)
+mlm=(--task mlm --data "$data/tinyshakespeare/input.txt" --seq 2048 --batch 1 --eval-every 40 --eval-examples 16)
 ic='improved-clustered:clusters=100,topk=32'
 cl='clustered:clusters=100'
 rf='reformer:rounds=1,chunk=32'
@@ -48,7 +48,7 @@ for m in mlm-full mlm-improved; do
 done
 
 echo "== causal character LM, N = 2048, $budget s each"
-lm=(--task lm --data "$data/tinyshakespeare/input.txt" --seq 2048 --eval-every 40 --eval-examples 16)
+lm=(--task lm --data "$data/tinyshakespeare/input.txt" --seq 2048 --batch 1 --eval-every 40 --eval-examples 16)
 run lm-full "${lm[@]}" --attention full &
 run lm-improved "${lm[@]}" --attention "$ic" &
 wait
