@@ -205,10 +205,7 @@ StepResult Bert::forward_backward(const Batch& b, bool train, uint64_t step) {
   StepResult res;
   head_forward_backward(b, xf_, dt2_, train, res);
   if (!train) {
-    res.attention_ms = attn_ms_;
-    res.dense_ms = dense_ms_;
-    res.total_ms = ms_since(t_start);
-    return res;
+    return timed(res, t_start);
   }
 
   // Backward, top to bottom. dx_ is the gradient of the residual stream.
@@ -247,10 +244,7 @@ StepResult Bert::forward_backward(const Batch& b, bool train, uint64_t step) {
     for (int64_t s = 0; s < B; ++s)
       for (int64_t e = 0; e < H; ++e) dpos[t * H + e] += dt2_[(s * T + t) * H + e];
   });
-  res.attention_ms = attn_ms_;
-  res.dense_ms = dense_ms_;
-  res.total_ms = ms_since(t_start);
-  return res;
+  return timed(res, t_start);
 }
 
 }  // namespace

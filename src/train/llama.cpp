@@ -180,10 +180,7 @@ StepResult Llama::forward_backward(const Batch& b, bool train, uint64_t step) {
   StepResult res;
   head_forward_backward(b, xf_, dt2_, train, res);
   if (!train) {
-    res.attention_ms = attn_ms_;
-    res.dense_ms = dense_ms_;
-    res.total_ms = ms_since(t_start);
-    return res;
+    return timed(res, t_start);
   }
 
   nn::rmsnorm_bwd(dx_, g(norm_), dt2_, xl_, p(norm_), fr_, rows, H);
@@ -220,10 +217,7 @@ StepResult Llama::forward_backward(const Batch& b, bool train, uint64_t step) {
     nn::rmsnorm_bwd(dx_, g(y.in_norm), dt2_, s.x, p(y.in_norm), s.r1, rows, H, true);
   }
   nn::embedding_bwd(g(embed_), b.ids.data(), dx_, rows, H, c.vocab);
-  res.attention_ms = attn_ms_;
-  res.dense_ms = dense_ms_;
-  res.total_ms = ms_since(t_start);
-  return res;
+  return timed(res, t_start);
 }
 
 }  // namespace

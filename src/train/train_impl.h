@@ -105,6 +105,13 @@ class ModelBase : public TrainModel {
   // Head parameters: the output matrix (V or C, H) and bias (or -1), and their row count.
   int64_t head_w_ = -1, head_b_ = -1, head_out_ = 0;
 
+  // The step's result with this call's timings (attention, dense layers, total since t0).
+  StepResult timed(StepResult r, Clock::time_point t0) const {
+    r.attention_ms = attn_ms_;
+    r.dense_ms = dense_ms_;
+    r.total_ms = ms_since(t0);
+    return r;
+  }
   // A linear layer with timing: y = x·Wᵀ + b, or with `res`, y = res + x·Wᵀ + b (the residual fused
   // into the GEMM's C).
   void lin(float* y, int64_t ldy, const float* x, int64_t ldx, const float* w, const float* b,

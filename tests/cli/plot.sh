@@ -9,26 +9,8 @@ set -u
 bin=${1:?usage: plot.sh /path/to/clattn}
 here=$(cd "$(dirname "$0")" && pwd)
 data=${CLATTN_DATA:-$here/../../../shared/data}
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+source "$here/lib.sh"
 
-# expect_ok DESCRIPTION CMD...: exit 0
-expect_ok() {
-  local what=$1; shift
-  if "$@" >"$dir/out" 2>"$dir/err"; then ok; else bad "$what (exit $?): $(head -c 600 "$dir/err")"; fi
-}
-# expect_exit CODE DESCRIPTION NEEDLE CMD...: exit exactly CODE and stderr mentions NEEDLE
-expect_exit() {
-  local code=$1 what=$2 needle=$3; shift 3
-  "$@" >"$dir/out" 2>"$dir/err"
-  local rc=$?
-  if [ "$rc" -eq "$code" ] && grep -qi -- "$needle" "$dir/err"; then ok
-  else bad "$what: exit $rc (expected $code), stderr: $(head -c 600 "$dir/err")"; fi
-}
 # be32 FILE OFFSET: the big-endian 32-bit unsigned integer at OFFSET
 be32() {
   local b
@@ -172,5 +154,4 @@ else
   echo "note: $data has no kwt1/stories260k: the real-model inspect checks were skipped"
 fi
 
-echo "plot.sh: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish "plot.sh: "

@@ -6,34 +6,7 @@
 # Usage: bash tests/cli/run.sh /path/to/clattn
 set -u
 bin=${1:?usage: run.sh /path/to/clattn}
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-
-# expect_ok DESCRIPTION CMD...: exit 0
-expect_ok() {
-  local what=$1; shift
-  if "$@" >"$dir/out" 2>"$dir/err"; then ok; else bad "$what (exit $?): $(head -c 400 "$dir/err")"; fi
-}
-# expect_error DESCRIPTION NEEDLE CMD...: exit in [1, 127], stderr says "error" and mentions NEEDLE
-expect_error() {
-  local what=$1 needle=$2; shift 2
-  "$@" >"$dir/out" 2>"$dir/err"
-  local rc=$?
-  if [ "$rc" -ge 1 ] && [ "$rc" -lt 128 ] && grep -qi -- "error" "$dir/err" && grep -qi -- "$needle" "$dir/err"; then ok
-  else bad "$what: exit $rc, stderr: $(head -c 400 "$dir/err")"; fi
-}
-# expect_exit CODE DESCRIPTION NEEDLE CMD...: exit exactly CODE and stderr mentions NEEDLE
-expect_exit() {
-  local code=$1 what=$2 needle=$3; shift 3
-  "$@" >"$dir/out" 2>"$dir/err"
-  local rc=$?
-  if [ "$rc" -eq "$code" ] && grep -qi -- "$needle" "$dir/err"; then ok
-  else bad "$what: exit $rc (expected $code), stderr: $(head -c 400 "$dir/err")"; fi
-}
+source "$(dirname "$0")/lib.sh"
 # header_of FILE: the JSON header of a safetensors file (8-byte little-endian length, then JSON)
 header_of() {
   local n
@@ -224,5 +197,4 @@ else
   bad "model data not found at $data (set CLATTN_DATA)"
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish ""

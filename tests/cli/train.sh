@@ -6,24 +6,7 @@
 # Needs only bash and coreutils. Usage: bash tests/cli/train.sh /path/to/clattn
 set -u
 bin=${1:?usage: train.sh /path/to/clattn}
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-expect_ok() {
-  local what=$1; shift
-  if "$@" >"$dir/out" 2>"$dir/err"; then ok; else bad "$what (exit $?): $(head -c 600 "$dir/err")"; fi
-}
-# expect_exit CODE DESCRIPTION NEEDLE CMD...: exit exactly CODE and stderr mentions NEEDLE
-expect_exit() {
-  local code=$1 what=$2 needle=$3; shift 3
-  "$@" >"$dir/out" 2>"$dir/err"
-  local rc=$?
-  if [ "$rc" -eq "$code" ] && grep -qi -- "$needle" "$dir/err"; then ok
-  else bad "$what: exit $rc (expected $code), stderr: $(head -c 400 "$dir/err")"; fi
-}
+source "$(dirname "$0")/lib.sh"
 # losses LOG: "step loss" of every training line (keys are written sorted: loss before step)
 losses() { grep '"loss"' "$1" | sed -E 's/.*"loss":([^,]*),.*"step":([0-9]+),.*/\2 \1/'; }
 # same_losses WHAT REF LOG STEPS: every (step, loss) of LOG is REF's, and LOG has steps 1..STEPS
@@ -132,5 +115,4 @@ expect_exit 1 "eval of nothing" "holds no checkpoint" "$bin" eval --checkpoint "
 expect_exit 1 "eval with the wrong task" "head does not fit" "$bin" eval --checkpoint "$dir/lm" --task mlm --data "$text"
 expect_exit 2 "eval bad output" "-o must be" "$bin" eval --checkpoint "$dir/mlm" -o xml
 
-echo "train cli: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish "train cli: "
