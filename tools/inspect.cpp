@@ -216,11 +216,15 @@ void read_groups(Context& ctx, int64_t H, int64_t h, int64_t N, int64_t M, int64
     }
   };
   attempt(ClusteredState{}, [&](const ClusteredState& st) {
-    if (st.causal) {  // clusters are per block of positions: number them block by block
+    if (st.causal) {  // clusters are per segment of positions: number them segment by segment
       const CausalClusters& cz = st.cz;
+      if (cz.member.empty()) return;  // every row exact: no clusters
       const int32_t* member = cz.member.data() + h * N;
       for (int64_t i = 0; i < N; ++i)
-        if (member[i] >= 0) a.group[static_cast<size_t>(i)] = static_cast<int32_t>(((i + M - N) / cz.block) * cz.cmax + member[i]);
+        if (member[i] >= 0) {
+          const int64_t sigma = std::upper_bound(cz.seg_start.begin(), cz.seg_start.end(), i + M - N) - cz.seg_start.begin() - 1;
+          a.group[static_cast<size_t>(i)] = static_cast<int32_t>(sigma * cz.cmax + member[i]);
+        }
       a.group_word = "cluster";
       return;
     }

@@ -59,6 +59,10 @@ struct Capabilities {
   bool shared_qk = false;   // keys are the queries: k must be q, or identical to it (reformer)
   bool stochastic = false;  // output depends on seed= and AttentionInputs::step
   bool stateful = false;    // reads (and in training calls updates) AttentionInputs::state
+  // Decoding with a KVCache reproduces a prefill only when the cache also keeps the queries
+  // (KVCache query_heads): causal clustered builds its centroids from earlier queries. Without
+  // them such an attention attends the cached prefix exactly (and says so in its README entry).
+  bool decode_queries = false;
 };
 
 // Forward only (inference), or forward then backward (training): what a call keeps and needs.

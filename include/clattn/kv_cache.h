@@ -11,28 +11,53 @@
 // kpan and vrow directly, so its decode step costs O(M·D) reads and no copy. K is held twice
 // (rows and panels): 1.5x the memory of a plain cache, for a decode step with no O(M·D) repack.
 //
+//   qrow (B, H, capacity, Dkp)            optional: the queries too, for attentions whose prefix
+//                                         part is made of earlier queries (causal clustered: its
+//                                         centroids), so decoding computes what a prefill does
+//
 // Use: set in.k = cache.keys(), in.v = cache.values(), in.cache = &cache. A cache is for
 // inference: backward refuses inputs that name one.
+//
+// Besides the rows, an attention may keep derived state with the cache (causal clustered keeps
+// each head's current centroids and their running attention over the prefix, so a decode step
+// does not recompute them): a pure function of the rows held, dropped by clear() and truncate().
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <typeinfo>
 
 #include "clattn/tensor.h"
 
 namespace clattn {
 
+// Base of an attention's derived state kept with a KVCache.
+struct CacheState {
+  virtual ~CacheState() = default;
+  virtual size_t bytes() const = 0;
+};
+
 class KVCache {
  public:
   KVCache() = default;
   // Allocates (and zero-fills) room for `capacity` positions, rounded up to a multiple of 64.
-  KVCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t dk, int64_t dv);
+  // query_heads > 0 keeps the queries too (H = query_heads; Attention::capabilities().
+  // decode_queries says which attentions need them).
+  KVCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t dk, int64_t dv,
+          int64_t query_heads = 0);
+  KVCache(KVCache&&) = default;
+  KVCache& operator=(KVCache&&) = default;
 
-  // Appends T positions for every batch row: k (B, Hkv, T, Dk), v (B, Hkv, T, Dv), any strides
-  // with a unit last one. Throws (naming the sizes) when they do not match or would overflow the
-  // capacity, or when a value is not finite; the cache is unchanged then.
-  void append(ConstView k, ConstView v);
+  // Appends T positions for every batch row: k (B, Hkv, T, Dk), v (B, Hkv, T, Dv), and q
+  // (B, H, T, Dk) when the cache keeps queries (else q must be empty), any strides with a unit
+  // last one. Throws (naming the sizes) when they do not match or would overflow the capacity,
+  // or when a value is not finite; the cache is unchanged then.
+  void append(ConstView k, ConstView v, ConstView q = {});
   // Forgets every position (keeps the memory): the next append starts at position 0.
-  void clear() { size_ = 0; }
+  void clear() {
+    size_ = 0;
+    derived_.reset();
+  }
   // Keeps the first n positions (n <= size()): rewinds a speculative or beam step.
   void truncate(int64_t n);
 
@@ -46,15 +71,27 @@ class KVCache {
 
   ConstView keys() const;    // (B, Hkv, size, Dk)
   ConstView values() const;  // (B, Hkv, size, Dv)
+  bool keeps_queries() const { return Hq_ > 0; }
+  int64_t query_heads() const { return Hq_; }
+  ConstView queries() const;  // (B, H, size, Dk); keeps_queries() only
   // Panels of (b, hk): ceil(size/64) panels of (Dk, 64); columns past size are zero.
   const float* key_panels(int64_t b, int64_t hk) const;
   // Rows of (b, hk): (size, value_ld()), columns past Dv zero.
   const float* value_rows(int64_t b, int64_t hk) const;
   int64_t value_ld() const { return Dvp_; }
 
+  // The derived state of type T (made empty on first use or when another type holds the slot).
+  // Attentions read it through the const cache of AttentionInputs: it caches, it never decides.
+  template <class T>
+  T& derived() const {
+    if (!derived_ || typeid(*derived_) != typeid(T)) derived_ = std::make_unique<T>();
+    return static_cast<T&>(*derived_);
+  }
+
  private:
-  int64_t B_ = 0, Hkv_ = 0, cap_ = 0, Dk_ = 0, Dv_ = 0, Dkp_ = 0, Dvp_ = 0, size_ = 0;
-  Tensor krow_, kpan_, vrow_;
+  int64_t B_ = 0, Hkv_ = 0, Hq_ = 0, cap_ = 0, Dk_ = 0, Dv_ = 0, Dkp_ = 0, Dvp_ = 0, size_ = 0;
+  Tensor krow_, kpan_, vrow_, qrow_;
+  mutable std::unique_ptr<CacheState> derived_;
 };
 
 }  // namespace clattn

@@ -120,6 +120,7 @@ void aligned_free_floats(float* p);
 class Workspace {
  public:
   float* floats(size_t n);  // pointer to at least n floats, valid until the next call
+  const float* data() const { return buf_.get(); }  // what the last floats() returned
   size_t capacity() const { return capacity_; }
   size_t bytes() const { return capacity_ * sizeof(float); }
  private:

@@ -20,7 +20,9 @@ def test_decoder_reproduces_reference_logits():
     assert np.abs(logits - ref["logits"]).max() < 1e-3
     batched = m.forward(np.stack([ref["tokens"], ref["tokens"]]), lengths=[200, 120])
     assert batched.shape == (2, 200, 512)
-    assert np.array_equal(batched[0], logits)
+    # Equal up to rounding: BLAS may block the dense layers' products differently for 400 rows than
+    # for 200 (OpenBLAS's Haswell kernels on AVX-512 EPYC: 2e-5), as the C++ test allows.
+    assert np.abs(batched[0] - logits).max() < 1e-4
     # Incremental decoding agrees with the full forward.
     m.start(64)
     last = m.prefill(ref["tokens"][:10])

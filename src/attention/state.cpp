@@ -28,19 +28,24 @@ Tensor& AttentionState::add(std::string name, const Shape& shape) {
   return buffers.back().second;
 }
 
-KVCache::KVCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t dk, int64_t dv)
-    : B_(batch), Hkv_(kv_heads), cap_(mk::round_up(std::max<int64_t>(capacity, 1), mk::kPanel)),
+KVCache::KVCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t dk, int64_t dv,
+                 int64_t query_heads)
+    : B_(batch), Hkv_(kv_heads), Hq_(query_heads), cap_(mk::round_up(std::max<int64_t>(capacity, 1), mk::kPanel)),
       Dk_(dk), Dv_(dv), Dkp_(mk::round_up(dk, mk::kLanes)), Dvp_(mk::round_up(dv, mk::kLanes)) {
   check(batch >= 1 && kv_heads >= 1 && capacity >= 0 && dk >= 1 && dv >= 1,
         "KVCache: batch, kv_heads, dk, dv must be >= 1 and capacity >= 0, got batch ", batch,
         ", kv_heads ", kv_heads, ", capacity ", capacity, ", dk ", dk, ", dv ", dv);
+  check(query_heads == 0 || (query_heads >= kv_heads && query_heads % kv_heads == 0),
+        "KVCache: query_heads must be 0 (no queries kept) or a multiple of kv_heads ", kv_heads,
+        ", got ", query_heads);
   check(capacity <= (int64_t{1} << 31), "KVCache: capacity ", capacity, " is above 2^31 positions");
   krow_ = Tensor(Shape{B_, Hkv_, cap_, Dkp_});
   kpan_ = Tensor(Shape{B_, Hkv_, cap_ / mk::kPanel, Dk_, mk::kPanel});
   vrow_ = Tensor(Shape{B_, Hkv_, cap_, Dvp_});
+  if (Hq_ > 0) qrow_ = Tensor(Shape{B_, Hq_, cap_, Dkp_});
 }
 
-void KVCache::append(ConstView k, ConstView v) {
+void KVCache::append(ConstView k, ConstView v, ConstView q) {
   check(k.rank() == 4 && v.rank() == 4, "KVCache::append: k and v must be (B, Hkv, T, D), got k ",
         k.shape, ", v ", v.shape);
   const int64_t T = k.dim(2);
@@ -52,9 +57,25 @@ void KVCache::append(ConstView k, ConstView v) {
         "KVCache::append: k and v must have unit stride in their last dim");
   check(size_ + T <= cap_, "KVCache::append: ", T, " new positions overflow the capacity ", cap_,
         " (", size_, " held)");
+  if (Hq_ > 0)
+    check(q.rank() == 4 && q.dim(0) == B_ && q.dim(1) == Hq_ && q.dim(2) == T && q.dim(3) == Dk_ &&
+              (T == 0 || q.stride(3) == 1),
+          "KVCache::append: this cache keeps queries: q must be (B, H, T, Dk) = (", B_, ", ", Hq_, ", ", T,
+          ", ", Dk_, ") with unit last stride, got ", q.shape);
+  else
+    check(q.data == nullptr, "KVCache::append: q given to a cache that keeps no queries (construct it "
+          "with query_heads)");
   if (T == 0) return;
   check_finite(k, "k", "KVCache::append");
   check_finite(v, "v", "KVCache::append");
+  if (Hq_ > 0) {
+    check_finite(q, "q", "KVCache::append");
+    for (int64_t b = 0; b < B_; ++b)
+      for (int64_t h = 0; h < Hq_; ++h)
+        for (int64_t t = 0; t < T; ++t)
+          std::memcpy(qrow_.data() + ((b * Hq_ + h) * cap_ + size_ + t) * Dkp_, q.ptr(b, h, t),
+                      sizeof(float) * static_cast<size_t>(Dk_));
+  }
   for (int64_t b = 0; b < B_; ++b)
     for (int64_t hk = 0; hk < Hkv_; ++hk)
       for (int64_t t = 0; t < T; ++t) {
@@ -75,10 +96,19 @@ void KVCache::append(ConstView k, ConstView v) {
 void KVCache::truncate(int64_t n) {
   check(n >= 0 && n <= size_, "KVCache::truncate: n must be in [0, ", size_, "], got ", n);
   size_ = n;
+  derived_.reset();
 }
 
 size_t KVCache::bytes() const {
-  return sizeof(float) * static_cast<size_t>(krow_.numel() + kpan_.numel() + vrow_.numel());
+  return sizeof(float) * static_cast<size_t>(krow_.numel() + kpan_.numel() + vrow_.numel() + qrow_.numel()) +
+         (derived_ ? derived_->bytes() : 0);
+}
+
+ConstView KVCache::queries() const {
+  check(Hq_ > 0, "KVCache::queries: this cache keeps no queries (construct it with query_heads)");
+  ConstView v{qrow_.data(), Shape{B_, Hq_, size_, Dk_}, {}};
+  v.strides = {Hq_ * cap_ * Dkp_, cap_ * Dkp_, Dkp_, 1};
+  return v;
 }
 
 ConstView KVCache::keys() const {

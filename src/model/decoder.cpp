@@ -137,7 +137,8 @@ void Decoder::run(int64_t B, int64_t T, std::span<const int32_t> lengths, const 
     ai.step = step_;
     if (use_cache) {
       KVCache& kc = cache_[l];
-      kc.append(heads_view(kv, kvh, 2 * KV), heads_view(kv + KV, kvh, 2 * KV));
+      kc.append(heads_view(kv, kvh, 2 * KV), heads_view(kv + KV, kvh, 2 * KV),
+                kc.keeps_queries() ? ConstView(heads_view(q, nh, Q)) : ConstView{});
       ai.k = kc.keys();
       ai.v = kc.values();
       ai.cache = &kc;
@@ -189,9 +190,15 @@ Tensor Decoder::forward(std::span<const int32_t> ids, int64_t B, int64_t T, std:
 void Decoder::start(int64_t capacity) {
   check(capacity >= 1, "decoder: cache capacity must be >= 1, got ", capacity);
   const ModelConfig& c = cfg_;
-  if (cache_.size() != static_cast<size_t>(c.layers) || cache_[0].capacity() < capacity) {
+  // A layer whose attention builds on earlier queries (causal clustered) keeps them in its cache,
+  // so that decoding computes what a prefill of the same tokens computes.
+  auto query_heads = [&](int64_t l) { return att_[static_cast<size_t>(l)]->capabilities().decode_queries ? c.heads : 0; };
+  bool fits = cache_.size() == static_cast<size_t>(c.layers);
+  for (int64_t l = 0; fits && l < c.layers; ++l)
+    fits = cache_[static_cast<size_t>(l)].capacity() >= capacity && cache_[static_cast<size_t>(l)].query_heads() == query_heads(l);
+  if (!fits) {
     cache_.clear();
-    for (int64_t l = 0; l < c.layers; ++l) cache_.emplace_back(1, c.kv_heads, capacity, c.head_dim, c.head_dim);
+    for (int64_t l = 0; l < c.layers; ++l) cache_.emplace_back(1, c.kv_heads, capacity, c.head_dim, c.head_dim, query_heads(l));
   }
   for (KVCache& kc : cache_) kc.clear();
   pos_ = 0;

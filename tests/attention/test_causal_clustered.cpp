@@ -11,6 +11,7 @@
 #include "attention/clustered/clustered_ref.h"
 #include "attention/full/full.h"
 #include "clattn/attention.h"
+#include "clattn/kv_cache.h"
 #include "common/fd.h"
 #include "common/test_util.h"
 
@@ -68,9 +69,9 @@ std::vector<Problem> shapes() {
           Problem{.B = 1, .H = 2, .Hkv = 1, .N = 64, .M = 64, .Dk = 16, .Dv = 16, .causal = true, .klen = {31}}};
 }
 
-TEST(CausalClustered, AsManyClustersAsBlockGiveCausalFull) {
-  for (const char* spec : {"clustered:clusters=16,block=16", "improved-clustered:clusters=16,topk=3,block=16",
-                           "clustered:clusters=100,block=7"})
+TEST(CausalClustered, AsManyClustersAsSegmentGiveCausalFull) {
+  for (const char* spec : {"clustered:clusters=16,block=4,segment=16", "improved-clustered:clusters=16,topk=3,block=8,segment=16",
+                           "clustered:clusters=100,block=7,segment=14", "clustered:clusters=9,block=9,segment=9"})
     for (const Problem& p : shapes()) {
       ProblemData pd = structured(p);
       Context ctx;
@@ -83,7 +84,7 @@ TEST(CausalClustered, TopkCoveringThePrefixGivesCausalFull) {
   for (const Problem& p : shapes()) {
     ProblemData pd = structured(p);
     Context ctx;
-    Tensor out = run("improved-clustered:clusters=2,topk=130,block=16", pd.inputs(), ctx);
+    Tensor out = run("improved-clustered:clusters=2,topk=130,block=8,segment=16", pd.inputs(), ctx);
     EXPECT_LE(max_rel(out.view(), causal_full(pd.inputs()).view()), 1e-5) << "N=" << p.N << " M=" << p.M;
     EXPECT_GT(ctx.saved<ClusteredState>().cz.nb, 2);
   }
@@ -92,8 +93,10 @@ TEST(CausalClustered, TopkCoveringThePrefixGivesCausalFull) {
 // The fast kernels against the definition in double, clusters held fixed; padded rows and rows
 // that see no key are 0; with V = 1 every row that sees a key is 1 (no empty rows, weights sum to 1).
 TEST(CausalClustered, MatchesTheDoubleReference) {
-  for (const char* spec : {"clustered:clusters=3,block=16", "improved-clustered:clusters=3,topk=5,block=16",
-                           "improved-clustered:clusters=2,topk=1,block=5", "clustered:clusters=4,block=9,clustering=positional"})
+  for (const char* spec : {"clustered:clusters=3,block=8,segment=16", "improved-clustered:clusters=3,topk=5,block=8,segment=24",
+                           "improved-clustered:clusters=2,topk=1,block=5,segment=5",
+                           "improved-clustered:clusters=4,topk=3,block=3,segment=12",
+                           "clustered:clusters=4,block=3,segment=9,clustering=positional"})
     for (const Problem& p : shapes()) {
       SCOPED_TRACE(std::string(spec) + " N=" + std::to_string(p.N) + " M=" + std::to_string(p.M));
       ProblemData pd = structured(p);
@@ -120,12 +123,12 @@ TEST(CausalClustered, MatchesTheDoubleReference) {
     }
 }
 
-// A decoding step (one query against a cache) has no query of the previous block among its
-// inputs: it attends its prefix exactly, i.e. it is causal full attention (README, decoding).
+// One query against earlier keys, with no cache that keeps queries, has no definer among its
+// inputs: it attends its prefix exactly, i.e. it is causal full attention.
 TEST(CausalClustered, DecodingStepIsCausalFull) {
   for (int64_t m : {1, 17, 200}) {
     ProblemData pd = structured(Problem{.B = 2, .H = 4, .Hkv = 2, .N = 1, .M = m, .Dk = 16, .Dv = 16, .causal = true});
-    for (const char* spec : {"clustered:clusters=3,block=16", "improved-clustered:clusters=3,topk=4,block=16"}) {
+    for (const char* spec : {"clustered:clusters=3,block=8,segment=16", "improved-clustered:clusters=3,topk=4,block=8,segment=16"}) {
       Context ctx = Context::for_inference();
       Tensor out = run(spec, pd.inputs(), ctx);
       EXPECT_LE(max_rel(out.view(), causal_full(pd.inputs()).view()), 1e-5) << spec << " M=" << m;
@@ -133,12 +136,13 @@ TEST(CausalClustered, DecodingStepIsCausalFull) {
   }
 }
 
-// Prefill, then the same positions one query at a time against the growing keys: equal to causal
-// full, while the prefill approximates (it has every block's predecessor).
-TEST(CausalClustered, PrefillApproximatesAndTokenByTokenIsExact) {
+// Prefill, then the same positions one query at a time against the growing keys without a cache
+// that keeps queries: equal to causal full, while the prefill approximates (it has every
+// segment's predecessor).
+TEST(CausalClustered, PrefillApproximatesAndLoneQueriesAreExact) {
   ProblemData pd = structured(Problem{.B = 1, .H = 2, .Hkv = 2, .N = 80, .M = 80, .Dk = 8, .Dv = 8, .causal = true});
   Context ctx;
-  const std::string spec = "improved-clustered:clusters=2,topk=2,block=8";
+  const std::string spec = "improved-clustered:clusters=2,topk=2,block=4,segment=8";
   Tensor pre = run(spec, pd.inputs(), ctx);
   const Tensor full = causal_full(pd.inputs());
   EXPECT_GT(nmse(full.view(), pre.view()), 1e-8);
@@ -157,19 +161,97 @@ TEST(CausalClustered, PrefillApproximatesAndTokenByTokenIsExact) {
   }
 }
 
+// Rows [r0, r0 + n) of a (B, H, rows, D) tensor as a view.
+ConstView rows_view(const Tensor& t, int64_t r0, int64_t n) {
+  ConstView v = t.view();
+  v.data += r0 * v.strides[2];
+  v.shape.dims[2] = n;
+  return v;
+}
+
+// Decoding through a KVCache that keeps queries, token by token or in chunks, gives the rows of
+// the prefill of the whole sequence (causal_decode.cpp: the same function, computed from the
+// cache's derived state), also after truncate() rewinds the cache.
+TEST(CausalClustered, DecodingWithQueriesInTheCacheEqualsThePrefill) {
+  const Problem p{.B = 2, .H = 4, .Hkv = 2, .N = 100, .M = 100, .Dk = 16, .Dv = 8, .causal = true};
+  const ProblemData pd = structured(p);
+  for (const char* spec : {"improved-clustered:clusters=3,topk=4,block=4,segment=16", "clustered:clusters=3,block=8,segment=16",
+                           "improved-clustered:clusters=2,topk=2,block=5,segment=10",
+                           "improved-clustered:clusters=4,topk=3,block=4,segment=8,clustering=positional"}) {
+    Context ctx;
+    const Tensor pre = run(spec, pd.inputs(), ctx);
+    EXPECT_GT(nmse(causal_full(pd.inputs()).view(), pre.view()), 1e-6) << spec << ": the approximation was not exercised";
+    auto att = make_attention(spec);
+    ASSERT_TRUE(att->capabilities().decode_queries);
+    for (int64_t chunk : {1, 7, 33}) {
+      SCOPED_TRACE(std::string(spec) + " chunk " + std::to_string(chunk));
+      KVCache kc(p.B, p.Hkv, p.M, p.Dk, p.Dv, p.H);
+      Context c = Context::for_inference();
+      double worst = 0, scale = 0;
+      auto step_rows = [&](int64_t pos, int64_t n) {
+        kc.append(rows_view(pd.k, pos, n), rows_view(pd.v, pos, n), rows_view(pd.q, pos, n));
+        AttentionInputs in;
+        in.q = rows_view(pd.q, pos, n);
+        in.k = kc.keys();
+        in.v = kc.values();
+        in.cache = &kc;
+        in.causal = true;
+        Tensor o(Shape{p.B, p.H, n, p.Dv});
+        att->forward(in, o.view(), c);
+        for (int64_t b = 0; b < p.B; ++b)
+          for (int64_t h = 0; h < p.H; ++h)
+            for (int64_t i = 0; i < n; ++i)
+              for (int64_t e = 0; e < p.Dv; ++e) {
+                const double want = pre.view().ptr(b, h, pos + i)[e];
+                worst = std::max(worst, std::abs(o.view().ptr(b, h, i)[e] - want));
+                scale = std::max(scale, std::abs(want));
+              }
+      };
+      for (int64_t pos = 0; pos < p.N; pos += chunk) step_rows(pos, std::min(chunk, p.N - pos));
+      kc.truncate(41);  // rewind into an earlier segment: the derived state is rebuilt
+      for (int64_t pos = 41; pos < p.N; pos += chunk) step_rows(pos, std::min(chunk, p.N - pos));
+      EXPECT_LE(worst, 1e-5 * scale);
+    }
+  }
+}
+
+// A cache that keeps no queries has no definers for the cached positions: a step attends its
+// prefix exactly (causal full attention), as the README says.
+TEST(CausalClustered, DecodingWithoutQueriesInTheCacheIsExact) {
+  const Problem p{.B = 1, .H = 2, .Hkv = 1, .N = 60, .M = 60, .Dk = 8, .Dv = 8, .causal = true};
+  const ProblemData pd = structured(p);
+  const Tensor full = causal_full(pd.inputs());
+  KVCache kc(p.B, p.Hkv, p.M, p.Dk, p.Dv);
+  auto att = make_attention("improved-clustered:clusters=2,topk=2,block=4,segment=8");
+  Context c = Context::for_inference();
+  for (int64_t pos = 0; pos < p.N; ++pos) {
+    kc.append(rows_view(pd.k, pos, 1), rows_view(pd.v, pos, 1));
+    AttentionInputs in;
+    in.q = rows_view(pd.q, pos, 1);
+    in.k = kc.keys();
+    in.v = kc.values();
+    in.cache = &kc;
+    in.causal = true;
+    Tensor o(Shape{1, 2, 1, 8});
+    att->forward(in, o.view(), c);
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t e = 0; e < 8; ++e) ASSERT_NEAR(o.view().ptr(0, h, 0)[e], full.view().ptr(0, h, pos)[e], 1e-5);
+  }
+}
+
 // Proposition 2 of the paper (improved's L1 distance to the true row never exceeds clustered's)
 // applies to the prefix part; rows whose in-block part is empty — key padding at a block start —
 // are exactly that part. V = I makes outputs attention rows.
 TEST(CausalClustered, ImprovedNeverWorseThanClusteredInL1WhereItApplies) {
   int rows = 0;
   for (uint64_t seed = 1; seed <= 8; ++seed)
-    for (auto [c, k, lb] : {std::tuple<int, int, int>{3, 4, 16}, {2, 1, 8}, {5, 8, 32}}) {
-      const int64_t n = 96, mv = 2 * lb;  // keys end where block 2 begins
+    for (auto [c, k, lb, ls] : {std::tuple<int, int, int, int>{3, 4, 8, 16}, {2, 1, 4, 8}, {5, 8, 16, 32}, {3, 2, 16, 16}}) {
+      const int64_t n = 96, mv = 2 * ls;  // keys end where segment 2 begins
       Problem p{.B = 1, .H = 2, .Hkv = 1, .N = n, .M = n, .Dk = 8, .Dv = n, .causal = true, .klen = {static_cast<int32_t>(mv)}, .seed = seed};
       ProblemData pd = structured(p, 6);
       pd.v = Tensor(Shape{1, 1, n, n});
       for (int64_t j = 0; j < n; ++j) pd.v.data()[j * n + j] = 1.f;
-      const std::string opts = ",block=" + std::to_string(lb) + ",seed=" + std::to_string(seed);
+      const std::string opts = ",block=" + std::to_string(lb) + ",segment=" + std::to_string(ls) + ",seed=" + std::to_string(seed);
       Context c1, c2;
       Tensor oc = run("clustered:clusters=" + std::to_string(c) + opts, pd.inputs(), c1);
       Tensor oi = run("improved-clustered:clusters=" + std::to_string(c) + ",topk=" + std::to_string(k) + opts, pd.inputs(), c2);
@@ -191,10 +273,13 @@ TEST(CausalClustered, ImprovedNeverWorseThanClusteredInL1WhereItApplies) {
 
 TEST(CausalClustered, SpecAndBackwardMismatch) {
   EXPECT_THROW(make_attention("clustered:clusters=3,block=0"), Error);
-  EXPECT_NE(make_attention("clustered:clusters=3")->name().find("block=512"), std::string::npos);
+  EXPECT_THROW(make_attention("clustered:clusters=3,block=8,segment=0"), Error);
+  EXPECT_THROW(make_attention("clustered:clusters=3,block=8,segment=20"), Error);  // not a multiple
+  EXPECT_NE(make_attention("clustered:clusters=3")->name().find("block=256,segment=2048"), std::string::npos);
+  EXPECT_NE(make_attention("clustered:clusters=3,block=64")->name().find("block=64,segment=512"), std::string::npos);
   // Backward with the mask flipped since forward is refused.
   ProblemData pd = structured(Problem{.B = 1, .H = 1, .Hkv = 1, .N = 40, .M = 40, .Dk = 4, .Dv = 4, .causal = true});
-  auto att = make_attention("clustered:clusters=2,block=8");
+  auto att = make_attention("clustered:clusters=2,block=8,segment=16");
   Tensor out(Shape{1, 1, 40, 4}), dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
   Context ctx;
   att->forward(pd.inputs(), out.view(), ctx);
@@ -206,8 +291,9 @@ TEST(CausalClustered, SpecAndBackwardMismatch) {
 // Gradients against central finite differences of the double reference, clusters, definers and
 // top-k sets held fixed (centroids still move with the earlier queries that define them).
 TEST(CausalClusteredGradients, FiniteDifferencesInDouble) {
-  for (const char* spec : {"clustered:clusters=2,block=4", "improved-clustered:clusters=2,topk=3,block=4",
-                           "improved-clustered:clusters=3,topk=1,block=5", "clustered:clusters=4,block=4"}) {
+  for (const char* spec : {"clustered:clusters=2,block=2,segment=4", "improved-clustered:clusters=2,topk=3,block=2,segment=4",
+                           "improved-clustered:clusters=3,topk=1,block=5,segment=5", "clustered:clusters=4,block=4,segment=4",
+                           "improved-clustered:clusters=2,topk=2,block=2,segment=6"}) {
     for (const Problem& p : {Problem{.B = 1, .H = 2, .Hkv = 2, .N = 13, .M = 13, .Dk = 4, .Dv = 3, .causal = true},
                              Problem{.B = 2, .H = 4, .Hkv = 2, .N = 11, .M = 15, .Dk = 3, .Dv = 5, .causal = true, .qlen = {11, 6}, .klen = {13, 15}},
                              Problem{.B = 1, .H = 2, .Hkv = 1, .N = 16, .M = 9, .Dk = 2, .Dv = 2, .causal = true}}) {

@@ -23,11 +23,11 @@ using testing::ProblemData;
 std::vector<std::string> specs() {
   std::vector<std::string> out;
   for (const VariantInfo& v : registered_attentions()) out.push_back(v.example);
-  for (const char* s : {"clustered:clusters=3,block=16", "improved-clustered:clusters=3,topk=4,block=16",
-                        "improved-clustered:clusters=5,topk=2,block=50,clustering=positional",
+  for (const char* s : {"clustered:clusters=3,block=16,segment=32", "improved-clustered:clusters=3,topk=4,block=8,segment=24",
+                        "improved-clustered:clusters=5,topk=2,block=25,segment=50,clustering=positional",
                         "topk:topk=3", "local:window=7", "smyrf:hashes=2,q_cluster=8,k_cluster=8",
                         "routing:clusters=4", "reformer:rounds=2,chunk=8",
-                        "conditional-full:length_limit=64,improved-clustered:clusters=3,topk=4,block=16"})
+                        "conditional-full:length_limit=64,improved-clustered:clusters=3,topk=4,block=16,segment=32"})
     out.emplace_back(s);
   return out;
 }

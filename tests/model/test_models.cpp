@@ -75,6 +75,41 @@ TEST(Stories260k, FullAttentionReproducesReferenceLogits) {
   EXPECT_LE(pre, 1e-4);
 }
 
+// With a causal clustered plan, token-by-token decoding (and a prefill then steps) gives the logits
+// of the whole-sequence forward: the caches keep the queries the centroids are made of
+// (KVCache query_heads, causal_decode.cpp). The approximation is exercised (logits differ from
+// full attention's).
+TEST(Stories260k, ClusteredDecodingReproducesItsPrefill) {
+  const std::string dir = data_dir() + "/stories260k";
+  auto dec = Decoder::load(dir);
+  const std::vector<int32_t> tokens = SafetensorsFile::open(dir + "/reference_logits.safetensors").get_i32("tokens");
+  const Tensor exact = dec->forward(tokens, 1, 200);
+  for (const char* plan : {"improved-clustered:clusters=4,topk=8,block=16,segment=64", "full;clustered:clusters=3,block=8,segment=32"}) {
+    SCOPED_TRACE(plan);
+    dec->set_attention(plan);
+    const Tensor got = dec->forward(tokens, 1, 200);
+    double moved = 0;
+    for (int64_t i = 0; i < got.numel(); ++i) moved = std::max(moved, static_cast<double>(std::abs(got.data()[i] - exact.data()[i])));
+    EXPECT_GT(moved, 1e-2) << "the plan did not approximate";
+    dec->start(200);
+    double inc = 0;
+    for (int64_t t = 0; t < 200; ++t) {
+      const std::vector<float> l = dec->step(tokens[static_cast<size_t>(t)]);
+      for (int64_t v = 0; v < 512; ++v) inc = std::max(inc, static_cast<double>(std::abs(l[static_cast<size_t>(v)] - got.data()[t * 512 + v])));
+    }
+    EXPECT_LE(inc, 1e-4) << "token-by-token decoding vs the forward";
+    dec->start(200);
+    std::vector<float> l = dec->prefill(std::span<const int32_t>(tokens.data(), 90));
+    double pre = 0;
+    for (int64_t v = 0; v < 512; ++v) pre = std::max(pre, static_cast<double>(std::abs(l[static_cast<size_t>(v)] - got.data()[89 * 512 + v])));
+    for (int64_t t = 90; t < 200; ++t) {
+      l = dec->step(tokens[static_cast<size_t>(t)]);
+      for (int64_t v = 0; v < 512; ++v) pre = std::max(pre, static_cast<double>(std::abs(l[static_cast<size_t>(v)] - got.data()[t * 512 + v])));
+    }
+    EXPECT_LE(pre, 1e-4) << "prefill, then steps";
+  }
+}
+
 TEST(Stories260k, GreedyFromBosReproducesTheReferenceStory) {
   const std::vector<int32_t> want = greedy_reference();
   ASSERT_EQ(want.size(), 200u);
@@ -112,7 +147,7 @@ TEST(Stories260k, AttentionPlansPerLayer) {
   ASSERT_EQ(dec->attention_specs().size(), 5u);
   EXPECT_EQ(dec->attention_specs()[1], "full");
   EXPECT_EQ(dec->attention_specs()[4], "local:window=32");
-  EXPECT_NO_THROW(dec->set_attention("clustered:clusters=4"));         // causal: the block design
+  EXPECT_NO_THROW(dec->set_attention("clustered:clusters=4"));         // causal: blocks and segments
   EXPECT_THROW(dec->set_attention("full;;full"), Error);                // empty item
   EXPECT_THROW(dec->set_attention("full;full;full;full;full;full"), Error);  // six for five layers
   EXPECT_THROW(dec->set_attention("reformer"), Error);                  // keys are not queries

@@ -19,36 +19,41 @@ struct ClusteredParams {
   bool hash_bias = true;   // thresholds t_b ~ N(0, 1) (else 0)
   bool positional = false; // clustering=positional: contiguous blocks of positions
   int64_t topk = 0;        // 0 = clustered; k > 0 = improved-clustered
-  int64_t block = 512;     // causal only: positions per block (causal_clustered.cpp)
+  int64_t block = 256;     // causal only: positions per block, attended exactly (causal_clustered.cpp)
+  int64_t segment = 2048;  // causal only: positions per segment (clusters rebuilt), a multiple of
+                           // block
   float scale = 0.f;       // 0 = 1/sqrt(Dk)
   uint64_t seed = 0;
 };
 
-// What the causal forward leaves for backward (causal_clustered.cpp): per (b, h) and block β the
-// clusters of the block's queries, the queries defining each centroid, the centroids' top-k sets,
-// and per query the log-sum-exps that combine the prefix and in-block parts. O(N·(D + k)) per
-// head, never N × M.
+// What the causal forward leaves for backward (causal_clustered.cpp): per (b, h) and segment σ the
+// clusters (centroids and the queries defining them), per (b, h) and block β the snapshot of the
+// centroid attention over the block's prefix (log-sum-exp, top-k set, m_j, R_j), per query its
+// cluster and the log-sum-exps that blend the prefix and in-block parts. O(N·(D + k)) per head,
+// never N × M.
 struct CausalClusters {
-  int64_t block = 0, nb = 0;        // positions per block, blocks (of key positions 0 .. M)
-  int64_t cmax = 0, kmax = 0;       // clusters (C, or block for singletons), top-k per block
-  std::vector<int32_t> ncl;         // (BH, nb) clusters of block β (0: no prefix part)
-  std::vector<int32_t> member;      // (BH, N) cluster of query i within its block, -1 if none
-  std::vector<int32_t> def_order;   // (BH, nb, block) queries defining the centroids, by cluster
-  std::vector<int32_t> def_off;     // (BH, nb, cmax + 1) segments of def_order
+  int64_t block = 0, segment = 0;   // Lb, Ls (positions)
+  int64_t nb = 0, ns = 0;           // blocks and segments of key positions 0 .. M
+  std::vector<int64_t> seg_start;   // (ns + 1) segment σ is positions [seg_start[σ], seg_start[σ + 1])
+  int64_t exact_before = 0;         // E: rows at positions < E are causal full attention
+  int64_t cmax = 0, kmax = 0;       // clusters per segment (C), top-k capacity per block
+  std::vector<int32_t> ncl;         // (BH, ns) clusters of segment σ (0: no prefix part)
+  std::vector<int32_t> member;      // (BH, N) cluster of query i in its segment, -1 if none
+  std::vector<int32_t> def_order;   // (BH, ns, Ls) rows of the queries defining the centroids, by cluster
+  std::vector<int32_t> def_off;     // (BH, ns, cmax + 1) segments of def_order
   std::vector<int32_t> topk_idx;    // (BH, nb, cmax, kmax) T_j, ascending key index
-  std::vector<int32_t> ksel;        // (BH, nb) k used in block β: min(topk, prefix keys)
-  Tensor qc;                        // (BH, nb, cmax, Dk) centroids
+  std::vector<int32_t> ksel;        // (BH, nb) k used in block β: min(topk, prefix keys); -1: no snapshot
+  Tensor qc;                        // (BH, ns, cmax, Dk) centroids
   Tensor lse_c;                     // (BH, nb, cmax) centroid log-sum-exp over the prefix
   Tensor mass;                      // (BH, nb, cmax) improved: m_j
   Tensor resid;                     // (BH, nb, cmax, Dv) R_j (clustered: Vc_j)
   Tensor lzp;                       // (BH, N) log Z of the prefix part (-inf: none)
   Tensor lse;                       // (BH, N) log-sum-exp of the whole row (prefix and block)
-  std::vector<Context> inblock;     // (nb) full attention's contexts of the in-block parts
+  Tensor inlse;                     // (BH, N) the in-block part's log-sum-exp (full's kernel)
+  Tensor inparts;                   // (2, BH, N) its row max and log2 sum (FullState::parts)
   size_t bytes() const {
-    size_t n = held_bytes(ncl, member, def_order, def_off, topk_idx, ksel, qc, lse_c, mass, resid,
-                          lzp, lse);
-    for (const Context& c : inblock) n += c.bytes();
-    return n;
+    return held_bytes(seg_start, ncl, member, def_order, def_off, topk_idx, ksel, qc, lse_c, mass, resid,
+                      lzp, lse, inlse, inparts);
   }
 };
 
@@ -89,16 +94,21 @@ void attn_clustered_bwd(const AttentionInputs& in, const AttentionDims& d,
                         const ClusteredParams& p, const ClusteredState& st, ConstView dout,
                         View dq, View dk, View dv, ClusteredWorkspace& ws);
 
-// Causal (causal_clustered.cpp): the block design in the header of that file. ctx is the
-// caller's Context: the in-block parts run full attention on contexts sharing its Scratch.
+// Causal (causal_clustered.cpp): the block and segment design in the header of that file. The
+// in-block parts run full attention's kernels on the same Scratch.
 void attn_causal_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
                                const ClusteredParams& p, uint64_t step, View out,
-                               ClusteredState& st, Context& ctx);
+                               ClusteredState& st, Scratch& scratch);
 void attn_causal_clustered_bwd(const AttentionInputs& in, const AttentionDims& d,
-                               const ClusteredParams& p, ClusteredState& st, ConstView out,
-                               ConstView dout, View dq, View dk, View dv, Context& ctx);
+                               const ClusteredParams& p, const ClusteredState& st, ConstView out,
+                               ConstView dout, View dq, View dk, View dv, Scratch& scratch);
 size_t causal_clustered_workspace_bytes(const AttentionDims& d, const ClusteredParams& p,
                                         Mode mode, int threads);
+
+// Where the segments of causal clustered attention start (causal_clustered.cpp): 0, Lb, 2·Lb,
+// 4·Lb, ... doubling up to segments of Ls, then every Ls — the starts of every segment that begins
+// before M, followed by the end of the last one.
+std::vector<int64_t> causal_segment_starts(int64_t M, int64_t block, int64_t segment);
 
 // Reference: the definition in double, with the clusters and top-k sets of st held fixed.
 void attn_clustered_ref_fwd(const AttentionInputs& in, const ClusteredParams& p,

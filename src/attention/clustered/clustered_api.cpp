@@ -14,17 +14,22 @@
 namespace clattn {
 namespace {
 
+// Causal defaults (causal_clustered.cpp, "Defaults"): blocks of 256 positions attended exactly,
+// clusters rebuilt every 8 blocks.
+constexpr int64_t kDefaultBlock = 256;
+constexpr int64_t kSegmentBlocks = 8;
+
 class ClusteredAttention final : public Attention {
  public:
   ClusteredAttention(std::string kind, const ClusteredParams& p) : kind_(std::move(kind)), p_(p) {
     caps_ = Capabilities{.causal = true, .query_lengths = true, .key_lengths = true, .bias = false,
                          .cross = true, .gqa = true, .trainable = true, .shared_qk = false,
-                         .stochastic = !p.positional, .stateful = false};
+                         .stochastic = !p.positional, .stateful = false, .decode_queries = true};
   }
   std::string name() const override {
     std::string s = detail::concat(kind_, ":clusters=", p_.clusters);
     if (p_.topk > 0) s += detail::concat(",topk=", p_.topk);
-    s += detail::concat(",block=", p_.block);
+    s += detail::concat(",block=", p_.block, ",segment=", p_.segment);
     if (p_.positional) return s + detail::concat(",clustering=positional,seed=", p_.seed);
     return s + detail::concat(",bits=", p_.bits, ",iterations=", p_.iterations,
                               ",hash_bias=", p_.hash_bias ? "true" : "false", ",seed=", p_.seed,
@@ -37,7 +42,7 @@ class ClusteredAttention final : public Attention {
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", kind_);
     ClusteredState& st = ctx.state<ClusteredState>();
     if (in.causal) {
-      attn_causal_clustered_fwd(in, d, p_, in.step, out, st, ctx);
+      attn_causal_clustered_fwd(in, d, p_, in.step, out, st, ctx.scratch());
       return;
     }
     st.causal = false;
@@ -53,7 +58,7 @@ class ClusteredAttention final : public Attention {
       check(st.cz.lse.shape() == Shape{d.B * d.H, d.N} && st.cz.nb == (d.M + p_.block - 1) / p_.block,
             kind_, ": backward inputs have shapes other than the forward's (q is now ", in.q.shape, ")");
       validate_backward(in, d, out, dout, dq, dk, dv, kind_);
-      attn_causal_clustered_bwd(in, d, p_, ctx.state<ClusteredState>(), out, dout, dq, dk, dv, ctx);
+      attn_causal_clustered_bwd(in, d, p_, st, out, dout, dq, dk, dv, ctx.scratch());
       return;
     }
     check(st.order.size() == static_cast<size_t>(d.B * d.H * d.N) &&
@@ -86,7 +91,10 @@ ClusteredParams read_clustered(SpecReader& r, const Spec& spec, bool improved) {
   p.hash_bias = r.get_bool("hash_bias", true);
   p.positional = r.get_choice("clustering", "lsh", {"lsh", "positional"}) == "positional";
   if (improved) p.topk = r.get_int("topk", 32, 1, int64_t{1} << 30);
-  p.block = r.get_int("block", 512, 1, int64_t{1} << 30);
+  p.block = r.get_int("block", kDefaultBlock, 1, int64_t{1} << 30);
+  p.segment = r.get_int("segment", kSegmentBlocks * p.block, 1, int64_t{1} << 40);
+  check(p.segment % p.block == 0, "spec '", spec.text, "': segment (", p.segment,
+        ") must be a multiple of block (", p.block, ")");
   p.scale = static_cast<float>(r.get_float("scale", 0.0, 1e-6, 1e6));
   p.seed = static_cast<uint64_t>(r.get_int("seed", 0, 0, int64_t{1} << 62));
   r.finish();

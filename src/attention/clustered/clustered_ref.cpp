@@ -12,90 +12,95 @@ namespace clattn {
 
 namespace {
 
-// Causal: the definition in causal_clustered.cpp's header, every part in double, with the
-// clusters, definers and top-k sets of st.cz.
+// Causal: the definition in causal_clustered.cpp's header, every part in double, row by row, with
+// the definers, clusters and top-k sets of st.cz.
 void causal_ref(const RefProblem& pr, const CausalClusters& cz, std::vector<double>& out) {
   const AttentionDims& d = pr.d;
-  const int64_t off = d.M - d.N, Lb = cz.block;
+  const int64_t off = d.M - d.N, Lb = cz.block, Ls = cz.segment;
   const bool improved = !cz.topk_idx.empty() && cz.kmax > 0;
+  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
   out.assign(static_cast<size_t>(d.B * d.H * d.N * d.Dv), 0.0);
+  // Softmax over keys `keys` of logits s: output (Dv) and log-sum-exp (−inf when empty).
+  auto attend = [&](int64_t b, int64_t h, const std::vector<int64_t>& keys, const std::vector<double>& s,
+                    std::vector<double>& o) {
+    o.assign(static_cast<size_t>(d.Dv), 0.0);
+    if (keys.empty()) return kNegInf;
+    const double mx = *std::max_element(s.begin(), s.end());
+    double z = 0;
+    for (size_t x = 0; x < keys.size(); ++x) {
+      const double w = std::exp(s[x] - mx);
+      z += w;
+      for (int64_t e = 0; e < d.Dv; ++e) o[static_cast<size_t>(e)] += w * pr.ve(b, h, keys[x], e);
+    }
+    for (double& v : o) v /= z;
+    return mx + std::log(z);
+  };
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t h = 0; h < d.H; ++h) {
       const int64_t t = b * d.H + h, nv = pr.nq(b), mv = pr.nk(b);
-      for (int64_t beta = 0; beta < cz.nb; ++beta) {
-        const size_t tb = static_cast<size_t>(t * cz.nb + beta);
-        const int64_t ce = cz.ncl[tb], k = cz.ksel[tb], P = std::min(beta * Lb, mv);
-        const int32_t* dord = cz.def_order.data() + tb * static_cast<size_t>(cz.block);
-        const int32_t* doff = cz.def_off.data() + tb * static_cast<size_t>(cz.cmax + 1);
-        // Centroids, their attention over the prefix, lse_c, m_j, R_j.
-        std::vector<double> lse_c(static_cast<size_t>(ce)), mass(static_cast<size_t>(ce)),
-            resid(static_cast<size_t>(ce * d.Dv), 0.0);
-        for (int64_t j = 0; j < ce; ++j) {
+      for (int64_t i = 0; i < nv; ++i) {
+        const int64_t pi = i + off;
+        if (pi < 0) continue;
+        double* o = out.data() + (t * d.N + i) * d.Dv;
+        const int64_t beta = pi / Lb;
+        const bool exact = pi < cz.exact_before;
+        // In-block part (the whole visible prefix for an exact row).
+        std::vector<int64_t> keys;
+        std::vector<double> s;
+        for (int64_t j = exact ? 0 : beta * Lb; j <= std::min(pi, mv - 1); ++j) {
+          keys.push_back(j);
+          s.push_back(pr.logit(b, h, i, j));
+        }
+        std::vector<double> oin, opre(static_cast<size_t>(d.Dv), 0.0);
+        const double lin = attend(b, h, keys, s, oin);
+        double lz = kNegInf;
+        const int64_t P = std::min(beta * Lb, mv);
+        if (!exact && P > 0) {
+          const int64_t sigma = std::upper_bound(cz.seg_start.begin(), cz.seg_start.end(), pi) - cz.seg_start.begin() - 1;
+          const size_t ts = static_cast<size_t>(t * cz.ns + sigma), tb = static_cast<size_t>(t * cz.nb + beta);
+          const int64_t j = cz.member[static_cast<size_t>(t * d.N + i)];
+          // Centroid: the mean of its definers; its attention over the prefix.
+          const int32_t* dord = cz.def_order.data() + ts * static_cast<size_t>(Ls);
+          const int32_t* doff = cz.def_off.data() + ts * static_cast<size_t>(cz.cmax + 1);
           std::vector<double> qc(static_cast<size_t>(d.Dk), 0.0), a(static_cast<size_t>(P));
-          const int64_t n = doff[j + 1] - doff[j];
           for (int64_t x = doff[j]; x < doff[j + 1]; ++x)
-            for (int64_t e = 0; e < d.Dk; ++e) qc[static_cast<size_t>(e)] += pr.qe(b, h, dord[x], e) / static_cast<double>(n);
-          double mx = -std::numeric_limits<double>::infinity(), z = 0;
+            for (int64_t e = 0; e < d.Dk; ++e)
+              qc[static_cast<size_t>(e)] += pr.qe(b, h, dord[x], e) / static_cast<double>(doff[j + 1] - doff[j]);
+          double mx = kNegInf, z = 0;
           for (int64_t l = 0; l < P; ++l) {
             double sc = 0;
             for (int64_t e = 0; e < d.Dk; ++e) sc += qc[static_cast<size_t>(e)] * pr.ke(b, h, l, e);
             mx = std::max(mx, a[static_cast<size_t>(l)] = sc * pr.scale);
           }
           for (auto& x : a) z += (x = std::exp(x - mx));
-          lse_c[static_cast<size_t>(j)] = mx + std::log(z);
+          const double lse_c = mx + std::log(z);
           for (auto& x : a) x /= z;
-          std::vector<char> in_t(static_cast<size_t>(P), 0);
+          const int64_t k = improved ? cz.ksel[tb] : 0;
           const int32_t* tk = improved ? cz.topk_idx.data() + (tb * static_cast<size_t>(cz.cmax) + static_cast<size_t>(j)) * static_cast<size_t>(cz.kmax) : nullptr;
+          std::vector<char> in_t(static_cast<size_t>(P), 0);
           double m = 0;
-          for (int64_t x = 0; x < (improved ? k : 0); ++x) {
+          for (int64_t x = 0; x < k; ++x) {
             in_t[static_cast<size_t>(tk[x])] = 1;
             m += a[static_cast<size_t>(tk[x])];
           }
-          mass[static_cast<size_t>(j)] = m;
           for (int64_t l = 0; l < P; ++l)
             if (!in_t[static_cast<size_t>(l)])
-              for (int64_t e = 0; e < d.Dv; ++e) resid[static_cast<size_t>(j * d.Dv + e)] += a[static_cast<size_t>(l)] * pr.ve(b, h, l, e);
-        }
-        for (int64_t i = std::max<int64_t>(0, beta * Lb - off); i < std::min(nv, (beta + 1) * Lb - off); ++i) {
-          const int64_t pi = i + off;
-          // In-block part.
-          std::vector<double> s;
-          for (int64_t j = beta * Lb; j <= std::min(pi, mv - 1); ++j) s.push_back(pr.logit(b, h, i, j));
-          double mi = -std::numeric_limits<double>::infinity(), zi = 0;
-          for (double x : s) mi = std::max(mi, x);
-          std::vector<double> oin(static_cast<size_t>(d.Dv), 0.0);
-          for (size_t x = 0; x < s.size(); ++x) {
-            const double w = std::exp(s[x] - mi);
-            zi += w;
-            for (int64_t e = 0; e < d.Dv; ++e) oin[static_cast<size_t>(e)] += w * pr.ve(b, h, beta * Lb + static_cast<int64_t>(x), e);
+              for (int64_t e = 0; e < d.Dv; ++e) opre[static_cast<size_t>(e)] += a[static_cast<size_t>(l)] * pr.ve(b, h, l, e);
+          lz = lse_c;
+          if (improved) {
+            std::vector<int64_t> tkeys(tk, tk + k);
+            std::vector<double> ts_(static_cast<size_t>(k));
+            for (int64_t x = 0; x < k; ++x) ts_[static_cast<size_t>(x)] = pr.logit(b, h, i, tk[x]);
+            std::vector<double> ot;
+            lz = attend(b, h, tkeys, ts_, ot) - std::log(m);
+            for (int64_t e = 0; e < d.Dv; ++e) opre[static_cast<size_t>(e)] += m * ot[static_cast<size_t>(e)];
           }
-          const double lin = s.empty() ? -std::numeric_limits<double>::infinity() : mi + std::log(zi);
-          // Prefix part.
-          const int64_t j = cz.member[static_cast<size_t>(t * d.N + i)];
-          std::vector<double> opre(static_cast<size_t>(d.Dv), 0.0);
-          double lz = -std::numeric_limits<double>::infinity();
-          if (j >= 0 && P > 0) {
-            for (int64_t e = 0; e < d.Dv; ++e) opre[static_cast<size_t>(e)] = resid[static_cast<size_t>(j * d.Dv + e)];
-            lz = lse_c[static_cast<size_t>(j)];
-            if (improved) {
-              const int32_t* tk = cz.topk_idx.data() + (tb * static_cast<size_t>(cz.cmax) + static_cast<size_t>(j)) * static_cast<size_t>(cz.kmax);
-              std::vector<double> p(static_cast<size_t>(k));
-              double pm = -std::numeric_limits<double>::infinity(), pz = 0;
-              for (int64_t y = 0; y < k; ++y) pm = std::max(pm, p[static_cast<size_t>(y)] = pr.logit(b, h, i, tk[y]));
-              for (auto& y : p) pz += (y = std::exp(y - pm));
-              const double m = mass[static_cast<size_t>(j)];
-              for (int64_t y = 0; y < k; ++y)
-                for (int64_t e = 0; e < d.Dv; ++e) opre[static_cast<size_t>(e)] += m * p[static_cast<size_t>(y)] / pz * pr.ve(b, h, tk[y], e);
-              lz = pm + std::log(pz) - std::log(m);
-            }
-          }
-          const double mx = std::max(lz, lin);
-          if (mx == -std::numeric_limits<double>::infinity()) continue;
-          const double wp = std::exp(lz - mx), wi = std::exp(lin - mx), z = wp + wi;
-          double* o = out.data() + (t * d.N + i) * d.Dv;
-          for (int64_t e = 0; e < d.Dv; ++e)
-            o[e] = (wp * opre[static_cast<size_t>(e)] + (s.empty() ? 0.0 : wi * oin[static_cast<size_t>(e)] / zi)) / z;
         }
+        const double mx = std::max(lz, lin);
+        if (mx == kNegInf) continue;
+        const double wp = std::exp(lz - mx), wi = std::exp(lin - mx), z = wp + wi;
+        for (int64_t e = 0; e < d.Dv; ++e)
+          o[e] = (wp * opre[static_cast<size_t>(e)] + wi * oin[static_cast<size_t>(e)]) / z;
       }
     }
 }

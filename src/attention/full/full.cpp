@@ -78,19 +78,21 @@ int64_t bwd_chunks(const AttentionDims& d, int threads) {
 
 // Keys [key_begin(i), key_end(i)) are visible to query i (before the bias's own -inf entries).
 // Query i sits at key position i + off (off = M − N, the prefix-cache convention); causal keeps
-// keys up to that position; a window keeps |position − j| <= window/2, or with causal the last
-// `window` positions. Both bounds are non-decreasing in i.
+// keys up to that position; the band (full.h) narrows the start, or with no causal mask both
+// ends. Both bounds are non-decreasing in i (a block band's start jumps forward at each block).
 struct RowLimits {
   int64_t mv, off;
   bool causal;
-  int64_t window = 0;  // 0: no band
+  Band band;
   int64_t key_begin(int64_t i) const {
-    if (window == 0) return 0;
-    return std::clamp(causal ? i + off - window + 1 : i + off - window / 2, int64_t{0}, mv);
+    const int64_t p = i + off;
+    if (band.block > 0) return p < band.exact_before ? 0 : std::clamp(p / band.block * band.block, int64_t{0}, mv);
+    if (band.window == 0) return 0;
+    return std::clamp(causal ? p - band.window + 1 : p - band.window / 2, int64_t{0}, mv);
   }
   int64_t key_end(int64_t i) const {
     if (causal) return std::clamp(i + off + 1, int64_t{0}, mv);
-    return window == 0 ? mv : std::clamp(i + off + window / 2 + 1, int64_t{0}, mv);
+    return band.window == 0 ? mv : std::clamp(i + off + band.window / 2 + 1, int64_t{0}, mv);
   }
 };
 
@@ -122,16 +124,17 @@ const float* bias_row_ptr(const AttentionInputs& in, int64_t i, int64_t k0) {
 }  // namespace
 
 void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scale, View out,
-                   float* lse, FullWorkspace& ws, int64_t window, float* parts) {
+                   float* lse, FullWorkspace& ws, const Band& bnd, float* parts) {
   float* pm = parts;                                          // (B, H, N) row max, log2 units
   float* pl = parts ? parts + d.B * d.H * d.N : nullptr;      // (B, H, N) log2 of the row sum
   const int64_t D = d.Dk, Dv = d.Dv, np = (d.M + kPanel - 1) / kPanel, Mp = np * kPanel;
   const int64_t Dvp = round_up(Dv, mk::kLanes);
   const float c = scale * kLog2e;
-  // A band (local) packs each tile's few panels itself: packing every head up front would be a
-  // pass over all of K into a (B, Hkv, M, Dk) buffer that no cache holds at long N. A KVCache
-  // already holds K in panels and V in padded rows: a decode step reads them as they are.
-  const bool band = window > 0, cached = in.cache != nullptr;
+  // A window band (local) packs each tile's few panels itself: packing every head up front would
+  // be a pass over all of K into a (B, Hkv, M, Dk) buffer that no cache holds at long N. A block
+  // band's tiles reach back to their block start, or to key 0 before exact_before: it packs once.
+  // A KVCache already holds K in panels and V in padded rows: a decode step reads them as they are.
+  const bool band = bnd.window > 0, cached = in.cache != nullptr;
   float* kpan = band || cached ? nullptr : ws.kpan.floats(static_cast<size_t>(d.B * d.Hkv * Mp * D));  // (B, Hkv, np, D, 64)
   // V rows for O += P·V: used in place when Dv is a multiple of 16, else padded copies.
   float* vrow = cached ? nullptr : ws.vrow.floats(static_cast<size_t>(std::max<int64_t>(1, d.B * d.Hkv * mk::rows_operand_size(d.M, Dv))));
@@ -193,7 +196,7 @@ void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scal
     std::fill(m, m + rows, -kInf);
     std::fill(l, l + rows, 0.f);
     std::memset(oacc, 0, sizeof(float) * static_cast<size_t>(rows * Dvp));
-    const RowLimits lim{valid_keys(in, d, b), d.M - d.N, in.causal, window};
+    const RowLimits lim{valid_keys(in, d, b), d.M - d.N, in.causal, bnd};
     const int64_t kbeg = lim.key_begin(q0) / kPanel * kPanel, kend = lim.key_end(q0 + rows - 1);
     // Panels of keys [kfirst, ...): the whole head packed up front, or a band tile's own keys.
     const float* kp = nullptr;
@@ -240,7 +243,7 @@ void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scal
 
 void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scale, ConstView out,
                    const float* parts, ConstView dout, View dq, View dk, View dv, FullWorkspace& ws,
-                   int64_t window) {
+                   const Band& band, const float* dout_scale) {
   const int64_t D = d.Dk, Dv = d.Dv, np = (d.M + kPanel - 1) / kPanel, Mp = np * kPanel;
   const int64_t Dkp = round_up(D, mk::kLanes), Dvp = round_up(Dv, mk::kLanes);
   const int64_t G = d.group(), BH = d.B * d.H;
@@ -264,7 +267,7 @@ void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
       const float* g = dout.ptr(b, h, i);
       float acc = 0.f;  // D_i = dO_i · O_i = Σ_j P_ij dP_ij
       for (int64_t e = 0; e < Dv; ++e) acc += o[e] * g[e];
-      dvec[t * d.N + i] = acc;
+      dvec[t * d.N + i] = dout_scale ? dout_scale[t * d.N + i] * acc : acc;
     }
   });
 
@@ -277,7 +280,7 @@ void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
   parallel_for(BH * P, [&](int64_t t, int thread) {
     const int64_t b = t / (d.H * P), h = t / P % d.H, chunk = t % P, hk = h / G;
     const int64_t nv = valid_queries(in, d, b);
-    const RowLimits lim{valid_keys(in, d, b), d.M - d.N, in.causal, window};
+    const RowLimits lim{valid_keys(in, d, b), d.M - d.N, in.causal, band};
     const int64_t nkt = (lim.mv + kBcB - 1) / kBcB;
     const int64_t kt0 = chunk * nkt / P, kt1 = (chunk + 1) * nkt / P;
     float* dqt = dqp + t * d.N * Dkp;  // (N, Dkp) this task's dQ
@@ -306,6 +309,11 @@ void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
         const int64_t rows = std::min(kBrB, qend - q0);
         mk::pack_rows(in.q.ptr(b, h, q0), rows, D, in.q.stride(2), qs, rows, Dkp, c);
         mk::pack_rows(dout.ptr(b, h, q0), rows, Dv, dout.stride(2), dot, rows, Dvp);
+        if (dout_scale)
+          for (int64_t r = 0; r < rows; ++r) {
+            const float w = dout_scale[(b * d.H + h) * d.N + q0 + r];
+            for (int64_t e = 0; e < Dv; ++e) dot[r * Dvp + e] *= w;
+          }
         // S = (c·Q)·Kᵀ ; P = 2^((S - m) - log2 l)  (the forward's softmax, recomputed)
         mk::gemm_abt(rows, npan, D, qs, Dkp, kpan + hkv * Mp * D + k0 * D, p, kBcB);
         for (int64_t r = 0; r < rows; ++r) {
@@ -388,8 +396,8 @@ class FullAttention final : public Attention {
     FullState& st = ctx.state<FullState>();
     st.lse.resize(Shape{d.B, d.H, d.N});
     st.parts.resize(Shape{2, d.B, d.H, d.N});
-    attn_full_fwd(in, d, scale_for(d), out, st.lse.data(), ctx.scratch().get<FullWorkspace>(), window_,
-                  st.parts.data());
+    attn_full_fwd(in, d, scale_for(d), out, st.lse.data(), ctx.scratch().get<FullWorkspace>(),
+                  Band{.window = window_}, st.parts.data());
   }
 
   void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
@@ -402,11 +410,11 @@ class FullAttention final : public Attention {
     validate_backward(in, d, out, dout, dq, dk, dv, kind_);
     check_softmax_range(in, d, scale_for(d), kind_);
     attn_full_bwd(in, d, scale_for(d), out, st.parts.data(), dout, dq, dk, dv,
-                  ctx.scratch().get<FullWorkspace>(), window_);
+                  ctx.scratch().get<FullWorkspace>(), Band{.window = window_});
   }
 
   size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {
-    return full_workspace_bytes(d, mode, threads, window_);
+    return full_workspace_bytes(d, mode, threads, Band{.window = window_});
   }
 
  private:
@@ -421,7 +429,8 @@ class FullAttention final : public Attention {
 
 }  // namespace
 
-size_t full_workspace_bytes(const AttentionDims& d, Mode mode, int threads, int64_t window) {
+size_t full_workspace_bytes(const AttentionDims& d, Mode mode, int threads, const Band& band) {
+  const int64_t window = band.window;
   const int64_t D = d.Dk, Dv = d.Dv, Mp = round_up(d.M, kPanel);
   const int64_t Dkp = round_up(D, mk::kLanes), Dvp = round_up(Dv, mk::kLanes), BH = d.B * d.H;
   // Forward: packed K (not for a band), padded V rows, per-thread tiles; the saved lse.
@@ -444,6 +453,12 @@ size_t full_workspace_bytes(const AttentionDims& d, Mode mode, int threads, int6
          static_cast<size_t>(threads) * sizeof(ThreadScratch) + static_cast<size_t>(3 * 8 * tasks) +
          static_cast<size_t>(d.B * d.Hkv) * sizeof(mk::RowsOperand);
 }
+
+FullWorkspace& full_workspace(Scratch& scratch) { return scratch.get<FullWorkspace>(); }
+const float* full_key_panels(const FullWorkspace& ws) { return ws.kpan.data(); }
+mk::RowsOperand full_value_rows(const FullWorkspace& ws, int64_t t) { return ws.vops[static_cast<size_t>(t)]; }
+const float* full_value_panels(const FullWorkspace& ws) { return ws.vpan.data(); }
+const float* full_key_rows(const FullWorkspace& ws) { return ws.krow.data(); }
 
 std::unique_ptr<Attention> make_full_attention(float scale, int64_t window) {
   return std::make_unique<FullAttention>(scale, window);

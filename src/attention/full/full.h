@@ -3,7 +3,9 @@
 
 #include "attention/validate.h"
 #include "clattn/attention.h"
+#include "clattn/scratch.h"
 #include "clattn/tensor.h"
+#include "core/microkernel.h"
 
 namespace clattn {
 
@@ -23,24 +25,46 @@ struct FullState : ContextState {
   size_t bytes() const override { return lse.bytes() + parts.bytes(); }
 };
 
+// Which keys a query row sees beyond the causal and padding masks.
+//   window > 0: `local` — keys within window/2 of the query's position, or with causal the last
+//     `window` positions up to it.
+//   block > 0 (causal only): the keys from the start of the query's block of `block` positions
+//     up to its own; rows at positions < exact_before see every key up to their own instead
+//     (causal clustered's in-block part and its exact first segment).
+struct Band {
+  int64_t window = 0;
+  int64_t block = 0;
+  int64_t exact_before = 0;
+};
+
 // Scratch of the full kernels (packed K/V per head, per-thread tiles, partial gradients), kept
 // in the caller's Scratch; full_workspace_bytes bounds it with the saved lse.
 struct FullWorkspace;
-size_t full_workspace_bytes(const AttentionDims& d, Mode mode, int threads, int64_t window);
+size_t full_workspace_bytes(const AttentionDims& d, Mode mode, int threads, const Band& band = {});
+FullWorkspace& full_workspace(Scratch& scratch);
+// The operands the kernels packed in ws, for a caller that goes on with the same keys (causal
+// clustered): after attn_full_fwd without a window band or cache, the K panels
+// (B, Hkv, np, Dk, 64) and the V rows operand of kv head t = b·Hkv + hk; after attn_full_bwd also
+// the V panels (B, Hkv, np, Dv, 64) and K rows (B, Hkv, Mp, Dkp), np = ceil(M / 64), Mp = 64·np.
+const float* full_key_panels(const FullWorkspace& ws);
+mk::RowsOperand full_value_rows(const FullWorkspace& ws, int64_t t);
+const float* full_value_panels(const FullWorkspace& ws);
+const float* full_key_rows(const FullWorkspace& ws);
 
 // `full` (window 0) or `local` (window > 0) as an Attention.
 std::unique_ptr<Attention> make_full_attention(float scale, int64_t window);
 
 // Fast kernels. Inputs must already be validated (validate_inputs). out (B, H, N, Dv), lse (B, H, N).
-// window > 0 restricts query i (at key position i + M − N) to keys within window/2 of it, or with
-// causal to the last `window` positions up to it: the `local` variant.
+// band as above (default: every key the masks leave).
 // parts (2, B, H, N) as FullState::parts (nullptr: not needed).
 void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scale, View out,
-                   float* lse, FullWorkspace& ws, int64_t window = 0, float* parts = nullptr);
-// Accumulates into dq, dk, dv. out and parts as left by attn_full_fwd.
+                   float* lse, FullWorkspace& ws, const Band& band = {}, float* parts = nullptr);
+// Accumulates into dq, dk, dv. out and parts as left by attn_full_fwd. dout_scale (B, H, N), when
+// given, multiplies each row of dout (the gradient of a row blended with other parts: the share
+// of this part), without a scaled copy of dout.
 void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scale, ConstView out,
                    const float* parts, ConstView dout, View dq, View dk, View dv, FullWorkspace& ws,
-                   int64_t window = 0);
+                   const Band& band = {}, const float* dout_scale = nullptr);
 
 // Reference: one row at a time in double, obviously right, O(M) memory per row.
 void attn_full_ref_fwd(const AttentionInputs& in, float scale, View out, float* lse,
