@@ -13,7 +13,7 @@ const std::vector<Registration>& registrations() {
       {"full", "scale=<float>", "exact softmax attention, tiled (FlashAttention-2 style)", "full", make_full},
       {"clustered",
        "clusters=<int, required>, bits=63, iterations=10, hash_bias=true, clustering=lsh|positional, "
-       "block=256 (causal), segment=8*block (causal, a multiple of block), scale=<float>, seed=0",
+       "block=512 (causal), segment=8*block (causal, a multiple of block), scale=<float>, seed=0",
        "queries grouped by Hamming k-means on LSH codes; one attention per centroid (Vyas et al. 2020); "
        "causal: each block exact, its prefix through clusters of the previous segment's queries",
        "clustered:clusters=100", make_clustered},

@@ -275,7 +275,7 @@ TEST(CausalClustered, SpecAndBackwardMismatch) {
   EXPECT_THROW(make_attention("clustered:clusters=3,block=0"), Error);
   EXPECT_THROW(make_attention("clustered:clusters=3,block=8,segment=0"), Error);
   EXPECT_THROW(make_attention("clustered:clusters=3,block=8,segment=20"), Error);  // not a multiple
-  EXPECT_NE(make_attention("clustered:clusters=3")->name().find("block=256,segment=2048"), std::string::npos);
+  EXPECT_NE(make_attention("clustered:clusters=3")->name().find("block=512,segment=4096"), std::string::npos);
   EXPECT_NE(make_attention("clustered:clusters=3,block=64")->name().find("block=64,segment=512"), std::string::npos);
   // Backward with the mask flipped since forward is refused.
   ProblemData pd = structured(Problem{.B = 1, .H = 1, .Hkv = 1, .N = 40, .M = 40, .Dk = 4, .Dv = 4, .causal = true});

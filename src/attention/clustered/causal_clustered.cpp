@@ -136,21 +136,24 @@ void segment_fwd(const AttentionInputs& in, const AttentionDims& d, const Cluste
   int32_t* doff = cz.def_off.data() + ts * static_cast<size_t>(cz.cmax + 1);
   cluster::counting_sort(sc.assign.data(), np, ce, dord, doff);
   for (int64_t x = 0; x < np; ++x) dord[x] += static_cast<int32_t>(da);
-  // Members: every valid query of the segment joins its nearest centroid.
+  // Members: every valid query of the segment joins its nearest centroid (block by block below).
   sc.norms.resize(static_cast<size_t>(ce));
   for (int64_t j = 0; j < ce; ++j) sc.norms[static_cast<size_t>(j)] = simd::dot(qc + j * D, qc + j * D, D);
   const int64_t npan = (ce + kPanel - 1) / kPanel;
   float* qcpan = sc.qcpan.floats(static_cast<size_t>(npan * kPanel * D));  // (npan, D, 64)
   mk::pack_panels(qc, ce, D, D, qcpan);
+  float* near = sc.near.floats(static_cast<size_t>(kPanel * npan * kPanel));
   int32_t* member = cz.member.data() + t * d.N;
-  nearest_centroids(in.q.ptr(b, h, seg.a), seg.b - seg.a, in.q.stride(2), D, qcpan, sc.norms.data(), ce,
-                    member + seg.a, sc.near.floats(static_cast<size_t>(kPanel * npan * kPanel)));
-  // The stream, block by block.
+  // The stream, block by block. A block's queries are placed just before its member stage, which
+  // then finds their rows in cache; its output rows (the in-block parts, written long before) are
+  // requested before the stream's advance, whose work hides their misses.
   const bool improved = p.topk > 0;
   sc.stream.reset(qc, ce, D, Dv, p.topk, g.c);
   for (int64_t beta = (seg.a + g.off) / g.Lb; beta <= (seg.b - 1 + g.off) / g.Lb; ++beta) {
     const Rows r = block_rows(g, beta, seg);
     const size_t tb = static_cast<size_t>(t * g.nb + beta);
+    for (int64_t i = r.a; i < r.b; ++i) simd::prefetch_row(out.ptr(b, h, i), Dv, true);
+    nearest_centroids(in.q.ptr(b, h, r.a), r.b - r.a, in.q.stride(2), D, qcpan, sc.norms.data(), ce, member + r.a, near);
     sc.stream.advance(std::min(beta * g.Lb, mv), ko, sc.tile.floats(static_cast<size_t>(kCb * kBc)));
     const Snapshot snap{cz.lse_c.data() + tb * static_cast<size_t>(cz.cmax), cz.mass.data() + tb * static_cast<size_t>(cz.cmax),
                         cz.resid.data() + tb * static_cast<size_t>(cz.cmax * Dv),

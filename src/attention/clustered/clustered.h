@@ -19,8 +19,8 @@ struct ClusteredParams {
   bool hash_bias = true;   // thresholds t_b ~ N(0, 1) (else 0)
   bool positional = false; // clustering=positional: contiguous blocks of positions
   int64_t topk = 0;        // 0 = clustered; k > 0 = improved-clustered
-  int64_t block = 256;     // causal only: positions per block, attended exactly (causal_clustered.cpp)
-  int64_t segment = 2048;  // causal only: positions per segment (clusters rebuilt), a multiple of
+  int64_t block = 512;     // causal only: positions per block, attended exactly (causal_clustered.cpp)
+  int64_t segment = 4096;  // causal only: positions per segment (clusters rebuilt), a multiple of
                            // block
   float scale = 0.f;       // 0 = 1/sqrt(Dk)
   uint64_t seed = 0;

@@ -14,9 +14,9 @@
 namespace clattn {
 namespace {
 
-// Causal defaults (causal_clustered.cpp, "Defaults"): blocks of 256 positions attended exactly,
+// Causal defaults (causal_clustered.cpp, "Defaults"): blocks of 512 positions attended exactly,
 // clusters rebuilt every 8 blocks.
-constexpr int64_t kDefaultBlock = 256;
+constexpr int64_t kDefaultBlock = 512;
 constexpr int64_t kSegmentBlocks = 8;
 
 class ClusteredAttention final : public Attention {
