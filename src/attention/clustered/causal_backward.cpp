@@ -35,7 +35,7 @@ namespace {
 
 // Members of block rows [ra, rb): G (ce, Dvp) and dz (ce) accumulate, has (ce) marks the clusters
 // with members; dq of the members and the T_j rows' dK, dV are written. O_i = α O_pre +
-// (1 − α) O_in with α = Z_pre / e^L: ∂L/∂O_pre = α dO = a_i and ∂L/∂ log Z_pre = a_i · (O_pre − O_i)
+// (1 − α) O_in with α = Z_pre / (Z_pre + Z_in): ∂L/∂O_pre = α dO = a_i and ∂L/∂ log Z_pre = a_i · (O_pre − O_i)
 // = z_i. Improved runs up to 64 members at once against T_j's gathered rows, as tile products.
 void members_bwd(const AttentionInputs& in, const AttentionDims& d, bool improved, int64_t t,
                  int64_t ra, int64_t rb, int64_t ce, int64_t k, const float* mass, const float* resid,
@@ -46,8 +46,7 @@ void members_bwd(const AttentionInputs& in, const AttentionDims& d, bool improve
   const int64_t Dkp = round_up(D, mk::kLanes), Dvp = round_up(Dv, mk::kLanes), n = rb - ra;
   const int64_t kw = round_up(std::max<int64_t>(k, 1), mk::kLanes);
   const float c = scale * kLog2e;
-  const float* lzp = cz.lzp.data() + t * d.N;
-  const float* L = cz.lse.data() + t * d.N;
+  const float* alpha = cz.alpha.data() + t * d.N;
   sc.morder.resize(static_cast<size_t>(n));
   sc.moff.resize(static_cast<size_t>(ce + 1));
   cluster::counting_sort(cz.member.data() + t * d.N + ra, n, ce, sc.morder.data(), sc.moff.data());
@@ -75,7 +74,7 @@ void members_bwd(const AttentionInputs& in, const AttentionDims& d, bool improve
     if (!improved) {
       for (int64_t y = y0; y < y1; ++y) {
         const int64_t i = ra + sc.morder[static_cast<size_t>(y)];
-        const float al = std::exp(lzp[i] - L[i]);
+        const float al = alpha[i];
         const float* go = dout.ptr(b, h, i);
         const float* oi = out.ptr(b, h, i);
         float z = 0.f;
@@ -105,7 +104,7 @@ void members_bwd(const AttentionInputs& in, const AttentionDims& d, bool improve
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = ra + mi[r];
         simd::copy_row(qm + r * Dkp, in.q.ptr(b, h, i), D, Dkp);
-        simd::copy_row(am + r * Dvp, dout.ptr(b, h, i), Dv, Dvp, std::exp(lzp[i] - L[i]));
+        simd::copy_row(am + r * Dvp, dout.ptr(b, h, i), Dv, Dvp, alpha[i]);
       }
       // P = softmax_T(c·Q·K_Tᵀ), recomputed ; U = P·V_T
       std::memset(pm, 0, sizeof(float) * static_cast<size_t>(rows * kw));

@@ -118,12 +118,24 @@ namespace {
 void segment_fwd(const AttentionInputs& in, const AttentionDims& d, const ClusteredParams& p,
                  const Geometry& g, uint64_t step, const Rng& rng, const cluster::LshPlanes& planes,
                  const KeyOperands& ko, int64_t t, int64_t sigma, View out, CausalClusters& cz,
-                 CausalThread& sc) {
+                 FullWorkspace& fws, int thread, CausalThread& sc) {
   const int64_t b = t / d.H, h = t % d.H, hk = h / d.group(), D = d.Dk, Dv = d.Dv;
   const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
   const Rows seg = segment_rows(g, sigma, nv);
   const size_t ts = static_cast<size_t>(t * g.ns + sigma);
-  if (seg.a >= seg.b || mv <= 0) return;
+  if (seg.a >= seg.b) return;
+  float* inl = cz.inlse.data();
+  // The in-block part of rows [r.a, r.b): full attention's tiles, run here so that the block's
+  // queries and output rows are in cache for its member stage.
+  auto inblock = [&](Rows r) {
+    attn_full_fwd_rows(in, d, g.scale, Band{.block = g.Lb, .exact_before = g.E}, b, h, r.a, r.b, out, inl,
+                       cz.inparts.data(), fws, thread);
+    for (int64_t x = t * d.N + r.a; x < t * d.N + r.b; ++x) inl[x] = inblock_lse(inl, cz.inparts.data(), x);
+  };
+  if (mv <= 0) {  // no valid key: the rows see nothing, and the in-block call writes their zeros
+    for (int64_t beta = (seg.a + g.off) / g.Lb; beta <= (seg.b - 1 + g.off) / g.Lb; ++beta) inblock(block_rows(g, beta, seg));
+    return;
+  }
   // Definers: the queries of segment σ − 1 (rows da .. seg.a, all valid: they precede row
   // seg.a < nv, and da >= 0 since segment σ starts at or after E).
   const int64_t da = g.start[static_cast<size_t>(sigma - 1)] - g.off, np = seg.a - da;
@@ -144,15 +156,14 @@ void segment_fwd(const AttentionInputs& in, const AttentionDims& d, const Cluste
   mk::pack_panels(qc, ce, D, D, qcpan);
   float* near = sc.near.floats(static_cast<size_t>(kPanel * npan * kPanel));
   int32_t* member = cz.member.data() + t * d.N;
-  // The stream, block by block. A block's queries are placed just before its member stage, which
-  // then finds their rows in cache; its output rows (the in-block parts, written long before) are
-  // requested before the stream's advance, whose work hides their misses.
+  // Block by block: the in-block part, the block's queries placed, the stream advanced to its
+  // start, the members blended in.
   const bool improved = p.topk > 0;
   sc.stream.reset(qc, ce, D, Dv, p.topk, g.c);
   for (int64_t beta = (seg.a + g.off) / g.Lb; beta <= (seg.b - 1 + g.off) / g.Lb; ++beta) {
     const Rows r = block_rows(g, beta, seg);
     const size_t tb = static_cast<size_t>(t * g.nb + beta);
-    for (int64_t i = r.a; i < r.b; ++i) simd::prefetch_row(out.ptr(b, h, i), Dv, true);
+    inblock(r);
     nearest_centroids(in.q.ptr(b, h, r.a), r.b - r.a, in.q.stride(2), D, qcpan, sc.norms.data(), ce, member + r.a, near);
     sc.stream.advance(std::min(beta * g.Lb, mv), ko, sc.tile.floats(static_cast<size_t>(kCb * kBc)));
     const Snapshot snap{cz.lse_c.data() + tb * static_cast<size_t>(cz.cmax), cz.mass.data() + tb * static_cast<size_t>(cz.cmax),
@@ -160,7 +171,7 @@ void segment_fwd(const AttentionInputs& in, const AttentionDims& d, const Cluste
                         improved ? cz.topk_idx.data() + tb * static_cast<size_t>(cz.cmax * cz.kmax) : nullptr, cz.kmax};
     int64_t k = 0;
     block_fwd(sc.stream, in, b, h, hk, r.a, r.b, member + r.a, snap, k, cz.inlse.data() + t * d.N, g.c, out,
-              cz.lzp.data() + t * d.N, cz.lse.data() + t * d.N, sc.ms);
+              cz.lzp.data() + t * d.N, cz.alpha.data() + t * d.N, sc.ms);
     cz.ksel[tb] = static_cast<int32_t>(k);
   }
 }
@@ -204,42 +215,57 @@ void attn_causal_clustered_fwd(const AttentionInputs& in, const AttentionDims& d
   cz.mass.resize(Shape{static_cast<int64_t>(nbs), cz.cmax});
   cz.resid.resize(Shape{static_cast<int64_t>(nbs), cz.cmax, Dv});
   cz.lzp.resize(Shape{BH, d.N});
-  cz.lse.resize(Shape{BH, d.N});
+  cz.alpha.resize(Shape{BH, d.N});
   cz.inlse.resize(Shape{BH, d.N});
   cz.inparts.resize(Shape{2, BH, d.N});
-  // In-block parts and exact rows: one call of full attention's kernels with the block band.
+  // lzp and alpha: no prefix part until a segment's member stage says otherwise.
+  std::fill(cz.lzp.data(), cz.lzp.data() + BH * d.N, -kInf);
+  std::fill(cz.alpha.data(), cz.alpha.data() + BH * d.N, 0.f);
   FullWorkspace& fws = full_workspace(scratch);
-  attn_full_fwd(in, d, g.scale, out, cz.inlse.data(), fws, Band{.block = g.Lb, .exact_before = g.E},
-                cz.inparts.data());
+  const Band band{.block = g.Lb, .exact_before = g.E};
   float* inl = cz.inlse.data();
-  const float* pm = cz.inparts.data();
-  for (int64_t x = 0; x < BH * d.N; ++x) {
-    inl[x] = inblock_lse(inl, pm, x);
-    cz.lse.data()[x] = inl[x];
-    cz.lzp.data()[x] = -kInf;
-  }
-  if (!clustered) return;
   if (in.cache && in.cache->keeps_queries()) {
-    decode_prefix(in, d, p, step, g, out, inl, scratch);
+    // Decoding: the in-block parts in one call, then the prefix parts from the cache's state.
+    attn_full_fwd(in, d, g.scale, out, inl, fws, band, cz.inparts.data());
+    for (int64_t x = 0; x < BH * d.N; ++x) inl[x] = inblock_lse(inl, cz.inparts.data(), x);
+    if (clustered) decode_prefix(in, d, p, step, g, out, inl, scratch);
     return;
   }
-  // Prefix parts: one task per (b, h, segment), later segments (longer prefixes) first.
+  // Prefill: one task list. Each segment task runs its blocks' in-block parts itself, just before
+  // their members (the block's queries and output rows are then in cache); the exact rows (before
+  // E) go in chunks. Later segments, the longest prefixes, first.
+  full_fwd_prepare(in, d, fws, band);
+  for (int64_t t = 0; t < BH; ++t) full_zero_padded_rows(in, d, t / d.H, t % d.H, out, inl, cz.inparts.data());
   const Rng rng(p.seed);
   cluster::LshPlanes planes;
-  if (!p.positional) planes = cluster::draw_planes(rng, planes_stream(step), p.bits, D, p.hash_bias);
+  if (clustered && !p.positional) planes = cluster::draw_planes(rng, planes_stream(step), p.bits, D, p.hash_bias);
   CausalWorkspace& ws = scratch.get<CausalWorkspace>();
   ws.ensure_threads();
-  const int64_t Mp = round_up(d.M, kPanel), nseg = g.ns - g.s0;
+  const int64_t Mp = round_up(d.M, kPanel);
   auto operands = [&](int64_t b, int64_t hk) {
     if (in.cache) return KeyOperands{in.cache->key_panels(b, hk), in.cache->value_rows(b, hk), in.cache->value_ld()};
     const mk::RowsOperand v = full_value_rows(fws, b * d.Hkv + hk);
     return KeyOperands{full_key_panels(fws) + (b * d.Hkv + hk) * Mp * D, v.data, v.ld};
   };
-  parallel_for(BH * nseg, [&](int64_t x, int thread) {
-    const int64_t sigma = g.ns - 1 - x / BH, t = x % BH;
-    const int64_t b = t / d.H, hk = t % d.H / d.group();
-    segment_fwd(in, d, p, g, step, rng, planes, operands(b, hk), t, sigma, out, cz,
-                ws.threads[static_cast<size_t>(thread)]);
+  std::vector<Task>& tasks = ws.tasks;
+  tasks.clear();
+  for (int64_t sigma = g.ns - 1; sigma >= g.s0 && clustered; --sigma)
+    for (int64_t t = 0; t < BH; ++t) tasks.push_back(Task{t, sigma, 0, 0});
+  constexpr int64_t kExactRows = 256;
+  for (int64_t t = 0; t < BH; ++t) {
+    const int64_t e1 = std::clamp(g.E - g.off, int64_t{0}, valid_queries(in, d, t / d.H));
+    for (int64_t r0 = 0; r0 < e1; r0 += kExactRows) tasks.push_back(Task{t, -1, r0, std::min(e1, r0 + kExactRows)});
+  }
+  parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t x, int thread) {
+    const Task& tk = tasks[static_cast<size_t>(x)];
+    const int64_t b = tk.t / d.H, h = tk.t % d.H, hk = h / d.group();
+    if (tk.sigma >= 0) {
+      segment_fwd(in, d, p, g, step, rng, planes, operands(b, hk), tk.t, tk.sigma, out, cz, fws, thread,
+                  ws.threads[static_cast<size_t>(thread)]);
+      return;
+    }
+    attn_full_fwd_rows(in, d, g.scale, band, b, h, tk.r0, tk.r1, out, inl, cz.inparts.data(), fws, thread);
+    for (int64_t i = tk.t * d.N + tk.r0; i < tk.t * d.N + tk.r1; ++i) inl[i] = inblock_lse(inl, cz.inparts.data(), i);
   });
 }
 
@@ -254,13 +280,10 @@ void attn_causal_clustered_bwd(const AttentionInputs& in, const AttentionDims& d
   CausalWorkspace& ws = scratch.get<CausalWorkspace>();
   ws.ensure_threads();
   // In-block parts: full attention's backward with dO scaled by each row's in-block share
-  // 1 − α_i = e^(lse_in − L): its dS = P (dO'·v − dO'·O) is then the exact gradient of the blended
-  // row (the out it reads is the blended O); exact rows have share 1.
+  // 1 − α_i: its dS = P (dO'·v − dO'·O) is then the exact gradient of the blended row (the out it
+  // reads is the blended O); exact rows have share 1 (a row that sees no key gets no gradient).
   float* w = ws.dscale.floats(static_cast<size_t>(BH * d.N));  // (B, H, N)
-  for (int64_t x = 0; x < BH * d.N; ++x) {
-    const float L = cz.lse.data()[x], li = cz.inlse.data()[x];
-    w[x] = L == -kInf || li == -kInf ? 0.f : std::exp(li - L);
-  }
+  for (int64_t x = 0; x < BH * d.N; ++x) w[x] = 1.f - cz.alpha.data()[x];
   FullWorkspace& fws = full_workspace(scratch);
   attn_full_bwd(in, d, g.scale, out, cz.inparts.data(), dout, dq, dk, dv, fws,
                 Band{.block = g.Lb, .exact_before = g.E}, w);

@@ -38,7 +38,7 @@ struct DecodeHead {
 struct DecodeState final : CacheState {
   std::string key;                 // the attention and call it belongs to (parameters, step, sizes)
   std::vector<DecodeHead> heads;   // (B·H)
-  Workspace rows;                  // (2, B·H, N) lzp and L of the call's rows
+  Workspace rows;                  // (2, B·H, N) lzp and alpha of the call's rows
   size_t bytes() const override {
     size_t n = key.capacity() + rows.bytes();
     for (const DecodeHead& h : heads) n += h.bytes();
@@ -67,7 +67,7 @@ void decode_prefix(const AttentionInputs& in, const AttentionDims& d, const Clus
   CausalWorkspace& ws = scratch.get<CausalWorkspace>();
   ws.ensure_threads();
   const ConstView qall = kc.queries();  // (B, H, M, Dk): every position's query, this call's too
-  float* rowbuf = ds.rows.floats(static_cast<size_t>(2 * BH * d.N));  // (2, BH, N) lzp, L
+  float* rowbuf = ds.rows.floats(static_cast<size_t>(2 * BH * d.N));  // (2, BH, N) lzp, alpha
   const bool improved = p.topk > 0;
   const int64_t kmax = improved ? std::max<int64_t>(1, p.topk) : 0;
   parallel_for(BH, [&](int64_t t, int thread) {

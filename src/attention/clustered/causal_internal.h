@@ -101,15 +101,15 @@ void finish_cluster(const Stream& st, int64_t j, int64_t k, ConstView kh, ConstV
                     const Snapshot& out, const int32_t* next, MemberScratch& sc);
 // The prefix part of the members mi[0, n) (rows ra + mi[r]) of cluster j, T_j's rows in sc, blended
 // into out, which holds the in-block part with its log-sum-exp inl (per row, −inf when empty).
-// Writes lzp and L of those rows.
+// Writes lzp (log Z_pre) and alpha (the prefix part's share) of those rows.
 void cluster_members_fwd(const AttentionInputs& in, int64_t b, int64_t h, int64_t ra, const int32_t* mi,
                          int64_t n, int64_t j, int64_t k, bool improved, const Snapshot& snap,
-                         const float* inl, float c, View out, float* lzp, float* L, MemberScratch& sc);
+                         const float* inl, float c, View out, float* lzp, float* alpha, MemberScratch& sc);
 // A block of the prefill: the snapshot and the members of rows [ra, rb) (row r in cluster
 // mem[r − ra]).
 void block_fwd(Stream& st, const AttentionInputs& in, int64_t b, int64_t h, int64_t hk, int64_t ra,
                int64_t rb, const int32_t* mem, const Snapshot& snap, int64_t& k, const float* inl,
-               float c, View out, float* lzp, float* L, MemberScratch& sc);
+               float c, View out, float* lzp, float* alpha, MemberScratch& sc);
 
 // Per-thread scratch of the prefix stages, forward and backward.
 struct CausalThread {
@@ -131,12 +131,18 @@ struct CausalThread {
   }
 };
 
+// A task of the prefill: segment sigma of head t, or (sigma < 0) exact rows [r0, r1) of head t.
+struct Task {
+  int64_t t, sigma, r0, r1;
+};
+
 struct CausalWorkspace {
   std::vector<CausalThread> threads;
+  std::vector<Task> tasks;
   Workspace dscale;  // (B, H, N) backward: each row's in-block share 1 − α_i
   Workspace part;    // (B, H, Mp, Dkp + Dvp) backward with GQA: per-query-head partial dK, dV
   size_t bytes() const {
-    size_t n = held_bytes(dscale, part);
+    size_t n = held_bytes(dscale, part, tasks);
     for (const CausalThread& t : threads) n += t.bytes();
     return n;
   }

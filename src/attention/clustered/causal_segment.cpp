@@ -175,7 +175,7 @@ void finish_cluster(const Stream& st, int64_t j, int64_t k, ConstView kh, ConstV
 
 void cluster_members_fwd(const AttentionInputs& in, int64_t b, int64_t h, int64_t ra, const int32_t* mi,
                          int64_t n, int64_t j, int64_t k, bool improved, const Snapshot& snap,
-                         const float* inl, float c, View out, float* lzp, float* L, MemberScratch& sc) {
+                         const float* inl, float c, View out, float* lzp, float* alpha, MemberScratch& sc) {
   const int64_t D = in.q.dim(3), Dv = in.v.dim(3), Dvp = round_up(Dv, mk::kLanes);
   // Improved: up to 64 members at once against T_j's rows (S = Q_m·K_Tᵀ, U = P·V_T as small tile
   // products). A member's row of each product depends only on its own query (the products
@@ -210,10 +210,15 @@ void cluster_members_fwd(const AttentionInputs& in, int64_t b, int64_t h, int64_
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = ra + mi[y0 + r];
       // O_pre = m_j·u + R_j (improved) or Vc_j; blended with the in-block part by log-sum-exp.
+      // The shares of the two parts, wp = Z_pre / (Z_pre + Z_in) and wi = 1 − wp, from one
+      // exponential of their log-ratio (each from its own formula, so neither loses digits).
       const float lz = improved ? lzr[r] : snap.lse_c[j], li = inl[i];
-      const float mxl = std::max(lz, li);
-      const float Li = mxl + std::log(std::exp(lz - mxl) + std::exp(li - mxl));
-      const float wp = std::exp(lz - Li), wi = li == -kInf ? 0.f : std::exp(li - Li);
+      float wp = 1.f, wi = 0.f;
+      if (li != -kInf) {
+        const float dl = lz - li, e = std::exp(-std::abs(dl)), inv = 1.f / (1.f + e);
+        wp = dl >= 0.f ? inv : e * inv;
+        wi = dl >= 0.f ? e * inv : inv;
+      }
       float* o = out.ptr(b, h, i);
       if (improved) {
         const float* u = um + r * Dvp;
@@ -223,14 +228,14 @@ void cluster_members_fwd(const AttentionInputs& in, int64_t b, int64_t h, int64_
         for (int64_t e = 0; e < Dv; ++e) o[e] = wp * rj[e] + wi * o[e];
       }
       lzp[i] = lz;
-      L[i] = Li;
+      alpha[i] = wp;
     }
   }
 }
 
 void block_fwd(Stream& st, const AttentionInputs& in, int64_t b, int64_t h, int64_t hk, int64_t ra,
                int64_t rb, const int32_t* mem, const Snapshot& snap, int64_t& k, const float* inl,
-               float c, View out, float* lzp, float* L, MemberScratch& sc) {
+               float c, View out, float* lzp, float* alpha, MemberScratch& sc) {
   const int64_t n = rb - ra, ce = st.ce, Dv = st.Dv;
   k = snapshot_lse(st, snap);
   std::fill(snap.mass, snap.mass + ce, 0.f);
@@ -256,7 +261,7 @@ void block_fwd(Stream& st, const AttentionInputs& in, int64_t b, int64_t h, int6
     const int32_t* next = u + 1 < used.size() && st.topk > 0 ? snap.topk + used[u + 1] * snap.kmax : nullptr;
     finish_cluster(st, j, k, kh, vh, snap, next, sc);
     cluster_members_fwd(in, b, h, ra, sc.order.data() + m0, m1 - m0, j, k, st.topk > 0, snap, inl, c, out,
-                        lzp, L, sc);
+                        lzp, alpha, sc);
   }
 }
 

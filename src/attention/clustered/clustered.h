@@ -48,12 +48,12 @@ struct CausalClusters {
   Tensor mass;                      // (BH, nb, cmax) improved: m_j
   Tensor resid;                     // (BH, nb, cmax, Dv) R_j (clustered: Vc_j)
   Tensor lzp;                       // (BH, N) log Z of the prefix part (-inf: none)
-  Tensor lse;                       // (BH, N) log-sum-exp of the whole row (prefix and block)
+  Tensor alpha;                     // (BH, N) the prefix part's share Z_pre / (Z_pre + e^lse_in) (0: none)
   Tensor inlse;                     // (BH, N) the in-block part's log-sum-exp (full's kernel)
   Tensor inparts;                   // (2, BH, N) its row max and log2 sum (FullState::parts)
   size_t bytes() const {
     return held_bytes(seg_start, ncl, member, def_order, def_off, topk_idx, ksel, qc, lse_c, mass, resid,
-                      lzp, lse, inlse, inparts);
+                      lzp, alpha, inlse, inparts);
   }
 };
 

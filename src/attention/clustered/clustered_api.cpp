@@ -55,7 +55,7 @@ class ClusteredAttention final : public Attention {
     const ClusteredState& st = ctx.saved<ClusteredState>();
     check(st.causal == in.causal, kind_, ": backward's causal flag differs from the forward's");
     if (in.causal) {
-      check(st.cz.lse.shape() == Shape{d.B * d.H, d.N} && st.cz.nb == (d.M + p_.block - 1) / p_.block,
+      check(st.cz.alpha.shape() == Shape{d.B * d.H, d.N} && st.cz.nb == (d.M + p_.block - 1) / p_.block,
             kind_, ": backward inputs have shapes other than the forward's (q is now ", in.q.shape, ")");
       validate_backward(in, d, out, dout, dq, dk, dv, kind_);
       attn_causal_clustered_bwd(in, d, p_, st, out, dout, dq, dk, dv, ctx.scratch());

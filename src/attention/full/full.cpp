@@ -123,13 +123,77 @@ const float* bias_row_ptr(const AttentionInputs& in, int64_t i, int64_t k0) {
 
 }  // namespace
 
-void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scale, View out,
-                   float* lse, FullWorkspace& ws, const Band& bnd, float* parts) {
+namespace {
+
+// One task of the forward: query rows [q0, q0 + rows) of head (b, h), rows <= kBr, after
+// full_fwd_prepare. The padded rows of a head are zeroed by the task that owns its first tile.
+void fwd_tile(const AttentionInputs& in, const AttentionDims& d, float scale, const Band& bnd, int64_t b,
+              int64_t h, int64_t q0, int64_t rows, View out, float* lse, float* parts, FullWorkspace& ws,
+              int thread) {
   float* pm = parts;                                          // (B, H, N) row max, log2 units
   float* pl = parts ? parts + d.B * d.H * d.N : nullptr;      // (B, H, N) log2 of the row sum
-  const int64_t D = d.Dk, Dv = d.Dv, np = (d.M + kPanel - 1) / kPanel, Mp = np * kPanel;
+  const int64_t D = d.Dk, Dv = d.Dv, Mp = round_up(d.M, kPanel), hk = h / d.group();
   const int64_t Dvp = round_up(Dv, mk::kLanes);
   const float c = scale * kLog2e;
+  const bool band = bnd.window > 0, cached = in.cache != nullptr;
+  ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
+  float* qs = sc.a.floats(static_cast<size_t>(kBr * D));      // (Br, D) scaled by c
+  float* s = sc.b.floats(static_cast<size_t>(kBr * kBc));     // (Br, Bc) scores, then P
+  float* oacc = sc.c.floats(static_cast<size_t>(kBr * Dvp));  // (Br, Dvp)
+  float* st = sc.d.floats(static_cast<size_t>(3 * kBr));      // m, l, alpha: (Br) each
+  float *m = st, *l = st + kBr, *alpha = st + 2 * kBr;
+  mk::pack_rows(in.q.ptr(b, h, q0), rows, D, in.q.stride(2), qs, rows, D, c);
+  std::fill(m, m + rows, -kInf);
+  std::fill(l, l + rows, 0.f);
+  std::memset(oacc, 0, sizeof(float) * static_cast<size_t>(rows * Dvp));
+  const RowLimits lim{valid_keys(in, d, b), d.M - d.N, in.causal, bnd};
+  const int64_t kbeg = lim.key_begin(q0) / kPanel * kPanel, kend = lim.key_end(q0 + rows - 1);
+  // Panels of keys [kfirst, ...): the whole head packed up front, or a band tile's own keys.
+  const float* kp = nullptr;
+  int64_t kfirst = 0;
+  if (band) {
+    float* own = sc.e.floats(static_cast<size_t>((std::max<int64_t>(kend - kbeg, 1) + kPanel) * D));
+    if (kend > kbeg) mk::pack_panels(in.k.ptr(b, hk, kbeg), kend - kbeg, D, in.k.stride(2), own);
+    kp = own;
+    kfirst = kbeg;
+  } else {
+    kp = cached ? in.cache->key_panels(b, hk) : ws.kpan.data() + (b * d.Hkv + hk) * Mp * D;
+  }
+  const mk::RowsOperand vr = ws.vops[static_cast<size_t>(b * d.Hkv + hk)];
+
+  for (int64_t k0 = kbeg; k0 < kend; k0 += kBc) {
+    const int64_t bc = std::min(kBc, kend - k0), npan = (bc + kPanel - 1) / kPanel;
+    const int64_t width = npan * kPanel;
+    mk::gemm_abt(rows, npan, D, qs, D, kp + ((k0 - kfirst) / kPanel) * D * kPanel, s, kBc);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = s + r * kBc;
+      const int64_t i = q0 + r, lo = lim.key_begin(i) - k0, hi = lim.key_end(i) - k0;
+      if (lo > 0 || hi < width || in.bias.data) mask_row(row, width, lo, hi, bias_row_ptr(in, i, k0));
+      alpha[r] = tile::online_softmax_row(row, width, m[r], l[r]);
+    }
+    // O = diag(alpha)·O + P·V
+    mk::gemm_ab(rows, Dvp, bc, s, kBc, 1, vr.data + k0 * vr.ld, vr.ld, oacc, Dvp, alpha);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float* o = out.ptr(b, h, q0 + r);
+    const int64_t at = (b * d.H + h) * d.N + q0 + r;
+    if (l[r] > 0.f) {
+      const float inv = 1.f / l[r];
+      for (int64_t e = 0; e < Dv; ++e) o[e] = oacc[r * Dvp + e] * inv;
+      lse[at] = (m[r] + std::log2(l[r])) * kLn2;
+      if (parts) pm[at] = m[r], pl[at] = std::log2(l[r]);
+    } else {
+      std::memset(o, 0, sizeof(float) * static_cast<size_t>(Dv));
+      lse[at] = kInf;  // no visible key: backward's 2^(s - m) is then 0
+      if (parts) pm[at] = kInf, pl[at] = 0.f;
+    }
+  }
+}
+
+}  // namespace
+
+void full_fwd_prepare(const AttentionInputs& in, const AttentionDims& d, FullWorkspace& ws, const Band& bnd) {
+  const int64_t D = d.Dk, Dv = d.Dv, Mp = round_up(d.M, kPanel);
   // A window band (local) packs each tile's few panels itself: packing every head up front would
   // be a pass over all of K into a (B, Hkv, M, Dk) buffer that no cache holds at long N. A block
   // band's tiles reach back to their block start, or to key 0 before exact_before: it packs once.
@@ -141,19 +205,29 @@ void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scal
   std::vector<mk::RowsOperand>& vops = ws.vops;
   vops.resize(static_cast<size_t>(d.B * d.Hkv));
   ws.ensure_threads();
-
   if (cached) {
     for (int64_t t = 0; t < d.B * d.Hkv; ++t)
       vops[static_cast<size_t>(t)] = {in.cache->value_rows(t / d.Hkv, t % d.Hkv), in.cache->value_ld()};
-  } else {
-    parallel_for(d.B * d.Hkv, [&](int64_t t) {
-      const int64_t b = t / d.Hkv, hk = t % d.Hkv;
-      if (!band) mk::pack_panels(in.k.ptr(b, hk, 0), d.M, D, in.k.stride(2), kpan + t * Mp * D);
-      vops[static_cast<size_t>(t)] = mk::rows_operand(in.v.ptr(b, hk, 0), d.M, Dv, in.v.stride(2),
-                                                      vrow + t * mk::rows_operand_size(d.M, Dv));
-    });
+    return;
   }
+  parallel_for(d.B * d.Hkv, [&](int64_t t) {
+    const int64_t b = t / d.Hkv, hk = t % d.Hkv;
+    if (!band) mk::pack_panels(in.k.ptr(b, hk, 0), d.M, D, in.k.stride(2), kpan + t * Mp * D);
+    vops[static_cast<size_t>(t)] = mk::rows_operand(in.v.ptr(b, hk, 0), d.M, Dv, in.v.stride(2),
+                                                    vrow + t * mk::rows_operand_size(d.M, Dv));
+  });
+}
 
+void attn_full_fwd_rows(const AttentionInputs& in, const AttentionDims& d, float scale, const Band& band,
+                        int64_t b, int64_t h, int64_t r0, int64_t r1, View out, float* lse, float* parts,
+                        FullWorkspace& ws, int thread) {
+  for (int64_t q0 = r0; q0 < r1; q0 += kBr)
+    fwd_tile(in, d, scale, band, b, h, q0, std::min(kBr, r1 - q0), out, lse, parts, ws, thread);
+}
+
+void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scale, View out,
+                   float* lse, FullWorkspace& ws, const Band& bnd, float* parts) {
+  full_fwd_prepare(in, d, ws, bnd);
   // Tasks: (b, h, query tile) over valid queries; padded rows are zeroed by the task owning
   // the head's first tile. Causal tiles late in the sequence are the big ones: schedule first.
   std::vector<int64_t>& task_b = ws.task_b;
@@ -172,73 +246,26 @@ void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scal
       }
     }
   const int64_t ntasks = static_cast<int64_t>(task_b.size());
-
   parallel_for(ntasks, [&](int64_t tt, int thread) {
     const int64_t t = in.causal ? ntasks - 1 - tt : tt;
     const int64_t b = task_b[static_cast<size_t>(t)], h = task_h[static_cast<size_t>(t)];
-    const int64_t q0 = task_q0[static_cast<size_t>(t)], hk = h / d.group();
+    const int64_t q0 = task_q0[static_cast<size_t>(t)];
     const int64_t nv = valid_queries(in, d, b);
-    if (q0 == 0)
-      for (int64_t i = nv; i < d.N; ++i) {
-        std::memset(out.ptr(b, h, i), 0, sizeof(float) * static_cast<size_t>(Dv));
-        lse[(b * d.H + h) * d.N + i] = 0.f;
-        if (parts) pm[(b * d.H + h) * d.N + i] = pl[(b * d.H + h) * d.N + i] = 0.f;
-      }
+    if (q0 == 0) full_zero_padded_rows(in, d, b, h, out, lse, parts);
     const int64_t rows = std::min(kBr, nv - q0);
-    if (rows <= 0) return;
-    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
-    float* qs = sc.a.floats(static_cast<size_t>(kBr * D));      // (Br, D) scaled by c
-    float* s = sc.b.floats(static_cast<size_t>(kBr * kBc));     // (Br, Bc) scores, then P
-    float* oacc = sc.c.floats(static_cast<size_t>(kBr * Dvp));  // (Br, Dvp)
-    float* st = sc.d.floats(static_cast<size_t>(3 * kBr));      // m, l, alpha: (Br) each
-    float *m = st, *l = st + kBr, *alpha = st + 2 * kBr;
-    mk::pack_rows(in.q.ptr(b, h, q0), rows, D, in.q.stride(2), qs, rows, D, c);
-    std::fill(m, m + rows, -kInf);
-    std::fill(l, l + rows, 0.f);
-    std::memset(oacc, 0, sizeof(float) * static_cast<size_t>(rows * Dvp));
-    const RowLimits lim{valid_keys(in, d, b), d.M - d.N, in.causal, bnd};
-    const int64_t kbeg = lim.key_begin(q0) / kPanel * kPanel, kend = lim.key_end(q0 + rows - 1);
-    // Panels of keys [kfirst, ...): the whole head packed up front, or a band tile's own keys.
-    const float* kp = nullptr;
-    int64_t kfirst = 0;
-    if (band) {
-      float* own = sc.e.floats(static_cast<size_t>((std::max<int64_t>(kend - kbeg, 1) + kPanel) * D));
-      if (kend > kbeg) mk::pack_panels(in.k.ptr(b, hk, kbeg), kend - kbeg, D, in.k.stride(2), own);
-      kp = own;
-      kfirst = kbeg;
-    } else {
-      kp = cached ? in.cache->key_panels(b, hk) : kpan + (b * d.Hkv + hk) * Mp * D;
-    }
-    const mk::RowsOperand vr = vops[static_cast<size_t>(b * d.Hkv + hk)];
-
-    for (int64_t k0 = kbeg; k0 < kend; k0 += kBc) {
-      const int64_t bc = std::min(kBc, kend - k0), npan = (bc + kPanel - 1) / kPanel;
-      const int64_t width = npan * kPanel;
-      mk::gemm_abt(rows, npan, D, qs, D, kp + ((k0 - kfirst) / kPanel) * D * kPanel, s, kBc);
-      for (int64_t r = 0; r < rows; ++r) {
-        float* row = s + r * kBc;
-        const int64_t i = q0 + r, lo = lim.key_begin(i) - k0, hi = lim.key_end(i) - k0;
-        if (lo > 0 || hi < width || in.bias.data) mask_row(row, width, lo, hi, bias_row_ptr(in, i, k0));
-        alpha[r] = tile::online_softmax_row(row, width, m[r], l[r]);
-      }
-      // O = diag(alpha)·O + P·V
-      mk::gemm_ab(rows, Dvp, bc, s, kBc, 1, vr.data + k0 * vr.ld, vr.ld, oacc, Dvp, alpha);
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      float* o = out.ptr(b, h, q0 + r);
-      const int64_t at = (b * d.H + h) * d.N + q0 + r;
-      if (l[r] > 0.f) {
-        const float inv = 1.f / l[r];
-        for (int64_t e = 0; e < Dv; ++e) o[e] = oacc[r * Dvp + e] * inv;
-        lse[at] = (m[r] + std::log2(l[r])) * kLn2;
-        if (parts) pm[at] = m[r], pl[at] = std::log2(l[r]);
-      } else {
-        std::memset(o, 0, sizeof(float) * static_cast<size_t>(Dv));
-        lse[at] = kInf;  // no visible key: backward's 2^(s - m) is then 0
-        if (parts) pm[at] = kInf, pl[at] = 0.f;
-      }
-    }
+    if (rows > 0) fwd_tile(in, d, scale, bnd, b, h, q0, rows, out, lse, parts, ws, thread);
   });
+}
+
+void full_zero_padded_rows(const AttentionInputs& in, const AttentionDims& d, int64_t b, int64_t h, View out,
+                           float* lse, float* parts) {
+  const int64_t nv = valid_queries(in, d, b), BH = d.B * d.H;
+  for (int64_t i = nv; i < d.N; ++i) {
+    std::memset(out.ptr(b, h, i), 0, sizeof(float) * static_cast<size_t>(d.Dv));
+    const int64_t at = (b * d.H + h) * d.N + i;
+    lse[at] = 0.f;
+    if (parts) parts[at] = parts[BH * d.N + at] = 0.f;
+  }
 }
 
 void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scale, ConstView out,

@@ -59,6 +59,17 @@ std::unique_ptr<Attention> make_full_attention(float scale, int64_t window);
 // parts (2, B, H, N) as FullState::parts (nullptr: not needed).
 void attn_full_fwd(const AttentionInputs& in, const AttentionDims& d, float scale, View out,
                    float* lse, FullWorkspace& ws, const Band& band = {}, float* parts = nullptr);
+// The same forward, scheduled by the caller (causal clustered runs each block's rows inside its own
+// tasks): full_fwd_prepare packs what the tiles read (once per call, parallel), then each
+// attn_full_fwd_rows runs query rows [r0, r1) of head (b, h) on the calling thread with that
+// thread's scratch (`thread`, as parallel_for numbers them), and full_zero_padded_rows writes the
+// rows past query_lengths (0, lse 0) that attn_full_fwd's first tile of a head writes.
+void full_fwd_prepare(const AttentionInputs& in, const AttentionDims& d, FullWorkspace& ws, const Band& band);
+void attn_full_fwd_rows(const AttentionInputs& in, const AttentionDims& d, float scale, const Band& band,
+                        int64_t b, int64_t h, int64_t r0, int64_t r1, View out, float* lse, float* parts,
+                        FullWorkspace& ws, int thread);
+void full_zero_padded_rows(const AttentionInputs& in, const AttentionDims& d, int64_t b, int64_t h, View out,
+                           float* lse, float* parts);
 // Accumulates into dq, dk, dv. out and parts as left by attn_full_fwd. dout_scale (B, H, N), when
 // given, multiplies each row of dout (the gradient of a row blended with other parts: the share
 // of this part), without a scaled copy of dout.
