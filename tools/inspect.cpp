@@ -233,7 +233,12 @@ void read_groups(Context& ctx, int64_t H, int64_t h, int64_t N, int64_t M, int64
     for (int32_t c = 0; c < st.nclusters[static_cast<size_t>(h)]; ++c)
       for (int32_t x = off[c]; x < off[c + 1]; ++x) a.group[static_cast<size_t>(order[x])] = c;
   });
+  // Causal smyrf and routing: each query's bucket in round 0 (tile/bucket_window.h).
+  auto buckets = [&](const BucketWindow& bw) {
+    for (int64_t i = 0; i < nv; ++i) a.group[static_cast<size_t>(i)] = bw.qb[static_cast<size_t>(h * bw.rounds * N + i)];
+  };
   attempt(RoutingState{}, [&](const RoutingState& st) {
+    if (st.causal) return buckets(st.bw);
     const int64_t cap = static_cast<int64_t>(st.mem.size()) / H;
     const int32_t* off = st.mem_off.data() + h * (st.C + 1);
     const int32_t* mem = st.mem.data() + h * cap;
@@ -241,6 +246,7 @@ void read_groups(Context& ctx, int64_t H, int64_t h, int64_t N, int64_t M, int64
       for (int32_t x = off[c]; x < off[c + 1]; ++x) a.group[static_cast<size_t>(mem[x])] = static_cast<int32_t>(c);
   });
   attempt(SmyrfState{}, [&](const SmyrfState& st) {
+    if (st.causal) return buckets(st.bw);
     const int32_t* perm = st.qperm.data() + h * st.rounds * N;  // round 0: valid queries first
     const int64_t nc = std::max<int64_t>(1, std::max((nv + st.qc - 1) / st.qc, (mv + st.kc - 1) / st.kc));
     for (int64_t cl = 0; cl < nc; ++cl) {
@@ -249,8 +255,8 @@ void read_groups(Context& ctx, int64_t H, int64_t h, int64_t N, int64_t M, int64
     }
   });
   attempt(ReformerState{}, [&](const ReformerState& st) {
-    const int32_t* perm = st.perm.data() + h * st.rounds * N;  // round 0
-    for (int64_t x = 0; x < N; ++x)
+    const int32_t* perm = st.perm.data() + h * st.rounds * st.len;  // round 0
+    for (int64_t x = 0; x < st.nch[static_cast<size_t>(h * st.rounds)] * st.chunk && x < st.len; ++x)
       if (perm[x] >= 0 && perm[x] < N) a.group[static_cast<size_t>(perm[x])] = static_cast<int32_t>(x / st.chunk);
     a.group_word = "chunk";
   });

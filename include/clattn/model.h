@@ -119,6 +119,9 @@ class Encoder {
   std::vector<std::string> specs_;
   std::vector<std::unique_ptr<Attention>> att_;
   std::vector<Context> ctx_;
+  // Layer state of stateful attentions (routing's EMA centroids, made from the spec's seed on
+  // first use; inference calls only read it). Reset when the plan changes.
+  std::vector<AttentionState> states_;
   Scratch scratch_;
   Tensor x_, xn_, qkv_, ao_, t_, h_;  // activations, sized once per (B, T)
   int64_t B_ = 0, T_ = 0;
@@ -178,6 +181,9 @@ class Decoder {
   std::vector<std::string> specs_;
   std::vector<std::unique_ptr<Attention>> att_;
   std::vector<Context> ctx_;
+  // Layer state of stateful attentions (routing's EMA centroids, made from the spec's seed on
+  // first use; inference calls only read it). Reset when the plan changes.
+  std::vector<AttentionState> states_;
   std::vector<KVCache> cache_;
   Scratch scratch_;
   Tensor x_, xn_, q_, kv_, ao_, g_, u_, logits_;

@@ -181,6 +181,8 @@ void Encoder::set_attention(const std::string& plan) {
   std::vector<std::unique_ptr<Attention>> att = make_plan_attentions(specs, false, false);
   specs_ = std::move(specs);
   att_ = std::move(att);
+  states_.clear();
+  states_.resize(att_.size());
   ctx_.clear();
   for (size_t l = 0; l < att_.size(); ++l) ctx_.emplace_back(Mode::inference, &scratch_);
 }
@@ -250,6 +252,7 @@ void Encoder::run_layers(int64_t B, int64_t T, std::span<const int32_t> lengths)
       capture_->causal = ai.causal;
     }
     const auto t0 = std::chrono::steady_clock::now();
+    if (att_[l]->capabilities().stateful) ai.state = &states_[l];
     att_[l]->forward(ai, heads_view(ao, H), ctx_[l]);
     attn_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     nn::linear_fwd(t, H, ao, H, y.wo, y.bo, rows, H, H);

@@ -59,8 +59,10 @@ std::vector<double> shared_qk_attention(const ProblemData& pd, const Problem& p)
   return out;
 }
 
+// Without a causal mask, a sequence no longer than a chunk is one chunk: shared-QK full attention.
+// (With one, each bucket is cut into chunks of its own: CausalChunksAreCutPerBucket.)
 TEST(Reformer, OneChunkIsSharedQkFullAttention) {
-  for (bool causal : {false, true})
+  for (bool causal : {false})
     for (int32_t n : {1, 2, 17, 32}) {
       Problem p{.B = 2, .H = 2, .Hkv = 2, .N = n, .M = n, .Dk = 8, .Dv = 4, .causal = causal, .qlen = {n, (n + 1) / 2}, .klen = {n, (n + 2) / 3}};
       ProblemData pd = shared(p);
@@ -120,12 +122,57 @@ TEST(Reformer, PermSortsByReferenceBuckets) {
     for (int64_t h = 0; h < 2; ++h)
       for (int64_t r = 0; r < 2; ++r) {
         reformer_buckets_ref(pr, rp, 0, 0, h, r, bucket);
-        const int32_t* perm = st.perm.data() + (h * 2 + r) * n;
+        const int32_t* perm = st.perm.data() + (h * 2 + r) * st.len;
         std::vector<std::pair<int32_t, int32_t>> want;
         for (int32_t i = 0; i < n; ++i) want.push_back({bucket[static_cast<size_t>(i)], i});
         std::sort(want.begin(), want.end());
         for (int32_t x = 0; x < n; ++x)
           ASSERT_EQ(perm[x], want[static_cast<size_t>(x)].second) << "n=" << n << " h=" << h << " round " << r << " at " << x;
+      }
+  }
+}
+
+// Causal: per round, the positions of each bucket in order (the reference hash), padded with -1 to
+// whole chunks, buckets in increasing order; each chunk records its bucket. A query then meets the
+// earlier positions of its bucket from the start of the previous chunk of that bucket, which the
+// double reference (test_registry_suite) and the causality test check.
+TEST(Reformer, CausalChunksAreCutPerBucket) {
+  for (auto [n, chunk] : {std::pair<int32_t, int64_t>{200, 8}, {1000, 4}, {3, 32}, {65, 16}}) {
+    Problem p{.B = 1, .H = 2, .Hkv = 2, .N = n, .M = n, .Dk = 16, .Dv = 4, .causal = true};
+    ProblemData pd = shared(p);
+    ReformerParams rp;
+    rp.rounds = 2;
+    rp.chunk = chunk;
+    rp.seed = 3;
+    auto att = make_attention("reformer:rounds=2,seed=3,chunk=" + std::to_string(chunk));
+    Tensor out(Shape{1, 2, n, 4});
+    Context ctx;
+    att->forward(pd.inputs(), out.view(), ctx);
+    const ReformerState& st = ctx.saved<ReformerState>();
+    ASSERT_TRUE(st.causal);
+    const RefProblem pr = RefProblem::from(pd.inputs(), 0.f);
+    std::vector<int32_t> bucket;
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t r = 0; r < 2; ++r) {
+        reformer_buckets_ref(pr, rp, 0, 0, h, r, bucket);
+        std::vector<int32_t> want, want_bucket;
+        for (int32_t bk = 0; bk < st.buckets; ++bk) {
+          const size_t start = want.size();
+          for (int32_t i = 0; i < n; ++i)
+            if (bucket[static_cast<size_t>(i)] == bk) want.push_back(i);
+          if (want.size() == start) continue;
+          while (want.size() % static_cast<size_t>(chunk) != 0) want.push_back(-1);
+          want_bucket.resize(want.size() / static_cast<size_t>(chunk), bk);
+        }
+        const size_t at = static_cast<size_t>(h * 2 + r);
+        ASSERT_EQ(st.nch[at] * chunk, static_cast<int64_t>(want.size())) << "n=" << n << " h=" << h << " round " << r;
+        const std::vector<int32_t> got(st.perm.begin() + static_cast<int64_t>(at) * st.len,
+                                       st.perm.begin() + static_cast<int64_t>(at) * st.len + static_cast<int64_t>(want.size()));
+        EXPECT_EQ(got, want) << "n=" << n << " h=" << h << " round " << r;
+        const int64_t per = st.len / chunk;
+        const std::vector<int32_t> gotb(st.cbucket.begin() + static_cast<int64_t>(at) * per,
+                                        st.cbucket.begin() + static_cast<int64_t>(at) * per + static_cast<int64_t>(want_bucket.size()));
+        EXPECT_EQ(gotb, want_bucket);
       }
   }
 }

@@ -27,10 +27,15 @@ TEST(Routing, OneClusterWholeWindowIsFullAttention) {
     for (auto [n, m] : {std::pair<int32_t, int32_t>{50, 50}, {1, 1}, {64, 65}, {30, 90}}) {
       Problem p{.B = 2, .H = 2, .Hkv = 1, .N = n, .M = m, .Dk = 16, .Dv = 8, .causal = causal, .qlen = {n, (n + 1) / 2}, .klen = {m, (m + 2) / 3}};
       ProblemData pd = make_problem(p);
-      auto att = make_attention("routing:clusters=1,window=" + std::to_string(std::max(n, m)));
+      // Causal routing needs fixed (EMA) centroids; with one cluster every row joins it.
+      auto att = make_attention("routing:clusters=1,window=" + std::to_string(std::max(n, m)) +
+                                (causal ? ",centroids=ema" : ""));
       Tensor out(Shape{2, 2, n, 8}), ref(Shape{2, 2, n, 8});
       Context ctx;
-      att->forward(pd.inputs(), out.view(), ctx);
+      AttentionState state;
+      AttentionInputs in = pd.inputs();
+      in.state = &state;
+      att->forward(in, out.view(), ctx);
       attn_full_ref_fwd(pd.inputs(), 0.f, ref.view(), nullptr);
       EXPECT_LE(nmse(ref.view(), out.view()), 1e-10) << n << " " << m << " causal " << causal;
     }
@@ -166,12 +171,68 @@ TEST(Routing, TrainingCallsUpdateEmaDeterministically) {
 
 TEST(RoutingGradients, FiniteDifferencesInDouble) {
   for (const Problem& p : {Problem{.B = 1, .H = 2, .Hkv = 2, .N = 12, .M = 10, .Dk = 4, .Dv = 3},
-                           Problem{.B = 2, .H = 4, .Hkv = 2, .N = 9, .M = 9, .Dk = 3, .Dv = 4, .causal = true, .qlen = {9, 6}, .klen = {7, 9}}}) {
-    testing::check_fd_gradients("routing:clusters=3,window=4", make_problem(p),
+                           Problem{.B = 2, .H = 4, .Hkv = 2, .N = 9, .M = 9, .Dk = 3, .Dv = 4, .causal = true, .qlen = {9, 6}, .klen = {7, 9}},
+                           Problem{.B = 1, .H = 2, .Hkv = 1, .N = 14, .M = 17, .Dk = 3, .Dv = 2, .causal = true}}) {
+    // Causal routing needs fixed centroids (centroids=ema; the helper passes a layer state).
+    const std::string spec = p.causal ? "routing:clusters=3,window=4,centroids=ema" : "routing:clusters=3,window=4";
+    testing::check_fd_gradients(spec, make_problem(p),
                                 [](const RefProblem& pr, const Context& ctx, std::vector<double>& o) {
                                   attn_routing_ref(pr, ctx.saved<RoutingState>(), o);
                                 });
   }
+}
+
+// Causal (routing.cpp, "Causal"): k-means over the sequence is refused; with EMA centroids each
+// query and key joins its nearest centroid of the layer state, the window is window= (or
+// ceil(M/C)), and training calls still move the centroids.
+TEST(Routing, CausalUsesTheNearestEmaCentroids) {
+  Problem p{.B = 2, .H = 2, .Hkv = 1, .N = 40, .M = 50, .Dk = 8, .Dv = 4, .causal = true, .qlen = {40, 33}};
+  ProblemData pd = make_problem(p);
+  Tensor out(Shape{2, 2, 40, 4});
+  {
+    Context ctx;
+    try {
+      make_attention("routing:clusters=4")->forward(pd.inputs(), out.view(), ctx);
+      ADD_FAILURE() << "k-means routing accepted a causal mask";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("centroids=ema"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(make_attention("routing:clusters=4")->capabilities().causal);
+    EXPECT_TRUE(make_attention("routing:clusters=4,centroids=ema")->capabilities().causal);
+  }
+  auto att = make_attention("routing:clusters=5,centroids=ema,seed=7,decay=0.5");
+  AttentionState state;
+  AttentionInputs in = pd.inputs();
+  in.state = &state;
+  Context ctx;
+  att->forward(in, out.view(), ctx);
+  const RoutingState& st = ctx.saved<RoutingState>();
+  ASSERT_TRUE(st.causal);
+  EXPECT_EQ(st.bw.window, 10);  // ceil(50 / 5)
+  const Tensor& cent = *state.find("centroids");  // (H, C, Dk)
+  auto nearest = [&](const float* x, int64_t h) {
+    int64_t best = 0;
+    double bv = -1e300;
+    for (int64_t c = 0; c < 5; ++c) {
+      double s2 = 0;
+      for (int64_t e = 0; e < 8; ++e) s2 += static_cast<double>(x[e]) * cent.data()[(h * 5 + c) * 8 + e];
+      if (s2 > bv + 1e-6) bv = s2, best = c;
+    }
+    return best;
+  };
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t h = 0; h < 2; ++h) {
+      for (int64_t i = 0; i < p.qlen[static_cast<size_t>(b)]; ++i)
+        EXPECT_EQ(st.bw.qb[static_cast<size_t>((b * 2 + h) * 40 + i)], nearest(pd.q.view().ptr(b, h, i), h));
+      for (int64_t j = 0; j < 50; ++j) EXPECT_EQ(st.bw.kb[static_cast<size_t>((b * 2 + h) * 50 + j)], nearest(pd.k.view().ptr(b, 0, j), h));
+    }
+  // An evaluation call leaves the state alone; a training call moves it.
+  const Tensor before = Tensor::from(cent.view());
+  att->forward(in, out.view(), ctx);
+  EXPECT_EQ(nmse(before.view(), state.find("centroids")->view()), 0.0);
+  in.train = true;
+  att->forward(in, out.view(), ctx);
+  EXPECT_GT(nmse(before.view(), state.find("centroids")->view()), 0.0);
 }
 
 TEST(Routing, SpecErrors) {

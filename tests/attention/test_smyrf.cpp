@@ -9,6 +9,8 @@
 
 #include "attention/full/full.h"
 #include "attention/smyrf/smyrf.h"
+#include "attention/tile/bucket_window.h"
+#include "clattn/rng.h"
 #include "clattn/attention.h"
 #include "common/fd.h"
 #include "common/test_util.h"
@@ -121,6 +123,77 @@ TEST(SmyrfGradients, FiniteDifferencesInDouble) {
                                   attn_smyrf_ref(pr, ctx.saved<SmyrfState>(), o);
                                 });
   }
+}
+
+// Causal SMYRF (smyrf.cpp, "Causal"): the buckets follow the definition, recomputed here in
+// double — the transform with the maximum norms up to each row's position, the normalised
+// projection, and the bucket from the projection's rank among the earlier rows of its side.
+TEST(Smyrf, CausalBucketsFollowTheDefinition) {
+  for (const Problem& p : {Problem{.B = 2, .H = 2, .Hkv = 1, .N = 70, .M = 90, .Dk = 8, .Dv = 4, .causal = true, .qlen = {70, 41}, .klen = {90, 60}},
+                           Problem{.B = 1, .H = 2, .Hkv = 2, .N = 100, .M = 100, .Dk = 16, .Dv = 4, .causal = true}}) {
+    ProblemData pd = make_problem(p);
+    // Rows of growing norm, so the running maxima change along the sequence.
+    for (Tensor* t : {&pd.q, &pd.k})
+      for (int64_t r = 0; r < t->numel() / p.Dk; ++r)
+        for (int64_t e = 0; e < p.Dk; ++e) t->data()[r * p.Dk + e] *= 0.5f + 0.02f * static_cast<float>(r % 97);
+    const SmyrfParams sp{.hashes = 3, .q_cluster = 8, .k_cluster = 5, .seed = 4};
+    BucketWindow bw;
+    const AttentionInputs in = pd.inputs();
+    AttentionDims d{p.B, p.H, p.Hkv, p.N, p.M, p.Dk, p.Dv};
+    smyrf_causal_buckets(in, d, sp, 2, bw);
+    ASSERT_EQ(bw.window, 5);
+    const Rng rng(sp.seed);
+    const int64_t off = p.M - p.N, D = p.Dk;
+    int mismatches = 0, rows = 0;
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t h = 0; h < p.H; ++h) {
+        const int64_t nv = p.qlen.empty() ? p.N : p.qlen[static_cast<size_t>(b)], mv = p.klen.empty() ? p.M : p.klen[static_cast<size_t>(b)];
+        const int64_t hk = h / (p.H / p.Hkv), nb = (nv + 7) / 8;
+        auto sq = [&](const float* x) { double s2 = 0; for (int64_t e = 0; e < D; ++e) s2 += static_cast<double>(x[e]) * x[e]; return s2; };
+        auto r2 = [&](int64_t pos) {
+          double mq = 0, mk = 0;
+          for (int64_t i = 0; i < nv && i + off <= pos; ++i) mq = std::max(mq, sq(in.q.ptr(b, h, i)));
+          for (int64_t j = 0; j < mv && j <= pos; ++j) mk = std::max(mk, sq(in.k.ptr(b, hk, j)));
+          return mq + mk;
+        };
+        for (int64_t r = 0; r < 3; ++r) {
+          auto proj = [&](const float* x, int64_t pos, int64_t extra) {
+            double dot = 0;
+            for (int64_t e = 0; e < D; ++e) dot += rng.normal(2, static_cast<uint64_t>(r * (D + 2) + e)) * x[e];
+            const double rr = r2(pos), a = rng.normal(2, static_cast<uint64_t>(r * (D + 2) + extra));
+            return rr > 0 ? (dot + a * std::sqrt(std::max(0.0, rr - sq(x)))) / std::sqrt(rr) : 0.0;
+          };
+          auto buckets = [&](const std::vector<double>& hv) {  // rank among earlier rows, ties to them
+            std::vector<int64_t> out;
+            for (size_t i = 0; i < hv.size(); ++i) {
+              int64_t below = 0;
+              for (size_t x = 0; x < i; ++x) below += hv[x] <= hv[i];
+              const double u = (static_cast<double>(below) + 0.5) / static_cast<double>(i + 1);
+              out.push_back(std::min<int64_t>(nb - 1, static_cast<int64_t>(u * static_cast<double>(nb))));
+            }
+            return out;
+          };
+          std::vector<double> hq, hk2;
+          for (int64_t i = 0; i < nv; ++i) hq.push_back(proj(in.q.ptr(b, h, i), i + off, D + 1));
+          for (int64_t j = 0; j < mv; ++j) hk2.push_back(proj(in.k.ptr(b, hk, j), j, D));
+          const std::vector<int64_t> wq = buckets(hq), wk = buckets(hk2);
+          const size_t at = static_cast<size_t>((b * p.H + h) * 3 + r);
+          for (int64_t i = 0; i < nv; ++i, ++rows) mismatches += bw.qb[at * static_cast<size_t>(p.N) + static_cast<size_t>(i)] != wq[static_cast<size_t>(i)];
+          for (int64_t j = 0; j < mv; ++j, ++rows) mismatches += bw.kb[at * static_cast<size_t>(p.M) + static_cast<size_t>(j)] != wk[static_cast<size_t>(j)];
+        }
+      }
+    // Float against double may swap two projections within rounding: allow one in 200.
+    EXPECT_LE(mismatches, rows / 200) << mismatches << " of " << rows;
+  }
+  // The spec's k_cluster is the window; a causal forward keeps the buckets.
+  ProblemData pd = make_problem(Problem{.B = 1, .H = 1, .Hkv = 1, .N = 50, .M = 50, .Dk = 4, .Dv = 4, .causal = true});
+  auto att = make_attention("smyrf:hashes=2,q_cluster=4,k_cluster=3");
+  Tensor out(Shape{1, 1, 50, 4});
+  Context ctx;
+  att->forward(pd.inputs(), out.view(), ctx);
+  EXPECT_TRUE(ctx.saved<SmyrfState>().causal);
+  EXPECT_EQ(ctx.saved<SmyrfState>().bw.window, 3);
+  EXPECT_EQ(ctx.saved<SmyrfState>().bw.rounds, 2);
 }
 
 TEST(Smyrf, SpecErrors) {

@@ -105,7 +105,7 @@ grep -q "no cluster picture" "$dir/err" && ok || bad "inspect full does not say 
 # Every causal-capable variant with masks (reformer shares q and k), and an explicit clusters file.
 expect_ok "make-inputs masks" "$bin" make-inputs --output "$dir/m.safetensors" --batch 2 --heads 4 --kv-heads 2 --n 90 \
   --dim 8 --query-lengths 90,61 --key-lengths 90,61
-for spec in smyrf:q_cluster=16,k_cluster=16 routing:clusters=4 topk:topk=8 local:window=16 linear \
+for spec in smyrf:q_cluster=16,k_cluster=16 routing:clusters=4,centroids=ema topk:topk=8 local:window=16 linear \
   improved-clustered:clusters=5,topk=8; do
   causal=--causal
   case $spec in improved-clustered*) causal= ;; esac
@@ -141,7 +141,7 @@ if [ -d "$data/kwt1" ] && [ -d "$data/stories260k" ]; then
   expect_png "inspect KWT-1" "$dir/kwt.png" 1500 560
   expect_png "inspect KWT-1 clusters" "$dir/kwt-clusters.png" 900 600
   expect_ok "inspect stories260k" "$bin" inspect --model "$data/stories260k" --tokens \
-    "$data/stories260k/reference_logits.safetensors" --layer 2 --head 5 --attention routing:clusters=8 --out "$dir/st.png"
+    "$data/stories260k/reference_logits.safetensors" --layer 2 --head 5 --attention routing:clusters=8,centroids=ema --out "$dir/st.png"
   expect_png "inspect stories260k" "$dir/st.png" 1500 560
   expect_png "inspect stories260k clusters" "$dir/st-clusters.png" 900 600
   expect_exit 2 "inspect --layer past the model" "5 layers" "$bin" inspect --model "$data/stories260k" --tokens \

@@ -6,6 +6,15 @@
 // attends only itself, never a key twice). Logits are q · k_unit with no scaling. A query never
 // attends to itself unless nothing else in its round is visible; causal and key-padding masks
 // apply by original position. Rounds combine by log-sum-exp (one softmax over every round's keys).
+// Causal (strictly: a position's output never depends on a later position). Cutting the global
+// (bucket, position) order into fixed chunks would not be: where a chunk boundary falls, and so
+// which keys a query meets, depends on how many later positions land in earlier buckets. With
+// the causal mask each bucket is cut into its own chunks instead, in position order (its run
+// padded to whole chunks), and a chunk attends itself and the chunk before it in the same bucket
+// (no wrap): a query sees the earlier positions of its bucket from the start of the previous
+// chunk of that bucket, i.e. ranks [(⌊r/chunk⌋ − 1)·chunk, r] of its rank r there — chosen by
+// earlier positions only. (The reference implementation cuts the global order; it is not
+// strictly causal.)
 // The K input must be Q itself (validate_inputs checks it for shared-QK variants): all gradient
 // flows into dq, through both the query and the normalised-key role; dk is left unchanged.
 // Layout of the work: heads go to threads statically, and a thread hashes its next head in
@@ -62,9 +71,10 @@ struct Slot {
 struct ThreadScratch {
   std::vector<int32_t> bucket;  // (2, R, N) this head's buckets and the next one's
   std::vector<int32_t> offsets;
+  std::vector<int32_t> sorted;  // (N) causal: the (bucket, position) order before padding
   Slot slots[3];
   Workspace proj, slot_mem, s, o, go, dp;
-  size_t bytes() const { return held_bytes(bucket, offsets, proj, slot_mem, s, o, go, dp); }
+  size_t bytes() const { return held_bytes(bucket, offsets, sorted, proj, slot_mem, s, o, go, dp); }
 };
 
 }  // namespace
@@ -112,17 +122,59 @@ int64_t reformer_buckets(const ReformerParams& p, int64_t n) {
 
 namespace {
 
-// Keys of chunk c (positions), in perm order: chunk c then chunk c − 1 (wrapping; not repeated
+// Members of chunk c: a prefix of perm[c·ch, (c+1)·ch) (the rest is causal padding, -1). len is
+// the length of perm (N, or the padded length with causal).
+int64_t chunk_len(const int32_t* perm, int64_t len, int64_t ch, int64_t c) {
+  int64_t n = std::min(ch, len - c * ch);
+  while (n > 0 && perm[c * ch + n - 1] < 0) --n;
+  return n;
+}
+
+// The chunk whose keys chunk c attends besides its own, or -1: the one before it, the first
+// wrapping to the last; with causal (cbucket given) the one before it only in the same bucket.
+int64_t prev_chunk(int64_t c, int64_t nch, const int32_t* cbucket) {
+  if (cbucket) return c > 0 && cbucket[c - 1] == cbucket[c] ? c - 1 : -1;
+  if (nch == 1) return -1;
+  return c == 0 ? nch - 1 : c - 1;
+}
+
+// Keys of chunk c (positions), in perm order: chunk c then its previous chunk (not repeated
 // when there is a single chunk). The reference's statement of the partition.
-int64_t chunk_keys(const int32_t* perm, int64_t n, int64_t ch, int64_t c, std::vector<int32_t>& keys) {
-  const int64_t nch = (n + ch - 1) / ch;
-  keys.clear();
-  for (int64_t x = c * ch; x < std::min(n, (c + 1) * ch); ++x) keys.push_back(perm[x]);
-  if (nch > 1) {
-    const int64_t pc = c == 0 ? nch - 1 : c - 1;
-    for (int64_t x = pc * ch; x < std::min(n, (pc + 1) * ch); ++x) keys.push_back(perm[x]);
-  }
+int64_t chunk_keys(const int32_t* perm, int64_t len, int64_t nch, int64_t ch, int64_t c,
+                   const int32_t* cbucket, std::vector<int32_t>& keys) {
+  keys.assign(perm + c * ch, perm + c * ch + chunk_len(perm, len, ch, c));
+  const int64_t pc = prev_chunk(c, nch, cbucket);
+  if (pc >= 0) keys.insert(keys.end(), perm + pc * ch, perm + pc * ch + chunk_len(perm, len, ch, pc));
   return static_cast<int64_t>(keys.size());
+}
+
+// The partition of round r from its buckets: sorted by (bucket, position); with causal each
+// bucket's run padded with -1 to whole chunks. Returns the number of chunks.
+int64_t partition(const int32_t* bucket, int64_t n, int64_t nb, int64_t ch, bool causal, int32_t* perm,
+                  int32_t* cbucket, std::vector<int32_t>& sorted, std::vector<int32_t>& offsets) {
+  if (!causal) {
+    cluster::counting_sort(bucket, n, nb, perm, offsets.data());
+    return (n + ch - 1) / ch;
+  }
+  sorted.resize(static_cast<size_t>(n));
+  cluster::counting_sort(bucket, n, nb, sorted.data(), offsets.data());
+  int64_t len = 0;
+  for (int64_t bk = 0; bk < nb; ++bk) {
+    const int32_t a = offsets[static_cast<size_t>(bk)], e = offsets[static_cast<size_t>(bk + 1)];
+    if (a == e) continue;
+    std::copy(sorted.data() + a, sorted.data() + e, perm + len);
+    const int64_t end = round_up(len + (e - a), ch);
+    std::fill(perm + len + (e - a), perm + end, -1);
+    for (int64_t c = len / ch; c < end / ch; ++c) cbucket[c] = static_cast<int32_t>(bk);
+    len = end;
+  }
+  return len / ch;
+}
+
+// Stride of a round's perm: N, or with causal the longest padded length (each non-empty bucket
+// adds at most ch - 1 entries of padding).
+int64_t perm_len(int64_t n, int64_t nb, int64_t ch, bool causal) {
+  return causal ? round_up(n + std::min(nb, n) * (ch - 1), ch) : n;
 }
 
 struct Dims {
@@ -150,9 +202,9 @@ void carve_slots(ThreadScratch& sc, const Dims& dm, bool backward) {
 // values; zeroes the backward accumulators.
 // ahead: the positions of the chunk staged next, whose rows are requested meanwhile.
 void stage_chunk(const float* qb, int64_t qrs, const float* vb, int64_t vrs, const Dims& dm,
-                 const int32_t* perm, int64_t ch, int64_t c, Slot& sl, bool backward,
+                 const int32_t* perm, int64_t len, int64_t ch, int64_t c, Slot& sl, bool backward,
                  const gather::Ahead& ahead) {
-  sl.n = std::min(ch, dm.N - c * ch);
+  sl.n = chunk_len(perm, len, ch, c);
   sl.w = round_up(sl.n, mk::kLanes);
   std::copy(perm + c * ch, perm + c * ch + sl.n, sl.idx);
   gather::transposed(qb, qrs, sl.idx, sl.n, dm.D, sl.kt, sl.w, ahead);
@@ -272,18 +324,18 @@ void hash_positions(const float* qb, int64_t qrs, const Dims& dm, const float* r
 
 // The positions of chunk c when it is staged from memory (the last chunk is staged first, at
 // the start of the round), for the gathers of the chunk before it to request.
-gather::Ahead ahead_of(const int32_t* perm, int64_t ch, int64_t c, int64_t nch, int64_t n) {
+gather::Ahead ahead_of(const int32_t* perm, int64_t ch, int64_t c, int64_t nch, int64_t len) {
   if (c >= nch - 1) return {};
-  return {perm + c * ch, std::min(ch, n - c * ch)};
+  return {perm + c * ch, chunk_len(perm, len, ch, c)};
 }
 
 // Requests into L2 the rows of chunk c + gather::kFarBlocks: q and v, which it will stage, and
 // a third array it will read by position (the output read back by later rounds, or dO; null
 // for none).
-void request_far(const int32_t* perm, int64_t ch, int64_t c, int64_t nch, int64_t n, const Dims& dm,
+void request_far(const int32_t* perm, int64_t ch, int64_t c, int64_t nch, int64_t len, const Dims& dm,
                  const float* qb, int64_t qrs, const float* vb, int64_t vrs, const float* xb,
                  int64_t xrs) {
-  const gather::Ahead far = ahead_of(perm, ch, c + gather::kFarBlocks, nch, n);
+  const gather::Ahead far = ahead_of(perm, ch, c + gather::kFarBlocks, nch, len);
   gather::prefetch_l2(qb, qrs, far.idx, far.n, dm.D);
   gather::prefetch_l2(vb, vrs, far.idx, far.n, dm.Dv);
   if (xb) gather::prefetch_l2(xb, xrs, far.idx, far.n, dm.Dv);
@@ -309,7 +361,11 @@ void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const 
   st.rounds = R;
   st.chunk = ch;
   st.buckets = nb;
-  st.perm.resize(static_cast<size_t>(d.B * d.H * R * d.N));
+  st.causal = in.causal;
+  st.len = perm_len(d.N, nb, ch, in.causal);
+  st.perm.resize(static_cast<size_t>(d.B * d.H * R * st.len));
+  st.nch.assign(static_cast<size_t>(d.B * d.H * R), 0);
+  st.cbucket.resize(in.causal ? static_cast<size_t>(d.B * d.H * R * (st.len / ch)) : 0);
   st.lse2.resize(Shape{d.B, d.H, d.N});
   // Rotations of all rounds, shared by all heads, as one (D, ncol) operand: round r's columns
   // [r·nrot, (r+1)·nrot) are its (D, f1/2) rotation and, factorised, its (D, f2/2) one.
@@ -321,9 +377,9 @@ void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const 
         rot[static_cast<size_t>(e * ncol + r * nrot + u)] = rotation(p, step, d.Dk, nrot, r, e, u);
   ws.ensure_threads();
 
-  const int64_t BH = d.B * d.H, nch = (d.N + ch - 1) / ch;
+  const int64_t BH = d.B * d.H, nch0 = (d.N + ch - 1) / ch;
   // Rows of the next head hashed after each chunk: all of them within one head's chunk loop.
-  const int64_t slice = std::max<int64_t>(16, round_up((d.N + R * nch - 1) / std::max<int64_t>(1, R * nch), 16));
+  const int64_t slice = std::max<int64_t>(16, round_up((d.N + R * nch0 - 1) / std::max<int64_t>(1, R * nch0), 16));
   auto hash_head = [&](int64_t t, int32_t* bucket, int64_t r0, int64_t r1, ThreadScratch& sc) {
     hash_positions(in.q.ptr(t / d.H, t % d.H, 0), in.q.stride(2), dm, rot.data(), R, f1, f2, nrot,
                    r0, r1, sc.proj.floats(static_cast<size_t>(64 * ncol)), bucket);
@@ -361,15 +417,19 @@ void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const 
       const float* vb = in.v.ptr(b, h, 0);
       const int64_t qrs = in.q.stride(2), vrs = in.v.stride(2);
       for (int64_t r = 0; r < R && nv > 0; ++r) {
-        int32_t* perm = st.perm.data() + (t * R + r) * d.N;
-        cluster::counting_sort(bucket + r * d.N, d.N, nb, perm, sc.offsets.data());
-        stage_chunk(qb, qrs, vb, vrs, dm, perm, ch, nch - 1, sc.slots[2], false, ahead_of(perm, ch, 0, nch, d.N));
+        int32_t* perm = st.perm.data() + (t * R + r) * st.len;
+        int32_t* cbucket = in.causal ? st.cbucket.data() + (t * R + r) * (st.len / ch) : nullptr;
+        const int64_t nch = partition(bucket + r * d.N, d.N, nb, ch, in.causal, perm, cbucket, sc.sorted, sc.offsets);
+        const int64_t len = in.causal ? nch * ch : d.N;
+        st.nch[static_cast<size_t>(t * R + r)] = static_cast<int32_t>(nch);
+        stage_chunk(qb, qrs, vb, vrs, dm, perm, len, ch, nch - 1, sc.slots[2], false, ahead_of(perm, ch, 0, nch, len));
         for (int64_t c = 0; c < nch; ++c) {
-          const gather::Ahead ahead = ahead_of(perm, ch, c + 1, nch, d.N);
-          request_far(perm, ch, c, nch, d.N, dm, qb, qrs, vb, vrs, r > 0 ? ob : nullptr, ors);
+          const gather::Ahead ahead = ahead_of(perm, ch, c + 1, nch, len);
+          request_far(perm, ch, c, nch, len, dm, qb, qrs, vb, vrs, r > 0 ? ob : nullptr, ors);
           Slot& cur = sc.slots[slot_of(c, nch)];
-          if (c < nch - 1) stage_chunk(qb, qrs, vb, vrs, dm, perm, ch, c, cur, false, ahead);
-          const Slot* prev = nch == 1 ? nullptr : &sc.slots[slot_of(c == 0 ? nch - 1 : c - 1, nch)];
+          if (c < nch - 1) stage_chunk(qb, qrs, vb, vrs, dm, perm, len, ch, c, cur, false, ahead);
+          const int64_t pc = prev_chunk(c, nch, cbucket);
+          const Slot* prev = pc < 0 ? nullptr : &sc.slots[slot_of(pc, nch)];
           float self_s[kMaxChunk];
           bool self[kMaxChunk];
           const int64_t kw = chunk_scores(cur, prev, dm, mv, in.causal, s, self_s, self);
@@ -431,16 +491,18 @@ void attn_reformer_bwd(const AttentionInputs& in, const AttentionDims& d, const 
         simd::axpy_row(dv.ptr(b, h, j), sl.gv + x * dm.Dvp, dm.Dv);
       }
     };
-    const int64_t nch = (d.N + ch - 1) / ch;
     for (int64_t r = 0; r < R; ++r) {
-      const int32_t* perm = st.perm.data() + (t * R + r) * d.N;
-      stage_chunk(qb, qrs, vb, vrs, dm, perm, ch, nch - 1, sc.slots[2], true, ahead_of(perm, ch, 0, nch, d.N));
+      const int32_t* perm = st.perm.data() + (t * R + r) * st.len;
+      const int32_t* cbucket = st.causal ? st.cbucket.data() + (t * R + r) * (st.len / ch) : nullptr;
+      const int64_t nch = st.nch[static_cast<size_t>(t * R + r)], len = st.causal ? nch * ch : d.N;
+      stage_chunk(qb, qrs, vb, vrs, dm, perm, len, ch, nch - 1, sc.slots[2], true, ahead_of(perm, ch, 0, nch, len));
       for (int64_t c = 0; c < nch; ++c) {
-        const gather::Ahead ahead = ahead_of(perm, ch, c + 1, nch, d.N);
-        request_far(perm, ch, c, nch, d.N, dm, qb, qrs, vb, vrs, gb, grs);
+        const gather::Ahead ahead = ahead_of(perm, ch, c + 1, nch, len);
+        request_far(perm, ch, c, nch, len, dm, qb, qrs, vb, vrs, gb, grs);
         Slot& cur = sc.slots[slot_of(c, nch)];
-        if (c < nch - 1) stage_chunk(qb, qrs, vb, vrs, dm, perm, ch, c, cur, true, ahead);
-        Slot* prev = nch == 1 ? nullptr : &sc.slots[slot_of(c == 0 ? nch - 1 : c - 1, nch)];
+        if (c < nch - 1) stage_chunk(qb, qrs, vb, vrs, dm, perm, len, ch, c, cur, true, ahead);
+        const int64_t pc = prev_chunk(c, nch, cbucket);
+        Slot* prev = pc < 0 ? nullptr : &sc.slots[slot_of(pc, nch)];
         float self_s[kMaxChunk], ps[kMaxChunk], nrm_dss[kMaxChunk];
         bool self[kMaxChunk];
         const int64_t kw = chunk_scores(cur, prev, dm, mv, in.causal, s, self_s, self);
@@ -540,11 +602,12 @@ void attn_reformer_ref(const RefProblem& pr, const ReformerState& st, std::vecto
       std::vector<std::vector<int64_t>> seen(static_cast<size_t>(d.N));
       std::vector<int32_t> keys;
       for (int64_t r = 0; r < st.rounds; ++r) {
-        const int32_t* perm = st.perm.data() + (t * st.rounds + r) * d.N;
-        const int64_t nch = (d.N + st.chunk - 1) / st.chunk;
+        const int32_t* perm = st.perm.data() + (t * st.rounds + r) * st.len;
+        const int32_t* cbucket = st.causal ? st.cbucket.data() + (t * st.rounds + r) * (st.len / st.chunk) : nullptr;
+        const int64_t nch = st.nch[static_cast<size_t>(t * st.rounds + r)], len = st.causal ? nch * st.chunk : d.N;
         for (int64_t c = 0; c < nch; ++c) {
-          chunk_keys(perm, d.N, st.chunk, c, keys);
-          for (int64_t x = c * st.chunk; x < std::min(d.N, (c + 1) * st.chunk); ++x) {
+          chunk_keys(perm, len, nch, st.chunk, c, cbucket, keys);
+          for (int64_t x = c * st.chunk; x < c * st.chunk + chunk_len(perm, len, st.chunk, c); ++x) {
             const int64_t i = perm[x];
             bool any = false;
             for (int32_t j : keys)
@@ -575,7 +638,7 @@ size_t reformer_workspace_bytes(const AttentionDims& d, const ReformerParams& p,
   constexpr int64_t f = sizeof(float), i32 = sizeof(int32_t);
   // Per thread, in bytes: buckets of two heads, the counting sort's offsets (both resized to one
   // size per call); the tiles: proj, the three slots (carve_slots), s, o.
-  int64_t per = i32 * (2 * R * N + nb + 1);
+  int64_t per = i32 * (2 * R * N + nb + 1 + N);  // buckets, offsets, the causal sort
   int64_t slot = Dkp * W + W * Dvp, o = W * Dvp, go = 0, dp = 0;
   if (mode == Mode::training) {  // backward: wider slots, o holds D_i (N), dO rows, dP
     slot += 3 * W * Dkp + Dvp * W + W * Dvp;
@@ -584,7 +647,8 @@ size_t reformer_workspace_bytes(const AttentionDims& d, const ReformerParams& p,
     dp = W * 2 * W;
   }
   per += f * (64 * ncol + 3 * slot + W * 2 * W + o + go + dp);
-  const int64_t state = i32 * BH * R * N + f * BH * N;  // perm, lse2
+  const int64_t len = perm_len(N, nb, p.chunk, true);  // the causal bound covers both
+  const int64_t state = i32 * BH * R * (len + len / p.chunk + 1) + f * BH * N;  // perm, cbucket, nch, lse2
   return static_cast<size_t>(threads * (per + static_cast<int64_t>(sizeof(ThreadScratch))) + state);
 }
 
@@ -616,8 +680,9 @@ class ReformerAttention final : public Attention {
                 View dk, View dv) const override {
     const AttentionDims d = validate_inputs(in, caps_, "reformer");
     const ReformerState& st = ctx.saved<ReformerState>();
-    check(st.lse2.shape() == Shape{d.B, d.H, d.N} &&
-              st.perm.size() == static_cast<size_t>(d.B * d.H * st.rounds * d.N),
+    check(st.lse2.shape() == Shape{d.B, d.H, d.N} && st.causal == in.causal &&
+              st.perm.size() == static_cast<size_t>(d.B * d.H * st.rounds * st.len) &&
+              st.len == perm_len(d.N, st.buckets, st.chunk, in.causal),
           "reformer: backward inputs have shapes other than the forward's (q is now ",
           in.q.shape, ")");
     validate_backward(in, d, out, dout, dq, dk, dv, "reformer");

@@ -16,12 +16,18 @@ struct ReformerParams {
   uint64_t seed = 0;
 };
 
-// The partition of every round, held fixed for backward: positions sorted by (bucket, position).
+// The partition of every round, held fixed for backward: positions sorted by (bucket, position)
+// and cut into chunks. With causal, each bucket's run is padded with -1 to whole chunks, so a chunk
+// holds one bucket (reformer.cpp, "Causal").
 struct ReformerState : ContextState {
   int64_t rounds = 0, chunk = 0, buckets = 0;
-  std::vector<int32_t> perm;  // (B, H, rounds, N)
-  Tensor lse2;                // (B, H, N) log2-sum-exp2 over every round's visible keys
-  size_t bytes() const override { return held_bytes(perm, lse2); }
+  bool causal = false;
+  int64_t len = 0;               // stride of perm: N, or with causal a bound on the padded length
+  std::vector<int32_t> perm;     // (B, H, rounds, len)
+  std::vector<int32_t> nch;      // (B, H, rounds) chunks of each round
+  std::vector<int32_t> cbucket;  // causal: (B, H, rounds, len / chunk) the bucket of each chunk
+  Tensor lse2;                   // (B, H, N) log2-sum-exp2 over every round's visible keys
+  size_t bytes() const override { return held_bytes(perm, nch, cbucket, lse2); }
 };
 
 struct ReformerWorkspace;  // reformer.cpp; kept in the caller's Scratch

@@ -6,9 +6,16 @@
 // each centroid (decay 0.999), then renormalises; an evaluation call only reads it). Each cluster takes the `window` keys and the `window` queries most similar to
 // its centroid (cosine; ties to the lower index); its queries attend its keys with the real s·q·k,
 // and a query chosen by several clusters averages their outputs. A query chosen by none attends
-// the key window of its nearest centroid (the original gives it 0). Causal: keys after the query
-// (position i + M − N) are masked, and a query always sees the key at its own position, added to
-// a cluster's softmax when the window lacks it. Work is parallel over (batch, head): k-means on
+// the key window of its nearest centroid (the original gives it 0).
+// Causal (strictly: a position's output never depends on a later position). Choosing each
+// cluster's `window` most similar queries and keys over the whole sequence, or centroids by
+// k-means over it, would not be. Under a causal mask the routing needs fixed centroids
+// (centroids=ema: with k-means the causal mask is refused), and each query and each key joins its
+// nearest centroid (cosine, first maximum): the attention is the causal bucket-window attention of
+// tile/bucket_window.h with those clusters as buckets and the key window (window=, or ceil(M/C))
+// as its window — a query attends the `window` most recent earlier keys of its cluster, and
+// always its own key. Training calls update the EMA centroids from the same nearest centroids.
+// Work is parallel over (batch, head): k-means on
 // a sample, one cosine pass over the raw rows (blocks of 256 against the centroids) feeding the
 // window selection, then per cluster three small products on gathered blocks of 64 members.
 // Memory O(N + C·window + 256·C). The default window N/C makes the attention O(N²/C) at fixed
@@ -177,26 +184,24 @@ void cosine_pass(const float* base, int64_t rs, int64_t n, const float* inv, con
 }
 
 // A block of one cluster's members against its key window (gathered once per cluster): scaled
-// query rows, scores (rows, kw) with masks, and the causal own-key logits.
+// query rows and their scores (rows, kw), key columns past nk masked. (A causal mask never
+// reaches the clusters: it takes the bucket-window path.)
 struct Block {
   int64_t rows, nk, kw;
   const int32_t* qi;
   const int32_t* kj;
   float *qs, *s;
-  float own[kRows];
-  int32_t own_j[kRows];
 };
 
-void build_block(const AttentionInputs& in, int64_t b, int64_t h, int64_t hk, const Dims& dm,
-                 float c, int64_t off, int64_t mv, const float* kt, Block& blk, ThreadScratch& sc) {
+void build_block(const AttentionInputs& in, int64_t b, int64_t h, const Dims& dm, float c, const float* kt,
+                 Block& blk, ThreadScratch& sc) {
   const int64_t kw = blk.kw;
   blk.qs = sc.qs.floats(static_cast<size_t>(kRows * dm.Dkp));
   blk.s = sc.s.floats(static_cast<size_t>(kRows * kw));
   gather::rows(in.q.ptr(b, h, 0), in.q.stride(2), blk.qi, blk.rows, dm.D, blk.qs, dm.Dkp, blk.rows, c);
   std::memset(blk.s, 0, sizeof(float) * static_cast<size_t>(blk.rows * kw));
   mk::gemm_ab(blk.rows, kw, dm.D, blk.qs, dm.Dkp, 1, kt, kw, blk.s, kw, nullptr);
-  tile::mask_gathered(blk.s, blk.rows, kw, blk.qi, blk.kj, blk.nk, in.causal, off, mv, blk.qs, dm.Dkp,
-                      in.k.ptr(b, hk, 0), in.k.stride(2), dm.D, blk.own, blk.own_j);
+  for (int64_t r = 0; r < blk.rows; ++r) tile::mask_tail(blk.s + r * kw, kw, blk.nk);
 }
 
 // Requests the key window of the next cluster (its key and value rows) while this one computes.
@@ -207,6 +212,76 @@ void prefetch_window(const AttentionInputs& in, int64_t b, int64_t hk, const Dim
 }
 
 }  // namespace
+
+namespace {
+
+// EMA update per head over the batch, in a fixed order (deterministic): ema_sum (B, H, C, Dk + 1)
+// holds the sums of the unit vectors nearest each centroid and their count.
+void ema_update(float* ema, const float* ema_sum, const AttentionDims& d, const RoutingParams& p) {
+  const int64_t C = p.clusters;
+  for (int64_t h = 0; h < d.H; ++h)
+    for (int64_t k = 0; k < C; ++k) {
+      std::vector<double> mean(static_cast<size_t>(d.Dk), 0.0);
+      double cnt = 0;
+      for (int64_t b = 0; b < d.B; ++b) {
+        const float* es = ema_sum + ((b * d.H + h) * C + k) * (d.Dk + 1);
+        for (int64_t e = 0; e < d.Dk; ++e) mean[static_cast<size_t>(e)] += es[e];
+        cnt += es[d.Dk];
+      }
+      if (cnt == 0) continue;
+      float* ce = ema + (h * C + k) * d.Dk;
+      double nn = 0;
+      for (int64_t e = 0; e < d.Dk; ++e) {
+        ce[e] = static_cast<float>(p.decay * ce[e] + (1.0 - p.decay) * mean[static_cast<size_t>(e)] / cnt);
+        nn += static_cast<double>(ce[e]) * ce[e];
+      }
+      if (nn > 0)
+        for (int64_t e = 0; e < d.Dk; ++e) ce[e] = static_cast<float>(ce[e] / std::sqrt(nn));
+    }
+}
+
+}  // namespace
+
+void routing_causal_buckets(const AttentionInputs& in, const AttentionDims& d, const RoutingParams& p,
+                            float* ema, bool update, BucketWindow& bw, RoutingWorkspace& ws) {
+  const int64_t C = p.clusters, Cp = round_up(C, kPanel), BH = d.B * d.H, D = d.Dk;
+  bw.rounds = 1;
+  bw.window = std::max<int64_t>(1, p.window > 0 ? p.window : (d.M + C - 1) / C);
+  bw.qb.assign(static_cast<size_t>(BH * d.N), 0);
+  bw.kb.assign(static_cast<size_t>(BH * d.M), 0);
+  ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
+  float* ema_sum = update ? ws.ema_sum.floats(static_cast<size_t>(BH * C * (D + 1))) : nullptr;
+  parallel_for(BH, [&](int64_t t, int thread) {
+    const int64_t b = t / d.H, h = t % d.H, hk = h / d.group();
+    const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
+    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
+    float* cpan = sc.cpan.floats(static_cast<size_t>(Cp * D));          // (C/64, D, 64)
+    float* blk = sc.sblk.floats(static_cast<size_t>(kPanel * Cp));      // (64, Cp) scores
+    mk::pack_panels(ema + h * C * D, C, D, D, cpan);
+    float* es = ema_sum ? ema_sum + t * C * (D + 1) : nullptr;
+    if (es) std::memset(es, 0, sizeof(float) * static_cast<size_t>(C * (D + 1)));
+    // The nearest centroid of each row (argmax of x·μ_c: the positive 1/|x| changes no argmax),
+    // and for the EMA the sum of the unit rows nearest each centroid.
+    auto route = [&](const float* base, int64_t rs, int64_t n, int32_t* out) {
+      for (int64_t r0 = 0; r0 < n; r0 += kPanel) {
+        const int64_t rows = std::min<int64_t>(kPanel, n - r0);
+        mk::gemm_abt(rows, (C + kPanel - 1) / kPanel, D, base + r0 * rs, rs, cpan, blk, Cp);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int32_t k = argmax_row(blk + r * Cp, C);
+          out[r0 + r] = k;
+          if (!es) continue;
+          const float* x = base + (r0 + r) * rs;
+          const float nn = std::sqrt(simd::dot(x, x, D));
+          if (nn > 0.f) simd::axpy_row(es + k * (D + 1), x, D, 1.f / nn);
+          es[k * (D + 1) + D] += 1.f;
+        }
+      }
+    };
+    route(in.q.ptr(b, h, 0), in.q.stride(2), nv, bw.qb.data() + t * d.N);
+    route(in.k.ptr(b, hk, 0), in.k.stride(2), mv, bw.kb.data() + t * d.M);
+  });
+  if (ema_sum) ema_update(ema, ema_sum, d, p);
+}
 
 void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const RoutingParams& p,
                       uint64_t step, float* ema, bool update, View out, RoutingState& st,
@@ -231,7 +306,7 @@ void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const R
   const Rng rng(p.seed);
 
   parallel_for(BH, [&](int64_t t, int thread) {
-    const int64_t b = t / d.H, h = t % d.H, hk = h / d.group(), off = d.M - d.N;
+    const int64_t b = t / d.H, h = t % d.H, hk = h / d.group();
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
     ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
     for (int64_t i = 0; i < d.N; ++i) std::memset(out.ptr(b, h, i), 0, sizeof(float) * static_cast<size_t>(dm.Dv));
@@ -367,13 +442,12 @@ void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const R
       for (int64_t m0 = moff[k]; m0 < moff[k + 1]; m0 += kRows) {
         blk2.qi = mem + m0;
         blk2.rows = std::min<int64_t>(kRows, moff[k + 1] - m0);
-        build_block(in, b, h, hk, dm, c, off, mv, kt, blk2, sc);
+        build_block(in, b, h, dm, c, kt, blk2, sc);
         std::memset(o, 0, sizeof(float) * static_cast<size_t>(blk2.rows * dm.Dvp));
         for (int64_t r = 0; r < blk2.rows; ++r) {
           float po;
-          const float l2 = tile::softmax_row_extra(blk2.s + r * kw, kw, blk2.own[r], po);
+          const float l2 = tile::softmax_row_extra(blk2.s + r * kw, kw, -kInf, po);
           lse2[m0 + r] = l2 == -kInf ? kInf : l2;  // nothing visible in this cluster: P = 0 in backward
-          if (blk2.own_j[r] >= 0 && po > 0.f) simd::axpy_row(o + r * dm.Dvp, in.v.ptr(b, hk, blk2.own_j[r]), dm.Dv, po);
         }
         mk::gemm_ab(blk2.rows, dm.Dvp, blk2.nk, blk2.s, kw, 1, vr, dm.Dvp, o, dm.Dvp, nullptr);
         for (int64_t r = 0; r < blk2.rows; ++r)
@@ -381,26 +455,7 @@ void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const R
       }
     }
   });
-  if (ema_sum)  // EMA update per head over the batch, in a fixed order (deterministic)
-    for (int64_t h = 0; h < d.H; ++h)
-      for (int64_t k = 0; k < C; ++k) {
-        std::vector<double> mean(static_cast<size_t>(d.Dk), 0.0);
-        double cnt = 0;
-        for (int64_t b = 0; b < d.B; ++b) {
-          const float* es = ema_sum + ((b * d.H + h) * C + k) * (d.Dk + 1);
-          for (int64_t e = 0; e < d.Dk; ++e) mean[static_cast<size_t>(e)] += es[e];
-          cnt += es[d.Dk];
-        }
-        if (cnt == 0) continue;
-        float* ce = ema + (h * C + k) * d.Dk;
-        double nn = 0;
-        for (int64_t e = 0; e < d.Dk; ++e) {
-          ce[e] = static_cast<float>(p.decay * ce[e] + (1.0 - p.decay) * mean[static_cast<size_t>(e)] / cnt);
-          nn += static_cast<double>(ce[e]) * ce[e];
-        }
-        if (nn > 0)
-          for (int64_t e = 0; e < d.Dk; ++e) ce[e] = static_cast<float>(ce[e] / std::sqrt(nn));
-      }
+  if (ema_sum) ema_update(ema, ema_sum, d, p);
 }
 
 void attn_routing_bwd(const AttentionInputs& in, const AttentionDims& d, const RoutingParams& p,
@@ -413,7 +468,7 @@ void attn_routing_bwd(const AttentionInputs& in, const AttentionDims& d, const R
   ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
   float* part = G > 1 ? ws.part.floats(static_cast<size_t>(BH * d.M * (dm.Dkp + dm.Dvp))) : nullptr;
   parallel_for(BH, [&](int64_t t, int thread) {
-    const int64_t b = t / d.H, h = t % d.H, hk = h / G, off = d.M - d.N;
+    const int64_t b = t / d.H, h = t % d.H, hk = h / G;
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
     float* pk = part ? part + t * d.M * (dm.Dkp + dm.Dvp) : nullptr;
     if (pk) std::memset(pk, 0, sizeof(float) * static_cast<size_t>(d.M * (dm.Dkp + dm.Dvp)));
@@ -449,15 +504,13 @@ void attn_routing_bwd(const AttentionInputs& in, const AttentionDims& d, const R
       for (int64_t m0 = moff[k]; m0 < moff[k + 1]; m0 += kRows) {
         blk.qi = mem + m0;
         blk.rows = std::min<int64_t>(kRows, moff[k + 1] - m0);
-        build_block(in, b, h, hk, dm, c, off, mv, kt, blk, sc);
+        build_block(in, b, h, dm, c, kt, blk, sc);
         float* dp = sc.dp.floats(static_cast<size_t>(kRows * kw));         // (rows, kw)
         float* dqc = sc.dqc.floats(static_cast<size_t>(kRows * dm.Dkp));   // (rows, Dkp)
-        float po[kRows];
         // O_i = Σ_c w_ic O_ic: this cluster's share of dO_i is w_ic dO_i.
         for (int64_t r = 0; r < blk.rows; ++r) {
           simd::copy_row(go + r * dm.Dvp, dout.ptr(b, h, blk.qi[r]), dm.Dv, dm.Dvp, wgt[m0 + r]);
           tile::exp2_row(blk.s + r * kw, kw, lse2[m0 + r]);
-          po[r] = std::exp2(blk.own[r] - lse2[m0 + r]);
         }
         std::memset(dp, 0, sizeof(float) * static_cast<size_t>(blk.rows * kw));
         mk::gemm_ab(blk.rows, kw, dm.Dv, go, dm.Dvp, 1, vt, kw, dp, kw, nullptr);
@@ -465,16 +518,9 @@ void attn_routing_bwd(const AttentionInputs& in, const AttentionDims& d, const R
         for (int64_t r = 0; r < blk.rows; ++r) {
           const float* prow = blk.s + r * kw;
           float* drow = dp + r * kw;
-          float dpo = 0.f;
-          if (blk.own_j[r] >= 0) dpo = simd::dot(go + r * dm.Dvp, in.v.ptr(b, hk, blk.own_j[r]), dm.Dv);
-          float di = po[r] * dpo;  // D = Σ_j P dP over the window and the own key
+          float di = 0.f;  // D = Σ_j P dP over the window
           for (int64_t x = 0; x < kw; ++x) di += prow[x] * drow[x];
           for (int64_t x = 0; x < kw; ++x) drow[x] = prow[x] * (drow[x] - di) * scale;
-          if (blk.own_j[r] >= 0) {
-            const int64_t j = blk.own_j[r];
-            tile::own_key_backward(po[r], dpo, di, scale, in.q.ptr(b, h, blk.qi[r]), in.k.ptr(b, hk, j),
-                                   go + r * dm.Dvp, dqc + r * dm.Dkp, gk(j), gv(j), dm.D, dm.Dv);
-          }
         }
         mk::gemm_ab(blk.rows, dm.Dkp, blk.nk, dp, kw, 1, kr, dm.Dkp, dqc, dm.Dkp, nullptr);
         mk::gemm_ab(blk.nk, dm.Dkp, blk.rows, dp, 1, kw, blk.qs, dm.Dkp, dkc, dm.Dkp, nullptr);
@@ -491,6 +537,10 @@ void attn_routing_bwd(const AttentionInputs& in, const AttentionDims& d, const R
 }
 
 void attn_routing_ref(const RefProblem& pr, const RoutingState& st, std::vector<double>& out) {
+  if (st.causal) {
+    attn_bucket_window_ref(pr, st.bw, out);
+    return;
+  }
   const AttentionDims& d = pr.d;
   out.assign(static_cast<size_t>(d.B * d.H * d.N * d.Dv), 0.0);
   for (int64_t b = 0; b < d.B; ++b)
@@ -502,15 +552,8 @@ void attn_routing_ref(const RefProblem& pr, const RoutingState& st, std::vector<
         const int32_t* keys = st.keys.data() + (t * st.C + k) * st.wk;
         const int64_t nk = st.nkeys[static_cast<size_t>(t * st.C + k)];
         for (int64_t m = moff[k]; m < moff[k + 1]; ++m) {
-          const int64_t i = st.mem[static_cast<size_t>(t * st.cap + m)], pos = i + d.M - d.N;
-          std::vector<int64_t> ks;
-          bool self_in = false;
-          for (int64_t x = 0; x < nk; ++x) {
-            if (pr.causal && keys[x] > pos) continue;
-            self_in |= keys[x] == pos;
-            ks.push_back(keys[x]);
-          }
-          if (pr.causal && !self_in && pos >= 0 && pos < mv) ks.push_back(pos);
+          const int64_t i = st.mem[static_cast<size_t>(t * st.cap + m)];
+          const std::vector<int64_t> ks(keys, keys + nk);
           std::vector<double> s;
           for (int64_t j : ks) s.push_back(pr.logit(b, h, i, j));
           pr.softmax_add(b, h, ks, std::move(s), st.weight[static_cast<size_t>(t * st.cap + m)],
@@ -525,7 +568,7 @@ namespace {
 class RoutingAttention final : public Attention {
  public:
   explicit RoutingAttention(const RoutingParams& p) : p_(p) {
-    caps_ = Capabilities{.causal = true, .query_lengths = true, .key_lengths = true, .bias = false,
+    caps_ = Capabilities{.causal = p.train, .query_lengths = true, .key_lengths = true, .bias = false,
                          .cross = true, .gqa = true, .trainable = true, .shared_qk = false,
                          .stochastic = true, .stateful = p.train};
   }
@@ -544,23 +587,42 @@ class RoutingAttention final : public Attention {
              "unit EMA centroids per head, shared by queries and keys (updated by training calls)"}};
   }
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
+    check(!in.causal || p_.train, "routing: a causal mask needs fixed centroids (centroids=ema, layer state): ",
+          "k-means over the sequence would let later positions move earlier positions' clusters");
     const AttentionDims d = validate_inputs(in, caps_, "routing");
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "routing");
     float* ema = p_.train ? centroids(*in.state, d).data() : nullptr;
-    attn_routing_fwd(in, d, p_, in.step, ema, in.train, out, ctx.state<RoutingState>(),
-                     ctx.scratch().get<RoutingWorkspace>());
+    RoutingState& st = ctx.state<RoutingState>();
+    st.causal = in.causal;
+    if (in.causal) {
+      routing_causal_buckets(in, d, p_, ema, in.train, st.bw, ctx.scratch().get<RoutingWorkspace>());
+      attn_bucket_window_fwd(in, d, scale_for(d), st.bw, out, bucket_window_workspace(ctx.scratch()));
+      return;
+    }
+    attn_routing_fwd(in, d, p_, in.step, ema, in.train, out, st, ctx.scratch().get<RoutingWorkspace>());
   }
   void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
                 View dk, View dv) const override {
     const AttentionDims d = validate_inputs(in, caps_, "routing");
     const RoutingState& st = ctx.saved<RoutingState>();
+    check(st.causal == in.causal, "routing: backward's causal flag differs from the forward's");
+    if (in.causal) {
+      check(st.bw.lse2.shape() == Shape{d.B, d.H, d.N} && st.bw.kb.size() == static_cast<size_t>(d.B * d.H * d.M),
+            "routing: backward inputs have shapes other than the forward's (q is now ", in.q.shape, ")");
+      validate_backward(in, d, out, dout, dq, dk, dv, "routing");
+      attn_bucket_window_bwd(in, d, scale_for(d), st.bw, out, dout, dq, dk, dv, bucket_window_workspace(ctx.scratch()));
+      return;
+    }
     check(st.mem_off.size() == static_cast<size_t>(d.B * d.H * (st.C + 1)) && st.C == p_.clusters,
           "routing: backward inputs have shapes other than the forward's (q is now ", in.q.shape, ")");
     validate_backward(in, d, out, dout, dq, dk, dv, "routing");
     attn_routing_bwd(in, d, p_, st, dout, dq, dk, dv, ctx.scratch().get<RoutingWorkspace>());
   }
   size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {
-    return routing_workspace_bytes(d, p_, mode, threads);
+    // The mask is not among the sizes: the bound covers both the causal and the plain pipeline.
+    const int64_t window = std::max<int64_t>(1, p_.window > 0 ? p_.window : (d.M + p_.clusters - 1) / p_.clusters);
+    return std::max(routing_workspace_bytes(d, p_, mode, threads), bucket_window_bytes(d, 1, window, mode, threads) +
+                    static_cast<size_t>(4 * d.B * d.H * p_.clusters * (d.Dk + 1)));
   }
 
  private:
@@ -587,6 +649,9 @@ class RoutingAttention final : public Attention {
       for (int64_t e = 0; e < d.Dk; ++e) ce[e] = static_cast<float>(ce[e] / std::sqrt(nn));
     }
     return c;
+  }
+  float scale_for(const AttentionDims& d) const {
+    return p_.scale > 0 ? p_.scale : 1.f / std::sqrt(static_cast<float>(d.Dk));
   }
   RoutingParams p_;
   Capabilities caps_;

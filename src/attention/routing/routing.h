@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "attention/tile/bucket_window.h"
 #include "attention/tile/ref_problem.h"
 #include "clattn/attention.h"
 
@@ -30,8 +31,10 @@ struct RoutingState : ContextState {
   std::vector<float> weight;       // (B, H, cap) 1 / number of clusters the member is in
   std::vector<float> lse2;         // (B, H, cap) the member's log2-sum-exp2 in that cluster
   std::vector<float> centroids;    // (B, H, C, Dk) the unit centroids the routing used
+  bool causal = false;             // causal (routing.cpp, "Causal"): bw holds the routing instead
+  BucketWindow bw;
   size_t bytes() const override {
-    return held_bytes(keys, nkeys, mem_off, mem, weight, lse2, centroids);
+    return held_bytes(keys, nkeys, mem_off, mem, weight, lse2, centroids) + bw.bytes();
   }
 };
 
@@ -47,6 +50,12 @@ void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const R
 void attn_routing_bwd(const AttentionInputs& in, const AttentionDims& d, const RoutingParams& p,
                       const RoutingState& st, ConstView dout, View dq, View dk, View dv,
                       RoutingWorkspace& ws);
+
+// Causal (centroids=ema): every query's and key's nearest centroid of ema (H, C, Dk) into bw;
+// with `update` (a training call) the EMA centroids then move towards this batch, as in the
+// forward above.
+void routing_causal_buckets(const AttentionInputs& in, const AttentionDims& d, const RoutingParams& p,
+                            float* ema, bool update, BucketWindow& bw, RoutingWorkspace& ws);
 
 // Reference in double with st's routing: each member attends its cluster's keys (causal: not
 // after it, always itself), outputs averaged by weight.

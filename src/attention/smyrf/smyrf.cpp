@@ -12,11 +12,22 @@
 //   clusters, neighbouring clusters share one), so every query sees keys in every round. (Cutting
 //   by fixed sizes left query clusters without keys: rows of exact zeros.)
 // - Padded keys and queries are left out of the sort (equivalent to sorting them last, masked).
-// - Causal (not in the reference): inside a cluster keys after the query's position i + M − N
-//   are masked, and a query always sees the key at its own position: when that key is not among
-//   its cluster's keys it joins the query's softmax as one extra key in that round. Its logit
-//   is computed per query in position order and its value and gradients applied after the
-//   rounds, by weight (own_logits): no random row reads for it inside the clusters.
+// - Causal (not in the reference, which has no causal form): sorting the whole sequence makes
+//   every cluster depend on every position, and so would the transform's maximum norms. Under a
+//   causal mask the clusters become buckets of one row each, and the attention is the causal
+//   bucket-window attention of tile/bucket_window.h with window = k_cluster: query i attends the
+//   k_cluster most recent keys j <= p_i of its bucket, and always its own key. A row's bucket in
+//   round r uses the transform with the maximum norms up to its own position,
+//     R(p)² = MQ(p)² + MK(p)², MQ(p) = max |q_i'| over queries at positions <= p, MK(p) likewise,
+//     F(q_i) = [q_i, 0, sqrt(R(p_i)² − |q_i|²)], G(k_j) = [k_j, sqrt(R(j)² − |k_j|²), 0],
+//   projected on the round's direction a_r and normalised, h = a_r·x / R. SMYRF pairs the two
+//   sides by rank (its sorted queries and keys are cut into clusters separately: the extra
+//   coordinates shift every query's projection by about a_(D+1)·t and every key's by a_D·t), so the
+//   causal bucket is a rank too, among the row's own side at earlier positions: with u the share
+//   of earlier queries (keys) whose h is below this one's (ties: earlier ones count as below),
+//   u = (rank + 1/2) / (rows so far), bucket = min(nb − 1, floor(u·nb)), nb = ceil(N_valid /
+//   q_cluster). So a bucket holds about
+//   q_cluster queries, as a SMYRF cluster does, and every choice for row i reads rows <= p_i.
 // Work is parallel over (batch, head). One pass over q and k gives every round's projections;
 // each (round, cluster) gathers its rows (gather.h: the next cluster's rows requested while
 // copying, the one four ahead into L2 — at long N they come from DRAM in random order) and is
@@ -52,11 +63,10 @@ namespace {
 struct ThreadScratch {
   std::vector<float> qproj, kproj;  // (R, nv), (R, mv) projections of every round
   std::vector<float> qsq, ksq;      // (nv), (mv) squared norms
-  std::vector<float> own_s, own_w;  // (nv), (nv) causal own keys: logit; weight (fwd) or Σ P (bwd)
   cluster::RadixScratch radix;
   Workspace qs, kr, kt, vr, vt, s, o, go, dp, dqc, dkc, dvc, misc;
   size_t bytes() const {
-    return held_bytes(qproj, kproj, qsq, ksq, own_s, own_w, radix.keys, radix.keys2, radix.count,
+    return held_bytes(qproj, kproj, qsq, ksq, radix.keys, radix.keys2, radix.count,
                       radix.idx2, radix.idx3, qs, kr, kt, vr, vt, s, o, go, dp, dqc, dkc, dvc,
                       misc);
   }
@@ -103,14 +113,11 @@ struct HeadRows {
 };
 
 // One (round, cluster) of one head: query positions qi[0, nq), key positions kj[0, nk), score
-// width kw = nk rounded up to 16; own[r] is the causal self-key logit of row r (-inf when not
-// needed), own_j[r] its key index.
+// width kw = nk rounded up to 16.
 struct Block {
   int64_t nq = 0, nk = 0, kw = 0;
   const int32_t* qi = nullptr;
   const int32_t* kj = nullptr;
-  float own[64];
-  int32_t own_j[64];
 };
 
 Block make_block(const SmyrfState& st, const int32_t* qp, const int32_t* kp, int64_t nv,
@@ -127,36 +134,12 @@ Block make_block(const SmyrfState& st, const int32_t* qp, const int32_t* kp, int
   return blk;
 }
 
-// S (nq, kw) = qs · kt in log2 units, masked: key columns past nk, and with causal the keys after
-// each query's position; own/own_j get the causal self key when the cluster lacks it, its logit
-// from own_s (own_logits).
-void block_scores(const AttentionInputs& in, const AttentionDims& d, const HeadRows& hr,
-                  int64_t mv, const float* qs, int64_t Dkp, const float* kt, const float* own_s,
-                  Block& blk, float* s) {
+// S (nq, kw) = qs · kt in log2 units, key columns past nk masked. (A causal mask never reaches the
+// clusters: it takes the bucket-window path.)
+void block_scores(const AttentionDims& d, const float* qs, int64_t Dkp, const float* kt, const Block& blk, float* s) {
   std::memset(s, 0, sizeof(float) * static_cast<size_t>(blk.nq * blk.kw));
   mk::gemm_ab(blk.nq, blk.kw, d.Dk, qs, Dkp, 1, kt, blk.kw, s, blk.kw, nullptr);
-  tile::mask_gathered(s, blk.nq, blk.kw, blk.qi, blk.kj, blk.nk, in.causal, d.M - d.N, mv, qs, Dkp,
-                      hr.k, hr.krs, d.Dk, blk.own, blk.own_j, own_s);
-}
-
-// Causal: a query's own key (at position i + M − N) is the same in every round and its rows lie
-// in position order, so its logit (log2 units) is computed here in one sequential pass, and the
-// rounds only accumulate its weight; the value (forward) and the gradients (backward) of the own
-// key are applied in one sequential pass after the rounds. Read inside the clusters instead, they
-// were a random DRAM row per query and round at long N. own_s (nv); -inf where no such key.
-// Sets sc.own_s (the logits) and zeroes sc.own_w (their per-query accumulator) when causal;
-// returns whether it did.
-bool own_logits(bool causal, const HeadRows& hr, int64_t nv, int64_t mv, int64_t off, int64_t D,
-                float c, ThreadScratch& sc) {
-  if (!causal) return false;
-  sc.own_s.resize(static_cast<size_t>(nv));
-  sc.own_w.assign(static_cast<size_t>(nv), 0.f);
-  for (int64_t i = 0; i < nv; ++i) {
-    const int64_t pos = i + off;
-    sc.own_s[static_cast<size_t>(i)] =
-        pos >= 0 && pos < mv ? c * simd::dot(hr.q + i * hr.qrs, hr.k + pos * hr.krs, D) : -kInf;
-  }
-  return true;
+  for (int64_t r = 0; r < blk.nq; ++r) tile::mask_tail(s + r * blk.kw, blk.kw, blk.nk);
 }
 
 // Requests into L2 the rows of cluster cl + gather::kFarBlocks: its keys and values, its queries,
@@ -232,10 +215,6 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
                          project_rows(hr.k, hr.krs, mv, D, dirs.data(), R, sc.kproj.data(), sc.ksq.data());
     finish_projections(nv, D, dirs.data(), R, D + 1, total, sc.qproj.data(), sc.qsq.data());  // F(q) = [q, 0, ·]
     finish_projections(mv, D, dirs.data(), R, D, total, sc.kproj.data(), sc.ksq.data());      // G(k) = [k, ·, 0]
-    const int64_t off = d.M - d.N;
-    const bool own = own_logits(in.causal, hr, nv, mv, off, D, c, sc);
-    const float* own_s = own ? sc.own_s.data() : nullptr;
-    float* own_w = own ? sc.own_w.data() : nullptr;  // (nv) the own key's weight in the output
     const int64_t kwm = round_up(st.kc, mk::kLanes);
     float* qs = sc.qs.floats(static_cast<size_t>(64 * Dkp));   // (nq, Dkp) q · c
     float* kt = sc.kt.floats(static_cast<size_t>(Dkp * kwm));  // (Dk, kw) keys transposed
@@ -257,17 +236,15 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
         gather::rows(hr.q, hr.qrs, blk.qi, blk.nq, D, qs, Dkp, blk.nq, c, qa);
         gather::transposed(hr.k, hr.krs, blk.kj, blk.nk, D, kt, blk.kw, ka);
         gather::rows(hr.v, hr.vrs, blk.kj, blk.nk, Dv, vr, Dvp, blk.nk, 1.f, ka);
-        block_scores(in, d, hr, mv, qs, Dkp, kt, own_s, blk, s);
+        block_scores(d, qs, Dkp, kt, blk, s);
         std::memset(o, 0, sizeof(float) * static_cast<size_t>(blk.nq * Dvp));
-        float lse_r[64], po[64];  // po: the own key's probability (0 without one)
-        for (int64_t q = 0; q < blk.nq; ++q)
-          lse_r[q] = tile::softmax_row_extra(s + q * blk.kw, blk.kw, blk.own[q], po[q]);
+        float lse_r[64], po;
+        for (int64_t q = 0; q < blk.nq; ++q) lse_r[q] = tile::softmax_row_extra(s + q * blk.kw, blk.kw, -kInf, po);
         mk::gemm_ab(blk.nq, Dvp, blk.nk, s, blk.kw, 1, vr, Dvp, o, Dvp, nullptr);
         for (int64_t q = 0; q < blk.nq; ++q) {
           if (r > 0) gather::prefetch_one(ob, ors, qa, q, Dv, true);  // round 0 only writes
           const int64_t i = blk.qi[q];
-          tile::blend_round(ob + i * ors, o + q * Dvp, Dv, L[i], lse_r[q], r == 0,
-                            own_w ? own_w + i : nullptr, po[q]);
+          tile::blend_round(ob + i * ors, o + q * Dvp, Dv, L[i], lse_r[q], r == 0);
         }
       }
     }
@@ -275,9 +252,6 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
     for (int64_t i = 0; i < nv; ++i)
       if (L[i] == -kInf) L[i] = kInf;
     simd::store_fence();  // the first round streamed its rows: fence before reading them back
-    if (own_w)
-      for (int64_t i = 0; i < nv; ++i)
-        if (own_w[i] > 0.f) simd::axpy_row(ob + i * ors, hr.v + (i + off) * hr.vrs, Dv, own_w[i]);
   });
 }
 
@@ -303,10 +277,6 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
     const float* lse2 = st.lse2.data() + t * d.N;
     float* di = sc.misc.floats(static_cast<size_t>(nv));  // (nv) D_i = dO_i · O_i
     for (int64_t i = 0; i < nv; ++i) di[i] = simd::dot(dout.ptr(b, h, i), out.ptr(b, h, i), Dv);
-    const int64_t off = d.M - d.N;
-    const bool own = own_logits(in.causal, hr, nv, mv, off, D, c, sc);
-    const float* own_s = own ? sc.own_s.data() : nullptr;
-    float* own_p = own ? sc.own_w.data() : nullptr;  // (nv) Σ over rounds of the own key's probability
     const int64_t kwm = round_up(st.kc, mk::kLanes);
     float* qs = sc.qs.floats(static_cast<size_t>(64 * Dkp));     // (nq, Dkp) q · c
     float* kr = sc.kr.floats(static_cast<size_t>(kwm * Dkp));    // (nk, Dkp) key rows
@@ -336,14 +306,9 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
         gather::transpose(kr, Dkp, blk.nk, D, kt, kw);
         gather::transposed(hr.v, hr.vrs, blk.kj, blk.nk, Dv, vt, kw, ka);
         gather::rows(gob, grs, blk.qi, blk.nq, Dv, go, Dvp, blk.nq, 1.f, qa);
-        block_scores(in, d, hr, mv, qs, Dkp, kt, own_s, blk, s);
+        block_scores(d, qs, Dkp, kt, blk, s);
         // P = 2^(S − lse2) against the all-round log-sum-exp: one softmax over every round's keys
-        float po[64];
-        for (int64_t q = 0; q < blk.nq; ++q) {
-          const float l2 = lse2[blk.qi[q]];
-          tile::exp2_row(s + q * kw, kw, l2);
-          po[q] = std::exp2(blk.own[q] - l2);
-        }
+        for (int64_t q = 0; q < blk.nq; ++q) tile::exp2_row(s + q * kw, kw, lse2[blk.qi[q]]);
         std::memset(dp, 0, sizeof(float) * static_cast<size_t>(blk.nq * kw));
         mk::gemm_ab(blk.nq, kw, Dv, go, Dvp, 1, vt, kw, dp, kw, nullptr);
         std::memset(dqc, 0, sizeof(float) * static_cast<size_t>(blk.nq * Dkp));
@@ -352,7 +317,6 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
           const float* prow = s + q * kw;
           float* drow = dp + q * kw;
           for (int64_t x = 0; x < kw; ++x) drow[x] = prow[x] * (drow[x] - di[i]) * scale;
-          if (blk.own_j[q] >= 0) own_p[i] += po[q];  // the causal own key: applied after the rounds
         }
         // dQ += dS·K_c ; dK_c += dSᵀ·(c Q)/c ; dV_c += Pᵀ·dO
         mk::gemm_ab(blk.nq, Dkp, blk.nk, dp, kw, 1, kr, Dkp, dqc, Dkp, nullptr);
@@ -374,17 +338,6 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
         }
       }
     }
-    // The own keys, in position order: with P = Σ_r p_r, dS = P·(dO_i·v_pos − D_i)·scale (every
-    // round's softmax is against the same lse2); dq_i += dS·k_pos, dk_pos += dS·q_i, dv_pos += P·dO_i.
-    if (own_p)
-      for (int64_t i = 0; i < nv; ++i) {
-        if (own_p[i] <= 0.f) continue;
-        const int64_t j = i + off;
-        const float* g = gob + i * grs;
-        tile::own_key_backward(own_p[i], simd::dot(g, hr.v + j * hr.vrs, Dv), di[i], scale,
-                               hr.q + i * hr.qrs, hr.k + j * hr.krs, g, dq.ptr(b, h, i), gk(j),
-                               gv(j), D, Dv);
-      }
   });
   if (part) reduce_group_partials(in, d, part, d.M, Dkp + Dvp, Dkp, dk, dv);
 }
@@ -417,7 +370,70 @@ void smyrf_projections_ref(const RefProblem& pr, const SmyrfParams& p, uint64_t 
   for (int64_t j = 0; j < mv; ++j) kproj[static_cast<size_t>(j)] = project(ke, j, d.Dk);      // G(k) = [k, ·, 0]
 }
 
+void smyrf_causal_buckets(const AttentionInputs& in, const AttentionDims& d, const SmyrfParams& p,
+                          uint64_t step, BucketWindow& bw) {
+  const int64_t D = d.Dk, R = p.hashes, BH = d.B * d.H;
+  bw.rounds = R;
+  bw.window = p.k_cluster;
+  bw.qb.assign(static_cast<size_t>(BH * R * d.N), 0);
+  bw.kb.assign(static_cast<size_t>(BH * R * d.M), 0);
+  const std::vector<float> dirs = directions(p, step, D);
+  parallel_for(BH, [&](int64_t t) {
+    const int64_t b = t / d.H, h = t % d.H, hk = h / d.group(), off = d.M - d.N;
+    const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
+    // Running maxima of the squared norms in position order.
+    std::vector<double> mq(static_cast<size_t>(nv)), mk(static_cast<size_t>(mv));
+    for (int64_t i = 0; i < nv; ++i)
+      mq[static_cast<size_t>(i)] = std::max(i ? mq[static_cast<size_t>(i - 1)] : 0.0, static_cast<double>(simd::dot(in.q.ptr(b, h, i), in.q.ptr(b, h, i), D)));
+    for (int64_t j = 0; j < mv; ++j)
+      mk[static_cast<size_t>(j)] = std::max(j ? mk[static_cast<size_t>(j - 1)] : 0.0, static_cast<double>(simd::dot(in.k.ptr(b, hk, j), in.k.ptr(b, hk, j), D)));
+    auto r2 = [&](int64_t pos) {  // R(pos)²
+      const int64_t qi = std::min(pos - off, nv - 1), kj = std::min(pos, mv - 1);
+      return (qi >= 0 ? mq[static_cast<size_t>(qi)] : 0.0) + (kj >= 0 ? mk[static_cast<size_t>(kj)] : 0.0);
+    };
+    const int64_t nb = std::max<int64_t>(1, (nv + p.q_cluster - 1) / p.q_cluster);
+    // h = a·x / R, with x's extra coordinate (index `extra`) sqrt(R² − |x|²).
+    auto proj = [&](const float* x, double rr, const float* a, int64_t extra) {
+      const double sq = simd::dot(x, x, D), dot = simd::dot(a, x, D);
+      return static_cast<float>(rr > 0 ? (dot + a[extra] * std::sqrt(std::max(0.0, rr - sq))) / std::sqrt(rr) : 0.0);
+    };
+    // Online quantiles: each row's rank among the earlier rows of its side (a stable sort gives
+    // the global order, ties to the earlier row; a Fenwick tree over it counts the rows inserted).
+    std::vector<float> hv;
+    std::vector<int32_t> order, pos_of, fen;
+    cluster::RadixScratch radix;
+    auto online_buckets = [&](int64_t n, int32_t* out) {
+      order.resize(static_cast<size_t>(n));
+      pos_of.resize(static_cast<size_t>(n));
+      fen.assign(static_cast<size_t>(n + 1), 0);
+      cluster::sort_by_key(hv.data(), n, order.data(), radix);
+      for (int64_t x = 0; x < n; ++x) pos_of[static_cast<size_t>(order[static_cast<size_t>(x)])] = static_cast<int32_t>(x);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t g = pos_of[static_cast<size_t>(i)];
+        int64_t below = 0;
+        for (int64_t k = g; k > 0; k -= k & -k) below += fen[static_cast<size_t>(k)];
+        for (int64_t k = g + 1; k <= n; k += k & -k) ++fen[static_cast<size_t>(k)];
+        const double u = (static_cast<double>(below) + 0.5) / static_cast<double>(i + 1);
+        out[i] = static_cast<int32_t>(std::min<int64_t>(nb - 1, static_cast<int64_t>(u * static_cast<double>(nb))));
+      }
+    };
+    for (int64_t r = 0; r < R; ++r) {
+      const float* a = dirs.data() + r * (D + 2);
+      hv.resize(static_cast<size_t>(nv));
+      for (int64_t i = 0; i < nv; ++i) hv[static_cast<size_t>(i)] = proj(in.q.ptr(b, h, i), r2(i + off), a, D + 1);  // F(q) = [q, 0, ·]
+      online_buckets(nv, bw.qb.data() + (t * R + r) * d.N);
+      hv.resize(static_cast<size_t>(mv));
+      for (int64_t j = 0; j < mv; ++j) hv[static_cast<size_t>(j)] = proj(in.k.ptr(b, hk, j), r2(j), a, D);        // G(k) = [k, ·, 0]
+      online_buckets(mv, bw.kb.data() + (t * R + r) * d.M);
+    }
+  });
+}
+
 void attn_smyrf_ref(const RefProblem& pr, const SmyrfState& st, std::vector<double>& out) {
+  if (st.causal) {
+    attn_bucket_window_ref(pr, st.bw, out);
+    return;
+  }
   const AttentionDims& d = pr.d;
   out.assign(static_cast<size_t>(d.B * d.H * d.N * d.Dv), 0.0);
   for (int64_t b = 0; b < d.B; ++b)
@@ -431,15 +447,9 @@ void attn_smyrf_ref(const RefProblem& pr, const SmyrfState& st, std::vector<doub
         const int64_t nc = std::max((nv + st.qc - 1) / st.qc, (mv + st.kc - 1) / st.kc);
         for (int64_t cl = 0; cl < nc; ++cl)
           for (int64_t x = smyrf_cluster_range(nv, nc, cl, false).first; x < smyrf_cluster_range(nv, nc, cl, false).second; ++x) {
-            const int64_t i = qp[x], pos = i + d.M - d.N;
-            bool self_in = false;
+            const int64_t i = qp[x];
             const auto [k0, k1] = smyrf_cluster_range(mv, nc, cl, true);
-            for (int64_t y = k0; y < k1; ++y) {
-              if (pr.causal && kp[y] > pos) continue;
-              self_in |= kp[y] == pos;
-              seen[static_cast<size_t>(i)].push_back(kp[y]);
-            }
-            if (pr.causal && !self_in && pos >= 0 && pos < mv) seen[static_cast<size_t>(i)].push_back(pos);
+            for (int64_t y = k0; y < k1; ++y) seen[static_cast<size_t>(i)].push_back(kp[y]);
           }
       }
       for (int64_t i = 0; i < nv; ++i) {
@@ -460,7 +470,6 @@ size_t smyrf_workspace_bytes(const AttentionDims& d, const SmyrfParams& p, Mode 
   // lengths that differ between batches std::vector's growth may leave up to twice the largest
   // size asked; own_w and the radix counts are assign()ed (exact); Workspaces hold the largest.
   int64_t per = 2 * f * (R * N + R * M + N + M) +   // qproj, kproj, qsq, ksq
-                2 * f * N + f * N +                 // own_s, own_w (causal)
                 4 * 2 * i32 * std::max(N, M) +      // radix keys, keys2, idx2, idx3
                 i32 * 3 * 2048;                     // radix count (3 passes of 11 bits)
   // Tiles, forward: qs, kt, vr, s, o.
@@ -497,6 +506,12 @@ class SmyrfAttention final : public Attention {
     const AttentionDims d = validate_inputs(in, caps_, "smyrf");
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "smyrf");
     SmyrfState& st = ctx.state<SmyrfState>();
+    st.causal = in.causal;
+    if (in.causal) {
+      smyrf_causal_buckets(in, d, p_, in.step, st.bw);
+      attn_bucket_window_fwd(in, d, scale_for(d), st.bw, out, bucket_window_workspace(ctx.scratch()));
+      return;
+    }
     attn_smyrf_fwd(in, d, p_, in.step, out, st, ctx.scratch().get<SmyrfWorkspace>());
   }
 
@@ -504,6 +519,15 @@ class SmyrfAttention final : public Attention {
                 View dk, View dv) const override {
     const AttentionDims d = validate_inputs(in, caps_, "smyrf");
     const SmyrfState& st = ctx.saved<SmyrfState>();
+    check(st.causal == in.causal, "smyrf: backward's causal flag differs from the forward's");
+    if (in.causal) {
+      check(st.bw.lse2.shape() == Shape{d.B, d.H, d.N} &&
+                st.bw.kb.size() == static_cast<size_t>(d.B * d.H * st.bw.rounds * d.M),
+            "smyrf: backward inputs have shapes other than the forward's (q is now ", in.q.shape, ", k ", in.k.shape, ")");
+      validate_backward(in, d, out, dout, dq, dk, dv, "smyrf");
+      attn_bucket_window_bwd(in, d, scale_for(d), st.bw, out, dout, dq, dk, dv, bucket_window_workspace(ctx.scratch()));
+      return;
+    }
     const size_t heads = static_cast<size_t>(d.B * d.H * st.rounds);
     check(st.lse2.shape() == Shape{d.B, d.H, d.N} && st.qperm.size() == heads * static_cast<size_t>(d.N) &&
               st.kperm.size() == heads * static_cast<size_t>(d.M),
@@ -514,10 +538,15 @@ class SmyrfAttention final : public Attention {
   }
 
   size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {
-    return smyrf_workspace_bytes(d, p_, mode, threads);
+    // The mask is not among the sizes: the bound covers both the causal and the plain pipeline.
+    return std::max(smyrf_workspace_bytes(d, p_, mode, threads),
+                    bucket_window_bytes(d, p_.hashes, p_.k_cluster, mode, threads));
   }
 
  private:
+  float scale_for(const AttentionDims& d) const {
+    return p_.scale > 0 ? p_.scale : 1.f / std::sqrt(static_cast<float>(d.Dk));
+  }
   SmyrfParams p_;
   Capabilities caps_;
 };

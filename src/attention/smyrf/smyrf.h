@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "attention/tile/bucket_window.h"
 #include "attention/tile/ref_problem.h"
 #include "clattn/attention.h"
 #include "clattn/tensor.h"
@@ -21,12 +22,15 @@ struct SmyrfParams {
 // The partition of every round, held fixed for backward: queries and keys sorted by their
 // projection; cluster c of a round is sorted queries [c·q_cluster, ...) and sorted keys
 // [c·k_cluster, ...).
+// With a causal mask (smyrf.cpp, "Causal") the partition is bw's buckets instead.
 struct SmyrfState : ContextState {
   int64_t rounds = 0, qc = 0, kc = 0;
+  bool causal = false;
   std::vector<int32_t> qperm;  // (B, H, rounds, N) valid queries in projection order
   std::vector<int32_t> kperm;  // (B, H, rounds, M) valid keys in projection order
   Tensor lse2;                 // (B, H, N) log2-sum-exp2 over all rounds (+inf: no key seen)
-  size_t bytes() const override { return held_bytes(qperm, kperm, lse2); }
+  BucketWindow bw;             // causal: each row's bucket per round
+  size_t bytes() const override { return held_bytes(qperm, kperm, lse2) + bw.bytes(); }
 };
 
 // Rows [first, second) of cluster cl when n sorted rows are cut into nc balanced consecutive
@@ -62,5 +66,9 @@ void smyrf_projections_ref(const RefProblem& pr, const SmyrfParams& p, uint64_t 
 // Reference in double with st's partition: every query attends, in every round, the keys of its
 // cluster (causal: not after it, but always its own position); the rounds' keys form one softmax.
 void attn_smyrf_ref(const RefProblem& pr, const SmyrfState& st, std::vector<double>& out);
+
+// Causal: every row's bucket in every round (smyrf.cpp, "Causal") into bw.
+void smyrf_causal_buckets(const AttentionInputs& in, const AttentionDims& d, const SmyrfParams& p,
+                          uint64_t step, BucketWindow& bw);
 
 }  // namespace clattn

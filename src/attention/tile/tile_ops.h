@@ -73,54 +73,7 @@ inline float softmax_row_extra(float* row, int64_t kw, float extra, float& p_ext
   return m + std::log2(l);
 }
 
-// Masks the scores S (nq, kw) of a gathered block, rows = queries qi[0, nq), columns = keys
-// kj[0, nk) (columns past nk are padding): padding gets -inf, and with causal so do the keys
-// after each query's position qi[r] + off. A causal query always sees the key at its own
-// position: when the block lacks it (and it is a valid key, < mv), own_j[r] names it and own[r]
-// holds its logit qs_r · k_pos (qs rows scaled like S's), or own_logit[qi[r]] when the caller
-// computed every query's in one sequential pass; otherwise own[r] = -inf, own_j[r] = -1.
-inline void mask_gathered(float* s, int64_t nq, int64_t kw, const int32_t* qi, const int32_t* kj,
-                          int64_t nk, bool causal, int64_t off, int64_t mv, const float* qs,
-                          int64_t qld, const float* kbase, int64_t krs, int64_t D, float* own,
-                          int32_t* own_j, const float* own_logit = nullptr) {
-  // Causal: 16 key positions per compare; the last group's missing lanes hold INT32_MAX, after
-  // every query and equal to none.
-  constexpr int L = simd::kLanes;
-  const int64_t full = nk / L * L;
-  simd::vi tail_pos{};
-  if (causal)
-    for (int l = 0; l < L; ++l) tail_pos[l] = full + l < nk ? kj[full + l] : INT32_MAX;
-  const simd::vf ninf = simd::splat(-kInf);
-  for (int64_t r = 0; r < nq; ++r) {
-    float* row = s + r * kw;
-    mask_tail(row, kw, nk);
-    own[r] = -kInf;
-    own_j[r] = -1;
-    if (!causal) continue;
-    const int64_t pos = qi[r] + off;
-    const int32_t p32 = static_cast<int32_t>(std::clamp<int64_t>(pos, INT32_MIN, INT32_MAX - 1));
-    const simd::vi P = simd::vi{} + p32;
-    simd::vi eq{};
-    auto mask16 = [&](int64_t x, simd::vi kv) {
-      simd::store(row + x, kv > P ? ninf : simd::load(row + x));
-      eq |= kv == P;
-    };
-    for (int64_t x = 0; x < full; x += L) {
-      simd::vi kv;
-      std::memcpy(&kv, kj + x, sizeof kv);
-      mask16(x, kv);
-    }
-    if (full < nk) mask16(full, tail_pos);
-    bool self_in = false;
-    for (int l = 0; l < L; ++l) self_in |= eq[l] != 0;
-    if (!self_in && pos >= 0 && pos < mv) {
-      own_j[r] = static_cast<int32_t>(pos);
-      own[r] = own_logit ? own_logit[qi[r]] : simd::dot(qs + r * qld, kbase + pos * krs, D);
-    }
-  }
-}
-
-// Backward through a causal own-key term of probability p (logit scale·q·k, see mask_gathered):
+// Backward through a causal own-key term of probability p (logit scale·q·k, bucket_window.cpp):
 // dS = p·(dP − D_i)·scale with dP = dO·v; adds dS·k to dq, dS·q to dk and p·dO to dv.
 inline void own_key_backward(float p, float dp, float di, float scale, const float* q,
                              const float* k, const float* go, float* dq, float* dk, float* dv,
