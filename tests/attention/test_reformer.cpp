@@ -101,21 +101,29 @@ TEST(ReformerGradients, FiniteDifferencesInDouble) {
   }
 }
 
+// Two rounds of reformer at seed 3 with chunks of `chunk`: the parameters, and a forward's state.
+ReformerParams two_rounds(int64_t chunk) {
+  ReformerParams rp;
+  rp.rounds = 2;
+  rp.chunk = chunk;
+  rp.seed = 3;
+  return rp;
+}
+const ReformerState& run_two_rounds(const ProblemData& pd, int64_t chunk, Context& ctx) {
+  Tensor out(Shape{pd.q.dim(0), pd.q.dim(1), pd.q.dim(2), pd.v.dim(3)});
+  make_attention("reformer:rounds=2,seed=3,chunk=" + std::to_string(chunk))->forward(pd.inputs(), out.view(), ctx);
+  return ctx.saved<ReformerState>();
+}
+
 // The hash follows docs/design.md: per round the argmax over [x·R, −x·R] of the unit query (factorised above
 // 128 buckets), and positions are sorted by (bucket, position).
 TEST(Reformer, PermSortsByReferenceBuckets) {
   for (auto [n, chunk] : {std::pair<int32_t, int64_t>{200, 8}, {1000, 4}, {3, 32}, {65, 16}}) {
     Problem p{.B = 1, .H = 2, .Hkv = 2, .N = n, .M = n, .Dk = 16, .Dv = 4, .qlen = {n}, .klen = {(n + 1) / 2}};
     ProblemData pd = shared(p);
-    ReformerParams rp;
-    rp.rounds = 2;
-    rp.chunk = chunk;
-    rp.seed = 3;
-    auto att = make_attention("reformer:rounds=2,seed=3,chunk=" + std::to_string(chunk));
-    Tensor out(Shape{1, 2, n, 4});
+    const ReformerParams rp = two_rounds(chunk);
     Context ctx;
-    att->forward(pd.inputs(), out.view(), ctx);
-    const ReformerState& st = ctx.saved<ReformerState>();
+    const ReformerState& st = run_two_rounds(pd, chunk, ctx);
     ASSERT_EQ(st.buckets, reformer_buckets(rp, n));
     const RefProblem pr = RefProblem::from(pd.inputs(), 0.f);
     std::vector<int32_t> bucket;
@@ -140,15 +148,9 @@ TEST(Reformer, CausalChunksAreCutPerBucket) {
   for (auto [n, chunk] : {std::pair<int32_t, int64_t>{200, 8}, {1000, 4}, {3, 32}, {65, 16}}) {
     Problem p{.B = 1, .H = 2, .Hkv = 2, .N = n, .M = n, .Dk = 16, .Dv = 4, .causal = true};
     ProblemData pd = shared(p);
-    ReformerParams rp;
-    rp.rounds = 2;
-    rp.chunk = chunk;
-    rp.seed = 3;
-    auto att = make_attention("reformer:rounds=2,seed=3,chunk=" + std::to_string(chunk));
-    Tensor out(Shape{1, 2, n, 4});
+    const ReformerParams rp = two_rounds(chunk);
     Context ctx;
-    att->forward(pd.inputs(), out.view(), ctx);
-    const ReformerState& st = ctx.saved<ReformerState>();
+    const ReformerState& st = run_two_rounds(pd, chunk, ctx);
     ASSERT_TRUE(st.causal);
     const RefProblem pr = RefProblem::from(pd.inputs(), 0.f);
     std::vector<int32_t> bucket;

@@ -109,15 +109,10 @@ void members_bwd(const AttentionInputs& in, const AttentionDims& d, bool improve
       // P = softmax_T(c·Q·K_Tᵀ), recomputed ; U = P·V_T
       std::memset(pm, 0, sizeof(float) * static_cast<size_t>(rows * kw));
       mk::gemm_ab(rows, kw, D, qm, Dkp, 1, ktt, kw, pm, kw, nullptr);
-      for (int64_t r = 0; r < rows; ++r) {
-        float* row = pm + r * kw;
-        const simd::vf cv = simd::splat(c);
-        for (int64_t x = 0; x < kw; x += simd::kLanes) simd::store(row + x, simd::load(row + x) * cv);
-        tile::mask_tail(row, kw, k);
-        const float sum = tile::exp2_row(row, kw, tile::row_max(row, kw));
-        const simd::vf inv = simd::splat(1.f / sum);
-        for (int64_t x = 0; x < kw; x += simd::kLanes) simd::store(row + x, simd::load(row + x) * inv);
-      }
+      const simd::vf cv = simd::splat(c);
+      for (int64_t x = 0; x < rows * kw; x += simd::kLanes) simd::store(pm + x, simd::load(pm + x) * cv);
+      float l2[kMb];
+      tile::softmax_rows(pm, rows, kw, k, l2);
       std::memset(um, 0, sizeof(float) * static_cast<size_t>(rows * Dvp));
       mk::gemm_ab(rows, Dvp, kw, pm, kw, 1, vrw, Dvp, um, Dvp, nullptr);
       // O_pre = m U + R: z_i = a_i·(O_pre − O_i); log Z_pre = lse_T − log m gives ∂/∂m_j = a·u − z/m.

@@ -195,15 +195,8 @@ void cluster_members_fwd(const AttentionInputs& in, int64_t b, int64_t h, int64_
       for (int64_t r = 0; r < rows; ++r) simd::copy_row(qm + r * D, in.q.ptr(b, h, ra + mi[y0 + r]), D, D, c);
       std::memset(sm, 0, sizeof(float) * static_cast<size_t>(rows * kw));
       mk::gemm_ab(rows, kw, D, qm, D, 1, ktt, kw, sm, kw, nullptr);
-      for (int64_t r = 0; r < rows; ++r) {
-        float* row = sm + r * kw;
-        tile::mask_tail(row, kw, k);
-        const float mx = tile::row_max(row, kw);
-        const float sum = tile::exp2_row(row, kw, mx);
-        lzr[r] = (mx + std::log2(sum)) * kLn2 - lm;
-        const simd::vf inv = simd::splat(1.f / sum);
-        for (int64_t x = 0; x < kw; x += simd::kLanes) simd::store(row + x, simd::load(row + x) * inv);
-      }
+      tile::softmax_rows(sm, rows, kw, k, lzr);
+      for (int64_t r = 0; r < rows; ++r) lzr[r] = lzr[r] * kLn2 - lm;  // log Z_pre = lse_T − log m_j
       std::memset(um, 0, sizeof(float) * static_cast<size_t>(rows * Dvp));
       mk::gemm_ab(rows, Dvp, kw, sm, kw, 1, vt, Dvp, um, Dvp, nullptr);
     }

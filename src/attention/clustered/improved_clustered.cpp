@@ -66,15 +66,9 @@ void improved_members_fwd(const AttentionInputs& in, const AttentionDims& d, int
       gather_members(in.q, b, h, order + m0, rows, D, D, c, qm);
       std::memset(s, 0, sizeof(float) * static_cast<size_t>(rows * kw));
       mk::gemm_ab(rows, kw, D, qm, D, 1, ktt, kw, s, kw, nullptr);
-      for (int64_t r = 0; r < rows; ++r) {
-        float* row = s + r * kw;
-        tile::mask_tail(row, kw, k);
-        const float mx = tile::row_max(row, kw);
-        const float sum = tile::exp2_row(row, kw, mx);
-        lse_m[order[m0 + r]] = (mx + std::log2(sum)) * kLn2;
-        const float inv = 1.f / sum;
-        for (int64_t x = 0; x < kw; ++x) row[x] *= inv;
-      }
+      float l2[kMb];
+      tile::softmax_rows(s, rows, kw, k, l2);
+      for (int64_t r = 0; r < rows; ++r) lse_m[order[m0 + r]] = l2[r] * kLn2;
       std::memset(u, 0, sizeof(float) * static_cast<size_t>(rows * Dvp));
       mk::gemm_ab(rows, Dvp, kw, s, kw, 1, vt, Dvp, u, Dvp, nullptr);
       for (int64_t r = 0; r < rows; ++r) simd::prefetch_row(out.ptr(b, h, order[m0 + r]), Dv, true);

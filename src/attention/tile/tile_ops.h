@@ -40,6 +40,21 @@ inline float exp2_row(float* row, int64_t width, float sub) {
   return simd::hsum(acc);
 }
 
+// Softmax of each of `rows` rows of kw scores (log2 units) over their first k columns (the rest
+// masked; k >= 1): normalises the rows in place and writes each row's log2-sum-exp2 into lse2.
+// The member stage of improved-clustered attention (each member against its cluster's top-k).
+inline void softmax_rows(float* s, int64_t rows, int64_t kw, int64_t k, float* lse2) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * kw;
+    mask_tail(row, kw, k);
+    const float mx = row_max(row, kw);
+    const float sum = exp2_row(row, kw, mx);
+    lse2[r] = mx + std::log2(sum);
+    const simd::vf inv = simd::splat(1.f / sum);
+    for (int64_t x = 0; x < kw; x += simd::kLanes) simd::store(row + x, simd::load(row + x) * inv);
+  }
+}
+
 // Online-softmax step for one row of a new tile (FlashAttention): updates the running max m
 // (log2 units) and sum l, turns the row into unnormalised probabilities and returns the factor
 // alpha by which the row's earlier accumulator must be rescaled.
