@@ -37,10 +37,11 @@ struct DecodeHead {
 
 struct DecodeState final : CacheState {
   std::string key;                 // the attention and call it belongs to (parameters, step, sizes)
+  cluster::LshPlanes planes;       // drawn once per key: a pure function of (seed, step)
   std::vector<DecodeHead> heads;   // (B·H)
   Workspace rows;                  // (2, B·H, N) lzp and alpha of the call's rows
   size_t bytes() const override {
-    size_t n = key.capacity() + rows.bytes();
+    size_t n = key.capacity() + rows.bytes() + held_bytes(planes.panel, planes.thresholds);
     for (const DecodeHead& h : heads) n += h.bytes();
     return n;
   }
@@ -56,14 +57,14 @@ void decode_prefix(const AttentionInputs& in, const AttentionDims& d, const Clus
   const std::string key = detail::concat(p.clusters, ',', p.topk, ',', p.bits, ',', p.iterations, ',', p.hash_bias,
                                          ',', p.positional, ',', p.block, ',', p.segment, ',', p.scale, ',', p.seed,
                                          ',', step, ',', d.B, ',', d.H, ',', D, ',', Dv);
+  const Rng rng(p.seed);
   if (ds.key != key || static_cast<int64_t>(ds.heads.size()) != BH) {
     ds.key = key;
     ds.heads.clear();
     ds.heads.resize(static_cast<size_t>(BH));
+    ds.planes = p.positional ? cluster::LshPlanes{} : cluster::draw_planes(rng, planes_stream(step), p.bits, D, p.hash_bias);
   }
-  const Rng rng(p.seed);
-  cluster::LshPlanes planes;
-  if (!p.positional) planes = cluster::draw_planes(rng, planes_stream(step), p.bits, D, p.hash_bias);
+  const cluster::LshPlanes& planes = ds.planes;
   CausalWorkspace& ws = scratch.get<CausalWorkspace>();
   ws.ensure_threads();
   const ConstView qall = kc.queries();  // (B, H, M, Dk): every position's query, this call's too
