@@ -84,7 +84,8 @@ class KVCache {
   // Attentions read it through the const cache of AttentionInputs: it caches, it never decides.
   template <class T>
   T& derived() const {
-    if (!derived_ || typeid(*derived_) != typeid(T)) derived_ = std::make_unique<T>();
+    // typeid of a plain pointer's target: clang counts dereferencing the unique_ptr as a side effect
+    if (const CacheState* s = derived_.get(); !s || typeid(*s) != typeid(T)) derived_ = std::make_unique<T>();
     return static_cast<T&>(*derived_);
   }
 
