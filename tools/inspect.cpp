@@ -222,7 +222,7 @@ void read_groups(Context& ctx, int64_t H, int64_t h, int64_t N, int64_t M, int64
       const int32_t* member = cz.member.data() + h * N;
       for (int64_t i = 0; i < N; ++i)
         if (member[i] >= 0) {
-          const int64_t sigma = std::upper_bound(cz.seg_start.begin(), cz.seg_start.end(), i + M - N) - cz.seg_start.begin() - 1;
+          const int64_t sigma = causal_segment_of(cz.seg_start, i + M - N);
           a.group[static_cast<size_t>(i)] = static_cast<int32_t>(sigma * cz.cmax + member[i]);
         }
       a.group_word = "cluster";
@@ -255,8 +255,9 @@ void read_groups(Context& ctx, int64_t H, int64_t h, int64_t N, int64_t M, int64
     }
   });
   attempt(ReformerState{}, [&](const ReformerState& st) {
-    const int32_t* perm = st.perm.data() + h * st.rounds * st.len;  // round 0
-    for (int64_t x = 0; x < st.nch[static_cast<size_t>(h * st.rounds)] * st.chunk && x < st.len; ++x)
+    const ReformerState::Round r0 = st.round(h, 0, N);
+    const int32_t* perm = r0.perm;
+    for (int64_t x = 0; x < r0.len; ++x)
       if (perm[x] >= 0 && perm[x] < N) a.group[static_cast<size_t>(perm[x])] = static_cast<int32_t>(x / st.chunk);
     a.group_word = "chunk";
   });

@@ -2,6 +2,7 @@
 // checked once, up front, with messages that name the rule, the variant and the values seen.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string_view>
 
@@ -44,6 +45,11 @@ void check_softmax_range(const AttentionInputs& in, const AttentionDims& d, floa
 void check_linear_range(const AttentionInputs& in, const AttentionDims& d, std::string_view who);
 
 // Valid query / key count of batch b (lengths default to the full size).
+// The softmax scale of a call: the spec's scale=, or 1/sqrt(Dk) when it gave none (0).
+inline float softmax_scale(float scale, int64_t Dk) {
+  return scale > 0 ? scale : 1.f / std::sqrt(static_cast<float>(Dk));
+}
+
 inline int64_t valid_queries(const AttentionInputs& in, const AttentionDims& d, int64_t b) {
   return in.query_lengths.empty() ? d.N : in.query_lengths[static_cast<size_t>(b)];
 }

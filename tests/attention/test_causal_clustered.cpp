@@ -161,14 +161,6 @@ TEST(CausalClustered, PrefillApproximatesAndLoneQueriesAreExact) {
   }
 }
 
-// Rows [r0, r0 + n) of a (B, H, rows, D) tensor as a view.
-ConstView rows_view(const Tensor& t, int64_t r0, int64_t n) {
-  ConstView v = t.view();
-  v.data += r0 * v.strides[2];
-  v.shape.dims[2] = n;
-  return v;
-}
-
 // Decoding through a KVCache that keeps queries, token by token or in chunks, gives the rows of
 // the prefill of the whole sequence (causal_decode.cpp: the same function, computed from the
 // cache's derived state), also after truncate() rewinds the cache.
@@ -189,9 +181,9 @@ TEST(CausalClustered, DecodingWithQueriesInTheCacheEqualsThePrefill) {
       Context c = Context::for_inference();
       double worst = 0, scale = 0;
       auto step_rows = [&](int64_t pos, int64_t n) {
-        kc.append(rows_view(pd.k, pos, n), rows_view(pd.v, pos, n), rows_view(pd.q, pos, n));
+        kc.append(testing::rows(pd.k, pos, n), testing::rows(pd.v, pos, n), testing::rows(pd.q, pos, n));
         AttentionInputs in;
-        in.q = rows_view(pd.q, pos, n);
+        in.q = testing::rows(pd.q, pos, n);
         in.k = kc.keys();
         in.v = kc.values();
         in.cache = &kc;
@@ -225,9 +217,9 @@ TEST(CausalClustered, DecodingWithoutQueriesInTheCacheIsExact) {
   auto att = make_attention("improved-clustered:clusters=2,topk=2,block=4,segment=8");
   Context c = Context::for_inference();
   for (int64_t pos = 0; pos < p.N; ++pos) {
-    kc.append(rows_view(pd.k, pos, 1), rows_view(pd.v, pos, 1));
+    kc.append(testing::rows(pd.k, pos, 1), testing::rows(pd.v, pos, 1));
     AttentionInputs in;
-    in.q = rows_view(pd.q, pos, 1);
+    in.q = testing::rows(pd.q, pos, 1);
     in.k = kc.keys();
     in.v = kc.values();
     in.cache = &kc;

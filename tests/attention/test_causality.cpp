@@ -58,14 +58,9 @@ TEST_P(Causality, TheFutureNeverChangesThePast) {
     base.causal = true;
     base.shared_qk = caps.shared_qk;
     AttentionState state;  // routing's EMA centroids: made once from the seed, read by every call
-    auto inputs = [&](const ProblemData& pd) {
-      AttentionInputs in = pd.inputs();
-      in.state = &state;
-      return in;
-    };
     Tensor out0(Shape{p.B, p.H, n, p.Dv});
     Context c0;
-    att->forward(inputs(base), out0.view(), c0);
+    att->forward(base.inputs(&state), out0.view(), c0);
     for (int64_t cut : {0, 15, 64, 127, 149}) {
       SCOPED_TRACE(GetParam() + " N=" + std::to_string(n) + " M=" + std::to_string(m) + " last unchanged row " + std::to_string(cut));
       ProblemData pd = make_problem(p);
@@ -76,7 +71,7 @@ TEST_P(Causality, TheFutureNeverChangesThePast) {
       perturb_rows(pd.v, cut + 1 + off, 300 + static_cast<uint64_t>(cut));
       Tensor out1(out0.shape());
       Context c1;
-      att->forward(inputs(pd), out1.view(), c1);
+      att->forward(pd.inputs(&state), out1.view(), c1);
       for (int64_t b = 0; b < p.B; ++b)
         for (int64_t h = 0; h < p.H; ++h)
           for (int64_t i = 0; i <= cut; ++i)
@@ -89,7 +84,7 @@ TEST_P(Causality, TheFutureNeverChangesThePast) {
           for (int64_t i = cut + 1; i < n; ++i)
             for (int64_t e = 0; e < p.Dv; ++e) pd.dout.view().ptr(b, h, i)[e] = 0.f;
       Tensor dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
-      att->backward(inputs(pd), out1.view(), c1, pd.dout.view(), dq.view(), dk.view(), dv.view());
+      att->backward(pd.inputs(&state), out1.view(), c1, pd.dout.view(), dq.view(), dk.view(), dv.view());
       for (int64_t b = 0; b < p.B; ++b)
         for (int64_t h = 0; h < p.H; ++h)
           for (int64_t i = cut + 1; i < n; ++i)

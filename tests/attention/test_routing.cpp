@@ -33,9 +33,7 @@ TEST(Routing, OneClusterWholeWindowIsFullAttention) {
       Tensor out(Shape{2, 2, n, 8}), ref(Shape{2, 2, n, 8});
       Context ctx;
       AttentionState state;
-      AttentionInputs in = pd.inputs();
-      in.state = &state;
-      att->forward(in, out.view(), ctx);
+      att->forward(pd.inputs(&state), out.view(), ctx);
       attn_full_ref_fwd(pd.inputs(), 0.f, ref.view(), nullptr);
       EXPECT_LE(nmse(ref.view(), out.view()), 1e-10) << n << " " << m << " causal " << causal;
     }
@@ -53,8 +51,7 @@ TEST(Routing, WindowsFollowCosines) {
     Tensor out(Shape{2, 2, 300, 8});
     Context ctx;
     AttentionState state;
-    AttentionInputs in = pd.inputs();
-    in.state = &state;
+    AttentionInputs in = pd.inputs(&state);
     in.train = true;
     att->forward(in, out.view(), ctx);
     const RoutingState& st = ctx.saved<RoutingState>();
@@ -202,8 +199,7 @@ TEST(Routing, CausalUsesTheNearestEmaCentroids) {
   }
   auto att = make_attention("routing:clusters=5,centroids=ema,seed=7,decay=0.5");
   AttentionState state;
-  AttentionInputs in = pd.inputs();
-  in.state = &state;
+  AttentionInputs in = pd.inputs(&state);
   Context ctx;
   att->forward(in, out.view(), ctx);
   const RoutingState& st = ctx.saved<RoutingState>();

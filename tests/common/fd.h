@@ -46,8 +46,7 @@ inline void check_fd_gradients(const std::string& spec, const ProblemData& pd, c
   Tensor out(Shape{pd.q.dim(0), pd.q.dim(1), pd.q.dim(2), pd.v.dim(3)});
   Context ctx;
   AttentionState state;  // a stateful variant's layer state (made from its seed; evaluation calls)
-  AttentionInputs in = pd.inputs();
-  in.state = &state;
+  const AttentionInputs in = pd.inputs(&state);
   att->forward(in, out.view(), ctx);
   Tensor dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
   att->backward(in, out.view(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());

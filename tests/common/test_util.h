@@ -128,6 +128,12 @@ struct ProblemData {
     if (bias.defined()) in.bias = bias.view();
     return in;
   }
+  // The same with a layer state (a stateful variant's: routing's EMA centroids).
+  AttentionInputs inputs(AttentionState* state) const {
+    AttentionInputs in = inputs();
+    in.state = state;
+    return in;
+  }
 };
 
 inline ProblemData make_problem(const Problem& p) {

@@ -47,6 +47,23 @@ std::vector<int32_t> greedy_reference() {
   return ids;
 }
 
+// The largest |logit difference| between `forward` (T, V), the logits of a whole-sequence forward
+// of `tokens`, and decoding through the KV cache: a prefill of the first `prefix` tokens (none:
+// token by token from the start), then one step per token up to position `end`.
+double decode_error(Decoder& dec, const std::vector<int32_t>& tokens, const Tensor& forward, int64_t prefix,
+                    int64_t end) {
+  const int64_t V = forward.numel() / static_cast<int64_t>(tokens.size());
+  double worst = 0;
+  auto compare = [&](const std::vector<float>& l, int64_t t) {
+    for (int64_t v = 0; v < V; ++v)
+      worst = std::max(worst, static_cast<double>(std::abs(l[static_cast<size_t>(v)] - forward.data()[t * V + v])));
+  };
+  dec.start(static_cast<int64_t>(tokens.size()));
+  if (prefix > 0) compare(dec.prefill(std::span<const int32_t>(tokens.data(), static_cast<size_t>(prefix))), prefix - 1);
+  for (int64_t t = prefix; t < end; ++t) compare(dec.step(tokens[static_cast<size_t>(t)]), t);
+  return worst;
+}
+
 TEST(Stories260k, FullAttentionReproducesReferenceLogits) {
   const std::string dir = data_dir() + "/stories260k";
   auto dec = Decoder::load(dir);
@@ -58,21 +75,9 @@ TEST(Stories260k, FullAttentionReproducesReferenceLogits) {
   for (int64_t i = 0; i < want.numel(); ++i) worst = std::max(worst, static_cast<double>(std::abs(want.data()[i] - got.data()[i])));
   EXPECT_LE(worst, 1e-3);
   // Incremental decoding through the KV cache equals the prefill at every position.
-  dec->start(200);
-  double inc = 0;
-  for (int64_t t = 0; t < 200; ++t) {
-    const std::vector<float> l = dec->step(tokens[static_cast<size_t>(t)]);
-    for (int64_t v = 0; v < 512; ++v) inc = std::max(inc, static_cast<double>(std::abs(l[static_cast<size_t>(v)] - got.data()[t * 512 + v])));
-  }
-  EXPECT_LE(inc, 1e-4) << "incremental decoding vs prefill";
+  EXPECT_LE(decode_error(*dec, tokens, got, 0, 200), 1e-4) << "incremental decoding vs prefill";
   // A prefill of a prefix, then steps, gives the same too.
-  dec->start(200);
-  std::vector<float> l = dec->prefill(std::span<const int32_t>(tokens.data(), 50));
-  double pre = 0;
-  for (int64_t v = 0; v < 512; ++v) pre = std::max(pre, static_cast<double>(std::abs(l[static_cast<size_t>(v)] - got.data()[49 * 512 + v])));
-  l = dec->step(tokens[50]);
-  for (int64_t v = 0; v < 512; ++v) pre = std::max(pre, static_cast<double>(std::abs(l[static_cast<size_t>(v)] - got.data()[50 * 512 + v])));
-  EXPECT_LE(pre, 1e-4);
+  EXPECT_LE(decode_error(*dec, tokens, got, 50, 51), 1e-4);
 }
 
 // With a causal clustered plan, token-by-token decoding (and a prefill then steps) gives the logits
@@ -91,22 +96,8 @@ TEST(Stories260k, ClusteredDecodingReproducesItsPrefill) {
     double moved = 0;
     for (int64_t i = 0; i < got.numel(); ++i) moved = std::max(moved, static_cast<double>(std::abs(got.data()[i] - exact.data()[i])));
     EXPECT_GT(moved, 1e-2) << "the plan did not approximate";
-    dec->start(200);
-    double inc = 0;
-    for (int64_t t = 0; t < 200; ++t) {
-      const std::vector<float> l = dec->step(tokens[static_cast<size_t>(t)]);
-      for (int64_t v = 0; v < 512; ++v) inc = std::max(inc, static_cast<double>(std::abs(l[static_cast<size_t>(v)] - got.data()[t * 512 + v])));
-    }
-    EXPECT_LE(inc, 1e-4) << "token-by-token decoding vs the forward";
-    dec->start(200);
-    std::vector<float> l = dec->prefill(std::span<const int32_t>(tokens.data(), 90));
-    double pre = 0;
-    for (int64_t v = 0; v < 512; ++v) pre = std::max(pre, static_cast<double>(std::abs(l[static_cast<size_t>(v)] - got.data()[89 * 512 + v])));
-    for (int64_t t = 90; t < 200; ++t) {
-      l = dec->step(tokens[static_cast<size_t>(t)]);
-      for (int64_t v = 0; v < 512; ++v) pre = std::max(pre, static_cast<double>(std::abs(l[static_cast<size_t>(v)] - got.data()[t * 512 + v])));
-    }
-    EXPECT_LE(pre, 1e-4) << "prefill, then steps";
+    EXPECT_LE(decode_error(*dec, tokens, got, 0, 200), 1e-4) << "token-by-token decoding vs the forward";
+    EXPECT_LE(decode_error(*dec, tokens, got, 90, 200), 1e-4) << "prefill, then steps";
   }
 }
 

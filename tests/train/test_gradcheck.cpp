@@ -25,7 +25,7 @@
 // difference (flip on the other side only; its O(h) truncation asks for 5e-2·|g·d| + 1.6e-2),
 // and fails if neither matches; at most 10 % of a model's directions may need the retry. The
 // parameters are roughened (N(0, 0.3²) matrices) so attention is far from uniform.
-// Causal clustered variants attend each block exactly (`block=`, default 256) and cluster the
+// Causal clustered variants attend each block exactly (`block=`, default 512) and cluster the
 // rest by segments of doubling length: the decoder checks use block=4 so that T = 13 spans
 // several segments, and every approximate variant is asserted to differ from full at the test size.
 #include <gtest/gtest.h>

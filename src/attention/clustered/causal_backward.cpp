@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "attention/clustered/causal_internal.h"
+#include "attention/tile/gather.h"
 #include "attention/tile/tile_ops.h"
 #include "attention/validate.h"
 #include "core/simd.h"
@@ -87,14 +88,12 @@ void members_bwd(const AttentionInputs& in, const AttentionDims& d, bool improve
       continue;
     }
     const int32_t* tk = topk + j * kmax;
-    for (int64_t x = 0; x < kw; ++x) {
-      const float* kr = x < k ? in.k.ptr(b, hk, tk[x]) : nullptr;
-      const float* vr = x < k ? in.v.ptr(b, hk, tk[x]) : nullptr;
-      for (int64_t e = 0; e < Dkp; ++e) krw[x * Dkp + e] = kr && e < D ? kr[e] : 0.f;
-      for (int64_t e = 0; e < Dvp; ++e) vrw[x * Dvp + e] = vr && e < Dv ? vr[e] : 0.f;
-      for (int64_t e = 0; e < D; ++e) ktt[e * kw + x] = kr ? kr[e] : 0.f;
-      for (int64_t e = 0; e < Dv; ++e) vtt[e * kw + x] = vr ? vr[e] : 0.f;
-    }
+    const float* kb = in.k.ptr(b, hk, 0);
+    const float* vb = in.v.ptr(b, hk, 0);
+    gather::rows(kb, in.k.stride(2), tk, k, D, krw, Dkp, kw);
+    gather::rows(vb, in.v.stride(2), tk, k, Dv, vrw, Dvp, kw);
+    gather::transposed(kb, in.k.stride(2), tk, k, D, ktt, kw);
+    gather::transposed(vb, in.v.stride(2), tk, k, Dv, vtt, kw);
     std::memset(dkt, 0, sizeof(float) * static_cast<size_t>(kw * Dkp));
     std::memset(dvt, 0, sizeof(float) * static_cast<size_t>(kw * Dvp));
     const float mj = mass[j];

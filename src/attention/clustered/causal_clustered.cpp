@@ -53,9 +53,9 @@
 //     the centroids are means of earlier queries, so those queries receive gradient through them.
 // Cost per head, C clusters: N·Lb/2 (in-block) + C·N²/(2·Ls) (one prefix stream per segment) +
 // N·k (members), times Dk + Dv: about Lb/N + C/Ls of causal full's, plus the clustering (N·C
-// popcounts per k-means round) and per block and cluster the gather of T_j's rows. Defaults (block=256,
-// segment=2048: README, "causal clustered speed") were chosen by measuring speed at
-// N = 4096..65536 and fidelity on stories260k and a causal character model (docs/approximation.md).
+// popcounts per k-means round) and per block and cluster the gather of T_j's rows. Defaults (block=512,
+// segment=8·block: README, "causal clustered speed"; docs/design.md) were chosen by measuring speed
+// at N = 4096..65536 and fidelity on stories260k and a causal character model (docs/approximation.md).
 //
 // Implementation: the in-block parts and the exact rows are one call of full attention's kernels
 // with a block band (Band{block, exact_before = E}); then one task per (b, h, segment) clusters
@@ -106,12 +106,24 @@ Geometry geometry(const AttentionInputs& in, const AttentionDims& d, const Clust
         break;
       }
   g.E = g.s0 < g.ns ? g.start[static_cast<size_t>(g.s0)] : std::numeric_limits<int64_t>::max() / 4;
-  g.scale = p.scale > 0 ? p.scale : 1.f / std::sqrt(static_cast<float>(d.Dk));
+  g.scale = softmax_scale(p.scale, d.Dk);
   g.c = g.scale * kLog2e;
   return g;
 }
 
 namespace {
+
+// Rows [ra, rb) of head (b, h) through full attention's tiles with the block band: their in-block
+// parts (exact rows: their whole visible prefix), and in cz.inlse their log-sum-exps as the blend
+// reads them (inblock_lse).
+void inblock_rows(const AttentionInputs& in, const AttentionDims& d, const Geometry& g, int64_t b, int64_t h,
+                  int64_t ra, int64_t rb, View out, CausalClusters& cz, FullWorkspace& fws, int thread) {
+  float* inl = cz.inlse.data();
+  attn_full_fwd_rows(in, d, g.scale, Band{.block = g.Lb, .exact_before = g.E}, b, h, ra, rb, out, inl,
+                     cz.inparts.data(), fws, thread);
+  const int64_t at = (b * d.H + h) * d.N;
+  for (int64_t x = at + ra; x < at + rb; ++x) inl[x] = inblock_lse(inl, cz.inparts.data(), x);
+}
 
 // Segment σ of head t: its clusters, the stream of its centroids over the prefix with a snapshot
 // at each block end, and each block's members blended into out.
@@ -124,14 +136,9 @@ void segment_fwd(const AttentionInputs& in, const AttentionDims& d, const Cluste
   const Rows seg = segment_rows(g, sigma, nv);
   const size_t ts = static_cast<size_t>(t * g.ns + sigma);
   if (seg.a >= seg.b) return;
-  float* inl = cz.inlse.data();
-  // The in-block part of rows [r.a, r.b): full attention's tiles, run here so that the block's
-  // queries and output rows are in cache for its member stage.
-  auto inblock = [&](Rows r) {
-    attn_full_fwd_rows(in, d, g.scale, Band{.block = g.Lb, .exact_before = g.E}, b, h, r.a, r.b, out, inl,
-                       cz.inparts.data(), fws, thread);
-    for (int64_t x = t * d.N + r.a; x < t * d.N + r.b; ++x) inl[x] = inblock_lse(inl, cz.inparts.data(), x);
-  };
+  // The in-block part of rows [r.a, r.b), run here so that the block's queries and output rows
+  // are in cache for its member stage.
+  auto inblock = [&](Rows r) { inblock_rows(in, d, g, b, h, r.a, r.b, out, cz, fws, thread); };
   if (mv <= 0) {  // no valid key: the rows see nothing, and the in-block call writes their zeros
     for (int64_t beta = (seg.a + g.off) / g.Lb; beta <= (seg.b - 1 + g.off) / g.Lb; ++beta) inblock(block_rows(g, beta, seg));
     return;
@@ -149,12 +156,7 @@ void segment_fwd(const AttentionInputs& in, const AttentionDims& d, const Cluste
   cluster::counting_sort(sc.assign.data(), np, ce, dord, doff);
   for (int64_t x = 0; x < np; ++x) dord[x] += static_cast<int32_t>(da);
   // Members: every valid query of the segment joins its nearest centroid (block by block below).
-  sc.norms.resize(static_cast<size_t>(ce));
-  for (int64_t j = 0; j < ce; ++j) sc.norms[static_cast<size_t>(j)] = simd::dot(qc + j * D, qc + j * D, D);
-  const int64_t npan = (ce + kPanel - 1) / kPanel;
-  float* qcpan = sc.qcpan.floats(static_cast<size_t>(npan * kPanel * D));  // (npan, D, 64)
-  mk::pack_panels(qc, ce, D, D, qcpan);
-  float* near = sc.near.floats(static_cast<size_t>(kPanel * npan * kPanel));
+  pack_centroids(qc, ce, D, sc.norms, sc.qcpan);
   int32_t* member = cz.member.data() + t * d.N;
   // Block by block: the in-block part, the block's queries placed, the stream advanced to its
   // start, the members blended in.
@@ -164,7 +166,8 @@ void segment_fwd(const AttentionInputs& in, const AttentionDims& d, const Cluste
     const Rows r = block_rows(g, beta, seg);
     const size_t tb = static_cast<size_t>(t * g.nb + beta);
     inblock(r);
-    nearest_centroids(in.q.ptr(b, h, r.a), r.b - r.a, in.q.stride(2), D, qcpan, sc.norms.data(), ce, member + r.a, near);
+    nearest_centroids(in.q.ptr(b, h, r.a), r.b - r.a, in.q.stride(2), D, sc.qcpan.data(), sc.norms.data(), ce,
+                      member + r.a, sc.near);
     sc.stream.advance(std::min(beta * g.Lb, mv), ko, sc.tile.floats(static_cast<size_t>(kCb * kBc)));
     const Snapshot snap{cz.lse_c.data() + tb * static_cast<size_t>(cz.cmax), cz.mass.data() + tb * static_cast<size_t>(cz.cmax),
                         cz.resid.data() + tb * static_cast<size_t>(cz.cmax * Dv),
@@ -264,8 +267,7 @@ void attn_causal_clustered_fwd(const AttentionInputs& in, const AttentionDims& d
                   ws.threads[static_cast<size_t>(thread)]);
       return;
     }
-    attn_full_fwd_rows(in, d, g.scale, band, b, h, tk.r0, tk.r1, out, inl, cz.inparts.data(), fws, thread);
-    for (int64_t i = tk.t * d.N + tk.r0; i < tk.t * d.N + tk.r1; ++i) inl[i] = inblock_lse(inl, cz.inparts.data(), i);
+    inblock_rows(in, d, g, b, h, tk.r0, tk.r1, out, cz, fws, thread);
   });
 }
 

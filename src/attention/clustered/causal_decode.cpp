@@ -78,21 +78,16 @@ void decode_prefix(const AttentionInputs& in, const AttentionDims& d, const Clus
     CausalThread& sc = ws.threads[static_cast<size_t>(thread)];
     const KeyOperands ko{kc.key_panels(b, hk), kc.value_rows(b, hk), kc.value_ld()};
     float* tile = sc.tile.floats(static_cast<size_t>(kCb * kBc));
-    int32_t* mem = sc.assign.data();
     for (int64_t ra = std::clamp(g.E - g.off, int64_t{0}, nv); ra < nv;) {
       const int64_t beta = (ra + g.off) / g.Lb, rb = std::min(nv, (beta + 1) * g.Lb - g.off);
-      const int64_t sigma = std::upper_bound(g.start.begin(), g.start.end(), beta * g.Lb) - g.start.begin() - 1;
+      const int64_t sigma = causal_segment_of(g.start, beta * g.Lb);
       if (dh.sigma != sigma) {  // this segment's clusters, from the previous segment's queries
         const int64_t q0 = g.start[static_cast<size_t>(sigma - 1)], np = g.start[static_cast<size_t>(sigma)] - q0;
         sc.assign.resize(static_cast<size_t>(std::max(np, rb - ra)));
         dh.qc.resize(static_cast<size_t>(std::min(p.clusters, np) * D));
         dh.ce = segment_clusters(qall.ptr(b, h, q0), np, qall.stride(2), D, p, planes, rng, kmeans_stream(step, t, sigma),
                                  sc.assign.data(), dh.qc.data(), sc.cs);
-        dh.norms.resize(static_cast<size_t>(dh.ce));
-        for (int64_t j = 0; j < dh.ce; ++j)
-          dh.norms[static_cast<size_t>(j)] = simd::dot(dh.qc.data() + j * D, dh.qc.data() + j * D, D);
-        mk::pack_panels(dh.qc.data(), dh.ce, D, D,
-                        dh.qcpan.floats(static_cast<size_t>((dh.ce + mk::kPanel - 1) / mk::kPanel * mk::kPanel * D)));
+        pack_centroids(dh.qc.data(), dh.ce, D, dh.norms, dh.qcpan);
         dh.st.reset(dh.qc.data(), dh.ce, D, Dv, p.topk, g.c);
         dh.sigma = sigma;
         dh.beta = -1;
@@ -109,10 +104,9 @@ void decode_prefix(const AttentionInputs& in, const AttentionDims& d, const Clus
       }
       // The block's new rows: nearest centroids, then the member stage as in a prefill.
       sc.assign.resize(static_cast<size_t>(std::max<int64_t>(rb - ra, static_cast<int64_t>(sc.assign.size()))));
-      mem = sc.assign.data();
-      const int64_t npan = (dh.ce + mk::kPanel - 1) / mk::kPanel;
+      int32_t* mem = sc.assign.data();  // (rb − ra) the rows' clusters
       nearest_centroids(in.q.ptr(b, h, ra), rb - ra, in.q.stride(2), D, dh.qcpan.data(), dh.norms.data(), dh.ce, mem,
-                        sc.near.floats(static_cast<size_t>(mk::kPanel * npan * mk::kPanel)));
+                        sc.near);
       const Snapshot snap{dh.lse_c.data(), dh.mass.data(), dh.resid.data(), improved ? dh.topk.data() : nullptr, kmax};
       block_fwd(dh.st, in, b, h, hk, ra, rb, mem, snap, dh.k, inl + t * d.N, g.c, out, rowbuf + t * d.N,
                 rowbuf + (BH + t) * d.N, sc.ms);

@@ -44,11 +44,13 @@ int64_t segment_clusters(const float* qdef, int64_t np, int64_t ldq, int64_t D,
                          const ClusteredParams& p, const cluster::LshPlanes& planes, const Rng& rng,
                          uint64_t kstream, int32_t* assign, float* qc, ClusterScratch& cs);
 
+// The centroids qc (ce, D) as nearest_centroids reads them: norms (ce) = |qc_j|² and pan
+// (ceil(ce/64), D, 64) their panels.
+void pack_centroids(const float* qc, int64_t ce, int64_t D, std::vector<float>& norms, Workspace& pan);
 // Nearest centroid (Euclidean; first minimum wins) of n query rows: argmin_j |qc_j|² − 2 q·qc_j as
-// one tile product against the centroid panels. qcpan (ceil(ce/64), D, 64) from mk::pack_panels;
-// norms (ce) = |qc_j|²; scratch holds 64 · round_up(ce, 64) floats.
+// one tile product against the centroid panels of pack_centroids; ws holds the scores.
 void nearest_centroids(const float* q, int64_t n, int64_t ldq, int64_t D, const float* qcpan,
-                       const float* norms, int64_t ce, int32_t* out, float* scratch);
+                       const float* norms, int64_t ce, int32_t* out, Workspace& ws);
 
 // The running centroid attention of a segment's clusters over keys [0, pos): per centroid the
 // online softmax of FlashAttention (max m in log2 units, sum l, unnormalised accumulator) and,

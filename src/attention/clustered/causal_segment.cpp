@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <numeric>
 
 #include "attention/clustered/causal_internal.h"
 #include "attention/tile/gather.h"
@@ -21,21 +20,7 @@ using tile::kLn2;
 int64_t segment_clusters(const float* qdef, int64_t np, int64_t ldq, int64_t D,
                          const ClusteredParams& p, const cluster::LshPlanes& planes, const Rng& rng,
                          uint64_t kstream, int32_t* assign, float* qc, ClusterScratch& cs) {
-  int64_t ce0;
-  if (p.positional) {
-    ce0 = std::min(p.clusters, np);
-    for (int64_t x = 0; x < np; ++x) assign[x] = static_cast<int32_t>(x * ce0 / np);
-  } else if (p.clusters >= np) {
-    ce0 = np;
-    std::iota(assign, assign + np, 0);
-  } else {
-    cs.codes.resize(static_cast<size_t>(np));
-    cs.centroids.resize(static_cast<size_t>(p.clusters));
-    cs.proj.resize(static_cast<size_t>(cluster::kHashBlock * kPanel));
-    cluster::hash_codes(qdef, np, ldq, planes, cs.codes.data(), cs.proj.data());
-    ce0 = cluster::hamming_kmeans(cs.codes.data(), np, p.clusters, p.iterations, rng, kstream, assign,
-                                  cs.centroids.data(), cs.km);
-  }
+  const int64_t ce0 = assign_clusters(qdef, np, ldq, p, planes, rng, kstream, assign, cs);
   // Two centroid codes can meet in the last round and leave one without members: drop such
   // clusters (renumbered in order), so every centroid is the mean of at least one query.
   std::vector<int32_t>& remap = cs.assign;
@@ -60,12 +45,19 @@ int64_t segment_clusters(const float* qdef, int64_t np, int64_t ldq, int64_t D,
   return ce;
 }
 
+void pack_centroids(const float* qc, int64_t ce, int64_t D, std::vector<float>& norms, Workspace& pan) {
+  norms.resize(static_cast<size_t>(ce));
+  for (int64_t j = 0; j < ce; ++j) norms[static_cast<size_t>(j)] = simd::dot(qc + j * D, qc + j * D, D);
+  mk::pack_panels(qc, ce, D, D, pan.floats(static_cast<size_t>(round_up(ce, kPanel) * D)));
+}
+
 void nearest_centroids(const float* q, int64_t n, int64_t ldq, int64_t D, const float* qcpan,
-                       const float* norms, int64_t ce, int32_t* out, float* scratch) {
+                       const float* norms, int64_t ce, int32_t* out, Workspace& ws) {
   const int64_t npan = (ce + kPanel - 1) / kPanel, w = npan * kPanel;
+  float* scratch = ws.floats(static_cast<size_t>(kPanel * w));  // (64, w) q·qcᵀ
   for (int64_t r0 = 0; r0 < n; r0 += kPanel) {
     const int64_t rows = std::min<int64_t>(kPanel, n - r0);
-    mk::gemm_abt(rows, npan, D, q + r0 * ldq, ldq, qcpan, scratch, w);  // (rows, w) q·qcᵀ
+    mk::gemm_abt(rows, npan, D, q + r0 * ldq, ldq, qcpan, scratch, w);
     for (int64_t r = 0; r < rows; ++r) {
       const float* s = scratch + r * w;
       int64_t best = 0;

@@ -41,6 +41,26 @@ uint64_t stream_of(uint64_t step, uint64_t purpose, uint64_t head) {
 
 }  // namespace
 
+int64_t assign_clusters(const float* q, int64_t n, int64_t ldq, const ClusteredParams& p,
+                        const cluster::LshPlanes& planes, const Rng& rng, uint64_t kstream, int32_t* assign,
+                        ClusterScratch& cs) {
+  if (p.positional) {
+    const int64_t ce = std::min(p.clusters, n);
+    for (int64_t i = 0; i < n; ++i) assign[i] = static_cast<int32_t>(i * ce / n);
+    return ce;
+  }
+  if (p.clusters >= n) {  // every query its own cluster: exact attention
+    std::iota(assign, assign + n, 0);
+    return n;
+  }
+  cs.codes.resize(static_cast<size_t>(n));
+  cs.centroids.resize(static_cast<size_t>(p.clusters));
+  cs.proj.resize(static_cast<size_t>(cluster::kHashBlock * kPanel));
+  cluster::hash_codes(q, n, ldq, planes, cs.codes.data(), cs.proj.data());
+  return cluster::hamming_kmeans(cs.codes.data(), n, p.clusters, p.iterations, rng, kstream, assign,
+                                 cs.centroids.data(), cs.km);
+}
+
 namespace {
 
 // Steps 1-3 of docs/design.md for one (b, h): hash the valid queries, Hamming k-means, counting sort
@@ -52,22 +72,8 @@ int64_t assign_head(const AttentionInputs& in, const AttentionDims& d, const Clu
   const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
   if (nv == 0 || mv == 0) return 0;  // every output row of this head is 0
   sc.assign.resize(static_cast<size_t>(nv));
-  int64_t ce;
-  if (p.positional) {
-    ce = std::min(p.clusters, nv);
-    for (int64_t i = 0; i < nv; ++i) sc.assign[static_cast<size_t>(i)] = static_cast<int32_t>(i * ce / nv);
-  } else if (p.clusters >= nv) {
-    ce = nv;  // every query its own cluster: exact attention
-    std::iota(sc.assign.begin(), sc.assign.end(), 0);
-  } else {
-    sc.codes.resize(static_cast<size_t>(nv));
-    sc.centroids.resize(static_cast<size_t>(p.clusters));
-    sc.proj.resize(static_cast<size_t>(cluster::kHashBlock * 64));
-    cluster::hash_codes(in.q.ptr(b, h, 0), nv, in.q.stride(2), planes, sc.codes.data(), sc.proj.data());
-    ce = cluster::hamming_kmeans(sc.codes.data(), nv, p.clusters, p.iterations, rng,
-                                 stream_of(step, 1, static_cast<uint64_t>(t)), sc.assign.data(),
-                                 sc.centroids.data(), sc.km);
-  }
+  const int64_t ce = assign_clusters(in.q.ptr(b, h, 0), nv, in.q.stride(2), p, planes, rng,
+                                     stream_of(step, 1, static_cast<uint64_t>(t)), sc.assign.data(), sc);
   cluster::counting_sort(sc.assign.data(), nv, ce, st.order.data() + t * d.N,
                          st.offsets.data() + t * (st.cmax + 1));
   return ce;
@@ -106,7 +112,7 @@ void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
   cluster::LshPlanes planes;  // one draw per step, shared by every head
   if (!p.positional) planes = cluster::draw_planes(rng, stream_of(step, 0, 0), p.bits, D, p.hash_bias);
   const int64_t Dvp = round_up(Dv, mk::kLanes);
-  const float scale = p.scale > 0 ? p.scale : 1.f / std::sqrt(static_cast<float>(D));
+  const float scale = softmax_scale(p.scale, D);
   const float c = scale * kLog2e;
   const bool improved = p.topk > 0;
   st.kmax = improved ? std::max<int64_t>(1, std::min(p.topk, d.M)) : 0;
@@ -219,7 +225,7 @@ void attn_clustered_bwd(const AttentionInputs& in, const AttentionDims& d,
   const int64_t D = d.Dk, Dv = d.Dv, BH = d.B * d.H, cmax = st.cmax, G = d.group();
   const int64_t np = (d.M + kPanel - 1) / kPanel, Mp = np * kPanel;
   const int64_t Dkp = round_up(D, mk::kLanes), Dvp = round_up(Dv, mk::kLanes);
-  const float scale = p.scale > 0 ? p.scale : 1.f / std::sqrt(static_cast<float>(D));
+  const float scale = softmax_scale(p.scale, D);
   const float c = scale * kLog2e;
   const bool improved = p.topk > 0;
   ws.ensure_threads();

@@ -3,6 +3,7 @@
 // per-cluster recomputation on the centroid's top-k keys.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -109,6 +110,10 @@ size_t causal_clustered_workspace_bytes(const AttentionDims& d, const ClusteredP
 // 4·Lb, ... doubling up to segments of Ls, then every Ls — the starts of every segment that begins
 // before M, followed by the end of the last one.
 std::vector<int64_t> causal_segment_starts(int64_t M, int64_t block, int64_t segment);
+// The segment σ holding position pos (0 <= pos < starts.back()) of those starts.
+inline int64_t causal_segment_of(const std::vector<int64_t>& starts, int64_t pos) {
+  return std::upper_bound(starts.begin(), starts.end(), pos) - starts.begin() - 1;
+}
 
 // Reference: the definition in double, with the clusters and top-k sets of st held fixed.
 void attn_clustered_ref_fwd(const AttentionInputs& in, const ClusteredParams& p,

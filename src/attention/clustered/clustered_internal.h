@@ -8,6 +8,7 @@
 #include "attention/clustered/clustered.h"
 #include "attention/tile/topk_select.h"
 #include "clattn/parallel.h"
+#include "clattn/rng.h"
 #include "clattn/tensor.h"
 #include "cluster/cluster.h"
 #include "core/simd.h"
@@ -25,6 +26,14 @@ struct ClusterScratch {
   std::vector<float> proj;
   cluster::KMeansScratch km;
 };
+
+// Steps 1-2 of docs/design.md over n query rows (row stride ldq): contiguous blocks
+// (clustering=positional), every query its own cluster (clusters >= n), or LSH codes grouped by
+// Hamming k-means drawing from `kstream`. Writes assign (n), each row's cluster; returns the number
+// of clusters. Non-causal clustering of a head and causal clustering of a segment's definers.
+int64_t assign_clusters(const float* q, int64_t n, int64_t ldq, const ClusteredParams& p,
+                        const cluster::LshPlanes& planes, const Rng& rng, uint64_t kstream, int32_t* assign,
+                        ClusterScratch& cs);
 
 // Per-thread tiles, sized on first use and reused by later calls.
 struct ThreadScratch {

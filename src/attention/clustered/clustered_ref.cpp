@@ -56,7 +56,7 @@ void causal_ref(const RefProblem& pr, const CausalClusters& cz, std::vector<doub
         double lz = kNegInf;
         const int64_t P = std::min(beta * Lb, mv);
         if (!exact && P > 0) {
-          const int64_t sigma = std::upper_bound(cz.seg_start.begin(), cz.seg_start.end(), pi) - cz.seg_start.begin() - 1;
+          const int64_t sigma = causal_segment_of(cz.seg_start, pi);
           const size_t ts = static_cast<size_t>(t * cz.ns + sigma), tb = static_cast<size_t>(t * cz.nb + beta);
           const int64_t j = cz.member[static_cast<size_t>(t * d.N + i)];
           // Centroid: the mean of its definers; its attention over the prefix.

@@ -118,14 +118,8 @@ void improved_members_bwd(const AttentionInputs& in, const AttentionDims& d, int
       // saturated (large logits), where exp(s − saved lse) drifts from 1 by the lse's rounding.
       std::memset(p, 0, sizeof(float) * static_cast<size_t>(rows * kw));
       mk::gemm_ab(rows, kw, D, qm, Dkp, 1, ktt, kw, p, kw, nullptr);
-      for (int64_t r = 0; r < rows; ++r) {
-        float* row = p + r * kw;
-        tile::mask_tail(row, kw, k);
-        float mx = row[0];
-        for (int64_t x = 1; x < k; ++x) mx = std::max(mx, row[x]);
-        const float inv = 1.f / tile::exp2_row(row, kw, mx);
-        for (int64_t x = 0; x < k; ++x) row[x] *= inv;
-      }
+      float l2[kMb];  // not needed here
+      tile::softmax_rows(p, rows, kw, k, l2);
       // O_i = m_j u_i + R_j, u = P·V_T  ->  dm_j += Σ_i dO_i·u_i ; dV_T += m_j Pᵀ·dO
       std::memset(u, 0, sizeof(float) * static_cast<size_t>(rows * Dvp));
       mk::gemm_ab(rows, Dvp, kw, p, kw, 1, vtr, Dvp, u, Dvp, nullptr);

@@ -446,7 +446,7 @@ class FullAttention final : public Attention {
 
  private:
   float scale_for(const AttentionDims& d) const {
-    return scale_ > 0 ? scale_ : 1.f / std::sqrt(static_cast<float>(d.Dk));
+    return softmax_scale(scale_, d.Dk);
   }
   std::string kind_;
   float scale_;

@@ -492,9 +492,7 @@ void attn_reformer_bwd(const AttentionInputs& in, const AttentionDims& d, const 
       }
     };
     for (int64_t r = 0; r < R; ++r) {
-      const int32_t* perm = st.perm.data() + (t * R + r) * st.len;
-      const int32_t* cbucket = st.causal ? st.cbucket.data() + (t * R + r) * (st.len / ch) : nullptr;
-      const int64_t nch = st.nch[static_cast<size_t>(t * R + r)], len = st.causal ? nch * ch : d.N;
+      const auto [perm, cbucket, nch, len] = st.round(t, r, d.N);
       stage_chunk(qb, qrs, vb, vrs, dm, perm, len, ch, nch - 1, sc.slots[2], true, ahead_of(perm, ch, 0, nch, len));
       for (int64_t c = 0; c < nch; ++c) {
         const gather::Ahead ahead = ahead_of(perm, ch, c + 1, nch, len);
@@ -602,9 +600,7 @@ void attn_reformer_ref(const RefProblem& pr, const ReformerState& st, std::vecto
       std::vector<std::vector<int64_t>> seen(static_cast<size_t>(d.N));
       std::vector<int32_t> keys;
       for (int64_t r = 0; r < st.rounds; ++r) {
-        const int32_t* perm = st.perm.data() + (t * st.rounds + r) * st.len;
-        const int32_t* cbucket = st.causal ? st.cbucket.data() + (t * st.rounds + r) * (st.len / st.chunk) : nullptr;
-        const int64_t nch = st.nch[static_cast<size_t>(t * st.rounds + r)], len = st.causal ? nch * st.chunk : d.N;
+        const auto [perm, cbucket, nch, len] = st.round(t, r, d.N);
         for (int64_t c = 0; c < nch; ++c) {
           chunk_keys(perm, len, nch, st.chunk, c, cbucket, keys);
           for (int64_t x = c * st.chunk; x < c * st.chunk + chunk_len(perm, len, st.chunk, c); ++x) {

@@ -28,6 +28,17 @@ struct ReformerState : ContextState {
   std::vector<int32_t> cbucket;  // causal: (B, H, rounds, len / chunk) the bucket of each chunk
   Tensor lse2;                   // (B, H, N) log2-sum-exp2 over every round's visible keys
   size_t bytes() const override { return held_bytes(perm, nch, cbucket, lse2); }
+  // Round r of head t = b·H + h as the forward left it: its perm, the bucket of each chunk
+  // (causal; else nullptr), its chunks, and the length of perm they cover (N without causal).
+  struct Round {
+    const int32_t* perm;
+    const int32_t* cbucket;
+    int64_t nch, len;
+  };
+  Round round(int64_t t, int64_t r, int64_t N) const {
+    const int64_t at = t * rounds + r, n = nch[static_cast<size_t>(at)];
+    return {perm.data() + at * len, causal ? cbucket.data() + at * (len / chunk) : nullptr, n, causal ? n * chunk : N};
+  }
 };
 
 struct ReformerWorkspace;  // reformer.cpp; kept in the caller's Scratch

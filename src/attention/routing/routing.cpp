@@ -288,7 +288,7 @@ void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const R
                       RoutingWorkspace& ws) {
   const Dims dm{d.Dk, d.Dv, round_up(d.Dk, mk::kLanes), round_up(d.Dv, mk::kLanes)};
   const int64_t C = p.clusters, Cp = round_up(C, kPanel), BH = d.B * d.H;
-  const float scale = p.scale > 0 ? p.scale : 1.f / std::sqrt(static_cast<float>(d.Dk));
+  const float scale = softmax_scale(p.scale, d.Dk);
   const float c = scale * kLog2e;
   const int64_t wq_max = p.window > 0 ? std::min(p.window, d.N) : (d.N + C - 1) / C;
   st.C = C;
@@ -445,8 +445,7 @@ void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const R
         build_block(in, b, h, dm, c, kt, blk2, sc);
         std::memset(o, 0, sizeof(float) * static_cast<size_t>(blk2.rows * dm.Dvp));
         for (int64_t r = 0; r < blk2.rows; ++r) {
-          float po;
-          const float l2 = tile::softmax_row_extra(blk2.s + r * kw, kw, -kInf, po);
+          const float l2 = tile::softmax_row(blk2.s + r * kw, kw);
           lse2[m0 + r] = l2 == -kInf ? kInf : l2;  // nothing visible in this cluster: P = 0 in backward
         }
         mk::gemm_ab(blk2.rows, dm.Dvp, blk2.nk, blk2.s, kw, 1, vr, dm.Dvp, o, dm.Dvp, nullptr);
@@ -463,7 +462,7 @@ void attn_routing_bwd(const AttentionInputs& in, const AttentionDims& d, const R
                       RoutingWorkspace& ws) {
   const Dims dm{d.Dk, d.Dv, round_up(d.Dk, mk::kLanes), round_up(d.Dv, mk::kLanes)};
   const int64_t C = st.C, G = d.group(), BH = d.B * d.H;
-  const float scale = p.scale > 0 ? p.scale : 1.f / std::sqrt(static_cast<float>(d.Dk));
+  const float scale = softmax_scale(p.scale, d.Dk);
   const float c = scale * kLog2e;
   ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
   float* part = G > 1 ? ws.part.floats(static_cast<size_t>(BH * d.M * (dm.Dkp + dm.Dvp))) : nullptr;
@@ -596,7 +595,7 @@ class RoutingAttention final : public Attention {
     st.causal = in.causal;
     if (in.causal) {
       routing_causal_buckets(in, d, p_, ema, in.train, st.bw, ctx.scratch().get<RoutingWorkspace>());
-      attn_bucket_window_fwd(in, d, scale_for(d), st.bw, out, bucket_window_workspace(ctx.scratch()));
+      attn_bucket_window_fwd(in, d, softmax_scale(p_.scale, d.Dk), st.bw, out, bucket_window_workspace(ctx.scratch()));
       return;
     }
     attn_routing_fwd(in, d, p_, in.step, ema, in.train, out, st, ctx.scratch().get<RoutingWorkspace>());
@@ -610,7 +609,7 @@ class RoutingAttention final : public Attention {
       check(st.bw.lse2.shape() == Shape{d.B, d.H, d.N} && st.bw.kb.size() == static_cast<size_t>(d.B * d.H * d.M),
             "routing: backward inputs have shapes other than the forward's (q is now ", in.q.shape, ")");
       validate_backward(in, d, out, dout, dq, dk, dv, "routing");
-      attn_bucket_window_bwd(in, d, scale_for(d), st.bw, out, dout, dq, dk, dv, bucket_window_workspace(ctx.scratch()));
+      attn_bucket_window_bwd(in, d, softmax_scale(p_.scale, d.Dk), st.bw, out, dout, dq, dk, dv, bucket_window_workspace(ctx.scratch()));
       return;
     }
     check(st.mem_off.size() == static_cast<size_t>(d.B * d.H * (st.C + 1)) && st.C == p_.clusters,
@@ -649,9 +648,6 @@ class RoutingAttention final : public Attention {
       for (int64_t e = 0; e < d.Dk; ++e) ce[e] = static_cast<float>(ce[e] / std::sqrt(nn));
     }
     return c;
-  }
-  float scale_for(const AttentionDims& d) const {
-    return p_.scale > 0 ? p_.scale : 1.f / std::sqrt(static_cast<float>(d.Dk));
   }
   RoutingParams p_;
   Capabilities caps_;

@@ -185,7 +185,7 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
                     uint64_t step, View out, SmyrfState& st, SmyrfWorkspace& ws) {
   const int64_t D = d.Dk, Dv = d.Dv, Dkp = round_up(D, mk::kLanes), Dvp = round_up(Dv, mk::kLanes);
   const int64_t R = p.hashes;
-  const float scale = p.scale > 0 ? p.scale : 1.f / std::sqrt(static_cast<float>(D));
+  const float scale = softmax_scale(p.scale, D);
   const float c = scale * kLog2e;
   st.rounds = R;
   st.qc = p.q_cluster;
@@ -238,8 +238,8 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
         gather::rows(hr.v, hr.vrs, blk.kj, blk.nk, Dv, vr, Dvp, blk.nk, 1.f, ka);
         block_scores(d, qs, Dkp, kt, blk, s);
         std::memset(o, 0, sizeof(float) * static_cast<size_t>(blk.nq * Dvp));
-        float lse_r[64], po;
-        for (int64_t q = 0; q < blk.nq; ++q) lse_r[q] = tile::softmax_row_extra(s + q * blk.kw, blk.kw, -kInf, po);
+        float lse_r[64];
+        for (int64_t q = 0; q < blk.nq; ++q) lse_r[q] = tile::softmax_row(s + q * blk.kw, blk.kw);
         mk::gemm_ab(blk.nq, Dvp, blk.nk, s, blk.kw, 1, vr, Dvp, o, Dvp, nullptr);
         for (int64_t q = 0; q < blk.nq; ++q) {
           if (r > 0) gather::prefetch_one(ob, ors, qa, q, Dv, true);  // round 0 only writes
@@ -260,7 +260,7 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
                     SmyrfWorkspace& ws) {
   const int64_t D = d.Dk, Dv = d.Dv, Dkp = round_up(D, mk::kLanes), Dvp = round_up(Dv, mk::kLanes);
   const int64_t R = st.rounds, G = d.group();
-  const float scale = p.scale > 0 ? p.scale : 1.f / std::sqrt(static_cast<float>(D));
+  const float scale = softmax_scale(p.scale, D);
   const float c = scale * kLog2e;
   ws.ensure_threads();
   float* part = G > 1 ? ws.part.floats(static_cast<size_t>(d.B * d.H * d.M * (Dkp + Dvp))) : nullptr;
@@ -509,7 +509,7 @@ class SmyrfAttention final : public Attention {
     st.causal = in.causal;
     if (in.causal) {
       smyrf_causal_buckets(in, d, p_, in.step, st.bw);
-      attn_bucket_window_fwd(in, d, scale_for(d), st.bw, out, bucket_window_workspace(ctx.scratch()));
+      attn_bucket_window_fwd(in, d, softmax_scale(p_.scale, d.Dk), st.bw, out, bucket_window_workspace(ctx.scratch()));
       return;
     }
     attn_smyrf_fwd(in, d, p_, in.step, out, st, ctx.scratch().get<SmyrfWorkspace>());
@@ -525,7 +525,7 @@ class SmyrfAttention final : public Attention {
                 st.bw.kb.size() == static_cast<size_t>(d.B * d.H * st.bw.rounds * d.M),
             "smyrf: backward inputs have shapes other than the forward's (q is now ", in.q.shape, ", k ", in.k.shape, ")");
       validate_backward(in, d, out, dout, dq, dk, dv, "smyrf");
-      attn_bucket_window_bwd(in, d, scale_for(d), st.bw, out, dout, dq, dk, dv, bucket_window_workspace(ctx.scratch()));
+      attn_bucket_window_bwd(in, d, softmax_scale(p_.scale, d.Dk), st.bw, out, dout, dq, dk, dv, bucket_window_workspace(ctx.scratch()));
       return;
     }
     const size_t heads = static_cast<size_t>(d.B * d.H * st.rounds);
@@ -544,9 +544,6 @@ class SmyrfAttention final : public Attention {
   }
 
  private:
-  float scale_for(const AttentionDims& d) const {
-    return p_.scale > 0 ? p_.scale : 1.f / std::sqrt(static_cast<float>(d.Dk));
-  }
   SmyrfParams p_;
   Capabilities caps_;
 };

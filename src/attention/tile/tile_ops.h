@@ -88,6 +88,12 @@ inline float softmax_row_extra(float* row, int64_t kw, float extra, float& p_ext
   return m + std::log2(l);
 }
 
+// The same without an extra logit: a row's softmax and log2-sum-exp2 (-inf, row zeroed: none).
+inline float softmax_row(float* row, int64_t kw) {
+  float unused;
+  return softmax_row_extra(row, kw, -kInf, unused);
+}
+
 // Backward through a causal own-key term of probability p (logit scale·q·k, bucket_window.cpp):
 // dS = p·(dP − D_i)·scale with dP = dO·v; adds dS·k to dq, dS·q to dk and p·dO to dv.
 inline void own_key_backward(float p, float dp, float di, float scale, const float* q,

@@ -214,7 +214,7 @@ class TopkAttention final : public Attention {
 
  private:
   float scale_for(const AttentionDims& d) const {
-    return scale_ > 0 ? scale_ : 1.f / std::sqrt(static_cast<float>(d.Dk));
+    return softmax_scale(scale_, d.Dk);
   }
   // k beyond the keys that exist changes nothing (every visible key is kept) but would size the
   // (B, H, N, k) index buffer by the parameter: clamp it to M.
