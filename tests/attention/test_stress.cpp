@@ -1,4 +1,4 @@
-// Numerics under stress (issue 16): every registered variant on inputs that break naive
+// Numerics under stress: every registered variant on inputs that break naive
 // arithmetic — magnitudes 1e4 and 1e-30, all-equal keys, duplicated queries, all keys masked but
 // one, N = 1, M = 1, D = 1, D not a multiple of 16. Outputs (and gradients) must be finite; where a
 // variant's exact limit applies (full, local with a window covering every key, topk with k >= M,

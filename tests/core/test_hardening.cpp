@@ -1,6 +1,6 @@
-// Hardening regressions of core (issue 16): sizes checked once, in Shape, with checked arithmetic
-// (a zero-element tensor with huge dims used to overflow its strides: UBSan), and safetensors
-// files read rather than mapped (a file truncated after open used to raise SIGBUS).
+// Hardening regressions of core: sizes checked once, in Shape, with checked arithmetic
+// (a zero-element tensor with huge dims would overflow its strides: UBSan), and safetensors
+// files read rather than mapped (a file truncated after open would raise SIGBUS).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <fcntl.h>
@@ -122,7 +122,7 @@ TEST_F(SafetensorsHardening, TruncatedAfterOpenStillReadable) {
   EXPECT_THAT(error_of([&] { SafetensorsFile::open(path("x.safetensors")); }), HasSubstr("shorter than"));
 }
 
-// ---- The CLI probes of the issue, end to end (CLATTN_BIN is set by CTest; skipped without it) ----
+// ---- Bad sizes and outputs through the CLI (CLATTN_BIN is set by CTest; skipped without it) ----
 
 struct CliRun {
   int code = -1;  // exit code, or 128 + signal

@@ -1,4 +1,4 @@
-// Causal clustered and improved-clustered attention (issue #12; docs/design.md).
+// Causal clustered and improved-clustered attention (docs/design.md).
 //
 // Definition. Keys sit at positions 0 .. M−1; query i sits at position p_i = i + M − N and sees keys
 // j <= p_i with j < mv (key_lengths); queries i >= nv (query_lengths) and queries with p_i < 0
