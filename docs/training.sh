@@ -17,7 +17,7 @@ runs=${CLATTN_RUNS:-runs}
 mkdir -p "$out" "$runs"
 export OMP_NUM_THREADS=1
 
-# The model of issue #11: 4 layers, hidden 128, 2 heads of 64, ff 256, batch 1, AdamW. The
+# The model of docs/training.md: 4 layers, hidden 128, 2 heads of 64, ff 256, batch 1, AdamW. The
 # schedule is long (--steps 100000) so that the learning rate is the same for every variant over
 # the budget: equal time, not equal steps, decides.
 common=(--layers 4 --dim 128 --heads 2 --ff 256 --steps 100000 --lr 1e-3 --warmup 50

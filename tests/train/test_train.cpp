@@ -269,8 +269,8 @@ TEST(Train, ClipAndNonFiniteGradients) {
   EXPECT_THROW(opt.step(), Error);
 }
 
-// Throughput of one training step (forward, backward, AdamW) of the model of the performance
-// report: 4 layers, hidden 128, 2 heads of 64, ff 256, batch 1, mlm head on a byte vocabulary.
+// Throughput of one training step (forward, backward, AdamW) of the model of docs/training.md's
+// step-speed table: 4 layers, hidden 128, 2 heads of 64, ff 256, batch 1, mlm head on bytes.
 // Run by hand: test_train --gtest_also_run_disabled_tests --gtest_filter='*Throughput*'
 // (CLATTN_TRAIN_N=2048,4096 and CLATTN_TRAIN_STEPS=5 override the defaults).
 TEST(Train, DISABLED_Throughput) {
