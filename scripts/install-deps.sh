@@ -3,7 +3,7 @@
 # Idempotent: when everything is already present it exits without touching apt.
 set -euo pipefail
 
-# Why each package is here (also in README.md):
+# Why each package is here (also in docs/building.md):
 #   cmake, ninja-build, g++      build
 #   libopenblas-dev              cblas_sgemm for big products (hashing, centroid attention)
 #   libopenblas0-openmp          the OpenMP build of OpenBLAS, so BLAS and our own OpenMP regions

@@ -35,7 +35,7 @@ if [ "${CLATTN_SKIP_SANITIZE:-0}" != 1 ]; then
 fi
 
 if [ "${CLATTN_SKIP_FUZZ:-0}" != 1 ]; then
-  # clang builds (README, "Hardening / fuzzing"): every libFuzzer target for 30 s from its seed
+  # clang builds (docs/reliability.md): every libFuzzer target for 30 s from its seed
   # corpus under ASan + UBSan, then ThreadSanitizer over the threaded kernels' and the API's
   # concurrency tests. Only the targets needed are built.
   bash scripts/fuzz.sh "${CLATTN_FUZZ_SECONDS:-30}"

@@ -61,7 +61,7 @@ struct Capabilities {
   bool stateful = false;    // reads (and in training calls updates) AttentionInputs::state
   // Decoding with a KVCache reproduces a prefill only when the cache also keeps the queries
   // (KVCache query_heads): causal clustered builds its centroids from earlier queries. Without
-  // them such an attention attends the cached prefix exactly (and says so in its README entry).
+  // them such an attention attends the cached prefix exactly (docs/models.md says so).
   bool decode_queries = false;
 };
 

@@ -3,8 +3,8 @@
 // Why: NumPy (and PyTorch) load Debian's default OpenBLAS, the pthreads build, whose soname is
 // the same libopenblas.so.0. Once it is in the process, the extension's own dependency on
 // libopenblas.so.0 binds to it whatever the RUNPATH says, and clattn's sgemm calls from inside
-// its OpenMP regions would start a second thread pool fighting OpenMP's over the cores (README,
-// "Dependencies"). So the library's one BLAS call, cblas_sgemm (src/core/gemm.cpp), is defined
+// its OpenMP regions would start a second thread pool fighting OpenMP's over the cores (see
+// docs/building.md). So the library's one BLAS call, cblas_sgemm (src/core/gemm.cpp), is defined
 // here — hidden, so it binds only inside this extension and NumPy keeps its own — and forwards to
 // the OpenMP build opened by path (a second copy when the pthreads one is loaded already;
 // RTLD_DEEPBIND keeps that copy's internal calls inside it). If it cannot be opened, the

@@ -208,7 +208,7 @@ TEST(CausalClustered, DecodingWithQueriesInTheCacheEqualsThePrefill) {
 }
 
 // A cache that keeps no queries has no definers for the cached positions: a step attends its
-// prefix exactly (causal full attention), as the README says.
+// prefix exactly (causal full attention), as docs/models.md says.
 TEST(CausalClustered, DecodingWithoutQueriesInTheCacheIsExact) {
   const Problem p{.B = 1, .H = 2, .Hkv = 1, .N = 60, .M = 60, .Dk = 8, .Dv = 8, .causal = true};
   const ProblemData pd = structured(p);

@@ -513,7 +513,7 @@ TEST_P(RegistrySuite, TokenMajorStridedViews) {
   }
 }
 
-// What the thread count may change (README, "Threads"): nothing in the forward (every task owns
+// What the thread count may change (docs/design.md): nothing in the forward (every task owns
 // its rows, so outputs are bitwise equal on 1, 2 and 3 threads); in the backward, only the order
 // of float sums over key chunks and query heads (a stated tolerance, NMSE <= 1e-10).
 TEST_P(RegistrySuite, ThreadCounts) {

@@ -54,7 +54,7 @@
 // Cost per head, C clusters: N·Lb/2 (in-block) + C·N²/(2·Ls) (one prefix stream per segment) +
 // N·k (members), times Dk + Dv: about Lb/N + C/Ls of causal full's, plus the clustering (N·C
 // popcounts per k-means round) and per block and cluster the gather of T_j's rows. Defaults (block=512,
-// segment=8·block: README, "causal clustered speed"; docs/design.md) were chosen by measuring speed
+// segment=8·block: docs/performance.md; docs/design.md) were chosen by measuring speed
 // at N = 4096..65536 and fidelity on stories260k and a causal character model (docs/approximation.md).
 //
 // Implementation: the in-block parts and the exact rows are one call of full attention's kernels

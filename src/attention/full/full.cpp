@@ -70,7 +70,7 @@ namespace {
 
 // Key chunks per head of the backward: enough tasks for >= 4 per thread. The partial dQ of each
 // chunk is summed in chunk order, so the backward's rounding depends on the thread count (see
-// README: what the thread count may change).
+// docs/design.md: what the thread count may change).
 int64_t bwd_chunks(const AttentionDims& d, int threads) {
   const int64_t nkt_max = std::max<int64_t>(1, (d.M + kBcB - 1) / kBcB), BH = d.B * d.H;
   return std::clamp<int64_t>((4 * threads + BH - 1) / BH, 1, nkt_max);

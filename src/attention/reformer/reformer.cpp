@@ -22,7 +22,7 @@
 // memory). A chunk's rows are staged once per round (Slot): each chunk is also the next one's
 // "previous", so q and v rows are read once per position and round, and the backward
 // accumulates per slot and writes dq/dv once per position and round. Hashing costs
-// D·(f1 + f2)/2 per position with f1·f2 = buckets ≈ 2N/chunk: it grows as N^1.5 (README).
+// D·(f1 + f2)/2 per position with f1·f2 = buckets ≈ 2N/chunk: it grows as N^1.5 (docs/design.md).
 #include "attention/validate.h"
 #include "attention/reformer/reformer.h"
 

@@ -19,7 +19,7 @@
 // a sample, one cosine pass over the raw rows (blocks of 256 against the centroids) feeding the
 // window selection, then per cluster three small products on gathered blocks of 64 members.
 // Memory O(N + C·window + 256·C). The default window N/C makes the attention O(N²/C) at fixed
-// C; a fixed `window=` keeps it linear (README, "Routing's window, decided").
+// C; a fixed `window=` keeps it linear (docs/design.md, "Routing's window").
 #include "attention/validate.h"
 #include "attention/routing/routing.h"
 
