@@ -32,6 +32,12 @@
 //   Held-out text: the last 10 % of the file (floor(size/10) bytes), never touched by a training
 //   window; evaluation windows tile it from its start with stride T (mlm: T bytes, lm: T + 1),
 //   masks drawn once from the seed.
+//   lm with a tokenizer: the same split (moved forward to a UTF-8 character boundary), each part
+//            tokenized without BOS/EOS; windows of token ids as above; metric bits per token.
+//   features classification of feature frames (a KWT feature set: features [n, T, dim], labels
+//            [n]): a fixed permutation of the examples (stream 2^62 of Rng(0), independent of the
+//            seed) puts the last 10 % (at least one) in the held-out set; training row r of step s
+//            is example below(train count) drawn from (seed, s, r). Sequences are exactly T frames.
 #pragma once
 
 #include <cstdint>
@@ -41,7 +47,7 @@
 
 namespace clattn {
 
-// One batch: B sequences padded to T tokens.
+// One batch: B sequences padded to T tokens (or, for feature models, T frames of features).
 struct Batch {
   int64_t B = 0, T = 0;
   std::vector<int32_t> ids;      // (B, T) token ids, padding = the task's pad id
@@ -49,9 +55,20 @@ struct Batch {
   // classify: (B) labels. mlm / lm: (B, T) target per position, -1 where no loss is taken
   // (padding; for mlm the unmasked positions).
   std::vector<int32_t> targets;
+  // Feature models (KWT): (B, T, feature_dim) frames instead of ids (ids empty).
+  std::vector<float> features;
+  int64_t feature_dim = 0;
+  // Index of the first sequence in its step's whole batch: a part of a batch (a rank's share, an
+  // accumulation micro-batch) draws the dropout masks of its own sequences.
+  int64_t first = 0;
 };
 
+// The rows [from, from + n) of a batch, with `first` advanced to match.
+Batch batch_slice(const Batch& b, int64_t from, int64_t n);
+
 enum class TaskKind { classify, mlm, lm };
+const char* task_kind_name(TaskKind k);         // "classify", "mlm", "lm"
+TaskKind task_kind_from_name(const std::string& s);  // an Error naming the accepted ones
 
 class Task {
  public:
@@ -73,15 +90,26 @@ class Task {
   virtual std::vector<Batch> eval_batches(int64_t B, int64_t T, int64_t limit) const = 0;
   // Held-out examples left out of eval_batches because they are longer than T (listops TSV).
   virtual int64_t eval_skipped(int64_t /*T*/) const { return 0; }
+  // The held-out metric: "accuracy" (classify), "bits_per_char" (byte-level text) or
+  // "bits_per_token" (text through a tokenizer).
+  virtual std::string metric() const { return kind() == TaskKind::classify ? "accuracy" : "bits_per_char"; }
+  // Feature tasks: the frames' width (batches carry features, not ids); 0 for token tasks.
+  virtual int64_t feature_dim() const { return 0; }
+  // The sequence length the task's data fixes (feature sets: their frame count), or 0.
+  virtual int64_t fixed_length() const { return 0; }
 };
 
 struct TaskOptions {
-  std::string kind{};     // "listops" | "mlm" | "lm"
+  std::string kind{};     // "listops" | "mlm" | "lm" | "features"
   std::string data{};     // listops: a TSV (label<TAB>expression) for evaluation, or "" for a
-                          // generated held-out set; mlm / lm: a text file (the last 10 % held out)
+                          // generated held-out set; mlm / lm: a text file (the last 10 % held out);
+                          // features: a feature set (safetensors: features [n, T, dim], labels [n])
   uint64_t seed = 0;
   int64_t min_length = 500, max_length = 2000;  // listops generator length window (tokens)
   float mask_prob = 0.15f;                      // mlm
+  // lm: a tokenizer.json whose ids replace the bytes (a pretrained model's own vocabulary); each
+  // part of the text (training, held-out) is tokenized on its own. "" = bytes.
+  std::string tokenizer{};
 };
 
 // Builds a task; errors (clattn::Error) name the file, line and problem.

@@ -1,24 +1,39 @@
-// Transformers around the attention (docs/design.md): Hugging Face checkpoints (config.json +
-// safetensors, single or sharded) loaded into an Encoder (BERT family, KWT) or a Decoder (LLaMA
-// family), each running any registered attention, per layer if asked.
+// Transformers around the attention (docs/design.md): one implementation per architecture, the
+// same object for inference and for training.
+//
+//   Encoder  BERT family (post-LN or pre-LN, token types, pooler, GELU erf or tanh) and KWT (a
+//            linear input projection of feature frames, a class token, learned positions)
+//   Decoder  LLaMA family (RMSNorm, rotate-half RoPE, grouped-query attention, SwiGLU, tied or
+//            untied output layer), with KV-cache decoding
+//
+// Both derive from Model: the parameters in one flat buffer in Hugging Face naming (loaded from
+// safetensors + config.json, saved the same way, atomically), any registered attention per layer,
+// one forward that serves inference (nothing kept for a backward) and training (every activation
+// the backward reads kept in one arena), and one hand-written backward. A checkpoint that loads
+// for inference trains (fine-tuning), and a trained model is the object that runs inference.
 //
 // Attention plans. A plan is one spec for every layer, or a ';'-separated list with one spec per
 // layer in order, the last one repeating for the layers after it:
 //   "full"                                      every layer full
-//   "full;full;improved-clustered:clusters=25"  layers 0-1 full, layers 2.. improved-clustered
+//   "full;improved-clustered:clusters=25"       layer 0 full, layers 1.. improved-clustered
 // (';' never occurs inside a spec, and ':' and ',' keep their spec meaning.)
 //
-// Memory: a model sizes its activations once per (batch, length) in an arena it owns and reuses
-// (no allocation inside the layer loop); every layer's attention Context borrows one Scratch.
+// Memory: a model sizes its activations per (B, T) in one arena it owns and reuses (no allocation
+// inside the layer loop; the arena grows, never shrinks); inference carves one set of buffers that
+// every layer reuses, training one set per layer. Gradients are allocated on first use, so a model
+// that only runs inference holds its parameters once.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "clattn/attention.h"
+#include "clattn/data.h"
 #include "clattn/kv_cache.h"
 #include "clattn/tensor.h"
 
@@ -27,12 +42,9 @@ namespace clattn {
 // One spec per layer, parsed from a plan string (errors name the layer and the spec).
 std::vector<std::string> parse_attention_plan(const std::string& plan, int64_t layers);
 // The attention of each layer of a plan, refusing (by layer) a spec that cannot run there: for
-// decoders a missing causal mask or grouped heads, and shared-QK attention (keys = queries)
-// unless the model can give it its queries as keys (shared_qk_ok: the trainable models, which
-// learn with it; a pretrained checkpoint's keys are their own projection).
+// decoders a missing causal mask or grouped heads.
 std::vector<std::unique_ptr<Attention>> make_plan_attentions(const std::vector<std::string>& specs,
-                                                             bool causal, bool gqa,
-                                                             bool shared_qk_ok = false);
+                                                             bool causal, bool gqa);
 
 enum class ModelKind { bert, kwt, llama };
 
@@ -61,6 +73,12 @@ struct ModelConfig {
 
 // Reads config.json (errors name the file and the field).
 ModelConfig read_model_config(const std::string& path);
+// The config.json text of a model (every field read_model_config reads), with clattn's own keys
+// "clattn_head" (the task head, when the model has one) and "clattn_attention" (its plan).
+std::string model_config_json(const ModelConfig& c, const std::optional<TaskKind>& head,
+                              const std::string& plan);
+// The model folder's kind, read from its config.json (bert / kwt -> Encoder, llama -> Decoder).
+ModelKind model_kind(const std::string& dir);
 
 // Inspection (`clattn inspect`): copies of what one layer's attention received in a forward — q
 // (B, H, T, D), k and v (B, Hkv, T, D) after the projections (and RoPE in decoders), the random
@@ -73,24 +91,181 @@ struct AttentionCapture {
   bool causal = false;
 };
 
-class Weights;  // model/weights.h: the checkpoint's tensors, read into memory at load (never mapped: a file changed underneath cannot fault)
+// One parameter tensor of a model's flat buffer.
+struct ParamInfo {
+  std::string name;            // Hugging Face tensor name, e.g. "encoder.layer.0.attention.self.query.weight"
+  std::vector<int64_t> shape;
+  int64_t offset = 0, size = 0;  // into params() / grads()
+  bool decay = true;           // AdamW weight decay (matrices and embeddings; not biases or norms)
+};
+
+// What forward_backward reports.
+struct StepResult {
+  double loss_sum = 0;   // summed loss over counted targets (nats)
+  int64_t counted = 0;   // targets counted
+  int64_t correct = 0;   // argmax == target among counted
+  double attention_ms = 0;  // attention forward (+ backward)
+  double dense_ms = 0;      // linear layers (GEMMs) forward (+ backward), the output layer included
+  double total_ms = 0;      // the whole call
+};
 
 struct LoadOptions {
   bool verbose = false;  // list unused tensors of the checkpoint on stderr
+  // The task head to give the model. Absent: the checkpoint's own ("clattn_head" in config.json;
+  // else a classifier when it has one, lm for a decoder, none for an encoder without classifier).
+  // Given: mlm adds "cls.predictions.bias" (zero) when the checkpoint lacks it; classify adds a
+  // classifier of `num_labels` classes (N(0, 0.02), from `seed`) when it lacks one, and refuses
+  // one with fewer classes.
+  std::optional<TaskKind> head;
+  int64_t num_labels = 0;
+  uint64_t seed = 0;
+};
+
+class LayerAttention;  // src/model/layer_attention.h: the per-layer attention stack
+class Weights;         // src/model/weights.h: a checkpoint's tensors, read into memory at load
+
+class Model {
+ public:
+  // A model of cfg's sizes with a task head and random weights (N(0, 0.02) matrices and
+  // embeddings, unit norm gains, zero biases). kind bert takes classify or mlm, llama takes lm.
+  static std::unique_ptr<Model> create(const ModelConfig& cfg, TaskKind head, uint64_t seed);
+  // A checkpoint folder (config.json + model.safetensors, or the sharded form): an Encoder or a
+  // Decoder by its kind. A clattn checkpoint also restores its attention plan and layer state.
+  static std::unique_ptr<Model> load(const std::string& dir, const LoadOptions& opt = {});
+  virtual ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return cfg_; }
+  bool has_head() const { return head_.has_value(); }
+  TaskKind head() const;  // the task head (an Error when the model has none)
+
+  // Sets the attention of every layer from a plan (default "full"). Any variant that can run on
+  // the model is accepted; training (forward_backward with train) needs every layer's to have a
+  // backward. Shared-QK attention (reformer) is given the layer's queries as keys (the K
+  // projection then goes unused, as in the Reformer paper's shared-QK model). A layer keeps its
+  // attention state (routing's EMA centroids) while its spec is unchanged.
+  void set_attention(const std::string& plan);
+  const std::string& attention_plan() const;
+  const std::vector<std::string>& attention_specs() const;
+  bool trainable() const;  // every layer's attention has a backward
+  // Dropout on both residual branches of every layer, in training calls only.
+  void set_dropout(float p);
+
+  // Forward of a batch through the task head: the loss summed over the counted targets. With
+  // `train` also the backward, ACCUMULATING into grads() the gradient of loss_sum / divisor
+  // (divisor 0: the batch's own count of targets, i.e. its mean loss). `step` seeds the stochastic
+  // attentions and dropout (fresh draws each step, reproducible); `train` also lets stateful
+  // attentions (routing's EMA) update their state. Batch::first offsets the dropout streams, so a
+  // sequence gets the same mask whichever batch it is in.
+  virtual StepResult forward_backward(const Batch& b, bool train, uint64_t step, double divisor = 0) = 0;
+
+  // The final hidden state of the last forward, after the final norm: (B·T, hidden) (decoders
+  // after prefill/step: only the rows whose logits were computed), valid until the next call.
+  ConstView last_hidden() const;
+  // Milliseconds spent in attention during the last forward (for the share of time outside it).
+  double last_attention_ms() const;
+  // Bytes a forward of (B, T) allocates: activations and the largest attention workspace.
+  virtual double forward_bytes(int64_t B, int64_t T) const = 0;
+  // Bytes a training step of (B, T) holds: the activation arena, every layer's attention
+  // workspace and saved state, and the parameters with their gradients and both AdamW moments.
+  double train_bytes(int64_t B, int64_t T) const;
+
+  std::span<float> params() { return {params_.data(), params_.size()}; }
+  std::span<const float> params() const { return {params_.data(), params_.size()}; }
+  std::span<float> grads();  // allocated (zero) on first use
+  const std::vector<ParamInfo>& param_info() const { return info_; }
+  const ParamInfo& param(const std::string& name) const;  // an Error naming it when absent
+  void zero_grads();
+
+  // Called during a training call's backward as ranges [begin, end) of grads() become final for
+  // the call: each layer's parameters as its backward finishes (top layer first), then the rest
+  // (embeddings, final norm, head). A caller can start reducing gradients while the backward runs.
+  std::function<void(int64_t begin, int64_t end)> on_grads_ready;
+
+  // config.json + model.safetensors (in the checkpoint's own tensor naming), written atomically
+  // (atomic_file.h): loadable by Model::load, Encoder::load / Decoder::load and Hugging Face.
+  // The layer state of stateful attentions travels as "clattn.attention_state.<layer>.<name>".
+  void save(const std::string& dir) const;
+  // Later forwards fill cap (nullptr: stop capturing); cap must outlive them.
+  void set_capture(AttentionCapture* cap);
+
+ protected:
+  enum class Init { normal, one, zero };
+  explicit Model(const ModelConfig& cfg);
+  // Layout: every parameter once, in order (adjacent tensors that form one fused matrix must be
+  // added in that order), then allocate().
+  int64_t add(const std::string& name, std::vector<int64_t> shape, Init init);
+  void allocate();
+  void init(uint64_t seed);
+  // Copies each parameter from the checkpoint folder's tensors (prefix_ applied to the names
+  // that take it); names in `optional` may be absent (they keep their initial values).
+  void load_weights(Weights& w, bool verbose, const std::vector<std::string>& optional);
+  float* p(int64_t off) { return params_.data() + off; }
+  const float* p(int64_t off) const { return params_.data() + off; }
+  float* g(int64_t off) { return grads_.data() + off; }
+  virtual bool causal() const = 0;
+  // Floats of the activation arena at (B, T): training keeps every layer's activations.
+  virtual double arena_floats(int64_t B, int64_t T, bool train) const = 0;
+  // Validates a batch against the model (sizes, lengths, targets, the head).
+  void check_batch(const Batch& b) const;
+  // The arena holds at least n floats (grows, never shrinks; contents are not kept).
+  float* arena(int64_t n);
+
+  // Timed helpers over the flat buffers: y = x·Wᵀ + b, or with `res`, y = res + x·Wᵀ + b (the
+  // residual fused into the GEMM's C; y may equal res).
+  void lin(float* y, int64_t ldy, const float* x, int64_t ldx, const float* w, const float* b,
+           int64_t rows, int64_t in, int64_t out, const float* res = nullptr);
+  void lin_bwd(float* dx, int64_t lddx, float* dw, float* db, const float* dy, int64_t lddy,
+               const float* x, int64_t ldx, const float* w, int64_t rows, int64_t in, int64_t out,
+               bool accumulate = false);
+  // dst = src + dropout(branch) for the residual of (layer, which) over B sequences of T rows of
+  // `width`: one stream per (layer, which, Batch::first + sequence), so the mask of a sequence
+  // does not depend on its batch. dst may equal src; branch is overwritten.
+  void residual_dropout(float* dst, const float* src, float* branch, int64_t B, int64_t T, int64_t width,
+                        int64_t layer, int which, uint64_t step, int64_t first) const;
+  void dropout_grad(float* d, const float* dy, int64_t B, int64_t T, int64_t width, int64_t layer,
+                    int which, uint64_t step, int64_t first) const;
+  // The loss over the rows of xf (rows, H) that have targets (mlm / lm), through the output matrix
+  // w (O, H) and bias (or null); with `train` writes dxf (rows, H) and accumulates dw, db. `scale`
+  // multiplies the gradient of the summed loss.
+  void token_loss(const Batch& b, const float* xf, float* dxf, int64_t w, int64_t bias, bool train,
+                  float scale, StepResult& r);
+  // The same over pooled rows hs (B, H) with one target per sequence (classify).
+  void pooled_loss(const Batch& b, int64_t w, int64_t bias, bool train, float scale, StepResult& r);
+  StepResult timed(StepResult r, double t0_ms) const;
+  // on_grads_ready for layer l's range, and at the end of a backward for everything else.
+  void layer_grads_ready(int64_t begin, int64_t end) const;
+  void other_grads_ready(int64_t layers_begin, int64_t layers_end) const;
+  int64_t param_rows(int64_t off) const;  // first dim of the parameter at offset off
+
+  ModelConfig cfg_;
+  std::optional<TaskKind> head_;
+  std::string prefix_;  // "bert." when the checkpoint named its encoder tensors so
+  std::unique_ptr<LayerAttention> att_;
+  float dropout_ = 0;
+  std::vector<float> params_, grads_;  // one allocation each
+  std::vector<ParamInfo> info_;
+  std::vector<Init> inits_;
+  std::vector<bool> prefixed_;  // per parameter: its checkpoint name takes prefix_
+  Tensor arena_;
+  // Head workspace (carved from the arena): selected rows, their targets, gathered hidden states.
+  std::vector<int32_t> sel_, tsel_;
+  float *hs_ = nullptr, *dhs_ = nullptr, *logits_ = nullptr;
+  const float* xf_ = nullptr;  // (rows_xf_, H) the final hidden state
+  int64_t rows_xf_ = 0;
+  double dense_ms_ = 0;
 };
 
 // Encoder: BERT-style (post-LN, or pre-LN with norm_placement "pre") and KWT.
-class Encoder {
+class Encoder final : public Model {
  public:
   static std::unique_ptr<Encoder> load(const std::string& dir, const LoadOptions& opt = {});
   // A BERT-shaped encoder with random weights (N(0, 0.02) matrices, unit LayerNorms) from cfg's
-  // sizes, for benchmarks: the long-input encoder this library exists for.
+  // sizes, post-LN with two token types and no head, for benchmarks: the long-input encoder this
+  // library exists for.
   static std::unique_ptr<Encoder> random_bert(const ModelConfig& cfg, uint64_t seed);
-  ~Encoder();
-  const ModelConfig& config() const { return cfg_; }
-  // Sets the attention of every layer from a plan (see above). Default: "full".
-  void set_attention(const std::string& plan);
-  const std::vector<std::string>& attention_specs() const { return specs_; }
+  ~Encoder() override;
 
   // BERT: ids (B, T) row-major, lengths (B) (empty: all T), token types (B, T) or empty.
   // Returns the classifier logits (B, num_labels), or with no classifier the last hidden state
@@ -99,35 +274,41 @@ class Encoder {
                         std::span<const int32_t> lengths = {}, std::span<const int32_t> types = {});
   // KWT: features (B, num_patches, input_dim). Returns logits (B, num_labels).
   Tensor forward_features(ConstView features);
-  // Milliseconds spent in attention during the last forward (for the share of time outside it).
-  double last_attention_ms() const { return attn_ms_; }
-  // Bytes a forward of (B, T) allocates: activations and the largest attention workspace.
-  double forward_bytes(int64_t B, int64_t T) const;
-  // Later forwards fill cap (nullptr: stop capturing); cap must outlive them.
-  void set_capture(AttentionCapture* cap) { capture_ = cap; }
+  StepResult forward_backward(const Batch& b, bool train, uint64_t step, double divisor = 0) override;
+  double forward_bytes(int64_t B, int64_t T) const override;
 
  private:
-  Encoder();
-  struct Params;  // pointers to every weight, checked against the config on load
-  static std::unique_ptr<Encoder> build(ModelConfig cfg, std::unique_ptr<Weights> w, const LoadOptions& opt);
-  void run_layers(int64_t B, int64_t T, std::span<const int32_t> lengths);
-  Tensor classify(int64_t B, int64_t T, std::span<const int32_t> lengths);
-  void ensure(int64_t B, int64_t T);
-  ModelConfig cfg_;
-  std::unique_ptr<Weights> w_;
-  std::unique_ptr<Params> p_;
-  std::vector<std::string> specs_;
-  std::vector<std::unique_ptr<Attention>> att_;
-  std::vector<Context> ctx_;
-  // Layer state of stateful attentions (routing's EMA centroids, made from the spec's seed on
-  // first use; inference calls only read it). Reset when the plan changes.
-  std::vector<AttentionState> states_;
-  Scratch scratch_;
-  Tensor x_, xn_, qkv_, ao_, t_, h_;  // activations, sized once per (B, T)
-  int64_t B_ = 0, T_ = 0;
-  uint64_t step_ = 0;
-  double attn_ms_ = 0;
-  AttentionCapture* capture_ = nullptr;
+  friend class Model;
+  struct Layout;  // offsets of every parameter
+  struct Bufs;    // the activations carved from the arena
+  Encoder(const ModelConfig& cfg, const std::optional<TaskKind>& head, bool pooler);
+  // The layout a checkpoint implies (its config, which tensors it has, the head asked for), and
+  // the names allowed to be absent (they start from their initial values).
+  static std::unique_ptr<Encoder> for_checkpoint(ModelConfig cfg, const Weights& w, const LoadOptions& opt,
+                                                 std::vector<std::string>& optional);
+  bool causal() const override { return false; }
+  double arena_floats(int64_t B, int64_t T, bool train) const override;
+  // The activations of (B, T): every layer's for training, one shared set for inference; `head`
+  // adds the loss head's buffers. With no base only measures (*used floats).
+  Bufs plan(int64_t B, int64_t T, bool train, bool head, float* base, int64_t* used) const;
+  void carve(int64_t B, int64_t T, bool train, bool head);
+  // Embeddings of a token batch (types may be null) or a feature batch into the first layer's x.
+  void embed_tokens(const int32_t* ids, const int32_t* types, int64_t B, int64_t T);
+  void embed_features(const float* feats, int64_t B);
+  void forward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, bool train, uint64_t step,
+                      int64_t first);
+  void final_norm(int64_t rows);
+  void backward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, uint64_t step, int64_t first);
+  void embed_backward(const Batch& b);
+  // Pooled rows (B, H) for the classifier into hs_, and its backward into dxf (rows, H).
+  void pool(int64_t B, int64_t T, std::span<const int32_t> lengths);
+  void pool_backward(int64_t B, int64_t T, std::span<const int32_t> lengths, float* dxf);
+  std::unique_ptr<Layout> L_;
+  std::unique_ptr<Bufs> b_;
+  std::vector<int32_t> zero_types_;
+  bool pooler_ = false;
+  int64_t B_ = -1, T_ = -1;
+  bool train_layout_ = false, head_layout_ = false;
 };
 
 // Sampling for generation: temperature 0 is greedy; top-k (0 = off) then top-p (1 = off).
@@ -141,13 +322,10 @@ struct SamplingOptions {
 int32_t sample_token(std::span<const float> logits, const SamplingOptions& opt, uint64_t step);
 
 // Decoder: LLaMA family (RMSNorm, rotate-half RoPE, GQA, SwiGLU, tied or untied embeddings).
-class Decoder {
+class Decoder final : public Model {
  public:
   static std::unique_ptr<Decoder> load(const std::string& dir, const LoadOptions& opt = {});
-  ~Decoder();
-  const ModelConfig& config() const { return cfg_; }
-  void set_attention(const std::string& plan);  // every layer's spec must honour a causal mask
-  const std::vector<std::string>& attention_specs() const { return specs_; }
+  ~Decoder() override;
 
   // Causal forward of ids (B, T) with per-example lengths (empty: all T): logits (B, T, vocab).
   Tensor forward(std::span<const int32_t> ids, int64_t B, int64_t T,
@@ -160,41 +338,36 @@ class Decoder {
   std::vector<float> prefill(std::span<const int32_t> ids);
   std::vector<float> step(int32_t id);
   int64_t position() const { return pos_; }
-  double last_attention_ms() const { return attn_ms_; }
-  // Bytes a forward of (B, T) allocates: activations, logits, the largest attention workspace,
-  // and with cache_positions > 0 the KV caches of that many positions.
-  double forward_bytes(int64_t B, int64_t T, int64_t cache_positions = 0) const;
-  // Later forwards fill cap (nullptr: stop capturing); cap must outlive them.
-  void set_capture(AttentionCapture* cap) { capture_ = cap; }
+  StepResult forward_backward(const Batch& b, bool train, uint64_t step, double divisor = 0) override;
+  double forward_bytes(int64_t B, int64_t T) const override { return forward_bytes(B, T, 0); }
+  // With cache_positions > 0 also the KV caches of that many positions.
+  double forward_bytes(int64_t B, int64_t T, int64_t cache_positions) const;
 
  private:
-  Decoder();
-  struct Params;
-  // Runs rows (B·T tokens at positions pos) through the layers; with caches, appends K and V and
+  friend class Model;
+  struct Layout;
+  struct Bufs;
+  Decoder(const ModelConfig& cfg);
+  static std::unique_ptr<Decoder> for_checkpoint(ModelConfig cfg, const Weights& w, const LoadOptions& opt);
+  bool causal() const override { return true; }
+  double arena_floats(int64_t B, int64_t T, bool train) const override;
+  Bufs plan(int64_t B, int64_t T, bool train, bool head, float* base, int64_t* used) const;
+  void carve(int64_t B, int64_t T, bool train, bool head);
+  // Rows (B·T tokens at positions pos) through the layers; with the caches, appends K and V and
   // attends over the cache (batch 1).
-  void run(int64_t B, int64_t T, std::span<const int32_t> lengths, const int32_t* pos,
-           bool use_cache, int64_t logits_from);
-  void ensure(int64_t B, int64_t T);
-  ModelConfig cfg_;
-  std::unique_ptr<Weights> w_;
-  std::unique_ptr<Params> p_;
-  std::vector<std::string> specs_;
-  std::vector<std::unique_ptr<Attention>> att_;
-  std::vector<Context> ctx_;
-  // Layer state of stateful attentions (routing's EMA centroids, made from the spec's seed on
-  // first use; inference calls only read it). Reset when the plan changes.
-  std::vector<AttentionState> states_;
+  void forward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, const int32_t* pos,
+                      bool use_cache, bool train, uint64_t step, int64_t first);
+  void backward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, const int32_t* pos, uint64_t step,
+                       int64_t first);
+  // The final norm of rows [from, rows) (xf_), and the logits of n such rows into out (n, vocab).
+  void final_norm(int64_t rows, int64_t from);
+  void inference_logits(float* out, int64_t n);
+  std::unique_ptr<Layout> L_;
+  std::unique_ptr<Bufs> b_;
   std::vector<KVCache> cache_;
-  Scratch scratch_;
-  Tensor x_, xn_, q_, kv_, ao_, g_, u_, logits_;
   std::vector<int32_t> posbuf_;
-  int64_t B_ = 0, T_ = 0, pos_ = 0;
-  uint64_t step_ = 0;
-  double attn_ms_ = 0;
-  AttentionCapture* capture_ = nullptr;
+  int64_t B_ = -1, T_ = -1, pos_ = 0;
+  bool train_layout_ = false, head_layout_ = false;
 };
-
-// The model folder's kind, read from its config.json (bert / kwt -> Encoder, llama -> Decoder).
-ModelKind model_kind(const std::string& dir);
 
 }  // namespace clattn

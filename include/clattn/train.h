@@ -1,30 +1,35 @@
-// Training transformers on the CPU: a trainable encoder or decoder with its task head, every layer
-// with a hand-written backward (nn.h), any registered attention per layer, AdamW, and checkpoints
-// in Hugging Face naming that the inference loaders of model.h read.
+// Training as a library: AdamW over a Model's flat buffers, and the Trainer — the loop of steps,
+// schedule, held-out evaluation, atomic `latest/` and `best/` checkpoints, bit-exact resumption,
+// a time budget and a JSON-lines log — that `clattn train` and the Python package drive.
 //
-// Architectures (from ModelConfig; sizes from it, the rest fixed as below whatever it says):
-//   kind bert  pre-LN encoder: word + learned position embeddings (no token types), embedding
-//              LayerNorm, L x [LN -> MHA -> residual, LN -> GELU FFN -> residual], final LayerNorm
-//              (config: norm_placement "pre", final_layer_norm true, type_vocab_size 0). Heads:
-//              classify  MEAN over each sequence's valid tokens -> linear ("classifier.weight",
-//                        "classifier.bias"). Not a class token: with clustered attentions one
-//                        position's output is its cluster centroid's, a mean is robust to that,
-//                        and the data need not prepend anything. (Encoder::load reads the folder;
-//                        its classifier reads position 0 unless it honours "classifier_pooling".)
-//              mlm       output layer tied to the word embeddings plus "cls.predictions.bias"
-//                        (no transform layer), at the positions whose target is not -1.
-//   kind llama decoder (RMSNorm, rotate-half RoPE, SwiGLU, GQA when kv_heads < heads, embeddings
-//              tied to the output layer), head lm (next token; targets -1 are skipped).
-// Parameters, gradients and optimiser moments live in flat float buffers (one allocation each),
-// so the optimiser step and gradient clipping are single passes. Tensors that one GEMM reads as a
-// single matrix are adjacent: q, k, v (weights, and biases) and LLaMA's gate and up.
-// Activations are saved in one arena sized per (B, T): the first call at a new size allocates,
-// later ones do not.
+// A run trains a model (model.h: the same Encoder / Decoder that runs inference) on a task
+// (data.h): a fresh model of the given sizes (listops -> pre-LN BERT encoder + mean-pooled
+// classifier; mlm -> BERT + tied output layer; lm -> LLaMA decoder), or any checkpoint the loader
+// accepts (`init`: a Hugging Face folder, a run's own best/), keeping its architecture.
+//
+// Checkpoint folder DIR: DIR/latest/ (model.safetensors + config.json in Hugging Face naming,
+// optimizer.safetensors, train_state.json, and the tokenizer files of a tokenized task) written
+// at every evaluation and at the end; DIR/best/ the same when the held-out metric improved. A
+// checkpoint is written whole into DIR/.tmp-NAME/ and swapped in by two renames (NAME ->
+// .old-NAME, .tmp-NAME -> NAME; a run killed between them is recovered from .old-NAME), so a
+// SIGKILL at any moment leaves a complete checkpoint.
+//
+// Exact resumption: the batch of step s is a pure function of (task, seed, s); the step's draws
+// (attention, dropout) come from s; the optimizer's m, v and t and the attention layer state are
+// restored bit for bit; so a resumed run repeats the uninterrupted run's losses exactly (at the
+// same thread count). The options that define the run must equal the saved ones (checked).
+//
+// Log (JSON lines, appended to on resume): a header {"config": {...}, "attention",
+// "resume_step"}; per step {"step", "loss", "lr", "ms", "tokens_per_s", "grad_norm"} (step = steps
+// done, loss in nats per target); per evaluation {"step", "eval_loss", "eval_metric", "metric",
+// "elapsed_s", "attention", "examples"}; and {"end", "step", "elapsed_s"} when run() stops.
+// elapsed_s counts training time only (steps, not evaluations or checkpoints), carried across
+// resumptions; the time budget compares it.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -34,68 +39,6 @@
 
 namespace clattn {
 
-struct ParamInfo {
-  std::string name;            // Hugging Face tensor name, e.g. "encoder.layer.0.attention.self.query.weight"
-  std::vector<int64_t> shape;
-  int64_t offset = 0, size = 0;  // into params() / grads()
-  bool decay = true;           // AdamW weight decay (matrices and embeddings; not biases or norms)
-};
-
-struct StepResult {
-  double loss_sum = 0;   // summed loss over counted targets (nats)
-  int64_t counted = 0;   // targets counted
-  int64_t correct = 0;   // argmax == target among counted
-  double attention_ms = 0;  // attention forward + backward
-  double dense_ms = 0;      // linear layers (GEMMs) forward + backward, the output layer included
-  double total_ms = 0;      // the whole call
-};
-
-class TrainModel {
- public:
-  // Random initialisation (N(0, 0.02) matrices, unit norms, zero biases) from cfg's sizes.
-  static std::unique_ptr<TrainModel> create(const ModelConfig& cfg, TaskKind head, uint64_t seed);
-  // A checkpoint folder written by save() (config.json + model.safetensors).
-  static std::unique_ptr<TrainModel> load(const std::string& dir);
-  virtual ~TrainModel() = default;
-
-  virtual const ModelConfig& config() const = 0;
-  virtual TaskKind head() const = 0;
-  // model.h plan syntax; refuses variants without per-example lengths, and, unless `training` is
-  // false (evaluation only: forward_backward with train = false), variants without a backward.
-  // Shared-QK attention (reformer) is given the layer's queries as keys (the K projection is then
-  // unused, as in the Reformer paper's shared-QK model).
-  // Saved in config.json ("clattn_attention") and restored by load(), with the layer state of
-  // stateful attentions (routing's EMA centroids, as "clattn.attention_state.<layer>.<name>"
-  // tensors of model.safetensors); a layer whose spec changes starts a fresh state.
-  virtual void set_attention(const std::string& plan, bool training = true) = 0;
-  virtual void set_dropout(float p) = 0;
-
-  // Forward of a batch and the loss; with `train` also the backward, ACCUMULATING into grads()
-  // the gradient of the batch's MEAN loss (loss_sum / counted). `step` seeds the stochastic
-  // attentions and dropout (fresh draws each step, reproducible); `train` also lets stateful
-  // attentions (routing's EMA) update their state. Dropout applies to both residual branches of
-  // every layer, only when `train`.
-  virtual StepResult forward_backward(const Batch& batch, bool train, uint64_t step) = 0;
-
-  // The final hidden state of the last forward_backward, after the final norm: (B·T, hidden),
-  // valid until the next call (what the head reads; tests compare it with the inference models).
-  virtual ConstView last_hidden() const = 0;
-
-  // Bytes a training step of (B, T) holds, to refuse a request before allocating it: the
-  // activation arena, every layer's attention workspace and saved state (training mode), and the
-  // parameters with their gradients and both AdamW moments.
-  virtual double train_bytes(int64_t B, int64_t T) const = 0;
-
-  virtual std::span<float> params() = 0;
-  virtual std::span<float> grads() = 0;
-  virtual const std::vector<ParamInfo>& param_info() const = 0;
-  virtual void zero_grads() = 0;
-
-  // config.json + model.safetensors, atomically (atomic_file.h), loadable by Encoder::load /
-  // Decoder::load.
-  virtual void save(const std::string& dir) const = 0;
-};
-
 struct OptimizerOptions {
   float lr = 1e-3f, min_lr = 1e-4f;
   int64_t warmup = 100, total_steps = 1000;
@@ -103,10 +46,10 @@ struct OptimizerOptions {
   nn::AdamWOptions adamw;
 };
 
-// AdamW over a TrainModel's flat buffers: clip, schedule, step. No allocation after construction.
+// AdamW over a model's flat buffers: clip, schedule, step. No allocation after construction.
 class Optimizer {
  public:
-  Optimizer(TrainModel& model, const OptimizerOptions& opt);
+  Optimizer(Model& model, const OptimizerOptions& opt);
   // Applies one update from the model's grads (already averaged; clipped in place when their
   // global norm exceeds clip); returns the pre-clip grad norm. The learning rate is
   // nn::lr_schedule(steps_done(), ...) before the step. A non-finite norm is an error (nothing is
@@ -117,16 +60,111 @@ class Optimizer {
   // that the sizes match the model's parameters.
   void save(const std::string& path) const;
   void load(const std::string& path);
+
  private:
   struct Run {  // consecutive parameters with the same weight-decay flag: one adamw_step each
     int64_t offset, size;
     bool decay;
   };
-  TrainModel* model_;
+  Model* model_;
   OptimizerOptions opt_;
   std::vector<float> m_, v_;
   std::vector<Run> runs_;
   int64_t t_ = 0;
+};
+
+// Held-out figures of a model over batches: the mean loss per target (nats) and the task's
+// metric (accuracy, or bits per character / token = loss / ln 2). Draws from a fixed step, so the
+// same parameters always give the same figures.
+struct EvalResult {
+  double loss = 0, metric = 0;
+  int64_t examples = 0, targets = 0;
+  double seconds = 0;
+};
+EvalResult evaluate(Model& model, const std::vector<Batch>& batches, bool accuracy);
+
+struct TrainOptions {
+  TaskOptions task;       // kind, data, seed (also of the initialisation and every draw), ...
+  std::string init;       // a checkpoint folder to start from; "" = a fresh model of these sizes:
+  int64_t layers = 2, dim = 128, heads = 2, ff = 0;  // ff 0 = 2 x dim
+  std::string attention = "full";  // the plan trained with
+  // Sequence length; 0 = the task's own (feature sets), else the checkpoint's context capped at
+  // 512, else 512.
+  int64_t seq = 0;
+  int64_t batch = 8, steps = 1000, warmup = 100, eval_every = 100, eval_examples = 256;
+  double lr = 1e-3, min_lr = -1, clip = 1, weight_decay = 0.01, dropout = 0;  // min_lr < 0: lr / 10
+  double time_budget = 0;  // seconds of training; 0 = none
+  std::string checkpoint;  // folder of latest/ and best/ ("" = none)
+  std::string log;         // JSON-lines log ("" = none)
+  bool resume = false;     // continue the run saved in checkpoint/latest (same options)
+  // Recorded in the log header (the caller sets the thread count and knows its build).
+  int threads = 0;
+  std::string version, commit;
+};
+
+struct StepReport {
+  int64_t step = 0;  // steps done
+  double loss = 0, lr = 0, ms = 0, tokens_per_s = 0, grad_norm = 0;
+  StepResult detail;  // the forward/backward's timings
+};
+
+struct EvalReport {
+  int64_t step = 0;
+  EvalResult result;
+  bool improved = false;  // a new best held-out metric (best/ was written)
+};
+
+class Trainer {
+ public:
+  // Builds the task, the model (fresh, from `init`, or resumed from checkpoint/latest) and the
+  // optimizer, and the held-out set. Errors name the option or file. Nothing is written yet.
+  explicit Trainer(TrainOptions opt);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Called after every step and every evaluation (optional).
+  std::function<void(const StepReport&)> on_step;
+  std::function<void(const EvalReport&)> on_eval;
+
+  // Steps until `steps` are done or the time budget is spent, evaluating (and checkpointing)
+  // every eval_every steps and at the end; returns why it stopped: "steps" or "time_budget".
+  std::string run();
+  // One optimizer step (a non-finite loss is an error naming the step).
+  StepReport step();
+  // The held-out evaluation: logged, then latest/ (and best/ when the metric improved) written.
+  EvalReport evaluate();
+
+  Model& model() { return *model_; }
+  const Task& task() const { return *task_; }
+  const TrainOptions& options() const { return opt_; }
+  int64_t steps_done() const { return step_; }
+  int64_t start_step() const { return start_; }  // the step this process started at
+  bool resumed() const { return resumed_; }
+  double elapsed_s() const { return elapsed_; }
+  double best_metric() const { return best_; }  // NaN before the first evaluation
+  int64_t best_step() const { return best_step_; }
+  const std::string& metric() const { return metric_; }
+  bool time_budget_spent() const { return opt_.time_budget > 0 && elapsed_ >= opt_.time_budget; }
+  // Bytes a step holds: the model, its gradients and moments, the activations and attention state.
+  double step_bytes() const;
+  // Held-out examples left out because they are longer than the sequence length (listops TSV).
+  int64_t eval_skipped() const { return eval_skipped_; }
+
+ private:
+  class Files;  // the checkpoint folder and the log
+  void begin();
+  void checkpoint(const std::string& name, const char* why);
+  TrainOptions opt_;
+  std::unique_ptr<Task> task_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Optimizer> optim_;
+  std::unique_ptr<Files> files_;
+  std::vector<Batch> eval_set_;
+  std::string metric_, tokenizer_;
+  int64_t step_ = 0, start_ = 0, best_step_ = -1, last_eval_ = -1, eval_skipped_ = 0;
+  double elapsed_ = 0, best_;
+  bool resumed_ = false, begun_ = false;
 };
 
 }  // namespace clattn

@@ -1,5 +1,5 @@
 // The extension module clattn._clattn; the package python/clattn/__init__.py re-exports it.
-// Attention: attention.cpp; models: model.cpp; NumPy conversion rules: common.h.
+// Attention: attention.cpp; models: model.cpp; training: train.cpp; NumPy conversion rules: common.h.
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
@@ -16,6 +16,7 @@ namespace clattn::py {
 
 void bind_attention(pb::module_& m);
 void bind_model(pb::module_& m);
+void bind_train(pb::module_& m);
 std::string blas_library();  // blas.cpp
 
 namespace {
@@ -93,6 +94,7 @@ PYBIND11_MODULE(_clattn, m) {
   m.attr("__version__") = CLATTN_VERSION;
   bind_attention(m);
   bind_model(m);
+  bind_train(m);
 
   m.def("set_num_threads", [](int n) {
           if (n < 1) throw pb::value_error("set_num_threads: n must be >= 1, got " + std::to_string(n));

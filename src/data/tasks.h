@@ -14,5 +14,6 @@ std::string read_file_bytes(const std::string& path);
 
 std::unique_ptr<Task> make_listops_task(const TaskOptions& opt);
 std::unique_ptr<Task> make_text_task(const TaskOptions& opt, TaskKind kind);  // mlm or lm
+std::unique_ptr<Task> make_features_task(const TaskOptions& opt);
 
 }  // namespace clattn::data

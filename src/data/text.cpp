@@ -1,5 +1,5 @@
 // Character tasks over a text file (include/clattn/data.h): masked character modelling (mlm) and
-// causal character LM (lm), byte-level.
+// causal character LM (lm), byte-level; lm also over a tokenizer's ids.
 // Random streams of Rng(seed): training row r of step s draws from stream s at indices r·2^24 + k
 // (k = 0 the window start, then the mask draws); held-out window w from stream 2^63 + w.
 #include <algorithm>
@@ -8,6 +8,7 @@
 
 #include "clattn/error.h"
 #include "clattn/rng.h"
+#include "clattn/tokenizer.h"
 #include "data/tasks.h"
 
 namespace clattn::data {
@@ -30,13 +31,30 @@ class TextTask final : public Task {
           "mlm: the mask probability must be in (0, 1], got ", opt.mask_prob);
     held_ = static_cast<int64_t>(bytes_.size()) / 10;
     train_ = static_cast<int64_t>(bytes_.size()) - held_;
+    if (!opt.tokenizer.empty()) {
+      check(kind == TaskKind::lm, "mlm: a tokenizer applies to the lm task only");
+      tok_ = std::make_unique<Tokenizer>(Tokenizer::from_file(opt.tokenizer));
+      // Split at a character boundary, then each part on its own: no token spans the two.
+      int64_t cut = train_;
+      while (cut < static_cast<int64_t>(bytes_.size()) && (static_cast<unsigned char>(bytes_[static_cast<size_t>(cut)]) & 0xC0) == 0x80)
+        ++cut;
+      ids_ = tok_->encode(std::string_view(bytes_).substr(0, static_cast<size_t>(cut)), false);
+      train_ = static_cast<int64_t>(ids_.size());
+      const std::vector<int32_t> held = tok_->encode(std::string_view(bytes_).substr(static_cast<size_t>(cut)), false);
+      ids_.insert(ids_.end(), held.begin(), held.end());
+      held_ = static_cast<int64_t>(held.size());
+      bytes_.clear();
+      bytes_.shrink_to_fit();
+    }
   }
   TaskKind kind() const override { return kind_; }
   std::string name() const override { return kind_ == TaskKind::mlm ? "mlm" : "lm"; }
-  int64_t vocab() const override { return kVocab; }
-  int64_t classes() const override { return kVocab; }
-  int32_t pad_id() const override { return kPad; }
+  int64_t vocab() const override { return tok_ ? tok_->vocab_size() : kVocab; }
+  int64_t classes() const override { return vocab(); }
+  int32_t pad_id() const override { return tok_ ? 0 : kPad; }
+  std::string metric() const override { return tok_ ? "bits_per_token" : "bits_per_char"; }
   std::string decode(int32_t id) const override {
+    if (tok_) return id >= 0 && id < tok_->vocab_size() ? tok_->token(id) : detail::concat("<", id, "?>");
     if (id == kPad) return "<pad>";
     if (id == kMask) return "<mask>";
     if (id < 0 || id > kMask) return detail::concat("<", id, "?>");
@@ -48,12 +66,13 @@ class TextTask final : public Task {
   void check_length(int64_t T) const override {
     check(T >= 1 && T <= kMaxT, name(), ": the sequence length must be in [1, ", kMaxT, "], got ", T);
     const int64_t w = window(T);
+    const char* unit = tok_ ? "tokens" : "bytes";
     check(train_ >= w, opt_.data, ": the training part (the first 90 %, ", train_, " of ",
-          bytes_.size(), " bytes) is shorter than one window of ", w, " bytes (", name(),
+          train_ + held_, " ", unit, ") is shorter than one window of ", w, " ", unit, " (", name(),
           " with sequence length ", T, "): use a longer file or a shorter sequence");
-    check(held_ >= w, opt_.data, ": the held-out part (the last 10 %, ", held_, " of ", bytes_.size(),
-          " bytes) is shorter than one window of ", w, " bytes (", name(), " with sequence length ",
-          T, "): the file needs at least ", 10 * w, " bytes, or use a shorter sequence");
+    check(held_ >= w, opt_.data, ": the held-out part (the last 10 %, ", held_, " of ", train_ + held_,
+          " ", unit, ") is shorter than one window of ", w, " ", unit, " (", name(), " with sequence length ",
+          T, "): the file needs at least ", 10 * w, " ", unit, ", or use a shorter sequence");
   }
 
   Batch train_batch(int64_t B, int64_t T, uint64_t step) const override {
@@ -93,11 +112,11 @@ class TextTask final : public Task {
  private:
   int64_t window(int64_t T) const { return kind_ == TaskKind::lm ? T + 1 : T; }
 
-  static Batch empty_batch(int64_t B, int64_t T) {
+  Batch empty_batch(int64_t B, int64_t T) const {
     Batch b;
     b.B = B;
     b.T = T;
-    b.ids.assign(static_cast<size_t>(B * T), kPad);
+    b.ids.assign(static_cast<size_t>(B * T), pad_id());
     b.lengths.assign(static_cast<size_t>(B), static_cast<int32_t>(T));
     b.targets.assign(static_cast<size_t>(B * T), -1);
     return b;
@@ -108,6 +127,14 @@ class TextTask final : public Task {
     const int64_t T = b.T;
     int32_t* ids = b.ids.data() + r * T;      // (T)
     int32_t* tgt = b.targets.data() + r * T;  // (T)
+    if (tok_) {
+      const int32_t* src = ids_.data() + start;
+      for (int64_t t = 0; t < T; ++t) {
+        ids[t] = src[t];
+        tgt[t] = src[t + 1];
+      }
+      return;
+    }
     const auto* src = reinterpret_cast<const unsigned char*>(bytes_.data()) + start;
     if (kind_ == TaskKind::lm) {
       for (int64_t t = 0; t < T; ++t) {
@@ -142,7 +169,9 @@ class TextTask final : public Task {
   TaskKind kind_;
   Rng rng_;
   std::string bytes_;
-  int64_t held_ = 0, train_ = 0;  // bytes: held-out = the last held_, training = the first train_
+  std::unique_ptr<Tokenizer> tok_;  // lm over a tokenizer's ids: ids_ replaces bytes_
+  std::vector<int32_t> ids_;
+  int64_t held_ = 0, train_ = 0;  // bytes (or ids): held-out = the last held_, training = the first train_
 };
 
 }  // namespace

@@ -183,9 +183,11 @@ std::vector<std::string> parse_attention_plan(const std::string& plan, int64_t l
 }  // namespace clattn
 
 namespace clattn {
+using nlohmann::json;
+
 
 std::vector<std::unique_ptr<Attention>> make_plan_attentions(const std::vector<std::string>& specs,
-                                                             bool causal, bool gqa, bool shared_qk_ok) {
+                                                             bool causal, bool gqa) {
   std::vector<std::unique_ptr<Attention>> att;
   for (size_t l = 0; l < specs.size(); ++l) {
     try {
@@ -196,9 +198,60 @@ std::vector<std::unique_ptr<Attention>> make_plan_attentions(const std::vector<s
     const Capabilities& caps = att.back()->capabilities();
     check(!causal || caps.causal, "attention of layer ", l, ": '", specs[l], "' does not support the causal mask a decoder needs");
     check(!gqa || caps.gqa, "attention of layer ", l, ": '", specs[l], "' does not support grouped-query attention");
-    check(shared_qk_ok || !caps.shared_qk, "attention of layer ", l, ": '", specs[l], "' needs keys equal to queries, which a model's are not");
   }
   return att;
+}
+
+std::string model_config_json(const ModelConfig& c, const std::optional<TaskKind>& head, const std::string& plan) {
+  json j;
+  j["model_type"] = c.kind == ModelKind::llama ? "llama" : c.kind == ModelKind::kwt ? "kwt" : "bert";
+  j["hidden_size"] = c.hidden;
+  j["num_hidden_layers"] = c.layers;
+  j["num_attention_heads"] = c.heads;
+  j["intermediate_size"] = c.ffn;
+  j["max_position_embeddings"] = c.max_positions;
+  if (c.attention_scale > 0) j["attention_scale"] = c.attention_scale;
+  if (c.kind == ModelKind::llama) {
+    j["architectures"] = {"LlamaForCausalLM"};
+    j["vocab_size"] = c.vocab;
+    j["num_key_value_heads"] = c.kv_heads;
+    j["head_dim"] = c.head_dim;
+    j["rms_norm_eps"] = c.eps;
+    j["rope_theta"] = c.rope_theta;
+    j["tie_word_embeddings"] = c.tie_embeddings;
+    j["hidden_act"] = "silu";
+    if (c.bos >= 0) j["bos_token_id"] = c.bos;
+    if (c.eos >= 0) j["eos_token_id"] = c.eos;
+  } else {
+    const bool classifier = c.num_labels >= 1 && (!head || *head == TaskKind::classify);
+    if (c.kind == ModelKind::kwt) {
+      j["architectures"] = {"KWTForKeywordSpotting"};
+      j["input_dim"] = c.input_dim;
+      j["num_patches"] = c.num_patches;
+    } else {
+      j["architectures"] = {classifier ? "BertForSequenceClassification" : "BertModel"};
+      j["vocab_size"] = c.vocab;
+      j["type_vocab_size"] = c.type_vocab;
+      j["classifier_pooling"] = c.mean_pooling ? "mean" : "first";
+    }
+    j["layer_norm_eps"] = c.eps;
+    j["hidden_act"] = c.gelu_tanh ? "gelu_tanh" : "gelu";
+    j["norm_placement"] = c.pre_ln ? "pre" : "post";
+    j["final_layer_norm"] = c.final_layer_norm;
+    j["qkv_bias"] = c.qkv_bias;
+    if (classifier) {
+      j["num_labels"] = c.num_labels;
+      if (static_cast<int64_t>(c.labels.size()) == c.num_labels) {
+        json id2label = json::object();
+        for (size_t i = 0; i < c.labels.size(); ++i) id2label[std::to_string(i)] = c.labels[i];
+        j["id2label"] = id2label;
+      }
+    }
+  }
+  // clattn's own keys: the head the checkpoint trains, and the attention it runs with.
+  if (head) j["clattn_head"] = task_kind_name(*head);
+  j["clattn_attention"] = plan;
+  return j.dump(2) + "\n";
 }
 
 }  // namespace clattn

@@ -1,12 +1,14 @@
 // The decoder: LLaMA family (RMSNorm, rotate-half RoPE, grouped-query attention, SwiGLU, tied or
-// untied embeddings), for inference: a causal forward of whole sequences with any causal-capable
-// attention, and incremental decoding over per-layer KV caches. Activations are token-major
-// (rows = B·T); attention reads them through strided (B, H, T, D) views.
+// untied output layer), one forward for inference, training and KV-cache decoding, and one
+// backward. A layer, with drop() the residual dropout of training:
+//   a = RMS1(x)   q|k|v = a·Wqkv, q and k rotated   u1 = x + drop(attn(q, k, v)·Wo)
+//   f = RMS2(u1)  g|u = f·Wgu                       x' = u1 + drop((silu(g) ∘ u)·Wdown)
+// Activations are token-major (rows = B·T); attention reads them through strided (B, H, T, D)
+// views. Inference keeps one set of buffers for every layer and updates the residual stream in
+// place; training keeps each layer's x, a, qkv, attention output, u1, f, g|u and 1/rms.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <numeric>
 
 #include "clattn/error.h"
@@ -14,164 +16,310 @@
 #include "clattn/nn.h"
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
+#include "model/layer_attention.h"
+#include "model/model_internal.h"
 #include "model/weights.h"
 
 namespace clattn {
 
-struct Decoder::Params {
+using model::for_rows;
+using model::ms_now;
+
+struct Decoder::Layout {
   struct Layer {
-    const float *in_norm, *wq, *wk, *wv, *wo;  // (H), (nh·hd, H), (kvh·hd, H) x2, (H, nh·hd)
-    const float *post_norm, *gate, *up, *down;  // (H), (F, H) x2, (H, F)
+    int64_t in_norm, wqkv, wo, post_norm, wgu, down;
+    int64_t begin, end;  // the layer's range of the flat buffer
   };
   std::vector<Layer> layers;
-  const float *embed = nullptr, *norm = nullptr, *lm_head = nullptr;  // (V, H), (H), (V, H)
+  int64_t embed = -1, norm = -1, lm_head = -1;
 };
 
-Decoder::Decoder() = default;
+struct Decoder::Bufs {
+  struct Saved {  // per layer (training), or one set every layer shares (inference)
+    float *x, *xn1, *r1, *qkv, *ao, *u1, *xn2, *r2, *gu;
+  };
+  std::vector<Saved> S;
+  float *xl = nullptr, *xf = nullptr, *fr = nullptr;  // last layer's output, final norm output, its 1/rms
+  float *dx = nullptr, *dt = nullptr, *dt2 = nullptr, *dao = nullptr, *dqkv = nullptr, *dgu = nullptr;
+  float *sbuf = nullptr;  // (rows, F) SwiGLU output, then its gradient
+  float *hs = nullptr, *dhs = nullptr, *logits = nullptr;
+};
+
+Decoder::Decoder(const ModelConfig& cfg_in)
+    : Model(cfg_in), L_(std::make_unique<Layout>()), b_(std::make_unique<Bufs>()) {
+  ModelConfig& c = cfg_;
+  head_ = TaskKind::lm;
+  if (c.kv_heads == 0) c.kv_heads = c.heads;
+  if (c.head_dim == 0 && c.heads > 0) c.head_dim = c.hidden / c.heads;
+  check(c.hidden >= 1 && c.layers >= 1 && c.heads >= 1 && c.ffn >= 1 && c.vocab >= 1 && c.head_dim >= 2 &&
+            c.head_dim % 2 == 0 && c.kv_heads >= 1 && c.heads % c.kv_heads == 0,
+        "decoder: sizes must be >= 1 (hidden, layers, heads, ffn, vocab), head_dim even, heads a multiple of kv_heads");
+  c.model_type = "llama";
+  if (!(c.eps > 0)) c.eps = 1e-6f;
+  if (!(c.rope_theta > 0)) c.rope_theta = 10000.f;
+  const int64_t H = c.hidden, F = c.ffn, Q = c.heads * c.head_dim, KV = c.kv_heads * c.head_dim;
+  Layout& L = *L_;
+  L.embed = add("model.embed_tokens.weight", {c.vocab, H}, Init::normal);
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    Layout::Layer y;
+    y.in_norm = add(p + "input_layernorm.weight", {H}, Init::one);
+    // q, k, v adjacent (one (Q + 2KV, H) matrix: one GEMM), and gate, up (one (2F, H) matrix).
+    y.wqkv = add(p + "self_attn.q_proj.weight", {Q, H}, Init::normal);
+    add(p + "self_attn.k_proj.weight", {KV, H}, Init::normal);
+    add(p + "self_attn.v_proj.weight", {KV, H}, Init::normal);
+    y.wo = add(p + "self_attn.o_proj.weight", {H, Q}, Init::normal);
+    y.post_norm = add(p + "post_attention_layernorm.weight", {H}, Init::one);
+    y.wgu = add(p + "mlp.gate_proj.weight", {F, H}, Init::normal);
+    add(p + "mlp.up_proj.weight", {F, H}, Init::normal);
+    y.down = add(p + "mlp.down_proj.weight", {H, F}, Init::normal);
+    y.begin = y.in_norm;
+    y.end = y.down + H * F;
+    L.layers.push_back(y);
+  }
+  L.norm = add("model.norm.weight", {H}, Init::one);
+  L.lm_head = c.tie_embeddings ? L.embed : add("lm_head.weight", {c.vocab, H}, Init::normal);
+  allocate();
+  att_ = std::make_unique<LayerAttention>(c.layers, true, c.kv_heads != c.heads);
+  att_->set_plan("full");
+}
+
 Decoder::~Decoder() = default;
 
-std::unique_ptr<Decoder> Decoder::load(const std::string& dir, const LoadOptions& opt) {
-  std::unique_ptr<Decoder> d(new Decoder());
-  d->cfg_ = read_model_config((std::filesystem::path(dir) / "config.json").string());
-  const ModelConfig& c = d->cfg_;
-  check(c.kind == ModelKind::llama, "model '", dir, "' is an encoder (model_type ", c.model_type, "), not a decoder");
-  d->w_ = Weights::open(dir);
-  Weights& w = *d->w_;
-  d->p_ = std::make_unique<Params>();
-  Params& p = *d->p_;
-  const int64_t H = c.hidden, F = c.ffn, Q = c.heads * c.head_dim, KV = c.kv_heads * c.head_dim;
-  p.embed = w.get("model.embed_tokens.weight", {c.vocab, H});
-  for (int64_t l = 0; l < c.layers; ++l) {
-    const std::string L = "model.layers." + std::to_string(l) + ".";
-    Params::Layer y;
-    y.in_norm = w.get(L + "input_layernorm.weight", {H});
-    y.wq = w.get(L + "self_attn.q_proj.weight", {Q, H});
-    y.wk = w.get(L + "self_attn.k_proj.weight", {KV, H});
-    y.wv = w.get(L + "self_attn.v_proj.weight", {KV, H});
-    y.wo = w.get(L + "self_attn.o_proj.weight", {H, Q});
-    y.post_norm = w.get(L + "post_attention_layernorm.weight", {H});
-    y.gate = w.get(L + "mlp.gate_proj.weight", {F, H});
-    y.up = w.get(L + "mlp.up_proj.weight", {F, H});
-    y.down = w.get(L + "mlp.down_proj.weight", {H, F});
-    p.layers.push_back(y);
-  }
-  p.norm = w.get("model.norm.weight", {H});
-  // Tied embeddings read the embedding matrix; a checkpoint may still carry an lm_head copy.
-  p.lm_head = c.tie_embeddings ? p.embed : w.get("lm_head.weight", {c.vocab, H});
-  if (c.tie_embeddings && w.has("lm_head.weight")) (void)w.get("lm_head.weight", {c.vocab, H});
-  if (opt.verbose)
-    for (const std::string& n : w.unused()) std::fprintf(stderr, "model '%s': ignoring unused tensor '%s'\n", dir.c_str(), n.c_str());
-  d->set_attention("full");
+std::unique_ptr<Decoder> Decoder::for_checkpoint(ModelConfig cfg, const Weights& w, const LoadOptions& opt) {
+  check(!opt.head || *opt.head == TaskKind::lm, "model '", w.dir(), "': a decoder takes the lm head");
+  std::unique_ptr<Decoder> d(new Decoder(cfg));
+  d->init(opt.seed);
   return d;
 }
 
-void Decoder::set_attention(const std::string& plan) {
-  std::vector<std::string> specs = parse_attention_plan(plan, cfg_.layers);
-  std::vector<std::unique_ptr<Attention>> att = make_plan_attentions(specs, true, cfg_.kv_heads != cfg_.heads);
-  specs_ = std::move(specs);
-  att_ = std::move(att);
-  states_.clear();
-  states_.resize(att_.size());
-  ctx_.clear();
-  for (size_t l = 0; l < att_.size(); ++l) ctx_.emplace_back(Mode::inference, &scratch_);
+// ---- activations
+
+Decoder::Bufs Decoder::plan(int64_t B, int64_t T, bool train, bool head, float* base, int64_t* used) const {
+  const ModelConfig& c = cfg_;
+  const int64_t rows = B * T, H = c.hidden, F = c.ffn, Q = c.heads * c.head_dim, QKV = Q + 2 * c.kv_heads * c.head_dim;
+  model::Carver a(base);
+  Bufs b;
+  if (train) {
+    b.S.resize(static_cast<size_t>(c.layers));
+    for (Bufs::Saved& s : b.S) {
+      s.x = a.take(rows * H);      // (rows, H) layer input
+      s.xn1 = a.take(rows * H);    // (rows, H) RMSNorm output
+      s.r1 = a.take(rows);         // (rows) 1/rms
+      s.qkv = a.take(rows * QKV);  // (rows, Q + 2KV) q | k | v, q and k rotated
+      s.ao = a.take(rows * Q);     // (rows, Q) attention output
+      s.u1 = a.take(rows * H);     // (rows, H) residual after attention
+      s.xn2 = a.take(rows * H);
+      s.r2 = a.take(rows);
+      s.gu = a.take(rows * 2 * F); // (rows, 2F) gate | up
+    }
+    b.xl = a.take(rows * H);
+    b.xf = a.take(rows * H);
+    b.fr = a.take(rows);
+    b.dx = a.take(rows * H);       // (rows, H) gradient of the residual stream
+    b.dt = a.take(rows * H);
+    b.dt2 = a.take(rows * H);
+    b.dao = a.take(rows * Q);      // (rows, Q)
+    b.dqkv = a.take(rows * QKV);   // (rows, Q + 2KV)
+    b.dgu = a.take(rows * 2 * F);  // (rows, 2F)
+    b.dhs = a.take(rows * H);
+  } else {
+    Bufs::Saved s;
+    s.x = s.u1 = a.take(rows * H);  // (rows, H) residual stream, updated in place
+    s.xn1 = s.xn2 = a.take(rows * H);
+    s.r1 = s.r2 = nullptr;
+    s.qkv = a.take(rows * QKV);
+    s.ao = a.take(rows * Q);
+    s.gu = a.take(rows * 2 * F);
+    b.S.assign(static_cast<size_t>(c.layers), s);
+    b.xl = s.x;
+    b.xf = s.xn1;  // the normalised input is free after the last layer
+  }
+  b.sbuf = a.take(rows * F);       // (rows, F)
+  if (head) {
+    b.hs = a.take(rows * H);       // (n, H) rows with a target
+    b.logits = a.take(rows * c.vocab);
+  }
+  if (used) *used = a.used();
+  return b;
+}
+
+double Decoder::arena_floats(int64_t B, int64_t T, bool train) const {
+  int64_t used = 0;
+  (void)plan(B, T, train, true, nullptr, &used);
+  return static_cast<double>(used);
+}
+
+void Decoder::carve(int64_t B, int64_t T, bool train, bool head) {
+  if (B == B_ && T == T_ && train == train_layout_ && head == head_layout_) return;
+  int64_t used = 0;
+  (void)plan(B, T, train, head, nullptr, &used);
+  *b_ = plan(B, T, train, head, arena(used), nullptr);
+  hs_ = b_->hs;
+  dhs_ = b_->dhs;
+  logits_ = b_->logits;
+  sel_.assign(static_cast<size_t>(B * T), 0);
+  tsel_.assign(static_cast<size_t>(B * T), 0);
+  B_ = B;
+  T_ = T;
+  train_layout_ = train;
+  head_layout_ = head;
 }
 
 double Decoder::forward_bytes(int64_t B, int64_t T, int64_t cache_positions) const {
   const ModelConfig& c = cfg_;
-  const double rows = static_cast<double>(B) * static_cast<double>(T);
-  const double Q = static_cast<double>(c.heads * c.head_dim), KV = static_cast<double>(c.kv_heads * c.head_dim);
-  double ws = 0;
   const AttentionDims d{B, c.heads, c.kv_heads, T, cache_positions > 0 ? cache_positions : T, c.head_dim, c.head_dim};
-  for (const auto& a : att_) ws = std::max(ws, static_cast<double>(a->workspace_bytes(d, Mode::inference, max_threads())));
-  // x, xn, q, k|v, attention out, gate, up; logits (twice: buffer and returned copy); caches hold
-  // K twice (rows and panels) and V once.
-  const double act = 4.0 * rows * (2.0 * c.hidden + 2.0 * Q + 2.0 * KV + 2.0 * c.ffn + 2.0 * c.vocab);
-  const double cache = cache_positions > 0 ? 4.0 * c.layers * cache_positions * (3.0 * KV + 64) : 0;
-  return act + ws + cache;
+  int64_t used = 0;
+  (void)plan(B, T, false, false, nullptr, &used);
+  // The arena, the returned logits, the largest attention workspace; caches hold K twice (rows
+  // and panels) and V once.
+  const double KV = static_cast<double>(c.kv_heads * c.head_dim);
+  const double cache = cache_positions > 0 ? 4.0 * static_cast<double>(c.layers * cache_positions) * (3.0 * KV + 64) : 0;
+  return 4.0 * static_cast<double>(used) + 4.0 * static_cast<double>(B * T * c.vocab) + att_->workspace_bytes(d, false) + cache;
 }
 
-void Decoder::ensure(int64_t B, int64_t T) {
-  if (B * T <= B_ * T_ && x_.defined()) return;  // buffers only grow (decode steps reuse them)
-  const ModelConfig& c = cfg_;
-  const int64_t rows = B * T;
-  x_.resize(Shape{rows, c.hidden});
-  xn_.resize(Shape{rows, c.hidden});
-  q_.resize(Shape{rows, c.heads * c.head_dim});
-  kv_.resize(Shape{rows, 2 * c.kv_heads * c.head_dim});
-  ao_.resize(Shape{rows, c.heads * c.head_dim});
-  g_.resize(Shape{rows, c.ffn});
-  u_.resize(Shape{rows, c.ffn});
-  B_ = B;
-  T_ = T;
-}
+// ---- forward
 
-void Decoder::run(int64_t B, int64_t T, std::span<const int32_t> lengths, const int32_t* pos,
-                  bool use_cache, int64_t logits_from) {
+void Decoder::forward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, const int32_t* pos, bool use_cache,
+                             bool train, uint64_t step, int64_t first) {
   const ModelConfig& c = cfg_;
   const int64_t rows = B * T, H = c.hidden, F = c.ffn, nh = c.heads, kvh = c.kv_heads, hd = c.head_dim;
-  const int64_t Q = nh * hd, KV = kvh * hd;
-  float* x = x_.data();    // (rows, H) residual stream
-  float* xn = xn_.data();  // (rows, H) normalised block input
-  float* q = q_.data();    // (rows, Q)
-  float* kv = kv_.data();  // (rows, 2·KV) k | v
-  float* ao = ao_.data();  // (rows, Q) attention output
-  float* g = g_.data();    // (rows, F) gate, then SwiGLU
-  float* u = u_.data();    // (rows, F) up
-  auto heads_view = [&](float* base, int64_t heads, int64_t ld) {  // (B, heads, T, hd)
-    View v{base, Shape{B, heads, T, hd}, {}};
-    v.strides = {T * ld, hd, ld, 1};
-    return v;
-  };
-  attn_ms_ = 0;
-  for (size_t l = 0; l < p_->layers.size(); ++l) {
-    const Params::Layer& y = p_->layers[l];
-    nn::rmsnorm_fwd(xn, x, y.in_norm, rows, H, c.eps);
-    nn::linear_fwd(q, Q, xn, H, y.wq, nullptr, rows, H, Q);
-    nn::linear_fwd(kv, 2 * KV, xn, H, y.wk, nullptr, rows, H, KV);
-    nn::linear_fwd(kv + KV, 2 * KV, xn, H, y.wv, nullptr, rows, H, KV);
-    nn::rope_fwd(q, Q, hd, pos, rows, nh, hd, c.rope_theta);
-    nn::rope_fwd(kv, 2 * KV, hd, pos, rows, kvh, hd, c.rope_theta);
-    AttentionInputs ai;
-    ai.q = heads_view(q, nh, Q);
-    ai.causal = true;
-    ai.query_lengths = lengths;
-    ai.key_lengths = lengths;
-    ai.step = step_;
+  const int64_t Q = nh * hd, KV = kvh * hd, QKV = Q + 2 * KV;
+  const bool drop = train && dropout_ > 0;
+  const std::span<const int32_t> lens = model::padding_lengths(lengths, T);
+  auto hv = [&](float* base, int64_t heads, int64_t ld) { return model::heads_view(base, B, heads, T, hd, ld); };
+  Bufs& b = *b_;
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const Layout::Layer& y = L_->layers[static_cast<size_t>(l)];
+    Bufs::Saved& s = b.S[static_cast<size_t>(l)];
+    float* xnext = l + 1 < c.layers ? b.S[static_cast<size_t>(l + 1)].x : b.xl;
+    nn::rmsnorm_fwd(s.xn1, s.x, p(y.in_norm), rows, H, c.eps, s.r1);
+    lin(s.qkv, QKV, s.xn1, H, p(y.wqkv), nullptr, rows, H, QKV);
+    nn::rope_fwd(s.qkv, QKV, hd, pos, rows, nh, hd, c.rope_theta);
+    nn::rope_fwd(s.qkv + Q, QKV, hd, pos, rows, kvh, hd, c.rope_theta);
+    AttentionInputs ai = att_->inputs(l, hv(s.qkv, nh, QKV), hv(s.qkv + Q, kvh, QKV), hv(s.qkv + Q + KV, kvh, QKV), lens,
+                                      step, train);
     if (use_cache) {
-      KVCache& kc = cache_[l];
-      kc.append(heads_view(kv, kvh, 2 * KV), heads_view(kv + KV, kvh, 2 * KV),
-                kc.keeps_queries() ? ConstView(heads_view(q, nh, Q)) : ConstView{});
+      KVCache& kc = cache_[static_cast<size_t>(l)];
+      kc.append(hv(s.qkv + Q, kvh, QKV), hv(s.qkv + Q + KV, kvh, QKV),
+                kc.keeps_queries() ? ConstView(hv(s.qkv, nh, QKV)) : ConstView{});
       ai.k = kc.keys();
       ai.v = kc.values();
       ai.cache = &kc;
+    }
+    att_->forward(l, ai, hv(s.ao, nh, Q), train);
+    // u1 = x + drop(ao·Wo)
+    if (drop) {
+      lin(b.dt, H, s.ao, Q, p(y.wo), nullptr, rows, Q, H);
+      residual_dropout(s.u1, s.x, b.dt, B, T, H, l, 0, step, first);
     } else {
-      ai.k = heads_view(kv, kvh, 2 * KV);
-      ai.v = heads_view(kv + KV, kvh, 2 * KV);
+      lin(s.u1, H, s.ao, Q, p(y.wo), nullptr, rows, Q, H, s.x);
     }
-    if (capture_ && capture_->layer == static_cast<int64_t>(l)) {  // inspection only: copies
-      capture_->q = Tensor::from(ai.q);
-      capture_->k = Tensor::from(ai.k);
-      capture_->v = Tensor::from(ai.v);
-      capture_->step = ai.step;
-      capture_->causal = ai.causal;
+    nn::rmsnorm_fwd(s.xn2, s.u1, p(y.post_norm), rows, H, c.eps, s.r2);
+    lin(s.gu, 2 * F, s.xn2, H, p(y.wgu), nullptr, rows, H, 2 * F);
+    // SwiGLU over the fused (rows, 2F) gate | up rows: one call per row inside our own loop.
+    for_rows(rows, F, [&](int64_t r) { nn::swiglu_fwd(b.sbuf + r * F, s.gu + r * 2 * F, s.gu + r * 2 * F + F, F); });
+    // x' = u1 + drop(s·Wdown)
+    if (drop) {
+      lin(b.dt, H, b.sbuf, F, p(y.down), nullptr, rows, F, H);
+      residual_dropout(xnext, s.u1, b.dt, B, T, H, l, 1, step, first);
+    } else {
+      lin(xnext, H, b.sbuf, F, p(y.down), nullptr, rows, F, H, s.u1);
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    if (att_[l]->capabilities().stateful) ai.state = &states_[l];
-    att_[l]->forward(ai, heads_view(ao, nh, Q), ctx_[l]);
-    attn_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    nn::linear_fwd(xn, H, ao, Q, y.wo, nullptr, rows, Q, H);
-    nn::add_inplace(x, xn, rows * H);
-    nn::rmsnorm_fwd(xn, x, y.post_norm, rows, H, c.eps);
-    nn::linear_fwd(g, F, xn, H, y.gate, nullptr, rows, H, F);
-    nn::linear_fwd(u, F, xn, H, y.up, nullptr, rows, H, F);
-    nn::swiglu_fwd(g, g, u, rows * F);
-    nn::linear_fwd(xn, H, g, F, y.down, nullptr, rows, F, H);
-    nn::add_inplace(x, xn, rows * H);
   }
-  const int64_t n = rows - logits_from;
-  nn::rmsnorm_fwd(xn, x + logits_from * H, p_->norm, n, H, c.eps);
-  logits_.resize(Shape{n, c.vocab});
-  nn::linear_fwd(logits_.data(), c.vocab, xn, H, p_->lm_head, nullptr, n, H, c.vocab);
+}
+
+void Decoder::final_norm(int64_t rows, int64_t from) {
+  const int64_t H = cfg_.hidden;
+  float* xf = b_->xf + from * H;
+  nn::rmsnorm_fwd(xf, b_->xl + from * H, p(L_->norm), rows - from, H, cfg_.eps, b_->fr ? b_->fr + from : nullptr);
+  xf_ = xf;
+  rows_xf_ = rows - from;
+}
+
+void Decoder::inference_logits(float* out, int64_t n) {
+  lin(out, cfg_.vocab, xf_, cfg_.hidden, p(L_->lm_head), nullptr, n, cfg_.hidden, cfg_.vocab);
+}
+
+// ---- backward
+
+void Decoder::backward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, const int32_t* pos, uint64_t step,
+                              int64_t first) {
+  const ModelConfig& c = cfg_;
+  const int64_t rows = B * T, H = c.hidden, F = c.ffn, nh = c.heads, kvh = c.kv_heads, hd = c.head_dim;
+  const int64_t Q = nh * hd, KV = kvh * hd, QKV = Q + 2 * KV;
+  const bool drop = dropout_ > 0;
+  const std::span<const int32_t> lens = model::padding_lengths(lengths, T);
+  auto hv = [&](float* base, int64_t heads, int64_t ld) { return model::heads_view(base, B, heads, T, hd, ld); };
+  Bufs& b = *b_;
+  float* dx = b.dx;  // (rows, H) gradient of the residual stream
+  for (int64_t l = c.layers - 1; l >= 0; --l) {
+    const Layout::Layer& y = L_->layers[static_cast<size_t>(l)];
+    Bufs::Saved& s = b.S[static_cast<size_t>(l)];
+    // x' = u1 + drop(swiglu(f·Wgu)·Wdown)
+    const float* dff = dx;
+    if (drop) {
+      dropout_grad(b.dt, dx, B, T, H, l, 1, step, first);
+      dff = b.dt;
+    }
+    for_rows(rows, F, [&](int64_t r) { nn::swiglu_fwd(b.sbuf + r * F, s.gu + r * 2 * F, s.gu + r * 2 * F + F, F); });
+    lin_bwd(b.dgu, 2 * F, g(y.down), nullptr, dff, H, b.sbuf, F, p(y.down), rows, F, H);
+    // dgu holds d(swiglu) in the first F columns of each row; SwiGLU's backward per row writes
+    // dgate over it (allowed: dgate may alias dy) and dup beside it.
+    for_rows(rows, F, [&](int64_t r) {
+      nn::swiglu_bwd(b.dgu + r * 2 * F, b.dgu + r * 2 * F + F, b.dgu + r * 2 * F, s.gu + r * 2 * F, s.gu + r * 2 * F + F, F);
+    });
+    lin_bwd(b.dt2, H, g(y.wgu), nullptr, b.dgu, 2 * F, s.xn2, H, p(y.wgu), rows, H, 2 * F);
+    // f = RMS2(u1): du1 = dx + RMS2'(df)
+    nn::rmsnorm_bwd(dx, g(y.post_norm), b.dt2, s.u1, p(y.post_norm), s.r2, rows, H, true);
+    // u1 = x + drop(attn·Wo)
+    const float* dat = dx;
+    if (drop) {
+      dropout_grad(b.dt, dx, B, T, H, l, 0, step, first);
+      dat = b.dt;
+    }
+    lin_bwd(b.dao, Q, g(y.wo), nullptr, dat, H, s.ao, Q, p(y.wo), rows, Q, H);
+    std::memset(b.dqkv, 0, sizeof(float) * static_cast<size_t>(rows * QKV));
+    const AttentionInputs ai = att_->inputs(l, hv(s.qkv, nh, QKV), hv(s.qkv + Q, kvh, QKV), hv(s.qkv + Q + KV, kvh, QKV),
+                                            lens, step, true);
+    att_->backward(l, ai, hv(s.ao, nh, Q), hv(b.dao, nh, Q), hv(b.dqkv, nh, QKV), hv(b.dqkv + Q, kvh, QKV),
+                   hv(b.dqkv + Q + KV, kvh, QKV));
+    nn::rope_bwd(b.dqkv, QKV, hd, pos, rows, nh, hd, c.rope_theta);
+    nn::rope_bwd(b.dqkv + Q, QKV, hd, pos, rows, kvh, hd, c.rope_theta);
+    // a = RMS1(x): dx = du1 + RMS1'(da)
+    lin_bwd(b.dt2, H, g(y.wqkv), nullptr, b.dqkv, QKV, s.xn1, H, p(y.wqkv), rows, H, QKV);
+    nn::rmsnorm_bwd(dx, g(y.in_norm), b.dt2, s.x, p(y.in_norm), s.r1, rows, H, true);
+    layer_grads_ready(y.begin, y.end);
+  }
+}
+
+// ---- entry points
+
+StepResult Decoder::forward_backward(const Batch& bt, bool train, uint64_t step, double divisor) {
+  const double t0 = ms_now();
+  check_batch(bt);
+  if (train) {
+    att_->check_trainable();
+    (void)grads();
+  }
+  const ModelConfig& c = cfg_;
+  const int64_t B = bt.B, T = bt.T, rows = B * T, H = c.hidden;
+  carve(B, T, train, true);
+  att_->ms = dense_ms_ = 0;
+  posbuf_.resize(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) posbuf_[static_cast<size_t>(r)] = static_cast<int32_t>(r % T);
+  nn::embedding_fwd(b_->S[0].x, bt.ids.data(), p(L_->embed), rows, H, c.vocab);
+  forward_layers(B, T, bt.lengths, posbuf_.data(), false, train, step, bt.first);
+  final_norm(rows, 0);
+  StepResult res;
+  const float scale = divisor > 0 ? static_cast<float>(1.0 / divisor) : 0.f;
+  token_loss(bt, b_->xf, b_->dt2, L_->lm_head, -1, train, scale, res);
+  if (!train) return timed(res, t0);
+  nn::rmsnorm_bwd(b_->dx, g(L_->norm), b_->dt2, b_->xl, p(L_->norm), b_->fr, rows, H);
+  backward_layers(B, T, bt.lengths, posbuf_.data(), step, bt.first);
+  nn::embedding_bwd(g(L_->embed), bt.ids.data(), b_->dx, rows, H, c.vocab);
+  other_grads_ready(L_->layers.front().begin, L_->layers.back().end);
+  return timed(res, t0);
 }
 
 Tensor Decoder::forward(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths) {
@@ -180,22 +328,27 @@ Tensor Decoder::forward(std::span<const int32_t> ids, int64_t B, int64_t T, std:
         B, " x ", T, " tokens, got ", ids.size());
   check(lengths.empty() || static_cast<int64_t>(lengths.size()) == B, "decoder: lengths must have B = ", B, " entries");
   for (int32_t len : lengths) check(len >= 0 && len <= T, "decoder: every length must be in [0, T = ", T, "], got ", len);
-  ensure(B, T);
-  nn::embedding_fwd(x_.data(), ids.data(), p_->embed, B * T, c.hidden, c.vocab);
+  carve(B, T, false, false);
+  att_->ms = dense_ms_ = 0;
+  nn::embedding_fwd(b_->S[0].x, ids.data(), p(L_->embed), B * T, c.hidden, c.vocab);
   posbuf_.resize(static_cast<size_t>(B * T));
   for (int64_t r = 0; r < B * T; ++r) posbuf_[static_cast<size_t>(r)] = static_cast<int32_t>(r % T);
-  run(B, T, lengths, posbuf_.data(), false, 0);
+  forward_layers(B, T, lengths, posbuf_.data(), false, false, 0, 0);
+  final_norm(B * T, 0);
   Tensor out(Shape{B, T, c.vocab});
-  std::memcpy(out.data(), logits_.data(), sizeof(float) * static_cast<size_t>(B * T * c.vocab));
+  inference_logits(out.data(), B * T);
   return out;
 }
 
 void Decoder::start(int64_t capacity) {
   check(capacity >= 1, "decoder: cache capacity must be >= 1, got ", capacity);
   const ModelConfig& c = cfg_;
+  for (int64_t l = 0; l < c.layers; ++l)
+    check(!att_->at(l).capabilities().shared_qk, "decoder: attention of layer ", l, ": '", att_->specs()[static_cast<size_t>(l)],
+          "' takes the queries as its keys, which a KV cache does not hold; it cannot decode token by token");
   // A layer whose attention builds on earlier queries (causal clustered) keeps them in its cache,
   // so that decoding computes what a prefill of the same tokens computes.
-  auto query_heads = [&](int64_t l) { return att_[static_cast<size_t>(l)]->capabilities().decode_queries ? c.heads : 0; };
+  auto query_heads = [&](int64_t l) { return att_->at(l).capabilities().decode_queries ? c.heads : 0; };
   bool fits = cache_.size() == static_cast<size_t>(c.layers);
   for (int64_t l = 0; fits && l < c.layers; ++l)
     fits = cache_[static_cast<size_t>(l)].capacity() >= capacity && cache_[static_cast<size_t>(l)].query_heads() == query_heads(l);
@@ -212,56 +365,19 @@ std::vector<float> Decoder::prefill(std::span<const int32_t> ids) {
   const int64_t T = static_cast<int64_t>(ids.size());
   check(T >= 1, "decoder: prefill needs at least one token");
   check(pos_ + T <= cache_[0].capacity(), "decoder: ", pos_ + T, " positions exceed the cache capacity ", cache_[0].capacity());
-  ensure(1, T);
-  nn::embedding_fwd(x_.data(), ids.data(), p_->embed, T, cfg_.hidden, cfg_.vocab);
+  carve(1, T, false, false);
+  att_->ms = dense_ms_ = 0;
+  nn::embedding_fwd(b_->S[0].x, ids.data(), p(L_->embed), T, cfg_.hidden, cfg_.vocab);
   posbuf_.resize(static_cast<size_t>(T));
   std::iota(posbuf_.begin(), posbuf_.end(), static_cast<int32_t>(pos_));
-  run(1, T, {}, posbuf_.data(), true, T - 1);
+  forward_layers(1, T, {}, posbuf_.data(), true, false, 0, 0);
+  final_norm(T, T - 1);
+  std::vector<float> out(static_cast<size_t>(cfg_.vocab));
+  inference_logits(out.data(), 1);
   pos_ += T;
-  return std::vector<float>(logits_.data(), logits_.data() + cfg_.vocab);
+  return out;
 }
 
 std::vector<float> Decoder::step(int32_t id) { return prefill(std::span<const int32_t>(&id, 1)); }
-
-int32_t sample_token(std::span<const float> logits, const SamplingOptions& opt, uint64_t step) {
-  const int64_t V = static_cast<int64_t>(logits.size());
-  check(V >= 1, "sample: no logits");
-  check(opt.temperature >= 0 && std::isfinite(opt.temperature), "sample: temperature must be >= 0, got ", opt.temperature);
-  check(opt.top_k >= 0, "sample: top_k must be >= 0, got ", opt.top_k);
-  check(opt.top_p > 0 && opt.top_p <= 1, "sample: top_p must be in (0, 1], got ", opt.top_p);
-  if (opt.temperature == 0.f)
-    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  std::vector<int32_t> idx(static_cast<size_t>(V));
-  std::iota(idx.begin(), idx.end(), 0);
-  // Candidates by decreasing logit (ties to the lower id), cut by top-k.
-  std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
-    return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
-           (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
-  });
-  const int64_t k = opt.top_k > 0 ? std::min(opt.top_k, V) : V;
-  std::vector<double> p(static_cast<size_t>(k));
-  const double mx = logits[static_cast<size_t>(idx[0])];
-  double sum = 0;
-  for (int64_t i = 0; i < k; ++i) sum += p[static_cast<size_t>(i)] = std::exp((logits[static_cast<size_t>(idx[static_cast<size_t>(i)])] - mx) / opt.temperature);
-  // Nucleus: the smallest prefix whose mass reaches top_p.
-  int64_t keep = k;
-  double mass = 0;
-  for (int64_t i = 0; i < k; ++i) {
-    mass += p[static_cast<size_t>(i)] / sum;
-    if (mass >= opt.top_p) {
-      keep = i + 1;
-      break;
-    }
-  }
-  double kept = 0;
-  for (int64_t i = 0; i < keep; ++i) kept += p[static_cast<size_t>(i)];
-  const double r = Rng(opt.seed).uniform(step, 0) * kept;
-  double acc = 0;
-  for (int64_t i = 0; i < keep; ++i) {
-    acc += p[static_cast<size_t>(i)];
-    if (r < acc) return idx[static_cast<size_t>(i)];
-  }
-  return idx[static_cast<size_t>(keep - 1)];
-}
 
 }  // namespace clattn

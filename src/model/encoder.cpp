@@ -1,8 +1,15 @@
-// The encoder: BERT family (post-LN, or pre-LN) and the KWT input path, for inference. One
-// forward reads as the list of calls of a step, top to bottom; activations are token-major
-// (rows = B·T) and attention reads and writes them through strided (B, H, T, D) views, so no
-// transpose is ever made.
-#include <chrono>
+// The encoder: BERT family (post-LN or pre-LN, token types, pooler) and the KWT input path, one
+// forward for inference and training and one backward. The step reads top to bottom as its list
+// of calls; activations are token-major (rows = B·T) and attention reads and writes them through
+// strided (B, H, T, D) views, so no transpose is ever made.
+//
+// A layer, with LN the layer norms and drop() the residual dropout of training:
+//   pre-LN   a = LN1(x)   u1 = x + drop(attn(a·Wqkv)·Wo)   f = LN2(u1)   x' = u1 + drop(gelu(f·W1)·W2)
+//   post-LN  a = x        u1 = x + drop(attn(a·Wqkv)·Wo)   f = LN1(u1)   u2 = f + drop(gelu(f·W1)·W2)
+//            x' = LN2(u2)
+// Inference keeps one set of buffers for every layer and updates the residual stream in place
+// (x = u1 = u2); training keeps each layer's x, a, qkv, attention output, u1, f, the FFN's
+// pre-activation, u2 and the norms' statistics for the backward.
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -12,301 +19,551 @@
 #include "clattn/nn.h"
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
+#include "model/layer_attention.h"
+#include "model/model_internal.h"
 #include "model/weights.h"
 
 namespace clattn {
 
-struct Encoder::Params {
-  struct Layer {
-    const float *wq, *wk, *wv, *bq = nullptr, *bk = nullptr, *bv = nullptr;  // (H, H), (H)
-    const float *wqkv = nullptr, *bqkv = nullptr;  // (3H, H), (3H): q, k, v stacked for one GEMM
-    const float *wo, *bo, *ln1g, *ln1b;                                     // attention output
-    const float *w1, *b1, *w2, *b2, *ln2g, *ln2b;                           // feed-forward
+using model::for_rows;
+using model::ms_now;
+
+struct Encoder::Layout {
+  struct Layer {  // offsets into params / grads
+    int64_t wqkv, bqkv = -1, wo, bo, ln1g, ln1b, w1, b1, w2, b2, ln2g, ln2b;
+    int64_t begin, end;  // the layer's range of the flat buffer
   };
   std::vector<Layer> layers;
-  // BERT embeddings
-  const float *word = nullptr, *pos = nullptr, *type = nullptr, *eln_g = nullptr, *eln_b = nullptr;
-  // KWT input path
-  const float *patch_w = nullptr, *patch_b = nullptr, *cls = nullptr;
-  // heads
-  const float *pool_w = nullptr, *pool_b = nullptr, *cls_w = nullptr, *cls_b = nullptr;
-  const float *fln_g = nullptr, *fln_b = nullptr;
-  std::vector<Tensor> fused;  // the stacked q/k/v weights and biases (a copy, 3·H² floats a layer)
+  int64_t word = -1, pos = -1, type = -1, elng = -1, elnb = -1;  // BERT embeddings
+  int64_t patch_w = -1, patch_b = -1, cls = -1;                  // KWT input path
+  int64_t flng = -1, flnb = -1;                                  // final LayerNorm
+  int64_t pool_w = -1, pool_b = -1, cls_w = -1, cls_b = -1, mlm_b = -1;
 };
 
-Encoder::Encoder() = default;
+struct Encoder::Bufs {
+  struct Saved {  // per layer (training), or one set every layer shares (inference)
+    float *x, *xn1, *m1, *r1, *qkv, *ao, *u1, *xn2, *m2, *r2, *h, *u2;
+  };
+  std::vector<Saved> S;
+  float *e = nullptr, *em = nullptr, *er = nullptr;  // embeddings before their LayerNorm, its statistics
+  float *proj = nullptr;                             // (B·P, H) KWT patch projections
+  float *xl = nullptr, *xf = nullptr, *fm = nullptr, *fr = nullptr;  // last layer's output, final LN
+  float *dx = nullptr, *dt = nullptr, *dt2 = nullptr, *dao = nullptr, *dqkv = nullptr, *dh = nullptr, *gbuf = nullptr;
+  float *hs = nullptr, *dhs = nullptr, *logits = nullptr, *pool_in = nullptr;
+};
+
+Encoder::Encoder(const ModelConfig& cfg_in, const std::optional<TaskKind>& head, bool pooler)
+    : Model(cfg_in), L_(std::make_unique<Layout>()), b_(std::make_unique<Bufs>()), pooler_(pooler) {
+  ModelConfig& c = cfg_;
+  head_ = head;
+  check(c.hidden >= 1 && c.layers >= 1 && c.heads >= 1 && c.hidden % c.heads == 0 && c.ffn >= 1 &&
+            c.max_positions >= 1 && (c.kind == ModelKind::kwt || c.vocab >= 1),
+        "encoder: sizes must be >= 1 (hidden, layers, heads, ffn, vocab, max_positions) with hidden a multiple of heads");
+  check(c.kind != ModelKind::kwt || (c.input_dim >= 1 && c.num_patches >= 1 && c.max_positions == c.num_patches + 1),
+        "encoder: a KWT model needs input_dim >= 1, num_patches >= 1 and max_positions = num_patches + 1");
+  if (c.model_type.empty()) c.model_type = c.kind == ModelKind::kwt ? "kwt" : "bert";
+  c.head_dim = c.hidden / c.heads;
+  c.kv_heads = c.heads;
+  if (!(c.eps > 0)) c.eps = 1e-12f;
+  const int64_t H = c.hidden, F = c.ffn;
+  Layout& L = *L_;
+  if (c.kind == ModelKind::kwt) {
+    L.patch_w = add("embeddings.patch_projection.weight", {H, c.input_dim}, Init::normal);
+    L.patch_b = add("embeddings.patch_projection.bias", {H}, Init::zero);
+    L.cls = add("embeddings.cls_token", {H}, Init::normal);
+    L.pos = add("embeddings.position_embeddings", {c.max_positions, H}, Init::normal);
+  } else {
+    L.word = add("embeddings.word_embeddings.weight", {c.vocab, H}, Init::normal);
+    L.pos = add("embeddings.position_embeddings.weight", {c.max_positions, H}, Init::normal);
+    if (c.type_vocab > 0) L.type = add("embeddings.token_type_embeddings.weight", {c.type_vocab, H}, Init::normal);
+    L.elng = add("embeddings.LayerNorm.weight", {H}, Init::one);
+    L.elnb = add("embeddings.LayerNorm.bias", {H}, Init::zero);
+  }
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const std::string p = "encoder.layer." + std::to_string(l) + ".";
+    Layout::Layer y;
+    // query, key and value adjacent: one (3H, H) matrix and one (3H) bias for a fused GEMM (at
+    // KWT's H = 64 a narrow product runs at half the sgemm rate).
+    y.wqkv = add(p + "attention.self.query.weight", {H, H}, Init::normal);
+    add(p + "attention.self.key.weight", {H, H}, Init::normal);
+    add(p + "attention.self.value.weight", {H, H}, Init::normal);
+    if (c.qkv_bias) {
+      y.bqkv = add(p + "attention.self.query.bias", {H}, Init::zero);
+      add(p + "attention.self.key.bias", {H}, Init::zero);
+      add(p + "attention.self.value.bias", {H}, Init::zero);
+    }
+    y.wo = add(p + "attention.output.dense.weight", {H, H}, Init::normal);
+    y.bo = add(p + "attention.output.dense.bias", {H}, Init::zero);
+    y.ln1g = add(p + "attention.output.LayerNorm.weight", {H}, Init::one);
+    y.ln1b = add(p + "attention.output.LayerNorm.bias", {H}, Init::zero);
+    y.w1 = add(p + "intermediate.dense.weight", {F, H}, Init::normal);
+    y.b1 = add(p + "intermediate.dense.bias", {F}, Init::zero);
+    y.w2 = add(p + "output.dense.weight", {H, F}, Init::normal);
+    y.b2 = add(p + "output.dense.bias", {H}, Init::zero);
+    y.ln2g = add(p + "output.LayerNorm.weight", {H}, Init::one);
+    y.ln2b = add(p + "output.LayerNorm.bias", {H}, Init::zero);
+    y.begin = y.wqkv;
+    y.end = y.ln2b + H;
+    L.layers.push_back(y);
+  }
+  if (c.final_layer_norm) {
+    L.flng = add("encoder.final_layer_norm.weight", {H}, Init::one);
+    L.flnb = add("encoder.final_layer_norm.bias", {H}, Init::zero);
+  }
+  if (pooler_) {
+    L.pool_w = add("pooler.dense.weight", {H, H}, Init::normal);
+    L.pool_b = add("pooler.dense.bias", {H}, Init::zero);
+  }
+  if (c.num_labels >= 1 && (!head_ || *head_ == TaskKind::classify)) {
+    L.cls_w = add("classifier.weight", {c.num_labels, H}, Init::normal);
+    L.cls_b = add("classifier.bias", {c.num_labels}, Init::zero);
+  }
+  if (head_ && *head_ == TaskKind::mlm) {
+    check(c.kind == ModelKind::bert, "encoder: the mlm head needs a token model (bert)");
+    L.mlm_b = add("cls.predictions.bias", {c.vocab}, Init::zero);  // output layer tied to the word embeddings
+  }
+  check(!head_ || *head_ != TaskKind::classify || L.cls_w >= 0, "encoder: the classify head needs num_labels >= 1");
+  check(!head_ || *head_ != TaskKind::lm, "encoder: an encoder takes the classify or mlm head, not lm");
+  allocate();
+  att_ = std::make_unique<LayerAttention>(c.layers, false, false);
+  att_->set_plan("full");
+}
+
 Encoder::~Encoder() = default;
 
-std::unique_ptr<Encoder> Encoder::load(const std::string& dir, const LoadOptions& opt) {
-  ModelConfig cfg = read_model_config((std::filesystem::path(dir) / "config.json").string());
-  check(cfg.kind != ModelKind::llama, "model '", dir, "' is a decoder (model_type llama), not an encoder");
-  return build(std::move(cfg), Weights::open(dir), opt);
+std::unique_ptr<Encoder> Encoder::for_checkpoint(ModelConfig cfg, const Weights& w, const LoadOptions& opt,
+                                                 std::vector<std::string>& optional) {
+  const bool bert_prefix = w.has("bert.embeddings.word_embeddings.weight") || w.has("bert.encoder.layer.0.attention.self.query.weight");
+  const std::string pre = bert_prefix ? "bert." : "";
+  const bool has_classifier = w.has("classifier.weight");
+  std::optional<TaskKind> head = opt.head;
+  if (!head && (has_classifier || cfg.kind == ModelKind::kwt)) head = TaskKind::classify;
+  check(!head || *head != TaskKind::lm, "model '", w.dir(), "': an encoder takes the classify or mlm head, not lm");
+  if (cfg.kind == ModelKind::kwt) {
+    check(has_classifier, "model '", w.dir(), "': tensor 'classifier.weight' is missing");
+    check(!head || *head == TaskKind::classify, "model '", w.dir(), "': a KWT model takes the classify head");
+  }
+  if (head && *head == TaskKind::classify) {
+    if (has_classifier) {
+      // A config without num_labels (or id2label): the classifier's own rows say it.
+      const std::vector<int64_t> cs = w.shape("classifier.weight");
+      if (cfg.num_labels < 1 && cs.size() == 2) cfg.num_labels = cs[0];
+      check(cfg.num_labels >= 1, "model '", w.dir(), "': the checkpoint has a classifier but the config no num_labels");
+      check(opt.num_labels <= cfg.num_labels, "model '", w.dir(), "': its classifier has ", cfg.num_labels,
+            " classes, fewer than the ", opt.num_labels, " asked for");
+    } else {
+      check(opt.num_labels >= 1, "model '", w.dir(), "' has no classifier; the classify head needs a number of classes");
+      cfg.num_labels = opt.num_labels;
+      cfg.labels.clear();
+      optional.push_back("classifier.weight");
+      optional.push_back("classifier.bias");
+    }
+  } else if (!has_classifier) {
+    cfg.num_labels = 0;
+  }
+  if (head && *head == TaskKind::mlm) {
+    optional.push_back("cls.predictions.bias");
+    cfg.num_labels = 0;  // a classifier the checkpoint may have is not part of this model
+    cfg.labels.clear();
+  }
+  const bool pooler = cfg.kind == ModelKind::bert && w.has(pre + "pooler.dense.weight");
+  std::unique_ptr<Encoder> e(new Encoder(cfg, head, pooler));
+  e->prefix_ = pre;
+  e->init(opt.seed);  // what the checkpoint lacks (a new head) starts from here
+  return e;
 }
 
 std::unique_ptr<Encoder> Encoder::random_bert(const ModelConfig& cfg_in, uint64_t seed) {
   ModelConfig c = cfg_in;
   c.kind = ModelKind::bert;
   c.model_type = "bert";
+  c.architecture = "BertModel";
   check(c.hidden >= 1 && c.layers >= 1 && c.heads >= 1 && c.hidden % c.heads == 0 && c.ffn >= 1 &&
             c.vocab >= 1 && c.max_positions >= 1,
         "random_bert: sizes must be >= 1 with hidden a multiple of heads");
-  c.head_dim = c.hidden / c.heads;
-  c.kv_heads = c.heads;
   c.type_vocab = 2;
-  const int64_t H = c.hidden, F = c.ffn;
-  std::map<std::string, Tensor> t;
-  const Rng rng(seed);
-  uint64_t stream = 0;
-  auto normal = [&](const std::string& n, Shape s) {
-    Tensor x = Tensor::empty_like_shape(s);
-    const uint64_t st = stream++;
-    float* d = x.data();
-    parallel_for((x.numel() + 4095) / 4096, [&](int64_t blk) {
-      for (int64_t i = blk * 4096; i < std::min(x.numel(), (blk + 1) * 4096); ++i) d[i] = 0.02f * rng.normal(st, static_cast<uint64_t>(i));
-    });
-    t.emplace(n, std::move(x));
-  };
-  auto constant = [&](const std::string& n, int64_t len, float v) {
-    Tensor x(Shape{len});
-    x.fill(v);
-    t.emplace(n, std::move(x));
-  };
-  normal("embeddings.word_embeddings.weight", Shape{c.vocab, H});
-  normal("embeddings.position_embeddings.weight", Shape{c.max_positions, H});
-  normal("embeddings.token_type_embeddings.weight", Shape{2, H});
-  constant("embeddings.LayerNorm.weight", H, 1.f);
-  constant("embeddings.LayerNorm.bias", H, 0.f);
-  for (int64_t l = 0; l < c.layers; ++l) {
-    const std::string L = "encoder.layer." + std::to_string(l) + ".";
-    for (const char* n : {"query", "key", "value"}) {
-      normal(L + "attention.self." + n + ".weight", Shape{H, H});
-      constant(L + "attention.self." + n + ".bias", H, 0.f);
-    }
-    normal(L + "attention.output.dense.weight", Shape{H, H});
-    constant(L + "attention.output.dense.bias", H, 0.f);
-    constant(L + "attention.output.LayerNorm.weight", H, 1.f);
-    constant(L + "attention.output.LayerNorm.bias", H, 0.f);
-    normal(L + "intermediate.dense.weight", Shape{F, H});
-    constant(L + "intermediate.dense.bias", F, 0.f);
-    normal(L + "output.dense.weight", Shape{H, F});
-    constant(L + "output.dense.bias", H, 0.f);
-    constant(L + "output.LayerNorm.weight", H, 1.f);
-    constant(L + "output.LayerNorm.bias", H, 0.f);
-  }
-  return build(std::move(c), Weights::from_tensors(std::move(t), "random-bert"), {});
-}
-
-std::unique_ptr<Encoder> Encoder::build(ModelConfig cfg, std::unique_ptr<Weights> wts, const LoadOptions& opt) {
-  std::unique_ptr<Encoder> e(new Encoder());
-  e->cfg_ = std::move(cfg);
-  const ModelConfig& c = e->cfg_;
-  const std::string& dir = wts->dir();
-  e->w_ = std::move(wts);
-  Weights& w = *e->w_;
-  e->p_ = std::make_unique<Params>();
-  Params& p = *e->p_;
-  const int64_t H = c.hidden, F = c.ffn;
-  const std::string pre = w.has("bert.embeddings.word_embeddings.weight") || w.has("bert.encoder.layer.0.attention.self.query.weight") ? "bert." : "";
-  if (c.kind == ModelKind::kwt) {
-    p.patch_w = w.get("embeddings.patch_projection.weight", {H, c.input_dim});
-    p.patch_b = w.get("embeddings.patch_projection.bias", {H});
-    p.cls = w.get("embeddings.cls_token", {H});
-    p.pos = w.get("embeddings.position_embeddings", {c.max_positions, H});
-  } else {
-    p.word = w.get(pre + "embeddings.word_embeddings.weight", {c.vocab, H});
-    p.pos = w.get(pre + "embeddings.position_embeddings.weight", {c.max_positions, H});
-    if (c.type_vocab > 0) p.type = w.get(pre + "embeddings.token_type_embeddings.weight", {c.type_vocab, H});
-    p.eln_g = w.get(pre + "embeddings.LayerNorm.weight", {H});
-    p.eln_b = w.get(pre + "embeddings.LayerNorm.bias", {H});
-  }
-  for (int64_t l = 0; l < c.layers; ++l) {
-    const std::string L = pre + "encoder.layer." + std::to_string(l) + ".";
-    Params::Layer y;
-    y.wq = w.get(L + "attention.self.query.weight", {H, H});
-    y.wk = w.get(L + "attention.self.key.weight", {H, H});
-    y.wv = w.get(L + "attention.self.value.weight", {H, H});
-    if (c.qkv_bias) {
-      y.bq = w.get(L + "attention.self.query.bias", {H});
-      y.bk = w.get(L + "attention.self.key.bias", {H});
-      y.bv = w.get(L + "attention.self.value.bias", {H});
-    }
-    // One (rows, 3H) GEMM instead of three (rows, H) ones: at KWT's H = 64 a narrow product runs at
-    // half the sgemm rate.
-    Tensor wqkv(Shape{3 * H, H}), bqkv(Shape{3 * H});
-    const float* parts[3] = {y.wq, y.wk, y.wv};
-    const float* bparts[3] = {y.bq, y.bk, y.bv};
-    for (int i = 0; i < 3; ++i) {
-      std::copy(parts[i], parts[i] + H * H, wqkv.data() + i * H * H);
-      if (bparts[i]) std::copy(bparts[i], bparts[i] + H, bqkv.data() + i * H);
-    }
-    y.wqkv = wqkv.data();
-    y.bqkv = bqkv.data();
-    p.fused.push_back(std::move(wqkv));
-    p.fused.push_back(std::move(bqkv));
-    y.wo = w.get(L + "attention.output.dense.weight", {H, H});
-    y.bo = w.get(L + "attention.output.dense.bias", {H});
-    y.ln1g = w.get(L + "attention.output.LayerNorm.weight", {H});
-    y.ln1b = w.get(L + "attention.output.LayerNorm.bias", {H});
-    y.w1 = w.get(L + "intermediate.dense.weight", {F, H});
-    y.b1 = w.get(L + "intermediate.dense.bias", {F});
-    y.w2 = w.get(L + "output.dense.weight", {H, F});
-    y.b2 = w.get(L + "output.dense.bias", {H});
-    y.ln2g = w.get(L + "output.LayerNorm.weight", {H});
-    y.ln2b = w.get(L + "output.LayerNorm.bias", {H});
-    p.layers.push_back(y);
-  }
-  if (c.final_layer_norm) {
-    p.fln_g = w.get(pre + "encoder.final_layer_norm.weight", {H});
-    p.fln_b = w.get(pre + "encoder.final_layer_norm.bias", {H});
-  }
-  if (c.kind == ModelKind::bert && w.has(pre + "pooler.dense.weight")) {
-    p.pool_w = w.get(pre + "pooler.dense.weight", {H, H});
-    p.pool_b = w.get(pre + "pooler.dense.bias", {H});
-  }
-  if (w.has("classifier.weight")) {
-    check(c.num_labels >= 1, "model '", dir, "': the checkpoint has a classifier but the config no num_labels");
-    p.cls_w = w.get("classifier.weight", {c.num_labels, H});
-    p.cls_b = w.get("classifier.bias", {c.num_labels});
-  } else {
-    check(c.kind != ModelKind::kwt, "model '", dir, "': tensor 'classifier.weight' is missing");
-  }
-  if (opt.verbose)
-    for (const std::string& n : w.unused()) std::fprintf(stderr, "model '%s': ignoring unused tensor '%s'\n", dir.c_str(), n.c_str());
-  e->set_attention("full");
+  c.num_labels = 0;
+  c.pre_ln = false;
+  c.final_layer_norm = false;
+  std::unique_ptr<Encoder> e(new Encoder(c, std::nullopt, false));
+  e->init(seed);
   return e;
 }
 
-void Encoder::set_attention(const std::string& plan) {
-  std::vector<std::string> specs = parse_attention_plan(plan, cfg_.layers);
-  std::vector<std::unique_ptr<Attention>> att = make_plan_attentions(specs, false, false);
-  specs_ = std::move(specs);
-  att_ = std::move(att);
-  states_.clear();
-  states_.resize(att_.size());
-  ctx_.clear();
-  for (size_t l = 0; l < att_.size(); ++l) ctx_.emplace_back(Mode::inference, &scratch_);
+// ---- activations
+
+Encoder::Bufs Encoder::plan(int64_t B, int64_t T, bool train, bool head, float* base, int64_t* used) const {
+  const ModelConfig& c = cfg_;
+  const int64_t rows = B * T, H = c.hidden, F = c.ffn, O = std::max<int64_t>(c.num_labels, head_ && *head_ == TaskKind::mlm ? c.vocab : 0);
+  model::Carver a(base);
+  Bufs b;
+  if (train) {
+    check(head, "encoder: internal: training needs the head's buffers");
+    b.S.resize(static_cast<size_t>(c.layers));
+    for (Bufs::Saved& s : b.S) {
+      s.x = a.take(rows * H);                      // (rows, H) layer input (residual stream)
+      s.xn1 = c.pre_ln ? a.take(rows * H) : s.x;   // (rows, H) attention input: LN1(x) or x
+      s.m1 = a.take(rows);                         // (rows) LN1 mean and 1/std
+      s.r1 = a.take(rows);
+      s.qkv = a.take(rows * 3 * H);                // (rows, 3H) q | k | v
+      s.ao = a.take(rows * H);                     // (rows, H) attention output
+      s.u1 = a.take(rows * H);                     // (rows, H) residual after attention
+      s.xn2 = a.take(rows * H);                    // (rows, H) FFN input: LN2(u1) or LN1(u1)
+      s.m2 = a.take(rows);
+      s.r2 = a.take(rows);
+      s.h = a.take(rows * F);                      // (rows, F) FFN hidden before GELU
+      s.u2 = c.pre_ln ? nullptr : a.take(rows * H);  // (rows, H) post-LN: residual before LN2
+    }
+    b.xl = a.take(rows * H);                       // (rows, H) output of the last layer
+    b.dx = a.take(rows * H);                       // (rows, H) gradient of the residual stream
+    b.dt = a.take(rows * H);                       // (rows, H) gradient through a dropout
+    b.dt2 = a.take(rows * H);                      // (rows, H) gradient of a normalised input
+    b.dao = a.take(rows * H);                      // (rows, H) gradient of the attention output
+    b.dqkv = a.take(rows * 3 * H);                 // (rows, 3H)
+    b.dh = a.take(rows * F);                       // (rows, F)
+    b.gbuf = a.take(rows * F);                     // (rows, F) GELU output (recomputed in backward)
+    b.dhs = a.take(rows * H);                      // (n, H) head: gradient of the gathered rows
+  } else {
+    // One set for every layer; the residual stream is updated in place.
+    Bufs::Saved s;
+    s.x = s.u1 = s.u2 = a.take(rows * H);          // (rows, H)
+    s.xn1 = c.pre_ln ? a.take(rows * H) : s.x;     // (rows, H)
+    s.xn2 = c.pre_ln ? s.xn1 : s.x;
+    s.m1 = s.r1 = s.m2 = s.r2 = nullptr;
+    s.qkv = a.take(rows * 3 * H);                  // (rows, 3H)
+    s.ao = a.take(rows * H);                       // (rows, H)
+    s.h = a.take(rows * F);                        // (rows, F) GELU in place
+    b.S.assign(static_cast<size_t>(c.layers), s);
+    b.xl = s.x;
+    b.gbuf = s.h;
+  }
+  if (c.kind == ModelKind::kwt) {
+    b.proj = a.take(B * c.num_patches * H);        // (B·P, H)
+  } else {
+    b.e = train ? a.take(rows * H) : b.S[0].x;     // (rows, H) word + position (+ type) embeddings
+    b.em = train ? a.take(rows) : nullptr;
+    b.er = train ? a.take(rows) : nullptr;
+  }
+  if (c.final_layer_norm) {
+    b.xf = train ? a.take(rows * H) : b.xl;        // (rows, H) final LayerNorm output
+    b.fm = train ? a.take(rows) : nullptr;
+    b.fr = train ? a.take(rows) : nullptr;
+  } else {
+    b.xf = b.xl;
+  }
+  b.hs = a.take((head ? rows : B) * H);            // (n, H) head input: target rows or pooled rows
+  b.pool_in = a.take(B * H);                       // (B, H) the pooler's input (first tokens)
+  if (head) b.logits = a.take(rows * std::max<int64_t>(O, 1));  // (n, classes)
+  if (used) *used = a.used();
+  return b;
+}
+
+double Encoder::arena_floats(int64_t B, int64_t T, bool train) const {
+  int64_t used = 0;
+  (void)plan(B, T, train, true, nullptr, &used);
+  return static_cast<double>(used);
+}
+
+void Encoder::carve(int64_t B, int64_t T, bool train, bool head) {
+  if (B == B_ && T == T_ && train == train_layout_ && head == head_layout_) return;
+  int64_t used = 0;
+  (void)plan(B, T, train, head, nullptr, &used);
+  *b_ = plan(B, T, train, head, arena(used), nullptr);
+  hs_ = b_->hs;
+  dhs_ = b_->dhs;
+  logits_ = b_->logits;
+  sel_.assign(static_cast<size_t>(B * T), 0);
+  tsel_.assign(static_cast<size_t>(std::max(B * T, B)), 0);
+  if (static_cast<int64_t>(zero_types_.size()) < B * T) zero_types_.assign(static_cast<size_t>(B * T), 0);
+  B_ = B;
+  T_ = T;
+  train_layout_ = train;
+  head_layout_ = head;
 }
 
 double Encoder::forward_bytes(int64_t B, int64_t T) const {
+  const AttentionDims d{B, cfg_.heads, cfg_.heads, T, T, cfg_.head_dim, cfg_.head_dim};
+  int64_t used = 0;
+  (void)plan(B, T, false, false, nullptr, &used);
+  return 4.0 * static_cast<double>(used) + att_->workspace_bytes(d, false);
+}
+
+// ---- forward
+
+void Encoder::embed_tokens(const int32_t* ids, const int32_t* types, int64_t B, int64_t T) {
   const ModelConfig& c = cfg_;
-  const double rows = static_cast<double>(B) * static_cast<double>(T);
-  double ws = 0;
-  const AttentionDims d{B, c.heads, c.heads, T, T, c.head_dim, c.head_dim};
-  for (const auto& a : att_) ws = std::max(ws, static_cast<double>(a->workspace_bytes(d, Mode::inference, max_threads())));
-  return 4.0 * rows * (7.0 * c.hidden + std::max(c.ffn, c.hidden)) + ws;
+  const Layout& L = *L_;
+  const int64_t H = c.hidden, rows = B * T;
+  float* e = b_->e;  // (rows, H)
+  nn::embedding_fwd(e, ids, p(L.word), rows, H, c.vocab);
+  const float* pe = p(L.pos);
+  const float* te = L.type >= 0 ? p(L.type) : nullptr;
+  for_rows(rows, H, [&](int64_t r) {
+    const float* pr = pe + (r % T) * H;
+    const float* tr = te ? te + static_cast<int64_t>(types ? types[r] : 0) * H : nullptr;
+    for (int64_t k = 0; k < H; ++k) e[r * H + k] += pr[k] + (tr ? tr[k] : 0.f);
+  });
+  nn::layernorm_fwd(b_->S[0].x, e, p(L.elng), p(L.elnb), rows, H, c.eps, b_->em, b_->er);
 }
 
-void Encoder::ensure(int64_t B, int64_t T) {
-  if (B == B_ && T == T_) return;
-  const int64_t rows = B * T, H = cfg_.hidden;
-  x_.resize(Shape{rows, H});
-  xn_.resize(Shape{rows, H});
-  qkv_.resize(Shape{rows, 3 * H});
-  ao_.resize(Shape{rows, H});
-  t_.resize(Shape{rows, H});
-  h_.resize(Shape{rows, std::max(cfg_.ffn, H)});
-  B_ = B;
-  T_ = T;
+void Encoder::embed_features(const float* feats, int64_t B) {
+  const ModelConfig& c = cfg_;
+  const Layout& L = *L_;
+  const int64_t H = c.hidden, P = c.num_patches, T = P + 1;
+  // Patches through the projection in one GEMM, then each sequence is [cls; patches] + positions.
+  lin(b_->proj, H, feats, c.input_dim, p(L.patch_w), p(L.patch_b), B * P, c.input_dim, H);
+  float* x = b_->S[0].x;
+  const float* cls = p(L.cls);
+  const float* pos = p(L.pos);
+  for_rows(B * T, H, [&](int64_t r) {
+    const int64_t s = r / T, i = r % T;
+    const float* src = i == 0 ? cls : b_->proj + (s * P + i - 1) * H;
+    for (int64_t k = 0; k < H; ++k) x[r * H + k] = src[k] + pos[i * H + k];
+  });
 }
 
-// x (rows, H) holds the embeddings; runs every layer in place.
-void Encoder::run_layers(int64_t B, int64_t T, std::span<const int32_t> lengths) {
+void Encoder::forward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, bool train, uint64_t step,
+                             int64_t first) {
   const ModelConfig& c = cfg_;
   const int64_t rows = B * T, H = c.hidden, F = c.ffn, nh = c.heads, hd = c.head_dim;
-  float* x = x_.data();       // (rows, H) the residual stream
-  float* xn = xn_.data();     // (rows, H) pre-LN: the normalised input of a block
-  float* qkv = qkv_.data();   // (rows, 3H) q | k | v, token-major
-  float* ao = ao_.data();     // (rows, H) attention output, token-major
-  float* t = t_.data();       // (rows, H) a block's output before the residual
-  float* h = h_.data();       // (rows, F) feed-forward hidden
+  const nn::Gelu gk = c.gelu_tanh ? nn::Gelu::tanh : nn::Gelu::erf;
+  const bool drop = train && dropout_ > 0;
   // Query scaling beyond the attention's own 1/sqrt(hd) (configs with attention_scale).
   const float qmul = c.attention_scale > 0 ? c.attention_scale * std::sqrt(static_cast<float>(hd)) : 1.f;
-  auto heads_view = [&](float* base, int64_t ld) {  // (B, nh, T, hd) over token-major rows
-    View v{base, Shape{B, nh, T, hd}, {}};
-    v.strides = {T * ld, hd, ld, 1};
-    return v;
-  };
-  attn_ms_ = 0;
-  for (size_t l = 0; l < p_->layers.size(); ++l) {
-    const Params::Layer& y = p_->layers[l];
-    const float* in = x;
-    if (c.pre_ln) {
-      nn::layernorm_fwd(xn, x, y.ln1g, y.ln1b, rows, H, c.eps);
-      in = xn;
-    }
-    nn::linear_fwd(qkv, 3 * H, in, H, y.wqkv, y.bqkv, rows, H, 3 * H);
+  const std::span<const int32_t> lens = model::padding_lengths(lengths, T);
+  auto hv = [&](float* base, int64_t ld) { return model::heads_view(base, B, nh, T, hd, ld); };
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const Layout::Layer& y = L_->layers[static_cast<size_t>(l)];
+    Bufs::Saved& s = b_->S[static_cast<size_t>(l)];
+    float* xnext = l + 1 < c.layers ? b_->S[static_cast<size_t>(l + 1)].x : b_->xl;
+    if (c.pre_ln) nn::layernorm_fwd(s.xn1, s.x, p(y.ln1g), p(y.ln1b), rows, H, c.eps, s.m1, s.r1);
+    lin(s.qkv, 3 * H, s.xn1, H, p(y.wqkv), y.bqkv >= 0 ? p(y.bqkv) : nullptr, rows, H, 3 * H);
     if (qmul != 1.f)
-      parallel_for(rows, [&](int64_t r) { for (int64_t e = 0; e < H; ++e) qkv[r * 3 * H + e] *= qmul; });
-    AttentionInputs ai;
-    ai.q = heads_view(qkv, 3 * H);
-    ai.k = heads_view(qkv + H, 3 * H);
-    ai.v = heads_view(qkv + 2 * H, 3 * H);
-    ai.query_lengths = lengths;
-    ai.key_lengths = lengths;
-    ai.step = step_;
-    if (capture_ && capture_->layer == static_cast<int64_t>(l)) {  // inspection only: copies
-      capture_->q = Tensor::from(ai.q);
-      capture_->k = Tensor::from(ai.k);
-      capture_->v = Tensor::from(ai.v);
-      capture_->step = ai.step;
-      capture_->causal = ai.causal;
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    if (att_[l]->capabilities().stateful) ai.state = &states_[l];
-    att_[l]->forward(ai, heads_view(ao, H), ctx_[l]);
-    attn_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    nn::linear_fwd(t, H, ao, H, y.wo, y.bo, rows, H, H);
-    nn::add_inplace(x, t, rows * H);
-    if (c.pre_ln) {
-      nn::layernorm_fwd(xn, x, y.ln2g, y.ln2b, rows, H, c.eps);
-      in = xn;
+      for_rows(rows, H, [&](int64_t r) { for (int64_t k = 0; k < H; ++k) s.qkv[r * 3 * H + k] *= qmul; });
+    const AttentionInputs ai = att_->inputs(l, hv(s.qkv, 3 * H), hv(s.qkv + H, 3 * H), hv(s.qkv + 2 * H, 3 * H), lens, step, train);
+    att_->forward(l, ai, hv(s.ao, H), train);
+    // u1 = x + drop(ao·Wo + bo)
+    if (drop) {
+      lin(b_->dt, H, s.ao, H, p(y.wo), p(y.bo), rows, H, H);
+      residual_dropout(s.u1, s.x, b_->dt, B, T, H, l, 0, step, first);
     } else {
-      nn::layernorm_fwd(x, x, y.ln1g, y.ln1b, rows, H, c.eps);
-      in = x;
+      lin(s.u1, H, s.ao, H, p(y.wo), p(y.bo), rows, H, H, s.x);
     }
-    nn::linear_fwd(h, F, in, H, y.w1, y.b1, rows, H, F);
-    nn::gelu_fwd(h, h, rows * F, c.gelu_tanh ? nn::Gelu::tanh : nn::Gelu::erf);
-    nn::linear_fwd(t, H, h, F, y.w2, y.b2, rows, F, H);
-    nn::add_inplace(x, t, rows * H);
-    if (!c.pre_ln) nn::layernorm_fwd(x, x, y.ln2g, y.ln2b, rows, H, c.eps);
+    if (c.pre_ln) nn::layernorm_fwd(s.xn2, s.u1, p(y.ln2g), p(y.ln2b), rows, H, c.eps, s.m2, s.r2);
+    else nn::layernorm_fwd(s.xn2, s.u1, p(y.ln1g), p(y.ln1b), rows, H, c.eps, s.m1, s.r1);
+    lin(s.h, F, s.xn2, H, p(y.w1), p(y.b1), rows, H, F);
+    nn::gelu_fwd(b_->gbuf, s.h, rows * F, gk);
+    // pre-LN: x' = u1 + drop(g·W2 + b2); post-LN: u2 = f + drop(g·W2 + b2), x' = LN2(u2)
+    float* sum = c.pre_ln ? xnext : s.u2;
+    const float* res = c.pre_ln ? s.u1 : s.xn2;
+    if (drop) {
+      lin(b_->dt, H, b_->gbuf, F, p(y.w2), p(y.b2), rows, F, H);
+      residual_dropout(sum, res, b_->dt, B, T, H, l, 1, step, first);
+    } else {
+      lin(sum, H, b_->gbuf, F, p(y.w2), p(y.b2), rows, F, H, res);
+    }
+    if (!c.pre_ln) nn::layernorm_fwd(xnext, s.u2, p(y.ln2g), p(y.ln2b), rows, H, c.eps, s.m2, s.r2);
   }
-  if (p_->fln_g) nn::layernorm_fwd(x, x, p_->fln_g, p_->fln_b, rows, H, c.eps);
 }
 
-// The classifier on the class token (row 0 of each sequence), through BERT's pooler when the
-// checkpoint has one; without a classifier, the last hidden state (B, T, H).
-Tensor Encoder::classify(int64_t B, int64_t T, std::span<const int32_t> lengths) {
+void Encoder::final_norm(int64_t rows) {
+  const Layout& L = *L_;
+  if (L.flng >= 0) nn::layernorm_fwd(b_->xf, b_->xl, p(L.flng), p(L.flnb), rows, cfg_.hidden, cfg_.eps, b_->fm, b_->fr);
+  xf_ = b_->xf;
+  rows_xf_ = rows;
+}
+
+void Encoder::pool(int64_t B, int64_t T, std::span<const int32_t> lengths) {
   const int64_t H = cfg_.hidden;
-  if (!p_->cls_w) {
-    Tensor out(Shape{B, T, H});
-    std::memcpy(out.data(), x_.data(), sizeof(float) * static_cast<size_t>(B * T * H));
-    return out;
-  }
-  float* pooled = t_.data();  // (B, H)
+  const float* xf = b_->xf;
+  float* hs = b_->hs;  // (B, H)
   if (cfg_.mean_pooling) {
-    // The mean over each sequence's valid tokens (padding excluded), as clattn's trainer pools.
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t len = lengths.empty() ? T : lengths[static_cast<size_t>(b)];
-      float* o = pooled + b * H;
+    // The mean over each sequence's valid tokens (padding excluded): unlike a class token, it does
+    // not depend on how an approximate attention treats one position.
+    for_rows(B, T * H, [&](int64_t s) {
+      const int64_t len = lengths.empty() ? T : lengths[static_cast<size_t>(s)];
+      float* o = hs + s * H;
       std::fill(o, o + H, 0.f);
       for (int64_t t = 0; t < len; ++t)
-        for (int64_t e = 0; e < H; ++e) o[e] += x_.data()[(b * T + t) * H + e];
-      for (int64_t e = 0; e < H; ++e) o[e] /= static_cast<float>(len);
-    }
-  } else if (p_->pool_w) {
-    nn::linear_fwd(pooled, H, x_.data(), T * H, p_->pool_w, p_->pool_b, B, H, H);
-    for (int64_t i = 0; i < B * H; ++i) pooled[i] = std::tanh(pooled[i]);
-  } else {
-    for (int64_t b = 0; b < B; ++b)
-      std::memcpy(pooled + b * H, x_.data() + b * T * H, sizeof(float) * static_cast<size_t>(H));
+        for (int64_t k = 0; k < H; ++k) o[k] += xf[(s * T + t) * H + k];
+      for (int64_t k = 0; k < H; ++k) o[k] /= static_cast<float>(len);
+    });
+    return;
   }
-  Tensor logits(Shape{B, cfg_.num_labels});
-  nn::linear_fwd(logits.data(), cfg_.num_labels, pooled, H, p_->cls_w, p_->cls_b, B, H, cfg_.num_labels);
-  return logits;
+  float* first = pooler_ ? b_->pool_in : hs;  // (B, H) each sequence's first token
+  for (int64_t s = 0; s < B; ++s) std::memcpy(first + s * H, xf + s * T * H, sizeof(float) * static_cast<size_t>(H));
+  if (!pooler_) return;
+  lin(hs, H, first, H, p(L_->pool_w), p(L_->pool_b), B, H, H);
+  for (int64_t i = 0; i < B * H; ++i) hs[i] = std::tanh(hs[i]);
 }
 
-Tensor Encoder::forward_tokens(std::span<const int32_t> ids, int64_t B, int64_t T,
-                               std::span<const int32_t> lengths, std::span<const int32_t> types) {
+void Encoder::pool_backward(int64_t B, int64_t T, std::span<const int32_t> lengths, float* dxf) {
+  const int64_t H = cfg_.hidden;
+  std::memset(dxf, 0, sizeof(float) * static_cast<size_t>(B * T * H));
+  float* dhs = b_->dhs;  // (B, H)
+  if (cfg_.mean_pooling) {
+    for_rows(B, T * H, [&](int64_t s) {
+      const int64_t len = lengths.empty() ? T : lengths[static_cast<size_t>(s)];
+      const float inv = 1.f / static_cast<float>(len);
+      for (int64_t t = 0; t < len; ++t)
+        for (int64_t k = 0; k < H; ++k) dxf[(s * T + t) * H + k] = dhs[s * H + k] * inv;
+    });
+    return;
+  }
+  if (pooler_) {
+    // hs = tanh(first·Wpᵀ + bp): d(pre) = dhs ∘ (1 − hs²), then the linear layer's backward
+    // gives d(first) (dt as scratch: dxf is dt2).
+    for (int64_t i = 0; i < B * H; ++i) dhs[i] *= 1.f - b_->hs[i] * b_->hs[i];
+    lin_bwd(b_->dt, H, g(L_->pool_w), g(L_->pool_b), dhs, H, b_->pool_in, H, p(L_->pool_w), B, H, H);
+    dhs = b_->dt;
+  }
+  for (int64_t s = 0; s < B; ++s) std::memcpy(dxf + s * T * H, dhs + s * H, sizeof(float) * static_cast<size_t>(H));
+}
+
+// ---- backward
+
+void Encoder::backward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, uint64_t step, int64_t first) {
+  const ModelConfig& c = cfg_;
+  const int64_t rows = B * T, H = c.hidden, F = c.ffn, nh = c.heads, hd = c.head_dim;
+  const nn::Gelu gk = c.gelu_tanh ? nn::Gelu::tanh : nn::Gelu::erf;
+  const bool drop = dropout_ > 0;
+  const float qmul = c.attention_scale > 0 ? c.attention_scale * std::sqrt(static_cast<float>(hd)) : 1.f;
+  const std::span<const int32_t> lens = model::padding_lengths(lengths, T);
+  auto hv = [&](float* base, int64_t ld) { return model::heads_view(base, B, nh, T, hd, ld); };
+  Bufs& b = *b_;
+  float* dx = b.dx;  // (rows, H) the gradient of the stream: of x' on entry to a layer, of x on exit
+  for (int64_t l = c.layers - 1; l >= 0; --l) {
+    const Layout::Layer& y = L_->layers[static_cast<size_t>(l)];
+    Bufs::Saved& s = b.S[static_cast<size_t>(l)];
+    // du2: the gradient of the FFN's residual sum (pre-LN: x' itself).
+    float* du2 = dx;
+    if (!c.pre_ln) {
+      // x' = LN2(u2)
+      nn::layernorm_bwd(b.dt2, g(y.ln2g), g(y.ln2b), dx, s.u2, p(y.ln2g), s.m2, s.r2, rows, H);
+      du2 = b.dt2;
+    }
+    // sum = res + drop(gelu(f·W1 + b1)·W2 + b2)
+    const float* dbranch = du2;
+    if (drop) {
+      dropout_grad(b.dt, du2, B, T, H, l, 1, step, first);
+      dbranch = b.dt;
+    }
+    nn::gelu_fwd(b.gbuf, s.h, rows * F, gk);
+    lin_bwd(b.dh, F, g(y.w2), g(y.b2), dbranch, H, b.gbuf, F, p(y.w2), rows, F, H);
+    nn::gelu_bwd(b.dh, b.dh, s.h, rows * F, gk);
+    if (c.pre_ln) {
+      // f = LN2(u1): du1 = dx + LN2'(df)
+      lin_bwd(b.dt2, H, g(y.w1), g(y.b1), b.dh, F, s.xn2, H, p(y.w1), rows, H, F);
+      nn::layernorm_bwd(dx, g(y.ln2g), g(y.ln2b), b.dt2, s.u1, p(y.ln2g), s.m2, s.r2, rows, H, true);
+    } else {
+      // df = du2 (the residual) + the FFN's input gradient; f = LN1(u1): du1 = LN1'(df)
+      lin_bwd(b.dt2, H, g(y.w1), g(y.b1), b.dh, F, s.xn2, H, p(y.w1), rows, H, F, /*accumulate=*/true);
+      nn::layernorm_bwd(dx, g(y.ln1g), g(y.ln1b), b.dt2, s.u1, p(y.ln1g), s.m1, s.r1, rows, H);
+    }
+    // dx now holds du1. u1 = x + drop(attn(a·Wqkv + bqkv)·Wo + bo).
+    const float* dat = dx;
+    if (drop) {
+      dropout_grad(b.dt, dx, B, T, H, l, 0, step, first);
+      dat = b.dt;
+    }
+    lin_bwd(b.dao, H, g(y.wo), g(y.bo), dat, H, s.ao, H, p(y.wo), rows, H, H);
+    std::memset(b.dqkv, 0, sizeof(float) * static_cast<size_t>(rows * 3 * H));
+    const AttentionInputs ai = att_->inputs(l, hv(s.qkv, 3 * H), hv(s.qkv + H, 3 * H), hv(s.qkv + 2 * H, 3 * H), lens, step, true);
+    att_->backward(l, ai, hv(s.ao, H), hv(b.dao, H), hv(b.dqkv, 3 * H), hv(b.dqkv + H, 3 * H), hv(b.dqkv + 2 * H, 3 * H));
+    if (qmul != 1.f)
+      for_rows(rows, H, [&](int64_t r) { for (int64_t k = 0; k < H; ++k) b.dqkv[r * 3 * H + k] *= qmul; });
+    if (c.pre_ln) {
+      // a = LN1(x): dx = du1 + LN1'(da)
+      lin_bwd(b.dt2, H, g(y.wqkv), y.bqkv >= 0 ? g(y.bqkv) : nullptr, b.dqkv, 3 * H, s.xn1, H, p(y.wqkv), rows, H, 3 * H);
+      nn::layernorm_bwd(dx, g(y.ln1g), g(y.ln1b), b.dt2, s.x, p(y.ln1g), s.m1, s.r1, rows, H, true);
+    } else {
+      // a = x: dx = du1 + da
+      lin_bwd(dx, H, g(y.wqkv), y.bqkv >= 0 ? g(y.bqkv) : nullptr, b.dqkv, 3 * H, s.x, H, p(y.wqkv), rows, H, 3 * H,
+              /*accumulate=*/true);
+    }
+    layer_grads_ready(y.begin, y.end);
+  }
+}
+
+void Encoder::embed_backward(const Batch& bt) {
+  const ModelConfig& c = cfg_;
+  const Layout& L = *L_;
+  const int64_t B = bt.B, H = c.hidden;
+  const float* dx = b_->dx;  // (rows, H) gradient of the first layer's input
+  if (c.kind == ModelKind::kwt) {
+    const int64_t P = c.num_patches, T = P + 1;
+    float* dcls = g(L.cls);
+    float* dpos = g(L.pos);
+    // Fixed order over the batch: the same bits for any thread count.
+    for_rows(T, B * H, [&](int64_t i) {
+      for (int64_t s = 0; s < B; ++s)
+        for (int64_t k = 0; k < H; ++k) dpos[i * H + k] += dx[(s * T + i) * H + k];
+    });
+    for (int64_t s = 0; s < B; ++s)
+      for (int64_t k = 0; k < H; ++k) dcls[k] += dx[s * T * H + k];
+    float* dproj = b_->dt2;  // (B·P, H) the patch rows' gradient
+    for_rows(B * P, H, [&](int64_t r) {
+      const int64_t s = r / P, i = r % P;
+      std::memcpy(dproj + r * H, dx + (s * T + i + 1) * H, sizeof(float) * static_cast<size_t>(H));
+    });
+    lin_bwd(nullptr, 0, g(L.patch_w), g(L.patch_b), dproj, H, bt.features.data(), c.input_dim, nullptr, B * P,
+            c.input_dim, H);
+    return;
+  }
+  const int64_t T = bt.T, rows = B * T;
+  float* de = b_->dt2;  // (rows, H)
+  nn::layernorm_bwd(de, g(L.elng), g(L.elnb), dx, b_->e, p(L.elng), b_->em, b_->er, rows, H);
+  nn::embedding_bwd(g(L.word), bt.ids.data(), de, rows, H, c.vocab);
+  if (L.type >= 0) nn::embedding_bwd(g(L.type), zero_types_.data(), de, rows, H, c.type_vocab);
+  float* dpos = g(L.pos);
+  for_rows(T, B * H, [&](int64_t t) {  // fixed order over the batch: deterministic
+    for (int64_t s = 0; s < B; ++s)
+      for (int64_t k = 0; k < H; ++k) dpos[t * H + k] += de[(s * T + t) * H + k];
+  });
+}
+
+// ---- entry points
+
+StepResult Encoder::forward_backward(const Batch& bt, bool train, uint64_t step, double divisor) {
+  const double t0 = ms_now();
+  check_batch(bt);
+  if (train) {
+    att_->check_trainable();
+    (void)grads();
+  }
+  const ModelConfig& c = cfg_;
+  const int64_t B = bt.B, T = c.kind == ModelKind::kwt ? c.num_patches + 1 : bt.T, rows = B * T, H = c.hidden;
+  carve(B, T, train, true);
+  att_->ms = dense_ms_ = 0;
+  if (c.kind == ModelKind::kwt) embed_features(bt.features.data(), B);
+  else embed_tokens(bt.ids.data(), nullptr, B, T);
+  // KWT sequences are the class token and every patch: no padding.
+  const std::span<const int32_t> lengths = c.kind == ModelKind::kwt ? std::span<const int32_t>() : std::span<const int32_t>(bt.lengths);
+  forward_layers(B, T, lengths, train, step, bt.first);
+  final_norm(rows);
+  StepResult res;
+  const float scale = divisor > 0 ? static_cast<float>(1.0 / divisor) : 0.f;
+  float* dxf = b_->dt2;  // (rows, H) gradient of the final hidden state
+  if (*head_ == TaskKind::classify) {
+    pool(B, T, lengths);
+    pooled_loss(bt, L_->cls_w, L_->cls_b, train, scale, res);
+    if (train) pool_backward(B, T, lengths, dxf);
+  } else {
+    token_loss(bt, b_->xf, dxf, L_->word, L_->mlm_b, train, scale, res);
+  }
+  if (!train) return timed(res, t0);
+  if (L_->flng >= 0)
+    nn::layernorm_bwd(b_->dx, g(L_->flng), g(L_->flnb), dxf, b_->xl, p(L_->flng), b_->fm, b_->fr, rows, H);
+  else
+    std::memcpy(b_->dx, dxf, sizeof(float) * static_cast<size_t>(rows * H));
+  backward_layers(B, T, lengths, step, bt.first);
+  embed_backward(bt);
+  other_grads_ready(L_->layers.front().begin, L_->layers.back().end);
+  return timed(res, t0);
+}
+
+Tensor Encoder::forward_tokens(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths,
+                               std::span<const int32_t> types) {
   const ModelConfig& c = cfg_;
   check(c.kind == ModelKind::bert, "encoder: forward_tokens needs a token model (bert); this is ", c.model_type,
         " (use forward_features)");
@@ -316,22 +573,21 @@ Tensor Encoder::forward_tokens(std::span<const int32_t> ids, int64_t B, int64_t 
   check(types.empty() || static_cast<int64_t>(types.size()) == B * T, "encoder: token types must be B x T");
   check(lengths.empty() || static_cast<int64_t>(lengths.size()) == B, "encoder: lengths must have B = ", B, " entries");
   for (int32_t len : lengths) check(len >= 1 && len <= T, "encoder: every length must be in [1, T = ", T, "], got ", len);
-  ensure(B, T);
-  const int64_t H = c.hidden, rows = B * T;
-  nn::embedding_fwd(x_.data(), ids.data(), p_->word, rows, H, c.vocab);
-  std::vector<int32_t> type0;
-  if (types.empty()) type0.assign(static_cast<size_t>(rows), 0);
-  const std::span<const int32_t> tt = types.empty() ? std::span<const int32_t>(type0) : types;
-  for (int32_t v : tt) check(v >= 0 && v < std::max<int64_t>(c.type_vocab, 1), "encoder: token type ", v, " out of range");
-  float* x = x_.data();
-  parallel_for(rows, [&](int64_t r) {
-    const float* pe = p_->pos + (r % T) * H;
-    const float* te = p_->type ? p_->type + tt[static_cast<size_t>(r)] * H : nullptr;
-    for (int64_t e = 0; e < H; ++e) x[r * H + e] += pe[e] + (te ? te[e] : 0.f);
-  });
-  nn::layernorm_fwd(x, x, p_->eln_g, p_->eln_b, rows, H, c.eps);
-  run_layers(B, T, lengths);
-  return classify(B, T, lengths);
+  for (int32_t v : types) check(v >= 0 && v < std::max<int64_t>(c.type_vocab, 1), "encoder: token type ", v, " out of range");
+  carve(B, T, false, false);
+  att_->ms = dense_ms_ = 0;
+  embed_tokens(ids.data(), types.empty() ? nullptr : types.data(), B, T);
+  forward_layers(B, T, lengths, false, 0, 0);
+  final_norm(B * T);
+  if (L_->cls_w < 0) {
+    Tensor out(Shape{B, T, c.hidden});
+    std::memcpy(out.data(), b_->xf, sizeof(float) * static_cast<size_t>(B * T * c.hidden));
+    return out;
+  }
+  pool(B, T, lengths);
+  Tensor logits(Shape{B, c.num_labels});
+  lin(logits.data(), c.num_labels, b_->hs, c.hidden, p(L_->cls_w), p(L_->cls_b), B, c.hidden, c.num_labels);
+  return logits;
 }
 
 Tensor Encoder::forward_features(ConstView features) {
@@ -340,23 +596,19 @@ Tensor Encoder::forward_features(ConstView features) {
   check(features.rank() == 3 && features.dim(1) == c.num_patches && features.dim(2) == c.input_dim,
         "encoder: features must be (B, ", c.num_patches, ", ", c.input_dim, "), got ", features.shape);
   check(features.contiguous(), "encoder: features must be contiguous");
-  const int64_t B = features.dim(0), T = c.num_patches + 1, H = c.hidden, P = c.num_patches;
+  const int64_t B = features.dim(0), T = c.num_patches + 1;
   check(B >= 1, "encoder: features hold no example");
   for (int64_t i = 0; i < features.numel(); ++i)
     check(std::isfinite(features.data[i]), "encoder: features must be finite, found ", features.data[i], " at flat index ", i);
-  ensure(B, T);
-  // Patches through the projection in one GEMM, then each sequence is [cls; patches] + positions.
-  float* proj = h_.data();  // (B·P, H)
-  nn::linear_fwd(proj, H, features.data, c.input_dim, p_->patch_w, p_->patch_b, B * P, c.input_dim, H);
-  float* x = x_.data();
-  parallel_for(B * T, [&](int64_t r) {
-    const int64_t b = r / T, i = r % T;
-    const float* src = i == 0 ? p_->cls : proj + (b * P + i - 1) * H;
-    const float* pe = p_->pos + i * H;
-    for (int64_t e = 0; e < H; ++e) x[r * H + e] = src[e] + pe[e];
-  });
-  run_layers(B, T, {});
-  return classify(B, T, {});
+  carve(B, T, false, false);
+  att_->ms = dense_ms_ = 0;
+  embed_features(features.data, B);
+  forward_layers(B, T, {}, false, 0, 0);
+  final_norm(B * T);
+  pool(B, T, {});
+  Tensor logits(Shape{B, c.num_labels});
+  lin(logits.data(), c.num_labels, b_->hs, c.hidden, p(L_->cls_w), p(L_->cls_b), B, c.hidden, c.num_labels);
+  return logits;
 }
 
 }  // namespace clattn

@@ -94,6 +94,29 @@ const float* Weights::get(const std::string& name, const std::vector<int64_t>& s
   return o->second.data();
 }
 
+std::vector<int64_t> Weights::shape(const std::string& name) const {
+  auto it = where_.find(name);
+  check(it != where_.end(), "model '", dir_, "': tensor '", name, "' is missing from the checkpoint");
+  if (files_.empty()) {
+    const Shape& s = owned_.at(name).shape();
+    return std::vector<int64_t>(s.dims.begin(), s.dims.begin() + s.rank);
+  }
+  return files_[it->second]->info(name).shape;
+}
+
+Tensor Weights::get_any(const std::string& name) const {
+  auto it = where_.find(name);
+  check(it != where_.end(), "model '", dir_, "': tensor '", name, "' is missing from the checkpoint");
+  if (files_.empty()) return Tensor::from(owned_.at(name).view());
+  return files_[it->second]->get_f32(name);
+}
+
+std::vector<std::string> Weights::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, file] : where_) out.push_back(name);
+  return out;
+}
+
 std::vector<std::string> Weights::unused() const {
   std::vector<std::string> out;
   for (const auto& [name, file] : where_)

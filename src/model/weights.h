@@ -1,6 +1,6 @@
 // The tensors of a Hugging Face checkpoint folder: model.safetensors, or the sharded form named by
-// model.safetensors.index.json. F32 tensors are used in place in the memory mapping; F16 and BF16
-// are converted to F32 once, on load. Every lookup states the shape the config implies, and a
+// model.safetensors.index.json, read into memory (never mapped: a file changed underneath cannot
+// fault). F32 tensors are read in place; F16 and BF16 are converted to F32 once, on load. Every lookup states the shape the config implies, and a
 // missing or misshapen tensor is an error naming the file and the tensor.
 #pragma once
 
@@ -23,6 +23,10 @@ class Weights {
   bool has(const std::string& name) const { return where_.count(name) != 0; }
   // The tensor `name` with exactly `shape` (row-major, contiguous), valid while this lives.
   const float* get(const std::string& name, const std::vector<int64_t>& shape);
+  std::vector<int64_t> shape(const std::string& name) const;  // of a tensor that has()
+  // A tensor of any shape as F32 (a copy), e.g. the attention state clattn saves.
+  Tensor get_any(const std::string& name) const;
+  std::vector<std::string> names() const;  // every tensor of the checkpoint, sorted
   // Names never asked for (extra tensors of the checkpoint: ignored, listed by --verbose).
   std::vector<std::string> unused() const;
   const std::string& dir() const { return dir_; }

@@ -1,4 +1,4 @@
-// AdamW over a TrainModel's flat buffers (train.h): global-norm clip, warm-up + cosine schedule,
+// AdamW over a Model's flat buffers (train.h): global-norm clip, warm-up + cosine schedule,
 // one nn::adamw_step per run of parameters sharing a weight-decay flag. Moments are allocated at
 // construction; step() allocates nothing.
 #include <cmath>
@@ -12,7 +12,7 @@
 
 namespace clattn {
 
-Optimizer::Optimizer(TrainModel& model, const OptimizerOptions& opt) : model_(&model), opt_(opt) {
+Optimizer::Optimizer(Model& model, const OptimizerOptions& opt) : model_(&model), opt_(opt) {
   check(opt.lr >= 0 && std::isfinite(opt.lr) && opt.min_lr >= 0 && std::isfinite(opt.min_lr),
         "optimizer: lr and min_lr must be finite and >= 0, got ", opt.lr, " and ", opt.min_lr);
   check(opt.warmup >= 0 && opt.total_steps >= 1, "optimizer: warmup must be >= 0 and total_steps >= 1, got ",

@@ -33,10 +33,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "clattn/attention.h"
+#include "clattn/model.h"
+#include "clattn/safetensors.h"
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
 #include "clattn/train.h"
@@ -51,13 +54,13 @@ constexpr double kRtol = 2e-2, kAtol = 1e-3, kH = 1e-3;
 // gradient accumulation is harmless, the checker keeps its own copy of the gradient).
 bool g_train_evals = false;
 
-double mean_loss(TrainModel& m, const Batch& b, uint64_t step) {
+double mean_loss(Model& m, const Batch& b, uint64_t step) {
   const StepResult r = m.forward_backward(b, g_train_evals, step);
   return r.loss_sum / static_cast<double>(r.counted);
 }
 
 struct Checker {
-  TrainModel& m;
+  Model& m;
   const Batch& b;
   uint64_t step;
   std::vector<float> base, grad;
@@ -65,7 +68,7 @@ struct Checker {
   int flips = 0;     // directions that needed the smaller step
   int64_t directions = 0;
 
-  Checker(TrainModel& model, const Batch& batch, uint64_t s) : m(model), b(batch), step(s) {
+  Checker(Model& model, const Batch& batch, uint64_t s) : m(model), b(batch), step(s) {
     m.zero_grads();
     m.forward_backward(b, true, step);
     base.assign(m.params().begin(), m.params().end());
@@ -139,7 +142,7 @@ std::vector<float> unit_direction(int64_t n, uint64_t seed, uint64_t stream) {
 }
 
 // Runs every check on a model; failures are reported with the direction.
-void gradcheck(TrainModel& m, const Batch& b, const std::string& label) {
+void gradcheck(Model& m, const Batch& b, const std::string& label) {
   // One thread: at these sizes an OpenMP region costs more than its work, and the checks make
   // hundreds of evaluations (the multi-threaded paths are compared with the inference models and
   // trained in test_train.cpp).
@@ -208,7 +211,7 @@ void run_all(TaskKind head, bool decoder, int64_t kv_heads, const char* label) {
       continue;
     }
     const ModelConfig cfg = decoder ? tiny_llama(13, kv_heads) : tiny_bert(11, head == TaskKind::classify ? 3 : 0);
-    std::unique_ptr<TrainModel> m = TrainModel::create(cfg, head, 1);
+    std::unique_ptr<Model> m = Model::create(cfg, head, 1);
     roughen(*m, 2);
     const Batch b = tiny_batch(head, 13, {13, 9}, cfg.vocab, cfg.num_labels, 4);
     const double full = mean_loss(*m, b, 5);
@@ -226,7 +229,7 @@ TEST(TrainGradcheck, DecoderEveryVariant) { run_all(TaskKind::lm, true, 2, "deco
 
 TEST(TrainGradcheck, EncoderClassifyAndGqaDecoder) {
   {
-    std::unique_ptr<TrainModel> m = TrainModel::create(tiny_bert(11, 3), TaskKind::classify, 1);
+    std::unique_ptr<Model> m = Model::create(tiny_bert(11, 3), TaskKind::classify, 1);
     roughen(*m, 2);
     // bits=16: with 63 planes this base point lies within ~2e-4 of a hash-plane crossing along
     // most directions (51 of ~120 needed the fallback), which the flip budget rightly refuses.
@@ -235,19 +238,127 @@ TEST(TrainGradcheck, EncoderClassifyAndGqaDecoder) {
     gradcheck(*m, b, "encoder/classify full;improved-clustered");
   }
   {
-    std::unique_ptr<TrainModel> m = TrainModel::create(tiny_llama(13, 1), TaskKind::lm, 1);
+    std::unique_ptr<Model> m = Model::create(tiny_llama(13, 1), TaskKind::lm, 1);
     roughen(*m, 2);
     const Batch b = tiny_batch(TaskKind::lm, 17, {17, 10}, 13, 0, 7);
     gradcheck(*m, b, "decoder/lm gqa full");
   }
 }
 
+// Every architecture the loaders accept trains, not only the shapes clattn creates: post-LN and
+// pre-LN encoders, both GELU forms, token types, BERT's pooler, attention_scale, KWT's input path
+// (feature projection, class token, learned positions), and a decoder with an untied output layer.
+ModelConfig post_ln_bert() {
+  ModelConfig c = tiny_bert(11, 3);
+  c.pre_ln = false;
+  c.final_layer_norm = false;
+  c.mean_pooling = false;  // the first token, through the pooler below
+  c.type_vocab = 2;
+  c.attention_scale = 0.3f;
+  return c;
+}
+
+// A post-LN classifier whose checkpoint has BERT's pooler (dense + tanh on the first token):
+// written as a Hugging Face folder and loaded, the way a pretrained BERT arrives.
+std::unique_ptr<Model> bert_with_pooler(const std::string& dir) {
+  std::unique_ptr<Model> m = Model::create(post_ln_bert(), TaskKind::classify, 1);
+  roughen(*m, 2);
+  m->save(dir);
+  const SafetensorsFile f = SafetensorsFile::open(dir + "/model.safetensors");
+  SafetensorsWriter w;
+  std::vector<Tensor> keep;
+  for (const std::string& n : f.names()) {
+    keep.push_back(f.get_f32(n));
+    w.add(n, keep.back().view());
+  }
+  Tensor pw(Shape{16, 16}), pb(Shape{16});
+  const Rng rng(9);
+  for (int64_t i = 0; i < pw.numel(); ++i) pw.data()[i] = 0.3f * rng.normal(1, static_cast<uint64_t>(i));
+  for (int64_t i = 0; i < pb.numel(); ++i) pb.data()[i] = 0.1f * rng.normal(2, static_cast<uint64_t>(i));
+  w.add("pooler.dense.weight", pw.view());
+  w.add("pooler.dense.bias", pb.view());
+  w.write(dir + "/model.safetensors");
+  return Model::load(dir);
+}
+
+TEST(TrainGradcheck, PostLnBertWithPoolerTypesAndScale) {
+  const std::string dir = ::testing::TempDir() + "clattn_gradcheck_pooler";
+  std::unique_ptr<Model> m = bert_with_pooler(dir);
+  ASSERT_EQ(m->param("pooler.dense.weight").size, 256);
+  ASSERT_EQ(m->param("embeddings.token_type_embeddings.weight").size, 32);
+  const Batch b = tiny_batch(TaskKind::classify, 11, {11, 6, 9}, 11, 3, 6);
+  gradcheck(*m, b, "post-LN bert/classify pooler full");
+  m->set_attention("full;improved-clustered:clusters=3,bits=16,topk=4");
+  gradcheck(*m, b, "post-LN bert/classify pooler full;improved-clustered");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainGradcheck, PreLnMlmWithTanhGelu) {
+  ModelConfig c = tiny_bert(11, 0);
+  c.gelu_tanh = true;
+  c.type_vocab = 2;
+  std::unique_ptr<Model> m = Model::create(c, TaskKind::mlm, 1);
+  roughen(*m, 2);
+  gradcheck(*m, tiny_batch(TaskKind::mlm, 13, {13, 9}, 11, 0, 4), "pre-LN bert/mlm gelu_tanh full");
+}
+
+// KWT's input path: features (B, P, in) -> projection, class token, positions; post-LN layers
+// without q/k/v biases, tanh GELU and attention_scale, as kwt1's config.
+ModelConfig tiny_kwt() {
+  ModelConfig c;
+  c.kind = ModelKind::kwt;
+  c.model_type = "kwt";
+  c.hidden = 16;
+  c.layers = 2;
+  c.heads = 2;
+  c.ffn = 24;
+  c.input_dim = 5;
+  c.num_patches = 6;
+  c.max_positions = 7;
+  c.num_labels = 4;
+  c.eps = 1e-6f;
+  c.gelu_tanh = true;
+  c.qkv_bias = false;
+  c.attention_scale = 0.25f;
+  return c;
+}
+
+Batch feature_batch(const ModelConfig& c, int64_t B, uint64_t seed) {
+  Batch b;
+  b.B = B;
+  b.T = c.num_patches;
+  b.feature_dim = c.input_dim;
+  b.lengths.assign(static_cast<size_t>(B), static_cast<int32_t>(b.T));
+  const Rng rng(seed);
+  for (int64_t i = 0; i < B * b.T * c.input_dim; ++i) b.features.push_back(rng.normal(1, static_cast<uint64_t>(i)));
+  for (int64_t s = 0; s < B; ++s) b.targets.push_back(static_cast<int32_t>(rng.below(4, 2, static_cast<uint64_t>(s))));
+  return b;
+}
+
+TEST(TrainGradcheck, KwtInputPath) {
+  std::unique_ptr<Model> m = Model::create(tiny_kwt(), TaskKind::classify, 1);
+  roughen(*m, 2);
+  const Batch b = feature_batch(m->config(), 3, 7);
+  gradcheck(*m, b, "kwt/classify full");
+  m->set_attention("improved-clustered:clusters=3,bits=16,topk=4");
+  gradcheck(*m, b, "kwt/classify improved-clustered");
+}
+
+TEST(TrainGradcheck, DecoderWithUntiedOutputLayer) {
+  ModelConfig c = tiny_llama(13, 1);
+  c.tie_embeddings = false;
+  std::unique_ptr<Model> m = Model::create(c, TaskKind::lm, 1);
+  ASSERT_EQ(m->param_info().back().name, "lm_head.weight");
+  roughen(*m, 2);
+  gradcheck(*m, tiny_batch(TaskKind::lm, 17, {17, 10}, 13, 0, 7), "decoder/lm untied gqa full");
+}
+
 // Dropout (both residual branches of every layer) redraws the same mask in backward.
 TEST(TrainGradcheck, Dropout) {
   g_train_evals = true;
   for (bool dec : {false, true}) {
-    std::unique_ptr<TrainModel> m = dec ? TrainModel::create(tiny_llama(), TaskKind::lm, 1)
-                                        : TrainModel::create(tiny_bert(), TaskKind::mlm, 1);
+    std::unique_ptr<Model> m = dec ? Model::create(tiny_llama(), TaskKind::lm, 1)
+                                        : Model::create(tiny_bert(), TaskKind::mlm, 1);
     roughen(*m, 2);
     m->set_dropout(0.2f);
     const Batch b = tiny_batch(dec ? TaskKind::lm : TaskKind::mlm, 13, {13, 9}, dec ? 13 : 11, 0, 4);
@@ -263,7 +374,7 @@ TEST(TrainGradcheck, Dropout) {
 
 // The check must be able to fail: a gradient with one tensor's entries halved is caught.
 TEST(TrainGradcheck, CatchesAWrongGradient) {
-  std::unique_ptr<TrainModel> m = TrainModel::create(tiny_bert(), TaskKind::mlm, 1);
+  std::unique_ptr<Model> m = Model::create(tiny_bert(), TaskKind::mlm, 1);
   roughen(*m, 2);
   const Batch b = tiny_batch(TaskKind::mlm, 13, {13, 9}, 11, 0, 4);
   Checker c(*m, b, 5);

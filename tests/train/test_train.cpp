@@ -40,7 +40,7 @@ struct TempDir {
 // "without head" path), for every row, padded ones included.
 TEST(Train, EncoderMatchesInferenceEncoder) {
   TempDir d("enc");
-  std::unique_ptr<TrainModel> m = TrainModel::create(tiny_bert(11, 0), TaskKind::mlm, 1);
+  std::unique_ptr<Model> m = Model::create(tiny_bert(11, 0), TaskKind::mlm, 1);
   roughen(*m, 2);
   const Batch b = tiny_batch(TaskKind::mlm, 13, {13, 9}, 11, 0, 4);
   for (const std::string plan : {"full", "full;improved-clustered:clusters=3,bits=16,topk=4"}) {
@@ -59,7 +59,7 @@ TEST(Train, EncoderMatchesInferenceEncoder) {
 // saved config ("classifier_pooling": "mean"), so its logits give the trainer's loss.
 TEST(Train, ClassifierMatchesInferenceEncoder) {
   TempDir d("cls");
-  std::unique_ptr<TrainModel> m = TrainModel::create(tiny_bert(11, 3), TaskKind::classify, 1);
+  std::unique_ptr<Model> m = Model::create(tiny_bert(11, 3), TaskKind::classify, 1);
   roughen(*m, 2);
   const Batch b = tiny_batch(TaskKind::classify, 11, {11, 6, 9}, 11, 3, 6);
   const StepResult r = m->forward_backward(b, false, 0);
@@ -83,7 +83,7 @@ TEST(Train, ClassifierMatchesInferenceEncoder) {
 TEST(Train, DecoderMatchesInferenceDecoder) {
   TempDir d("dec");
   for (int64_t kv : {2, 1}) {
-    std::unique_ptr<TrainModel> m = TrainModel::create(tiny_llama(13, kv), TaskKind::lm, 1);
+    std::unique_ptr<Model> m = Model::create(tiny_llama(13, kv), TaskKind::lm, 1);
     roughen(*m, 2);
     const Batch b = tiny_batch(TaskKind::lm, 17, {17, 10}, 13, 0, 7);
     m->forward_backward(b, false, 0);
@@ -111,13 +111,13 @@ TEST(Train, SaveLoadGivesIdenticalLossBits) {
   for (TaskKind head : {TaskKind::mlm, TaskKind::classify, TaskKind::lm}) {
     const bool dec = head == TaskKind::lm;
     const ModelConfig cfg = dec ? tiny_llama() : tiny_bert(11, head == TaskKind::classify ? 3 : 0);
-    std::unique_ptr<TrainModel> m = TrainModel::create(cfg, head, 9);
+    std::unique_ptr<Model> m = Model::create(cfg, head, 9);
     roughen(*m, 3);
     m->set_attention("improved-clustered:clusters=3,topk=4");
     const Batch b = tiny_batch(head, 13, {13, 7}, cfg.vocab, cfg.num_labels, 8);
     const StepResult r0 = m->forward_backward(b, false, 3);
     m->save(d.str());
-    std::unique_ptr<TrainModel> m2 = TrainModel::load(d.str());
+    std::unique_ptr<Model> m2 = Model::load(d.str());
     EXPECT_EQ(m2->head(), head);
     ASSERT_EQ(m2->params().size(), m->params().size());
     EXPECT_EQ(std::memcmp(m2->params().data(), m->params().data(), sizeof(float) * m->params().size()), 0);
@@ -130,7 +130,7 @@ TEST(Train, SaveLoadGivesIdenticalLossBits) {
 // Routing's EMA centroids (layer state) move with training calls and travel with the checkpoint.
 TEST(Train, AttentionStateIsSavedWithTheCheckpoint) {
   TempDir d("state");
-  std::unique_ptr<TrainModel> m = TrainModel::create(tiny_bert(), TaskKind::mlm, 1);
+  std::unique_ptr<Model> m = Model::create(tiny_bert(), TaskKind::mlm, 1);
   roughen(*m, 2);
   m->set_attention("full;routing:clusters=3,centroids=ema,decay=0.1");
   const Batch b = tiny_batch(TaskKind::mlm, 13, {13, 9}, 11, 0, 4);
@@ -139,14 +139,14 @@ TEST(Train, AttentionStateIsSavedWithTheCheckpoint) {
   const StepResult moved = m->forward_backward(b, false, 1);
   EXPECT_NE(fresh.loss_sum, moved.loss_sum);
   m->save(d.str());
-  std::unique_ptr<TrainModel> m2 = TrainModel::load(d.str());
+  std::unique_ptr<Model> m2 = Model::load(d.str());
   const StepResult r = m2->forward_backward(b, false, 1);
   EXPECT_EQ(std::memcmp(&r.loss_sum, &moved.loss_sum, sizeof(double)), 0) << r.loss_sum << " vs " << moved.loss_sum;
 }
 
 TEST(Train, CheckpointErrorsNameTheProblem) {
   TempDir d("bad");
-  std::unique_ptr<TrainModel> m = TrainModel::create(tiny_bert(), TaskKind::mlm, 1);
+  std::unique_ptr<Model> m = Model::create(tiny_bert(), TaskKind::mlm, 1);
   m->save(d.str());
   // A config of another size: the tensor shapes disagree.
   {
@@ -158,12 +158,12 @@ TEST(Train, CheckpointErrorsNameTheProblem) {
     std::ofstream(d.str("config.json")) << s;
   }
   try {
-    TrainModel::load(d.str());
+    Model::load(d.str());
     ADD_FAILURE() << "a misshapen checkpoint was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("intermediate.dense.weight"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(TrainModel::load(d.str("missing")), Error);
+  EXPECT_THROW(Model::load(d.str("missing")), Error);
   // Bad batches are refused, not crashed on.
   Batch b = tiny_batch(TaskKind::mlm, 13, {13, 9}, 11, 0, 4);
   b.lengths[1] = 14;
@@ -175,8 +175,8 @@ TEST(Train, CheckpointErrorsNameTheProblem) {
   EXPECT_THROW(m->forward_backward(b, true, 0), Error);
   m->set_attention("reformer");  // shared-QK: trained with the queries as keys
   m->set_attention("full");
-  EXPECT_THROW(TrainModel::create(tiny_bert(), TaskKind::lm, 1), Error);
-  EXPECT_THROW(TrainModel::create(tiny_llama(), TaskKind::mlm, 1), Error);
+  EXPECT_THROW(Model::create(tiny_bert(), TaskKind::lm, 1), Error);
+  EXPECT_THROW(Model::create(tiny_llama(), TaskKind::mlm, 1), Error);
 }
 
 TEST(Train, TrainBytesEstimate) {
@@ -185,7 +185,7 @@ TEST(Train, TrainBytesEstimate) {
   c.ffn = 256;
   c.layers = 4;
   c.max_positions = 4096;
-  std::unique_ptr<TrainModel> m = TrainModel::create(c, TaskKind::mlm, 1);
+  std::unique_ptr<Model> m = Model::create(c, TaskKind::mlm, 1);
   // Activations alone are 4 layers x (8H + F) + 13H + 2F + vocab floats a row: ~9.6 KB a token.
   const double per_token = (m->train_bytes(1, 4096) - m->train_bytes(1, 2048)) / 2048;
   EXPECT_GT(per_token, 4.0 * (4 * (8 * 128 + 256) + 13 * 128 + 2 * 256 + 256));
@@ -199,7 +199,7 @@ TEST(Train, OverfitsATinyBatch) {
   for (TaskKind head : {TaskKind::mlm, TaskKind::lm, TaskKind::classify}) {
     const bool dec = head == TaskKind::lm;
     const ModelConfig cfg = dec ? tiny_llama() : tiny_bert(11, head == TaskKind::classify ? 3 : 0);
-    std::unique_ptr<TrainModel> m = TrainModel::create(cfg, head, 5);
+    std::unique_ptr<Model> m = Model::create(cfg, head, 5);
     m->set_attention(dec ? "full" : "improved-clustered:clusters=3,topk=4");
     OptimizerOptions o;
     o.lr = 1e-2f;
@@ -224,13 +224,13 @@ TEST(Train, OverfitsATinyBatch) {
 
 TEST(Train, OptimizerStateRoundTripIsBitExact) {
   TempDir d("opt");
-  std::unique_ptr<TrainModel> m = TrainModel::create(tiny_llama(), TaskKind::lm, 5);
+  std::unique_ptr<Model> m = Model::create(tiny_llama(), TaskKind::lm, 5);
   const Batch b = tiny_batch(TaskKind::lm, 13, {13, 9}, 13, 0, 4);
   OptimizerOptions o;
   o.warmup = 2;
   o.total_steps = 20;
   Optimizer opt(*m, o);
-  auto train = [&](TrainModel& model, Optimizer& op, int from, int to) {
+  auto train = [&](Model& model, Optimizer& op, int from, int to) {
     for (int s = from; s < to; ++s) {
       model.zero_grads();
       model.forward_backward(b, true, static_cast<uint64_t>(s));
@@ -242,20 +242,20 @@ TEST(Train, OptimizerStateRoundTripIsBitExact) {
   opt.save(d.str("optimizer.safetensors"));
   // Continue the original, and a restored copy, for 3 more steps: identical parameters.
   train(*m, opt, 3, 6);
-  std::unique_ptr<TrainModel> m2 = TrainModel::load(d.str("model"));
+  std::unique_ptr<Model> m2 = Model::load(d.str("model"));
   Optimizer opt2(*m2, o);
   opt2.load(d.str("optimizer.safetensors"));
   EXPECT_EQ(opt2.steps_done(), 3);
   train(*m2, opt2, 3, 6);
   EXPECT_EQ(std::memcmp(m->params().data(), m2->params().data(), sizeof(float) * m->params().size()), 0);
   // A state of another model is refused.
-  std::unique_ptr<TrainModel> other = TrainModel::create(tiny_bert(), TaskKind::mlm, 1);
+  std::unique_ptr<Model> other = Model::create(tiny_bert(), TaskKind::mlm, 1);
   Optimizer opt3(*other, o);
   EXPECT_THROW(opt3.load(d.str("optimizer.safetensors")), Error);
 }
 
 TEST(Train, ClipAndNonFiniteGradients) {
-  std::unique_ptr<TrainModel> m = TrainModel::create(tiny_bert(), TaskKind::mlm, 1);
+  std::unique_ptr<Model> m = Model::create(tiny_bert(), TaskKind::mlm, 1);
   OptimizerOptions o;
   o.clip = 1e-3f;
   Optimizer opt(*m, o);
@@ -306,7 +306,7 @@ TEST(Train, DISABLED_Throughput) {
       c.vocab = 256;
       c.max_positions = N;
       c.eps = 1e-5f;
-      std::unique_ptr<TrainModel> m = TrainModel::create(c, TaskKind::mlm, 1);
+      std::unique_ptr<Model> m = Model::create(c, TaskKind::mlm, 1);
       m->set_attention(spec);
       Optimizer opt(*m, OptimizerOptions{});
       Batch b = tiny_batch(TaskKind::lm, N, {static_cast<int32_t>(N)}, 256, 0, 1);

@@ -33,6 +33,10 @@ inline ModelConfig tiny_bert(int64_t vocab = 11, int64_t labels = 0) {
   c.max_positions = 32;
   c.num_labels = labels;
   c.eps = 1e-5f;
+  // What a fresh clattn classifier / masked LM is: pre-LN with a final LayerNorm, mean pooling.
+  c.pre_ln = true;
+  c.final_layer_norm = true;
+  c.mean_pooling = true;
   return c;
 }
 
@@ -48,6 +52,7 @@ inline ModelConfig tiny_llama(int64_t vocab = 13, int64_t kv_heads = 2) {
   c.vocab = vocab;
   c.max_positions = 64;
   c.eps = 1e-5f;
+  c.tie_embeddings = true;
   return c;
 }
 
@@ -78,7 +83,7 @@ inline Batch tiny_batch(TaskKind kind, int64_t T, std::vector<int32_t> lengths, 
 
 // Moves the parameters away from the initialisation, so every gradient is exercised: matrices to
 // N(0, 0.3²) (large enough that attention is far from uniform), norm gains and biases by N(0, 0.1²).
-inline void roughen(TrainModel& m, uint64_t seed) {
+inline void roughen(Model& m, uint64_t seed) {
   const Rng rng(seed);
   std::span<float> p = m.params();
   for (const ParamInfo& pi : m.param_info())

@@ -1,0 +1,157 @@
+// clattn.Trainer: the library's training loop (include/clattn/train.h) from Python — a fresh model
+// or any checkpoint (init=), any attention plan, held-out evaluation, atomic checkpoints and
+// bit-exact resumption. The GIL is released while the loop runs; on_step / on_eval callbacks are
+// called with it held, with a dict of the step's or evaluation's figures.
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "clattn/error.h"
+#include "clattn/train.h"
+#include "common.h"
+
+namespace clattn::py {
+namespace {
+
+pb::dict step_dict(const StepReport& r) {
+  pb::dict d;
+  d["step"] = r.step;
+  d["loss"] = r.loss;
+  d["lr"] = r.lr;
+  d["ms"] = r.ms;
+  d["tokens_per_s"] = r.tokens_per_s;
+  d["grad_norm"] = r.grad_norm;
+  d["attention_ms"] = r.detail.attention_ms;
+  d["dense_ms"] = r.detail.dense_ms;
+  return d;
+}
+
+pb::dict eval_dict(const EvalReport& r, const std::string& metric) {
+  pb::dict d;
+  d["step"] = r.step;
+  d["loss"] = r.result.loss;
+  d["metric"] = metric;
+  d["value"] = r.result.metric;
+  d["improved"] = r.improved;
+  d["examples"] = r.result.examples;
+  d["seconds"] = r.result.seconds;
+  return d;
+}
+
+struct PyTrainer {
+  std::unique_ptr<Trainer> t;
+  pb::object on_step = pb::none(), on_eval = pb::none();
+  std::mutex mu;
+};
+
+// Runs f with the GIL released and the trainer's mutex held; the callbacks take the GIL back.
+template <class F>
+auto run_locked(PyTrainer& p, F&& f) {
+  p.t->on_step = [&p](const StepReport& r) {
+    pb::gil_scoped_acquire gil;
+    if (!p.on_step.is_none()) p.on_step(step_dict(r));
+  };
+  p.t->on_eval = [&p](const EvalReport& r) {
+    pb::gil_scoped_acquire gil;
+    if (!p.on_eval.is_none()) p.on_eval(eval_dict(r, p.t->metric()));
+  };
+  pb::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lock(p.mu);
+  apply_threads();
+  return f();
+}
+
+}  // namespace
+
+void bind_train(pb::module_& m) {
+  pb::class_<PyTrainer>(m, "Trainer",
+                        "The training loop of `clattn train`: a task, a model (fresh or from a checkpoint), "
+                        "AdamW, held-out evaluation, checkpoints and exact resumption")
+      .def(pb::init([](const std::string& task, const std::string& data, const std::string& init, const std::string& attention,
+                       int64_t layers, int64_t dim, int64_t heads, int64_t ff, int64_t seq, int64_t batch, int64_t steps,
+                       double lr, double min_lr, int64_t warmup, double clip, double weight_decay, double dropout,
+                       int64_t eval_every, int64_t eval_examples, const std::string& checkpoint, const std::string& log,
+                       bool resume, double time_budget, uint64_t seed, int64_t min_length, int64_t max_length,
+                       double mask_prob) {
+             TrainOptions o;
+             o.task.kind = task;
+             o.task.data = data;
+             o.task.seed = seed;
+             o.task.min_length = min_length;
+             o.task.max_length = max_length;
+             o.task.mask_prob = static_cast<float>(mask_prob);
+             o.init = init;
+             o.attention = attention;
+             o.layers = layers;
+             o.dim = dim;
+             o.heads = heads;
+             o.ff = ff;
+             o.seq = seq;
+             o.batch = batch;
+             o.steps = steps;
+             o.lr = lr;
+             o.min_lr = min_lr;
+             o.warmup = warmup;
+             o.clip = clip;
+             o.weight_decay = weight_decay;
+             o.dropout = dropout;
+             o.eval_every = eval_every;
+             o.eval_examples = eval_examples;
+             o.checkpoint = checkpoint;
+             o.log = log;
+             o.resume = resume;
+             o.time_budget = time_budget;
+             o.version = CLATTN_VERSION;
+             o.commit = "python";
+             o.threads = default_threads();
+             auto p = std::make_unique<PyTrainer>();
+             pb::gil_scoped_release nogil;
+             apply_threads();
+             p->t = std::make_unique<Trainer>(o);
+             return p;
+           }),
+           pb::arg("task"), pb::arg("data") = "", pb::arg("init") = "", pb::arg("attention") = "full",
+           pb::arg("layers") = 2, pb::arg("dim") = 128, pb::arg("heads") = 2, pb::arg("ff") = 0, pb::arg("seq") = 0,
+           pb::arg("batch") = 8, pb::arg("steps") = 1000, pb::arg("lr") = 1e-3, pb::arg("min_lr") = -1.0,
+           pb::arg("warmup") = 100, pb::arg("clip") = 1.0, pb::arg("weight_decay") = 0.01, pb::arg("dropout") = 0.0,
+           pb::arg("eval_every") = 100, pb::arg("eval_examples") = 256, pb::arg("checkpoint") = "", pb::arg("log") = "",
+           pb::arg("resume") = false, pb::arg("time_budget") = 0.0, pb::arg("seed") = 0, pb::arg("min_length") = 500,
+           pb::arg("max_length") = 2000, pb::arg("mask_prob") = 0.15,
+           "Trainer(task, data=..., init=checkpoint folder or '', attention='full', sizes of a fresh model, seq=0 "
+           "(the task's or checkpoint's own, else 512), batch, steps, lr, ..., checkpoint='', log='', resume=False)")
+      .def("run", [](PyTrainer& p) { return run_locked(p, [&] { return p.t->run(); }); },
+           "Train until `steps` or the time budget, evaluating every eval_every steps and at the end; returns "
+           "'steps' or 'time_budget'")
+      .def("step", [](PyTrainer& p) {
+             const StepReport r = run_locked(p, [&] { return p.t->step(); });
+             return step_dict(r);
+           }, "One optimizer step: {'step', 'loss', 'lr', 'ms', 'tokens_per_s', 'grad_norm', ...}")
+      .def("evaluate", [](PyTrainer& p) {
+             const EvalReport r = run_locked(p, [&] { return p.t->evaluate(); });
+             return eval_dict(r, p.t->metric());
+           }, "Held-out evaluation (logged, checkpointed): {'step', 'loss', 'metric', 'value', 'improved', ...}")
+      .def("save_model", [](PyTrainer& p, const std::string& dir) {
+             run_locked(p, [&] { p.t->model().save(dir); });
+           }, pb::arg("dir"), "The model as a checkpoint folder (config.json + model.safetensors), loadable by load_model")
+      .def_readwrite("on_step", &PyTrainer::on_step, "Called with each step's dict (or None)")
+      .def_readwrite("on_eval", &PyTrainer::on_eval, "Called with each evaluation's dict (or None)")
+      .def_property_readonly("steps_done", [](PyTrainer& p) { return p.t->steps_done(); })
+      .def_property_readonly("start_step", [](PyTrainer& p) { return p.t->start_step(); })
+      .def_property_readonly("resumed", [](PyTrainer& p) { return p.t->resumed(); })
+      .def_property_readonly("elapsed_s", [](PyTrainer& p) { return p.t->elapsed_s(); })
+      .def_property_readonly("best_metric", [](PyTrainer& p) { return p.t->best_metric(); })
+      .def_property_readonly("best_step", [](PyTrainer& p) { return p.t->best_step(); })
+      .def_property_readonly("metric", [](PyTrainer& p) { return p.t->metric(); })
+      .def_property_readonly("seq", [](PyTrainer& p) { return p.t->options().seq; })
+      .def_property_readonly("parameters", [](PyTrainer& p) { return p.t->model().params().size(); })
+      .def("__repr__", [](PyTrainer& p) {
+        return "clattn.Trainer(" + p.t->task().name() + ", " + p.t->options().attention + ", step " +
+               std::to_string(p.t->steps_done()) + "/" + std::to_string(p.t->options().steps) + ")";
+      });
+}
+
+}  // namespace clattn::py

@@ -1,0 +1,363 @@
+// What the architectures share (model.h): the flat parameter and gradient buffers with their
+// Hugging Face names, loading and saving checkpoints, the attention stack, the arena, timed dense
+// layers, residual dropout and the loss heads.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "clattn/atomic_file.h"
+#include "clattn/error.h"
+#include "clattn/gemm.h"
+#include "clattn/nn.h"
+#include "clattn/parallel.h"
+#include "clattn/rng.h"
+#include "clattn/safetensors.h"
+#include "model/layer_attention.h"
+#include "model/model_internal.h"
+#include "model/weights.h"
+
+namespace clattn {
+
+using model::ms_now;
+
+Model::Model(const ModelConfig& cfg) : cfg_(cfg) {}
+Model::~Model() = default;
+
+TaskKind Model::head() const {
+  check(head_.has_value(), "model: this ", cfg_.model_type, " model has no task head");
+  return *head_;
+}
+
+void Model::set_attention(const std::string& plan) { att_->set_plan(plan); }
+const std::string& Model::attention_plan() const { return att_->plan(); }
+const std::vector<std::string>& Model::attention_specs() const { return att_->specs(); }
+bool Model::trainable() const { return att_->trainable(); }
+void Model::set_capture(AttentionCapture* cap) { att_->capture = cap; }
+double Model::last_attention_ms() const { return att_->ms; }
+
+void Model::set_dropout(float p) {
+  check(p >= 0.f && p < 1.f, "model: dropout must be in [0, 1), got ", p);
+  dropout_ = p;
+}
+
+ConstView Model::last_hidden() const { return make_view(xf_, Shape{rows_xf_, cfg_.hidden}); }
+
+double Model::train_bytes(int64_t B, int64_t T) const {
+  const AttentionDims d{B, cfg_.heads, cfg_.kv_heads, T, T, cfg_.head_dim, cfg_.head_dim};
+  return 4.0 * arena_floats(B, T, true) + att_->workspace_bytes(d, true) + 4.0 * 4.0 * static_cast<double>(params_.size());
+}
+
+int64_t Model::add(const std::string& name, std::vector<int64_t> shape, Init init) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  const int64_t off = info_.empty() ? 0 : info_.back().offset + info_.back().size;
+  info_.push_back({name, std::move(shape), off, n, init == Init::normal});
+  inits_.push_back(init);
+  // Only an encoder's own tensors take the checkpoint's "bert." prefix, never the task heads.
+  prefixed_.push_back(name.rfind("classifier.", 0) != 0 && name.rfind("cls.", 0) != 0);
+  return off;
+}
+
+void Model::allocate() {
+  const int64_t n = info_.empty() ? 0 : info_.back().offset + info_.back().size;
+  params_.assign(static_cast<size_t>(n), 0.f);
+}
+
+std::span<float> Model::grads() {
+  if (grads_.size() != params_.size()) grads_.assign(params_.size(), 0.f);
+  return {grads_.data(), grads_.size()};
+}
+
+void Model::zero_grads() {
+  if (grads_.size() != params_.size()) grads_.assign(params_.size(), 0.f);
+  else std::memset(grads_.data(), 0, sizeof(float) * grads_.size());
+}
+
+const ParamInfo& Model::param(const std::string& name) const {
+  for (const ParamInfo& pi : info_)
+    if (pi.name == name) return pi;
+  fail("model: no parameter '", name, "'");
+}
+
+void Model::init(uint64_t seed) {
+  const Rng rng(seed);
+  for (size_t i = 0; i < info_.size(); ++i) {
+    float* d = p(info_[i].offset);
+    const int64_t n = info_[i].size;
+    if (inits_[i] == Init::normal) {
+      parallel_for((n + 4095) / 4096, [&](int64_t blk) {
+        for (int64_t j = blk * 4096; j < std::min(n, (blk + 1) * 4096); ++j)
+          d[j] = 0.02f * rng.normal(i, static_cast<uint64_t>(j));
+      });
+    } else {
+      std::fill(d, d + n, inits_[i] == Init::one ? 1.f : 0.f);
+    }
+  }
+}
+
+void Model::load_weights(Weights& w, bool verbose, const std::vector<std::string>& optional) {
+  for (size_t i = 0; i < info_.size(); ++i) {
+    const ParamInfo& pi = info_[i];
+    const std::string name = (prefixed_[i] ? prefix_ : "") + pi.name;
+    if (!w.has(name) && std::find(optional.begin(), optional.end(), pi.name) != optional.end()) continue;
+    const float* src = w.get(name, pi.shape);
+    std::memcpy(p(pi.offset), src, sizeof(float) * static_cast<size_t>(pi.size));
+  }
+  // A tied output layer may still be stored; it must have the embedding's shape.
+  if (cfg_.kind == ModelKind::llama && cfg_.tie_embeddings && w.has("lm_head.weight"))
+    (void)w.get("lm_head.weight", {cfg_.vocab, cfg_.hidden});
+  att_->load_state(w);
+  if (verbose)
+    for (const std::string& n : w.unused())
+      if (n.rfind("clattn.attention_state.", 0) != 0)
+        std::fprintf(stderr, "model '%s': ignoring unused tensor '%s'\n", w.dir().c_str(), n.c_str());
+}
+
+void Model::save(const std::string& dir) const {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  check(fs::is_directory(dir), "model: cannot create the checkpoint folder '", dir, "'");
+  SafetensorsWriter w;
+  for (size_t i = 0; i < info_.size(); ++i)
+    w.add((prefixed_[i] ? prefix_ : "") + info_[i].name, make_view(params_.data() + info_[i].offset, Shape(info_[i].shape)));
+  // Layer state of stateful attentions (routing's EMA centroids) beside the weights.
+  att_->save_state(w);
+  w.set_metadata("format", "pt");
+  w.write((fs::path(dir) / "model.safetensors").string());
+  write_file_atomic((fs::path(dir) / "config.json").string(), model_config_json(cfg_, head_, att_->plan()));
+}
+
+void Model::check_batch(const Batch& b) const {
+  check(head_.has_value(), "model: this ", cfg_.model_type, " model has no task head to train or evaluate");
+  check(b.B >= 1 && b.T >= 1, "model: batch must have B >= 1 and T >= 1, got B=", b.B, " T=", b.T);
+  if (cfg_.kind == ModelKind::kwt) {
+    check(b.T == cfg_.num_patches && b.feature_dim == cfg_.input_dim &&
+              static_cast<int64_t>(b.features.size()) == b.B * b.T * b.feature_dim,
+          "model: a KWT batch holds features (B, ", cfg_.num_patches, ", ", cfg_.input_dim, "), got T=", b.T,
+          " feature_dim=", b.feature_dim, " and ", b.features.size(), " values");
+  } else {
+    check(static_cast<int64_t>(b.ids.size()) == b.B * b.T, "model: batch ids must hold B x T = ", b.B * b.T,
+          " tokens, got ", b.ids.size());
+  }
+  check(static_cast<int64_t>(b.lengths.size()) == b.B, "model: batch lengths must have B = ", b.B,
+        " entries, got ", b.lengths.size());
+  for (int32_t len : b.lengths) check(len >= 1 && len <= b.T, "model: every length must be in [1, T = ", b.T, "], got ", len);
+  const int64_t nt = *head_ == TaskKind::classify ? b.B : b.B * b.T;
+  check(static_cast<int64_t>(b.targets.size()) == nt, "model: the ", task_kind_name(*head_), " head needs ", nt,
+        " targets, the batch has ", b.targets.size());
+  check(b.first >= 0, "model: Batch::first must be >= 0, got ", b.first);
+  if (cfg_.kind == ModelKind::bert)
+    check(b.T <= cfg_.max_positions, "model: T = ", b.T, " exceeds max_position_embeddings ", cfg_.max_positions);
+  if (cfg_.kind == ModelKind::llama && cfg_.max_positions > 0)
+    check(b.T <= cfg_.max_positions, "model: T = ", b.T, " exceeds max_position_embeddings ", cfg_.max_positions);
+}
+
+float* Model::arena(int64_t n) {
+  if (arena_.numel() < n) arena_.resize(Shape{n});
+  return arena_.data();
+}
+
+void Model::lin(float* y, int64_t ldy, const float* x, int64_t ldx, const float* w, const float* b, int64_t rows,
+                int64_t in, int64_t out, const float* res) {
+  const double t0 = ms_now();
+  if (!res) {
+    nn::linear_fwd(y, ldy, x, ldx, w, b, rows, in, out);
+  } else {
+    // y = res + b first, then one sgemm with beta = 1: the residual add costs no extra pass.
+    const size_t row_bytes = sizeof(float) * static_cast<size_t>(out);
+#pragma omp parallel for schedule(static) if (rows * out > 32768)
+    for (int64_t r = 0; r < rows; ++r) {
+      if (y + r * ldy != res + r * ldy) std::memcpy(y + r * ldy, res + r * ldy, row_bytes);
+      if (b)
+        for (int64_t e = 0; e < out; ++e) y[r * ldy + e] += b[e];
+    }
+    if (rows > 0) gemm(false, true, rows, out, in, 1.f, x, ldx, w, in, 1.f, y, ldy);
+  }
+  dense_ms_ += ms_now() - t0;
+}
+
+void Model::lin_bwd(float* dx, int64_t lddx, float* dw, float* db, const float* dy, int64_t lddy, const float* x,
+                    int64_t ldx, const float* w, int64_t rows, int64_t in, int64_t out, bool accumulate) {
+  const double t0 = ms_now();
+  nn::linear_bwd(dx, lddx, dw, db, dy, lddy, x, ldx, w, rows, in, out, accumulate);
+  dense_ms_ += ms_now() - t0;
+}
+
+namespace {
+
+// The dropout stream of (step, layer, branch) for one sequence, by its index in the step's global
+// batch: masks never depend on how sequences are grouped into batches.
+uint64_t dropout_seed(uint64_t step) { return step * 0x9E3779B97F4A7C15ull + 0xD1B54A32D192ED03ull; }
+uint64_t dropout_stream(int64_t layer, int which, int64_t seq) {
+  return (static_cast<uint64_t>(2 * layer + which) << 40) + static_cast<uint64_t>(seq);
+}
+
+}  // namespace
+
+void Model::residual_dropout(float* dst, const float* src, float* branch, int64_t B, int64_t T, int64_t width,
+                             int64_t layer, int which, uint64_t step, int64_t first) const {
+  const int64_t n = T * width;
+  for (int64_t s = 0; s < B; ++s)
+    nn::dropout_fwd(branch + s * n, branch + s * n, n, dropout_, dropout_seed(step), dropout_stream(layer, which, first + s));
+  if (dst != src) std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(B * n));
+  nn::add_inplace(dst, branch, B * n);
+}
+
+void Model::dropout_grad(float* d, const float* dy, int64_t B, int64_t T, int64_t width, int64_t layer, int which,
+                         uint64_t step, int64_t first) const {
+  const int64_t n = T * width;
+  for (int64_t s = 0; s < B; ++s)
+    nn::dropout_bwd(d + s * n, dy + s * n, n, dropout_, dropout_seed(step), dropout_stream(layer, which, first + s));
+}
+
+void Model::token_loss(const Batch& b, const float* xf, float* dxf, int64_t w_off, int64_t b_off, bool train,
+                       float scale_in, StepResult& r) {
+  const int64_t H = cfg_.hidden, rows = b.B * b.T;
+  const int64_t O = param_rows(w_off);
+  const float* w = p(w_off);
+  const float* bias = b_off >= 0 ? p(b_off) : nullptr;
+  // Only rows with a target go through the output layer (for mlm, 15 % of them).
+  int64_t n = 0;
+  for (int64_t i = 0; i < rows; ++i)
+    if (b.targets[static_cast<size_t>(i)] != -1) {
+      sel_[static_cast<size_t>(n)] = static_cast<int32_t>(i);
+      tsel_[static_cast<size_t>(n)] = b.targets[static_cast<size_t>(i)];
+      ++n;
+    }
+  model::for_rows(n, H, [&](int64_t i) {
+    std::memcpy(hs_ + i * H, xf + static_cast<int64_t>(sel_[static_cast<size_t>(i)]) * H, sizeof(float) * static_cast<size_t>(H));
+  });
+  if (train) std::memset(dxf, 0, sizeof(float) * static_cast<size_t>(rows * H));
+  if (n == 0) return;
+  lin(logits_, O, hs_, H, w, bias, n, H, O);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = logits_ + i * O;
+    if (std::max_element(row, row + O) - row == tsel_[static_cast<size_t>(i)]) ++r.correct;
+  }
+  int64_t counted = 0;
+  const float scale = scale_in > 0 ? scale_in : 1.f / static_cast<float>(n);
+  r.loss_sum += nn::cross_entropy(train ? logits_ : nullptr, logits_, tsel_.data(), n, O, scale, &counted);
+  r.counted += counted;
+  if (!train) return;
+  lin_bwd(dhs_, H, g(w_off), b_off >= 0 ? g(b_off) : nullptr, logits_, O, hs_, H, w, n, H, O);
+  model::for_rows(n, H, [&](int64_t i) {
+    std::memcpy(dxf + static_cast<int64_t>(sel_[static_cast<size_t>(i)]) * H, dhs_ + i * H, sizeof(float) * static_cast<size_t>(H));
+  });
+}
+
+void Model::pooled_loss(const Batch& b, int64_t w_off, int64_t b_off, bool train, float scale_in, StepResult& r) {
+  const int64_t H = cfg_.hidden, O = param_rows(w_off), n = b.B;
+  const float* w = p(w_off);
+  lin(logits_, O, hs_, H, w, b_off >= 0 ? p(b_off) : nullptr, n, H, O);
+  int64_t valid = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t t = b.targets[static_cast<size_t>(i)];
+    tsel_[static_cast<size_t>(i)] = t;
+    if (t < 0) continue;
+    ++valid;
+    const float* row = logits_ + i * O;
+    if (std::max_element(row, row + O) - row == t) ++r.correct;
+  }
+  int64_t counted = 0;
+  const float scale = scale_in > 0 ? scale_in : (valid > 0 ? 1.f / static_cast<float>(valid) : 0.f);
+  r.loss_sum += nn::cross_entropy(train ? logits_ : nullptr, logits_, tsel_.data(), n, O, scale, &counted);
+  r.counted += counted;
+  if (train) lin_bwd(dhs_, H, g(w_off), b_off >= 0 ? g(b_off) : nullptr, logits_, O, hs_, H, w, n, H, O);
+}
+
+void Model::layer_grads_ready(int64_t begin, int64_t end) const {
+  if (on_grads_ready) on_grads_ready(begin, end);
+}
+
+void Model::other_grads_ready(int64_t layers_begin, int64_t layers_end) const {
+  if (!on_grads_ready) return;
+  if (layers_begin > 0) on_grads_ready(0, layers_begin);
+  if (layers_end < static_cast<int64_t>(params_.size())) on_grads_ready(layers_end, static_cast<int64_t>(params_.size()));
+}
+
+int64_t Model::param_rows(int64_t off) const {
+  for (const ParamInfo& pi : info_)
+    if (pi.offset == off) return pi.shape[0];
+  fail("model: internal: no parameter at offset ", off);
+}
+
+StepResult Model::timed(StepResult r, double t0) const {
+  r.attention_ms = att_->ms;
+  r.dense_ms = dense_ms_;
+  r.total_ms = ms_now() - t0;
+  return r;
+}
+
+// ---- factories
+
+namespace {
+
+std::optional<TaskKind> saved_head(const std::string& dir) {
+  std::ifstream in(std::filesystem::path(dir) / "config.json");
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_object() && j.contains("clattn_head") && j["clattn_head"].is_string())
+    return task_kind_from_name(j["clattn_head"].get<std::string>());
+  return std::nullopt;
+}
+
+std::string saved_plan(const std::string& dir) {
+  std::ifstream in(std::filesystem::path(dir) / "config.json");
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_object() && j.contains("clattn_attention") && j["clattn_attention"].is_string())
+    return j["clattn_attention"].get<std::string>();
+  return "full";
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::create(const ModelConfig& cfg, TaskKind head, uint64_t seed) {
+  std::unique_ptr<Model> m;
+  if (cfg.kind == ModelKind::llama) {
+    check(head == TaskKind::lm, "model: a llama decoder takes the lm head, not ", task_kind_name(head));
+    m.reset(new Decoder(cfg));
+  } else {
+    check(head != TaskKind::lm, "model: a ", cfg.kind == ModelKind::kwt ? "kwt" : "bert",
+          " encoder takes the classify or mlm head, not lm");
+    check(cfg.kind != ModelKind::kwt || head == TaskKind::classify, "model: a kwt encoder takes the classify head");
+    check(head != TaskKind::classify || cfg.num_labels >= 1, "model: the classify head needs num_labels >= 1");
+    m.reset(new Encoder(cfg, head, false));
+  }
+  m->init(seed);
+  return m;
+}
+
+std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& opt) {
+  const ModelConfig cfg = read_model_config((std::filesystem::path(dir) / "config.json").string());
+  LoadOptions o = opt;
+  if (!o.head) o.head = saved_head(dir);
+  std::unique_ptr<Weights> w = Weights::open(dir);
+  std::unique_ptr<Model> m;
+  std::vector<std::string> optional;
+  if (cfg.kind == ModelKind::llama) m = Decoder::for_checkpoint(cfg, *w, o);
+  else m = Encoder::for_checkpoint(cfg, *w, o, optional);
+  // A clattn checkpoint runs with the attention it was trained with, and its layer state.
+  m->set_attention(saved_plan(dir));
+  m->load_weights(*w, o.verbose, optional);
+  return m;
+}
+
+std::unique_ptr<Encoder> Encoder::load(const std::string& dir, const LoadOptions& opt) {
+  check(model_kind(dir) != ModelKind::llama, "model '", dir, "' is a decoder (model_type llama), not an encoder");
+  std::unique_ptr<Model> m = Model::load(dir, opt);
+  return std::unique_ptr<Encoder>(static_cast<Encoder*>(m.release()));
+}
+
+std::unique_ptr<Decoder> Decoder::load(const std::string& dir, const LoadOptions& opt) {
+  const ModelConfig cfg = read_model_config((std::filesystem::path(dir) / "config.json").string());
+  check(cfg.kind == ModelKind::llama, "model '", dir, "' is an encoder (model_type ", cfg.model_type, "), not a decoder");
+  std::unique_ptr<Model> m = Model::load(dir, opt);
+  return std::unique_ptr<Decoder>(static_cast<Decoder*>(m.release()));
+}
+
+}  // namespace clattn
