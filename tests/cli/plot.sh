@@ -119,6 +119,12 @@ expect_ok "inspect causal clustered" "$bin" inspect --input "$dir/m.safetensors"
   --attention clustered:clusters=4,block=32 --out "$dir/cc.png"
 expect_png "inspect causal clustered" "$dir/cc.png" 1500 560
 expect_png "inspect causal clustered clusters" "$dir/cc-clusters.png" 900 600
+# clusters >= segment: every row is attended exactly, so no query is in a cluster and no cluster picture is drawn.
+expect_ok "inspect causal clustered, every row exact" "$bin" inspect --input "$dir/m.safetensors" --causal --head 2 \
+  --attention clustered:clusters=300,block=32 --out "$dir/ex.png"
+expect_png "inspect causal clustered, every row exact" "$dir/ex.png" 1500 560
+[ -e "$dir/ex-clusters.png" ] && bad "inspect drew clusters where every row is exact" || ok
+grep -q "no cluster picture" "$dir/err" && ok || bad "inspect does not say why there is no cluster picture: $(cat "$dir/err")"
 expect_exit 1 "inspect reformer on grouped heads" "same heads" "$bin" inspect --input "$dir/m.safetensors" --attention reformer --out "$dir/x.png"
 expect_ok "inspect reformer causal" "$bin" inspect --input "$dir/in.safetensors" --causal --attention reformer:chunk=16 --out "$dir/rf.png"
 expect_png "inspect reformer" "$dir/rf.png" 1500 560
