@@ -3,7 +3,9 @@
 # build with every CTest suite, the install/consumer checks (tests/install/run.sh), the same
 # suites in a portable build (no -march=native), then under AddressSanitizer +
 # UndefinedBehaviorSanitizer (skip that with CLATTN_SKIP_SANITIZE=1 for a quick local run), then
-# the fuzzing and ThreadSanitizer stages (skip with CLATTN_SKIP_FUZZ=1).
+# the fuzzing and ThreadSanitizer stages (skip with CLATTN_SKIP_FUZZ=1). The real data
+# (../shared/data or CLATTN_DATA) is required: a suite that cannot find it fails instead of
+# skipping (CLATTN_REQUIRE_DATA=0 lets a local run skip those cases).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +22,7 @@ if hits=$(grep -rnE "^[[:space:]]*#[[:space:]]*include[[:space:]]*[\"<](\.\./)*(
 fi
 
 bash scripts/install-deps.sh
+export CLATTN_REQUIRE_DATA=${CLATTN_REQUIRE_DATA:-1}
 
 jobs=${CLATTN_JOBS:-2}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
