@@ -3,10 +3,26 @@
 # build with every CTest suite, the install/consumer checks (tests/install/run.sh), the same
 # suites in a portable build (no -march=native), then under AddressSanitizer +
 # UndefinedBehaviorSanitizer (skip that with CLATTN_SKIP_SANITIZE=1 for a quick local run), then
-# the fuzzing and ThreadSanitizer stages (skip with CLATTN_SKIP_FUZZ=1).
+# the fuzzing and ThreadSanitizer stages (skip with CLATTN_SKIP_FUZZ=1). The real data
+# (../shared/data or CLATTN_DATA) is required: a suite that cannot find it fails instead of
+# skipping (CLATTN_REQUIRE_DATA=0 lets a local run skip those cases).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The command line, the Python bindings, the benchmarks and the fuzz targets build on the public
+# headers (include/clattn/) and their own local headers only; their targets do not see src/, and
+# this names any file that includes an internal header before a build would fail on it.
+src_dirs=$(cd src && ls -d -- */ | tr -d / | paste -sd'|' -)
+if hits=$(grep -rnE "^[[:space:]]*#[[:space:]]*include[[:space:]]*[\"<](\.\./)*(src/)?($src_dirs)/" \
+            tools python bench fuzz --include='*.h' --include='*.hpp' --include='*.cpp' --include='*.cc'); then
+  echo "error: tools/, python/, bench/ and fuzz/ may include only include/clattn/ headers (and their own);" \
+    "these include src/ headers:" >&2
+  echo "$hits" >&2
+  exit 1
+fi
+
 bash scripts/install-deps.sh
+export CLATTN_REQUIRE_DATA=${CLATTN_REQUIRE_DATA:-1}
 
 jobs=${CLATTN_JOBS:-2}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}

@@ -1,7 +1,7 @@
 // `clattn attend`: run any attention spec on tensors from a safetensors file, and
 // `clattn make-inputs`: write a random input file to try it on.
 // attend checks only what it reads (presence, dtype, rank); shapes and their agreement are the
-// attention's own preconditions (validate_inputs), so they are not repeated here.
+// attention's own preconditions (validate_inputs, clattn/validate.h), so they are not repeated here.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "attention/validate.h"
 #include "cli_util.h"
 #include "clattn/attention.h"
 #include "clattn/error.h"

@@ -12,10 +12,10 @@
 // any variant, and the kernels keep never holding N x M. The command checks the claim on the run's
 // real V (max |A·V − attention(q, k, v)| is printed). Quadratic by design: N, M <= 2048.
 //
-// Cluster ids come from the state the forward leaves in a training Context (the same partition
-// backward would use): clusters of clustered / improved-clustered (causal: each block of positions
-// has its own clusters, numbered block after block), routing's clusters (a query in
-// several takes the first), SMYRF's round-0 clusters, Reformer's round-0 chunks. Clusters are
+// Cluster ids are Attention::query_groups of the training Context the forwards filled (the same
+// partition backward would use): clusters of clustered / improved-clustered (causal: each segment
+// of positions has its own clusters, numbered segment after segment), routing's clusters (a query
+// in several takes the first), SMYRF's round-0 clusters, Reformer's round-0 chunks. Clusters are
 // renumbered by their mean position, so a clustering that follows position draws a staircase in
 // the second picture and one that follows content draws a scatter; R² (the share of the variance
 // of the position explained by the cluster) says it in one number.
@@ -29,10 +29,6 @@
 #include <string>
 #include <vector>
 
-#include "attention/clustered/clustered.h"
-#include "attention/reformer/reformer.h"
-#include "attention/routing/routing.h"
-#include "attention/smyrf/smyrf.h"
 #include "cli_util.h"
 #include "clattn/attention.h"
 #include "clattn/error.h"
@@ -197,71 +193,10 @@ std::vector<float> exact_matrix(const Problem& p, int64_t h) {
 
 struct Approx {
   std::vector<float> A;        // (N, M) head h's matrix
-  std::vector<int32_t> group;  // (N) cluster of each query, -1 none; empty when the variant has none
-  std::string group_word = "cluster";
+  std::vector<int32_t> group;  // (N) group of each query, -1 none; empty when no query is in one
+  std::string group_word;      // what a group is (QueryGroups::kind)
   double check_err = 0, check_scale = 0;  // max |A·V − O| and max |O| on the real V
 };
-
-// The query groups of head h from the state a training-context forward left, if the variant has
-// any (see the header comment).
-void read_groups(Context& ctx, int64_t H, int64_t h, int64_t N, int64_t M, int64_t nv, int64_t mv, Approx& a) {
-  auto attempt = [&](auto tag, auto fill) {
-    using T = decltype(tag);
-    if (!a.group.empty()) return;
-    try {
-      const T& st = ctx.saved<T>();
-      a.group.assign(static_cast<size_t>(N), -1);
-      fill(st);
-    } catch (const Error&) {  // another variant's state
-    }
-  };
-  attempt(ClusteredState{}, [&](const ClusteredState& st) {
-    if (st.causal) {  // clusters are per segment of positions: number them segment by segment
-      const CausalClusters& cz = st.cz;
-      if (cz.member.empty()) return;  // every row exact: no clusters
-      const int32_t* member = cz.member.data() + h * N;
-      for (int64_t i = 0; i < N; ++i)
-        if (member[i] >= 0) {
-          const int64_t sigma = causal_segment_of(cz.seg_start, i + M - N);
-          a.group[static_cast<size_t>(i)] = static_cast<int32_t>(sigma * cz.cmax + member[i]);
-        }
-      a.group_word = "cluster";
-      return;
-    }
-    const int32_t* off = st.offsets.data() + h * (st.cmax + 1);
-    const int32_t* order = st.order.data() + h * N;
-    for (int32_t c = 0; c < st.nclusters[static_cast<size_t>(h)]; ++c)
-      for (int32_t x = off[c]; x < off[c + 1]; ++x) a.group[static_cast<size_t>(order[x])] = c;
-  });
-  // Causal smyrf and routing: each query's bucket in round 0 (tile/bucket_window.h).
-  auto buckets = [&](const BucketWindow& bw) {
-    for (int64_t i = 0; i < nv; ++i) a.group[static_cast<size_t>(i)] = bw.qb[static_cast<size_t>(h * bw.rounds * N + i)];
-  };
-  attempt(RoutingState{}, [&](const RoutingState& st) {
-    if (st.causal) return buckets(st.bw);
-    const int64_t cap = static_cast<int64_t>(st.mem.size()) / H;
-    const int32_t* off = st.mem_off.data() + h * (st.C + 1);
-    const int32_t* mem = st.mem.data() + h * cap;
-    for (int64_t c = st.C - 1; c >= 0; --c)  // backwards: a query in several keeps the first
-      for (int32_t x = off[c]; x < off[c + 1]; ++x) a.group[static_cast<size_t>(mem[x])] = static_cast<int32_t>(c);
-  });
-  attempt(SmyrfState{}, [&](const SmyrfState& st) {
-    if (st.causal) return buckets(st.bw);
-    const int32_t* perm = st.qperm.data() + h * st.rounds * N;  // round 0: valid queries first
-    const int64_t nc = std::max<int64_t>(1, std::max((nv + st.qc - 1) / st.qc, (mv + st.kc - 1) / st.kc));
-    for (int64_t cl = 0; cl < nc; ++cl) {
-      const auto [b0, b1] = smyrf_cluster_range(nv, nc, cl, false);
-      for (int64_t x = b0; x < b1; ++x) a.group[static_cast<size_t>(perm[x])] = static_cast<int32_t>(cl);
-    }
-  });
-  attempt(ReformerState{}, [&](const ReformerState& st) {
-    const ReformerState::Round r0 = st.round(h, 0, N);
-    const int32_t* perm = r0.perm;
-    for (int64_t x = 0; x < r0.len; ++x)
-      if (perm[x] >= 0 && perm[x] < N) a.group[static_cast<size_t>(perm[x])] = static_cast<int32_t>(x / st.chunk);
-    a.group_word = "chunk";
-  });
-}
 
 Approx approx_matrix(const Problem& p, const Attention& att, int64_t h) {
   const int64_t H = p.q.dim(1), Hkv = p.k.dim(1), N = p.q.dim(2), M = p.k.dim(2), D = p.q.dim(3);
@@ -274,7 +209,7 @@ Approx approx_matrix(const Problem& p, const Attention& att, int64_t h) {
   in.step = p.step;
   AttentionState state;  // routing's centroids, made from the seed once and shared by every call
   in.state = &state;
-  Context ctx(Mode::training);  // keeps the discrete choices, read by read_groups
+  Context ctx(Mode::training);  // keeps the discrete choices, read by query_groups
   Approx a;
   a.A.assign(static_cast<size_t>(N * M), 0.f);
   Tensor onehot(Shape{1, Hkv, M, kBlock});  // (1, Hkv, M, 64)
@@ -289,7 +224,12 @@ Approx approx_matrix(const Problem& p, const Attention& att, int64_t h) {
       for (int64_t c = 0; c < kBlock && j0 + c < M; ++c)
         a.A[static_cast<size_t>(i * M + j0 + c)] = out.data()[(h * N + i) * kBlock + c];
   }
-  read_groups(ctx, H, h, N, M, p.qlen.empty() ? N : p.qlen[0], p.klen.empty() ? M : p.klen[0], a);
+  // The partition the forwards used (the same for every V): the groups of head h's queries.
+  QueryGroups g = att.query_groups(in, ctx, 0, h);
+  if (std::any_of(g.ids.begin(), g.ids.end(), [](int32_t x) { return x >= 0; })) {
+    a.group = std::move(g.ids);
+    a.group_word = std::move(g.kind);
+  }
   // The claim checked on the real values: A·V equals the variant's output.
   in.v = p.v.view();
   const int64_t Dv = p.v.dim(3), hk = h / (H / Hkv);

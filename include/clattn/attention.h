@@ -110,6 +110,12 @@ class Context {
     if (const ContextState* s = state_.get(); !s || typeid(*s) != typeid(T)) state_ = std::make_unique<T>();
     return static_cast<T&>(*state_);
   }
+  // Whether the saved state is T (a forward of the variant that keeps T filled this context).
+  template <class T>
+  bool holds() const {
+    const ContextState* s = state_.get();
+    return s && typeid(*s) == typeid(T);
+  }
   // Backward: the state a forward of the same variant left.
   template <class T>
   const T& saved() const {
@@ -136,6 +142,13 @@ class Context {
   Scratch* shared_ = nullptr;
 };
 
+// The groups a variant put the queries of one (batch, head) in: the discrete choice its forward
+// made and its backward holds fixed (Attention::query_groups).
+struct QueryGroups {
+  std::vector<int32_t> ids;  // (N) group of each query, numbered from 0; -1: in none (see below)
+  std::string kind;          // what a group is: "cluster" or "chunk"; empty for a variant without groups
+};
+
 // One object per spec string. It holds only its parameters: forward and backward are const, keep
 // nothing between calls, and may run at once from several threads given different Contexts.
 class Attention {
@@ -154,6 +167,26 @@ class Attention {
   virtual size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const = 0;
   // Stateful variants: the buffers of AttentionInputs::state for H query heads of dim Dk.
   virtual std::vector<StateBuffer> state_buffers(int64_t /*H*/, int64_t /*Dk*/) const { return {}; }
+  // The groups of the queries of batch b, query head h, as the last forward on `ctx` made them:
+  // `ctx` is a training Context that forward filled (an inference one keeps no partition) and
+  // `in` are that forward's inputs (checked as forward checks them; b < B, h < H). Padded queries
+  // (i >= query_lengths[b]) are in no group (-1). Per variant:
+  //   clustered, improved-clustered  kind "cluster": the query's cluster (0 .. C_eff - 1). Causal:
+  //       clusters belong to a segment of positions, numbered segment after segment
+  //       (σ·clusters + j for cluster j of segment σ); a row attended exactly (the first block)
+  //       is -1.
+  //   routing  kind "cluster": a cluster the query attends in (in several: the lowest index).
+  //       Causal: its nearest centroid, the bucket it attends in.
+  //   smyrf  kind "cluster": its cluster of the first hash round (queries sorted by projection
+  //       and cut into consecutive clusters). Causal: its bucket of the first round.
+  //   reformer  kind "chunk": its chunk of the first round (positions sorted by bucket and cut
+  //       into chunks of `chunk`).
+  //   conditional-full  the groups of the variant that ran (none below length_limit).
+  // Every other variant has no groups: {} (empty ids and kind).
+  virtual QueryGroups query_groups(const AttentionInputs& /*in*/, const Context& /*ctx*/, int64_t /*b*/,
+                                   int64_t /*h*/) const {
+    return {};
+  }
 };
 
 // The registry: builds a variant from a spec string such as "full:scale=0.125".

@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "attention/validate.h"
 #include "clattn/attention.h"
 #include "clattn/error.h"
+#include "clattn/validate.h"
 #include "common.h"
 
 namespace clattn::py {

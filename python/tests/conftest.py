@@ -2,7 +2,8 @@
 
 CTest sets PYTHONPATH to the build tree's python/ folder, CLATTN_BIN to the clattn command (for the
 bit-for-bit comparison with `clattn attend`) and CLATTN_SOURCE_DIR; CLATTN_DATA overrides the real
-data folder (default: the source tree's ../shared/data).
+data folder (default: the source tree's ../shared/data), whose absence skips the tests that read it
+(fails them in CI: data_required).
 """
 import os
 import pathlib
@@ -17,8 +18,23 @@ import clattn
 SOURCE_DIR = pathlib.Path(os.environ.get("CLATTN_SOURCE_DIR", pathlib.Path(__file__).resolve().parents[2]))
 
 
+def data_required():
+    """Missing data fails rather than skips: CLATTN_REQUIRE_DATA when set (scripts/test.sh sets 1;
+    0 turns it off), else whether CI is set. "", "0" and "false" count as unset."""
+    v = os.environ.get("CLATTN_REQUIRE_DATA") or os.environ.get("CI") or ""
+    return v not in ("", "0", "false")
+
+
 def data_dir():
-    return pathlib.Path(os.environ.get("CLATTN_DATA", SOURCE_DIR.parent / "shared" / "data"))
+    """The real data folder. Without it the calling test is skipped with one line naming
+    CLATTN_DATA, or fails where the data is required (data_required)."""
+    d = pathlib.Path(os.environ.get("CLATTN_DATA") or SOURCE_DIR.parent / "shared" / "data")
+    if not d.is_dir():
+        msg = f"real data not found: {d} is missing (set CLATTN_DATA to the shared data folder)"
+        if data_required():
+            pytest.fail(msg + "; required here: CI or CLATTN_REQUIRE_DATA is set", pytrace=False)
+        pytest.skip(msg)
+    return d
 
 
 @pytest.fixture(scope="session")

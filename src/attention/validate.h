@@ -1,5 +1,6 @@
-// Input validation shared by every variant (internal): the attention contract of docs/design.md
-// checked once, up front, with messages that name the rule, the variant and the values seen.
+// Input validation shared by every variant: the public checks of the attention contract
+// (clattn/validate.h) and the internal helpers the kernels use beside them (bounds on magnitudes,
+// the resolved scale, valid counts per batch).
 #pragma once
 
 #include <cmath>
@@ -7,25 +8,9 @@
 #include <string_view>
 
 #include "clattn/attention.h"
+#include "clattn/validate.h"
 
 namespace clattn {
-
-// Validates inputs against the contract and the variant's capabilities (shapes, strides, lengths,
-// NaN/Inf, masks it cannot honour, k = q for shared-QK, state for stateful, a cache's views);
-// returns the sizes. `who` names the variant in messages.
-AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& caps,
-                              std::string_view who);
-// Checks an output or gradient view has the expected shape and a unit innermost stride.
-void validate_output(ConstView t, const Shape& expected, std::string_view what,
-                     std::string_view who);
-// Checks the backward's views: out and dout (B, H, N, Dv), dq, dk, dv shaped like q, k, v; and
-// refuses a cache (decoding is inference).
-void validate_backward(const AttentionInputs& in, const AttentionDims& d, ConstView out,
-                       ConstView dout, ConstView dq, ConstView dk, ConstView dv,
-                       std::string_view who);
-
-// Throws naming `what`, `who` and the index of the first NaN/Inf in a rank-2 or rank-4 view.
-void check_finite(ConstView t, std::string_view what, std::string_view who);
 
 // Largest |x| over a rank-2 or rank-4 view (finite entries; -inf of a bias mask is skipped).
 double max_abs(ConstView t);
@@ -44,12 +29,12 @@ void check_softmax_range(const AttentionInputs& in, const AttentionDims& d, floa
                          std::string_view who);
 void check_linear_range(const AttentionInputs& in, const AttentionDims& d, std::string_view who);
 
-// Valid query / key count of batch b (lengths default to the full size).
 // The softmax scale of a call: the spec's scale=, or 1/sqrt(Dk) when it gave none (0).
 inline float softmax_scale(float scale, int64_t Dk) {
   return scale > 0 ? scale : 1.f / std::sqrt(static_cast<float>(Dk));
 }
 
+// Valid query / key count of batch b (lengths default to the full size).
 inline int64_t valid_queries(const AttentionInputs& in, const AttentionDims& d, int64_t b) {
   return in.query_lengths.empty() ? d.N : in.query_lengths[static_cast<size_t>(b)];
 }

@@ -2,14 +2,12 @@
 # The pictures: `clattn bench --plot`, `clattn plot --bench / --logs` and `clattn inspect` each
 # write a PNG of the expected size (signature and IHDR width/height checked); wrong arguments exit 2
 # with a message; a missing or failing gnuplot exits 1 naming the package (gnuplot-nox). inspect
-# runs on make-inputs files and, when ../shared/data is present (or CLATTN_DATA), on KWT-1 features
-# and stories260k tokens. Needs gnuplot with pngcairo (scripts/install-deps.sh installs gnuplot-nox).
+# runs on make-inputs files and on KWT-1 features and stories260k tokens from the real data
+# (lib.sh: need_data). Needs gnuplot with pngcairo (scripts/install-deps.sh installs gnuplot-nox).
 # Usage: bash tests/cli/plot.sh /path/to/clattn
 set -u
 bin=${1:?usage: plot.sh /path/to/clattn}
-here=$(cd "$(dirname "$0")" && pwd)
-data=${CLATTN_DATA:-$here/../../../shared/data}
-source "$here/lib.sh"
+source "$(dirname "$0")/lib.sh"
 
 # be32 FILE OFFSET: the big-endian 32-bit unsigned integer at OFFSET
 be32() {
@@ -119,6 +117,12 @@ expect_ok "inspect causal clustered" "$bin" inspect --input "$dir/m.safetensors"
   --attention clustered:clusters=4,block=32 --out "$dir/cc.png"
 expect_png "inspect causal clustered" "$dir/cc.png" 1500 560
 expect_png "inspect causal clustered clusters" "$dir/cc-clusters.png" 900 600
+# clusters >= segment: every row is attended exactly, so no query is in a cluster and no cluster picture is drawn.
+expect_ok "inspect causal clustered, every row exact" "$bin" inspect --input "$dir/m.safetensors" --causal --head 2 \
+  --attention clustered:clusters=300,block=32 --out "$dir/ex.png"
+expect_png "inspect causal clustered, every row exact" "$dir/ex.png" 1500 560
+[ -e "$dir/ex-clusters.png" ] && bad "inspect drew clusters where every row is exact" || ok
+grep -q "no cluster picture" "$dir/err" && ok || bad "inspect does not say why there is no cluster picture: $(cat "$dir/err")"
 expect_exit 1 "inspect reformer on grouped heads" "same heads" "$bin" inspect --input "$dir/m.safetensors" --attention reformer --out "$dir/x.png"
 expect_ok "inspect reformer causal" "$bin" inspect --input "$dir/in.safetensors" --causal --attention reformer:chunk=16 --out "$dir/rf.png"
 expect_png "inspect reformer" "$dir/rf.png" 1500 560
@@ -135,7 +139,7 @@ expect_exit 1 "inspect refuses N > 2048" "2048" "$bin" inspect --input "$dir/lon
 expect_exit 1 "inspect on a missing file" "none" "$bin" inspect --input "$dir/none" --attention full --out "$dir/x.png"
 
 # --- inspect on the real models ------------------------------------------------------------------
-if [ -d "$data/kwt1" ] && [ -d "$data/stories260k" ]; then
+if need_data "inspect on the real models" kwt1 stories260k; then
   expect_ok "inspect KWT-1" "$bin" inspect --model "$data/kwt1" --features "$data/kwt1/features_fsdd_test.safetensors" \
     --index 3 --layer 5 --head 0 --attention improved-clustered:clusters=25 --out "$dir/kwt.png"
   expect_png "inspect KWT-1" "$dir/kwt.png" 1500 560
@@ -150,8 +154,6 @@ if [ -d "$data/kwt1" ] && [ -d "$data/stories260k" ]; then
     "$data/stories260k/reference_logits.safetensors" --attention reformer --out "$dir/x.png"
   expect_exit 2 "inspect KWT with --tokens" "features" "$bin" inspect --model "$data/kwt1" --tokens \
     "$data/stories260k/reference_logits.safetensors" --attention full --out "$dir/x.png"
-else
-  echo "note: $data has no kwt1/stories260k: the real-model inspect checks were skipped"
 fi
 
 finish "plot.sh: "

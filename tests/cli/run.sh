@@ -178,8 +178,7 @@ grep -q "needs about .* GB of memory, but this machine has .* GB available" "$di
 expect_exit 1 "bench workspace too big" "needs about" "$bin" bench --lengths 200000 --attention 'topk:topk=100000' --heads 8 --batch 16 --no-error
 
 # Models (the real ones in ../shared/data; CLATTN_DATA overrides).
-data=${CLATTN_DATA:-$(dirname "$0")/../../../shared/data}
-if [ -d "$data/stories260k" ] && [ -d "$data/kwt1" ]; then
+if need_data "the model commands" stories260k kwt1; then
   expect_ok "generate greedy" "$bin" generate --model "$data/stories260k" --tokens 20
   grep -q "^Once upon a time, there was a little girl named Lily" "$dir/out" && ok || bad "generate: $(head -c 200 "$dir/out")"
   grep -q "tokens/s" "$dir/err" && ok || bad "generate reports no tokens/s"
@@ -195,8 +194,6 @@ if [ -d "$data/stories260k" ] && [ -d "$data/kwt1" ]; then
   expect_error "approx missing model" "config" "$bin" approx --model "$dir/nothing" --features "$data/kwt1/features_speech_commands.safetensors" --attention full
   expect_ok "bench-model random bert" "$bin" bench-model --random-bert --layers 1 --hidden 32 --heads 2 --ffn 64 --lengths 128 --attention full --attention 'improved-clustered:clusters=8,topk=8' --repeat 1
   expect_ok "bench-model decoder" "$bin" bench-model --model "$data/stories260k" --lengths 32 --decode 8 --repeat 1
-else
-  bad "model data not found at $data (set CLATTN_DATA)"
 fi
 
 finish ""

@@ -65,14 +65,11 @@ grep -q '"architectures"' "$dir/lm/latest/config.json" && grep -q 'LlamaForCausa
   bad "lm config.json is not a LLaMA config"
 
 # --- listops: generated training, the real test set held out (expressions longer than --seq left out).
-data=${CLATTN_DATA:-$(dirname "$0")/../../../shared/data}
-if [ -f "$data/listops/test_d20s.tsv" ]; then
+if need_data "train listops" listops/test_d20s.tsv; then
   expect_ok "train listops" "$bin" train --task listops --data "$data/listops/test_d20s.tsv" "${tiny[@]}" \
     --min-length 8 --max-length 64 --steps 3 --eval-every 3 --eval-examples 40 --log "$dir/lo.jsonl"
   grep -q '"metric":"accuracy"' "$dir/lo.jsonl" && ok || bad "listops logs no accuracy"
   grep -q 'left out of evaluation' "$dir/err" && ok || bad "listops: no note on skipped examples"
-else
-  bad "listops data not found at $data (set CLATTN_DATA)"
 fi
 
 # --- exact resumption. Reference: one uninterrupted run.

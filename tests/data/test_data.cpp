@@ -15,6 +15,7 @@
 #include "clattn/data.h"
 #include "clattn/error.h"
 #include "clattn/rng.h"
+#include "common/data.h"
 #include "data/listops.h"
 
 namespace clattn {
@@ -24,12 +25,7 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using Ids = std::vector<int32_t>;
 
-// CLATTN_DATA, else the source tree's sibling (CTest sets CLATTN_SOURCE_DIR), else relative to cwd.
-fs::path data_dir() {
-  if (const char* d = std::getenv("CLATTN_DATA")) return d;
-  if (const char* s = std::getenv("CLATTN_SOURCE_DIR")) return fs::path(s) / ".." / "shared" / "data";
-  return "../shared/data";
-}
+using testing::data_dir;
 
 // A file in a per-test temporary folder, removed with it.
 class TempDir {
@@ -103,8 +99,8 @@ TEST(ListOps, EvaluatorRefusesMalformed) {
 
 // Every label of the original test set is what the evaluator computes (MED as int(np.median)).
 TEST(ListOps, RealTestSetLabelsAgreeWithEvaluator) {
+  CLATTN_NEED_DATA("listops/test_d20s.tsv");
   const fs::path tsv = data_dir() / "listops" / "test_d20s.tsv";
-  ASSERT_TRUE(fs::exists(tsv)) << "missing " << tsv << " (set CLATTN_DATA to the shared data folder)";
   std::ifstream f(tsv);
   std::string line;
   int64_t n = 0, agree = 0;
@@ -388,8 +384,8 @@ TEST(Text, ErrorsNameTheFileAndTheNeed) {
 }
 
 TEST(Text, TinyShakespeareAtPaperLength) {
+  CLATTN_NEED_DATA("tinyshakespeare/input.txt");
   const fs::path p = data_dir() / "tinyshakespeare" / "input.txt";
-  ASSERT_TRUE(fs::exists(p)) << "missing " << p;
   auto task = make_task({.kind = "mlm", .data = p.string(), .seed = 1});
   const int64_t size = static_cast<int64_t>(fs::file_size(p)), held = size / 10;
   int64_t windows = 0;

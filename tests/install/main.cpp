@@ -5,6 +5,7 @@
 #include <clattn/gemm.h>
 #include <clattn/parallel.h>
 #include <clattn/tensor.h>
+#include <clattn/validate.h>
 
 #include <cmath>
 #include <cstdint>
@@ -55,6 +56,24 @@ bool run(const std::string& spec, const clattn::Tensor& q, const clattn::Tensor&
   return true;
 }
 
+// The contract's checks and a training forward's clusters, through the public headers.
+bool groups(const clattn::Tensor& q, const clattn::Tensor& k, const clattn::Tensor& v) {
+  auto att = clattn::make_attention("improved-clustered:clusters=2");
+  clattn::AttentionInputs in;
+  in.q = q.view();
+  in.k = k.view();
+  in.v = v.view();
+  const clattn::AttentionDims d = clattn::validate_inputs(in, att->capabilities(), "consumer");
+  clattn::Tensor out(clattn::Shape{d.B, d.H, d.N, d.Dv});
+  clattn::Context ctx(clattn::Mode::training);
+  att->forward(in, out.view(), ctx);
+  const clattn::QueryGroups g = att->query_groups(in, ctx, 0, 1);
+  bool good = g.kind == "cluster" && static_cast<int64_t>(g.ids.size()) == N;
+  for (const int32_t id : g.ids) good = good && id >= 0 && id < 2;
+  std::printf("query_groups: %zu queries in %ss%s\n", g.ids.size(), g.kind.c_str(), good ? "" : " (wrong)");
+  return good;
+}
+
 }  // namespace
 
 int main() {
@@ -70,6 +89,7 @@ int main() {
     const clattn::Tensor q = input(1), k = input(2), v = input(3);
     bool good = run("full", q, k, v);
     good = run("improved-clustered:clusters=2", q, k, v) && good;
+    good = groups(q, k, v) && good;
     if (!good) return 1;
     std::printf("threads: %d\nok\n", clattn::max_threads());
     return 0;

@@ -9,19 +9,17 @@
 
 #include "clattn/model.h"
 #include "clattn/safetensors.h"
+#include "common/data.h"
 #include "common/test_util.h"
 
 namespace clattn {
 namespace {
 
-std::string data_dir() {
-  if (const char* d = std::getenv("CLATTN_DATA")) return d;
-  if (const char* s = std::getenv("CLATTN_SOURCE_DIR")) return std::string(s) + "/../shared/data";
-  return "../shared/data";
-}
+using testing::data_dir;
 
 TEST(AttentionCapture, KwtLayer0QueriesAreTheProjectedInputs) {
-  const std::string dir = data_dir() + "/kwt1";
+  CLATTN_NEED_DATA("kwt1");
+  const std::string dir = (data_dir() / "kwt1").string();
   auto enc = Encoder::load(dir);
   const ModelConfig& c = enc->config();
   const SafetensorsFile w = SafetensorsFile::open(dir + "/model.safetensors");
@@ -83,7 +81,8 @@ TEST(AttentionCapture, KwtLayer0QueriesAreTheProjectedInputs) {
 }
 
 TEST(AttentionCapture, Stories260kQueriesAtPositionZeroSkipRope) {
-  const std::string dir = data_dir() + "/stories260k";
+  CLATTN_NEED_DATA("stories260k");
+  const std::string dir = (data_dir() / "stories260k").string();
   auto dec = Decoder::load(dir);
   const ModelConfig& c = dec->config();
   const SafetensorsFile ref = SafetensorsFile::open(dir + "/reference_logits.safetensors");

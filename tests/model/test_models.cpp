@@ -17,6 +17,7 @@
 #include "clattn/model.h"
 #include "clattn/rng.h"
 #include "clattn/safetensors.h"
+#include "common/data.h"
 #include "common/test_util.h"
 
 namespace clattn {
@@ -24,11 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string data_dir() {
-  if (const char* d = std::getenv("CLATTN_DATA")) return d;
-  if (const char* s = std::getenv("CLATTN_SOURCE_DIR")) return std::string(s) + "/../shared/data";
-  return "../shared/data";
-}
+std::string data_dir() { return testing::data_dir().string(); }  // common/data.h
 
 std::vector<int32_t> greedy_reference() {
   std::ifstream in(data_dir() + "/stories260k/reference_greedy_200.txt");
@@ -65,6 +62,7 @@ double decode_error(Decoder& dec, const std::vector<int32_t>& tokens, const Tens
 }
 
 TEST(Stories260k, FullAttentionReproducesReferenceLogits) {
+  CLATTN_NEED_DATA("stories260k");
   const std::string dir = data_dir() + "/stories260k";
   auto dec = Decoder::load(dir);
   const SafetensorsFile ref = SafetensorsFile::open(dir + "/reference_logits.safetensors");
@@ -85,6 +83,7 @@ TEST(Stories260k, FullAttentionReproducesReferenceLogits) {
 // (KVCache query_heads, causal_decode.cpp). The approximation is exercised (logits differ from
 // full attention's).
 TEST(Stories260k, ClusteredDecodingReproducesItsPrefill) {
+  CLATTN_NEED_DATA("stories260k");
   const std::string dir = data_dir() + "/stories260k";
   auto dec = Decoder::load(dir);
   const std::vector<int32_t> tokens = SafetensorsFile::open(dir + "/reference_logits.safetensors").get_i32("tokens");
@@ -102,6 +101,7 @@ TEST(Stories260k, ClusteredDecodingReproducesItsPrefill) {
 }
 
 TEST(Stories260k, GreedyFromBosReproducesTheReferenceStory) {
+  CLATTN_NEED_DATA("stories260k");
   const std::vector<int32_t> want = greedy_reference();
   ASSERT_EQ(want.size(), 200u);
   auto dec = Decoder::load(data_dir() + "/stories260k");
@@ -117,6 +117,7 @@ TEST(Stories260k, GreedyFromBosReproducesTheReferenceStory) {
 }
 
 TEST(Stories260k, BatchWithLengthsMatchesSingleSequences) {
+  CLATTN_NEED_DATA("stories260k");
   const std::string dir = data_dir() + "/stories260k";
   auto dec = Decoder::load(dir);
   const std::vector<int32_t> tokens = SafetensorsFile::open(dir + "/reference_logits.safetensors").get_i32("tokens");
@@ -133,6 +134,7 @@ TEST(Stories260k, BatchWithLengthsMatchesSingleSequences) {
 }
 
 TEST(Stories260k, AttentionPlansPerLayer) {
+  CLATTN_NEED_DATA("stories260k");
   auto dec = Decoder::load(data_dir() + "/stories260k");
   dec->set_attention("full;full;local:window=32");
   ASSERT_EQ(dec->attention_specs().size(), 5u);
@@ -176,6 +178,7 @@ FeatureSet feature_set(const std::string& name) {
 }
 
 TEST(Kwt1, FullAttentionReproducesLogitsAndAccuracy) {
+  CLATTN_NEED_DATA("kwt1");
   auto enc = Encoder::load(data_dir() + "/kwt1");
   for (auto [name, accuracy] : {std::pair<const char*, double>{"speech_commands", -1}, {"fsdd_test", 0.93}, {"espeak_keywords", 0.87}}) {
     SCOPED_TRACE(name);

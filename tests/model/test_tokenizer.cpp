@@ -20,6 +20,7 @@
 
 #include "clattn/error.h"
 #include "clattn/tokenizer.h"
+#include "common/data.h"
 
 namespace clattn {
 namespace {
@@ -30,26 +31,19 @@ using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 using Ids = std::vector<int32_t>;
 
-// CLATTN_DATA, else the source tree's sibling (CTest sets CLATTN_SOURCE_DIR), else relative to cwd.
-fs::path data_dir() {
-  if (const char* d = std::getenv("CLATTN_DATA")) return d;
-  if (const char* s = std::getenv("CLATTN_SOURCE_DIR")) return fs::path(s) / ".." / "shared" / "data";
-  return "../shared/data";
-}
+using testing::data_dir;
 
 std::string slurp(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
-// The data is present in CI: a missing file is a failure, never a skip.
+// The stories260k tokenizer and its reference story (skipped without the data, failed in CI).
 class Stories : public ::testing::Test {
  protected:
   void SetUp() override {
+    CLATTN_NEED_DATA("stories260k/tokenizer.json", "stories260k/reference_greedy_200.txt");
     dir_ = data_dir() / "stories260k";
-    ASSERT_TRUE(fs::exists(dir_ / "tokenizer.json")) << "missing " << dir_ / "tokenizer.json"
-                                                     << " (set CLATTN_DATA to the shared data folder)";
-    ASSERT_TRUE(fs::exists(dir_ / "reference_greedy_200.txt"));
     tok_ = std::make_unique<Tokenizer>(Tokenizer::from_file((dir_ / "tokenizer.json").string()));
     json_text_ = slurp(dir_ / "tokenizer.json");
     // reference_greedy_200.txt: "# ..." comment, "# token ids:", one line of ids, "# decoded:", then
@@ -226,10 +220,10 @@ class ReferenceBpe {
 };
 
 TEST_F(Stories, MatchesReferenceBpe) {
+  CLATTN_NEED_DATA("tinyshakespeare/input.txt");
   const ReferenceBpe ref(json::parse(json_text_));
   EXPECT_THAT(tok().encode(ref_text_), ElementsAreArray(ref.encode(ref_text_)));
   const fs::path shakespeare = data_dir() / "tinyshakespeare" / "input.txt";
-  ASSERT_TRUE(fs::exists(shakespeare)) << "missing " << shakespeare;
   std::istringstream lines(slurp(shakespeare));
   int checked = 0;
   for (std::string line; std::getline(lines, line); ++checked)
@@ -243,6 +237,7 @@ TEST_F(Stories, MatchesReferenceBpe) {
 // The fast path cuts the text before characters that no merge can join leftwards ("▁" here). Give
 // the vocab a merge across a space, ranked first, and it must stop cutting there and still match.
 TEST_F(Stories, MergeAcrossSpaceDisablesCuts) {
+  CLATTN_NEED_DATA("tinyshakespeare/input.txt");
   json root = json::parse(json_text_);
   root["model"]["vocab"]["e\u2581t"] = 512;
   root["model"]["merges"].insert(root["model"]["merges"].begin(), "e \u2581t");
@@ -263,6 +258,7 @@ TEST_F(Stories, MergeAcrossSpaceDisablesCuts) {
 
 // The whole 1.1 MB file as one text (one BPE "word": no pre-tokenizer) round-trips.
 TEST_F(Stories, ShakespeareRoundTrip) {
+  CLATTN_NEED_DATA("tinyshakespeare/input.txt");
   const std::string text = slurp(data_dir() / "tinyshakespeare" / "input.txt");
   ASSERT_GT(text.size(), 1000000u);
   const Ids ids = tok().encode(text);

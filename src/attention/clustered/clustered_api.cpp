@@ -9,6 +9,7 @@
 #include "attention/validate.h"
 #include "attention/clustered/clustered.h"
 #include "attention/clustered/clustered_internal.h"
+#include "attention/query_groups.h"
 #include "attention/registry.h"
 
 namespace clattn {
@@ -73,6 +74,37 @@ class ClusteredAttention final : public Attention {
     // The mask is not among the sizes: the bound covers both the causal and the plain pipeline.
     return std::max(clustered_workspace_bytes(d, p_, mode, threads),
                     causal_clustered_workspace_bytes(d, p_, mode, threads));
+  }
+
+  // Plain: the segments of `order`. Causal: each query's cluster in its segment, offset by the
+  // segment (rows attended exactly have none).
+  QueryGroups query_groups(const AttentionInputs& in, const Context& ctx, int64_t b, int64_t h) const override {
+    const AttentionDims d = query_groups_dims(in, caps_, b, h, kind_);
+    const ClusteredState& st = query_groups_state<ClusteredState>(ctx, kind_);
+    const int64_t t = b * d.H + h, nv = valid_queries(in, d, b);
+    QueryGroups g{std::vector<int32_t>(static_cast<size_t>(d.N), -1), "cluster"};
+    if (in.causal) {
+      const CausalClusters& cz = st.cz;
+      check_query_groups_shapes(st.causal && cz.alpha.shape() == Shape{d.B * d.H, d.N} &&
+                                    cz.nb == (d.M + p_.block - 1) / p_.block,
+                                in, kind_);
+      if (cz.member.empty()) return g;  // every row exact
+      const int32_t* member = cz.member.data() + t * d.N;  // (N)
+      for (int64_t i = 0; i < nv; ++i)
+        if (member[i] >= 0)
+          g.ids[static_cast<size_t>(i)] =
+              static_cast<int32_t>(causal_segment_of(cz.seg_start, i + d.M - d.N) * cz.cmax + member[i]);
+      return g;
+    }
+    check_query_groups_shapes(!st.causal && st.order.size() == static_cast<size_t>(d.B * d.H * d.N) &&
+                                  st.offsets.size() == static_cast<size_t>(d.B * d.H * (st.cmax + 1)),
+                              in, kind_);
+    const int32_t* off = st.offsets.data() + t * (st.cmax + 1);  // (cmax + 1)
+    const int32_t* order = st.order.data() + t * d.N;           // (N) valid queries by cluster
+    for (int32_t c = 0; c < st.nclusters[static_cast<size_t>(t)]; ++c)
+      for (int32_t x = off[c]; x < off[c + 1]; ++x)
+        if (order[x] < nv) g.ids[static_cast<size_t>(order[x])] = c;
+    return g;
   }
 
  private:

@@ -1,7 +1,8 @@
 // `conditional-full:length_limit=L,<inner spec>` (fast-transformers' conditional-full): exact
 // attention for N <= L queries, the inner variant beyond. It advertises the inner variant's
 // capabilities, so a mask the inner one cannot honour is refused at every length rather than
-// only at long ones, and a backward always runs the variant its forward ran (both pick by N).
+// only at long ones, and a backward (or query_groups) always reads the variant its forward ran
+// (all pick by N).
 #include <algorithm>
 
 #include "attention/full/full.h"
@@ -31,6 +32,9 @@ class ConditionalFull final : public Attention {
   }
   std::vector<StateBuffer> state_buffers(int64_t H, int64_t Dk) const override {
     return inner_->state_buffers(H, Dk);
+  }
+  QueryGroups query_groups(const AttentionInputs& in, const Context& ctx, int64_t b, int64_t h) const override {
+    return pick(in).query_groups(in, ctx, b, h);
   }
 
  private:

@@ -32,6 +32,7 @@
 
 #include "attention/tile/gather.h"
 #include "attention/tile/tile_ops.h"
+#include "attention/query_groups.h"
 #include "attention/registry.h"
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
@@ -683,6 +684,23 @@ class ReformerAttention final : public Attention {
           in.q.shape, ")");
     validate_backward(in, d, out, dout, dq, dk, dv, "reformer");
     attn_reformer_bwd(in, d, st, out, dout, dq, dv, ctx.scratch().get<ReformerWorkspace>());
+  }
+
+  // Each position's chunk of round 0: its place in the sorted order (with causal, the order of
+  // bucket runs padded to whole chunks) divided by the chunk size.
+  QueryGroups query_groups(const AttentionInputs& in, const Context& ctx, int64_t b, int64_t h) const override {
+    const AttentionDims d = query_groups_dims(in, caps_, b, h, "reformer");
+    const ReformerState& st = query_groups_state<ReformerState>(ctx, "reformer");
+    check_query_groups_shapes(st.lse2.shape() == Shape{d.B, d.H, d.N} && st.causal == in.causal &&
+                                  st.perm.size() == static_cast<size_t>(d.B * d.H * st.rounds * st.len) &&
+                                  st.len == perm_len(d.N, st.buckets, st.chunk, in.causal),
+                              in, "reformer");
+    const int64_t nv = valid_queries(in, d, b);
+    QueryGroups g{std::vector<int32_t>(static_cast<size_t>(d.N), -1), "chunk"};
+    const ReformerState::Round r0 = st.round(b * d.H + h, 0, d.N);
+    for (int64_t x = 0; x < r0.len; ++x)
+      if (r0.perm[x] >= 0 && r0.perm[x] < nv) g.ids[static_cast<size_t>(r0.perm[x])] = static_cast<int32_t>(x / st.chunk);
+    return g;
   }
 
   size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {

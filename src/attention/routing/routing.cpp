@@ -33,6 +33,7 @@
 #include "attention/tile/tile_ops.h"
 #include "attention/tile/topk_select.h"
 #include "attention/tile/grad_util.h"
+#include "attention/query_groups.h"
 #include "attention/registry.h"
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
@@ -564,6 +565,15 @@ void attn_routing_ref(const RefProblem& pr, const RoutingState& st, std::vector<
 
 namespace {
 
+// Whether st is the routing of a non-causal forward with these sizes (its capacities follow N, M).
+bool routing_state_fits(const RoutingState& st, const AttentionDims& d, const RoutingParams& p) {
+  const int64_t C = p.clusters, wq_max = p.window > 0 ? std::min(p.window, d.N) : (d.N + C - 1) / C;
+  const int64_t wk = std::max<int64_t>(1, p.window > 0 ? std::min(p.window, d.M) : (d.M + C - 1) / C);
+  return !st.causal && st.C == C && st.cap == C * wq_max + d.N && st.wk == wk &&
+         st.mem_off.size() == static_cast<size_t>(d.B * d.H * (C + 1)) &&
+         st.mem.size() == static_cast<size_t>(d.B * d.H * st.cap);
+}
+
 class RoutingAttention final : public Attention {
  public:
   explicit RoutingAttention(const RoutingParams& p) : p_(p) {
@@ -612,10 +622,32 @@ class RoutingAttention final : public Attention {
       attn_bucket_window_bwd(in, d, softmax_scale(p_.scale, d.Dk), st.bw, out, dout, dq, dk, dv, bucket_window_workspace(ctx.scratch()));
       return;
     }
-    check(st.mem_off.size() == static_cast<size_t>(d.B * d.H * (st.C + 1)) && st.C == p_.clusters,
+    check(routing_state_fits(st, d, p_),
           "routing: backward inputs have shapes other than the forward's (q is now ", in.q.shape, ")");
     validate_backward(in, d, out, dout, dq, dk, dv, "routing");
     attn_routing_bwd(in, d, p_, st, dout, dq, dk, dv, ctx.scratch().get<RoutingWorkspace>());
+  }
+  // A cluster each query is a member of (the lowest index); causal: its bucket (nearest centroid).
+  QueryGroups query_groups(const AttentionInputs& in, const Context& ctx, int64_t b, int64_t h) const override {
+    const AttentionDims d = query_groups_dims(in, caps_, b, h, "routing");
+    const RoutingState& st = query_groups_state<RoutingState>(ctx, "routing");
+    const int64_t t = b * d.H + h, nv = valid_queries(in, d, b);
+    QueryGroups g{std::vector<int32_t>(static_cast<size_t>(d.N), -1), "cluster"};
+    if (in.causal) {
+      check_query_groups_shapes(st.causal && st.bw.lse2.shape() == Shape{d.B, d.H, d.N} &&
+                                    st.bw.qb.size() == static_cast<size_t>(d.B * d.H * st.bw.rounds * d.N),
+                                in, "routing");
+      const int32_t* qb = st.bw.qb.data() + t * st.bw.rounds * d.N;  // (N) round 0
+      std::copy(qb, qb + nv, g.ids.begin());
+      return g;
+    }
+    check_query_groups_shapes(routing_state_fits(st, d, p_), in, "routing");
+    const int32_t* off = st.mem_off.data() + t * (st.C + 1);  // (C + 1)
+    const int32_t* mem = st.mem.data() + t * st.cap;          // (cap) members by cluster
+    for (int64_t c = st.C - 1; c >= 0; --c)  // backwards: a query in several keeps the first
+      for (int32_t x = off[c]; x < off[c + 1]; ++x)
+        if (mem[x] < nv) g.ids[static_cast<size_t>(mem[x])] = static_cast<int32_t>(c);
+    return g;
   }
   size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {
     // The mask is not among the sizes: the bound covers both the causal and the plain pipeline.

@@ -44,6 +44,7 @@
 #include "attention/tile/gather.h"
 #include "attention/tile/tile_ops.h"
 #include "attention/tile/grad_util.h"
+#include "attention/query_groups.h"
 #include "attention/registry.h"
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
@@ -535,6 +536,32 @@ class SmyrfAttention final : public Attention {
           ", k ", in.k.shape, ")");
     validate_backward(in, d, out, dout, dq, dk, dv, "smyrf");
     attn_smyrf_bwd(in, d, p_, st, out, dout, dq, dk, dv, ctx.scratch().get<SmyrfWorkspace>());
+  }
+
+  // Each query's cluster of round 0 (its run of the sorted queries); causal: its round-0 bucket.
+  QueryGroups query_groups(const AttentionInputs& in, const Context& ctx, int64_t b, int64_t h) const override {
+    const AttentionDims d = query_groups_dims(in, caps_, b, h, "smyrf");
+    const SmyrfState& st = query_groups_state<SmyrfState>(ctx, "smyrf");
+    const int64_t t = b * d.H + h, nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
+    QueryGroups g{std::vector<int32_t>(static_cast<size_t>(d.N), -1), "cluster"};
+    if (in.causal) {
+      check_query_groups_shapes(st.causal && st.bw.lse2.shape() == Shape{d.B, d.H, d.N} &&
+                                    st.bw.qb.size() == static_cast<size_t>(d.B * d.H * st.bw.rounds * d.N),
+                                in, "smyrf");
+      const int32_t* qb = st.bw.qb.data() + t * st.bw.rounds * d.N;  // (N) round 0
+      std::copy(qb, qb + nv, g.ids.begin());
+      return g;
+    }
+    check_query_groups_shapes(!st.causal && st.lse2.shape() == Shape{d.B, d.H, d.N} &&
+                                  st.qperm.size() == static_cast<size_t>(d.B * d.H * st.rounds * d.N),
+                              in, "smyrf");
+    const int32_t* perm = st.qperm.data() + t * st.rounds * d.N;  // (N) round 0: valid queries first
+    const int64_t nc = num_clusters(st, nv, mv);
+    for (int64_t cl = 0; cl < nc; ++cl) {
+      const auto [x0, x1] = smyrf_cluster_range(nv, nc, cl, false);
+      for (int64_t x = x0; x < x1; ++x) g.ids[static_cast<size_t>(perm[x])] = static_cast<int32_t>(cl);
+    }
+    return g;
   }
 
   size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {

@@ -1,15 +1,19 @@
-// Micro-benchmarks (Google Benchmark) of the pieces under the attention variants: the tile
-// microkernels, the vectorised exp, the random-order row gathers of the sort-based variants and one
-// full-attention head. `clattn bench` measures whole variants; these isolate where the time goes.
-// Run: ./build/clattn_bench --benchmark_filter=Abt
+// Micro-benchmarks (Google Benchmark) of the internal pieces under the attention variants: the
+// tile microkernels, the vectorised exp and the random-order row gathers of the sort-based
+// variants. `clattn bench` and bench/ measure through the public API; these isolate where the time
+// goes inside it.
+// Where they live: bench/ builds on the public headers only (as the CLI, the bindings and the fuzz
+// targets do), and no public call runs one microkernel, one exp loop or one gather on its own, so
+// these benchmarks need src/ headers. They are kept here, beside the tests (which may include
+// src/), as their own executable clattn_kernel_bench, built with the benchmarks
+// (CLATTN_BUILD_BENCH) and never registered with CTest.
+// Run: ./build/clattn_kernel_bench --benchmark_filter=Abt
 #include <benchmark/benchmark.h>
 
 #include <utility>
 #include <vector>
 
 #include "attention/tile/gather.h"
-#include "clattn/attention.h"
-#include "clattn/parallel.h"
 #include "clattn/rng.h"
 #include "core/microkernel.h"
 #include "core/simd.h"
@@ -88,23 +92,6 @@ void BM_GatherBlocks(benchmark::State& st) {
   st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * n * D * 4);
 }
 BENCHMARK(BM_GatherBlocks)->Args({16384, 0})->Args({16384, 1})->Args({65536, 0})->Args({65536, 1})->Args({262144, 0})->Args({262144, 1});
-
-// One head of full attention forward, single thread, N = M = range(0), D = 64.
-void BM_FullHead(benchmark::State& st) {
-  const int64_t n = st.range(0);
-  set_threads(1);
-  auto q = randv(static_cast<size_t>(n * 64), 1), k = randv(static_cast<size_t>(n * 64), 2), v = randv(static_cast<size_t>(n * 64), 3);
-  std::vector<float> o(static_cast<size_t>(n * 64));
-  AttentionInputs in;
-  in.q = make_view(static_cast<const float*>(q.data()), Shape{1, 1, n, 64});
-  in.k = make_view(static_cast<const float*>(k.data()), Shape{1, 1, n, 64});
-  in.v = make_view(static_cast<const float*>(v.data()), Shape{1, 1, n, 64});
-  auto att = make_attention("full");
-  Context ctx;
-  for (auto _ : st) att->forward(in, make_view(o.data(), Shape{1, 1, n, 64}), ctx);
-  st.counters["GFLOP/s"] = benchmark::Counter(4.0 * n * n * 64, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
-}
-BENCHMARK(BM_FullHead)->Arg(1024)->Arg(4096)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
