@@ -192,6 +192,9 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
     }
   }
   if (!model_ && !a.init.empty()) {
+    check((task_->feature_dim() > 0) == (init_cfg->kind == ModelKind::kwt), "train: the ", task_->name(), " task has ",
+          task_->feature_dim() > 0 ? "feature frames" : "tokens", " but the model '", a.init, "' (",
+          init_cfg->model_type, ") reads ", init_cfg->kind == ModelKind::kwt ? "feature frames" : "tokens");
     LoadOptions lo;
     lo.head = head;
     lo.num_labels = head == TaskKind::classify ? task_->classes() : 0;

@@ -72,6 +72,28 @@ if need_data "train listops" listops/test_d20s.tsv; then
   grep -q 'left out of evaluation' "$dir/err" && ok || bad "listops: no note on skipped examples"
 fi
 
+# --- fine-tuning (--init): a pretrained decoder on the text through its own tokenizer, whose files
+# travel with the checkpoints so generate reads them; a KWT model on a feature set.
+if need_data "train --init" stories260k/config.json kwt1/config.json kwt1/features_espeak_keywords.safetensors; then
+  expect_ok "fine-tune stories260k" "$bin" train --task lm --init "$data/stories260k" --data "$text" --seq 64 --batch 2 \
+    --steps 3 --eval-every 3 --eval-examples 4 --threads 1 --attention 'improved-clustered:clusters=4,topk=8,block=16' \
+    --checkpoint "$dir/ft" --log "$dir/ft.jsonl"
+  grep -q '"metric":"bits_per_token"' "$dir/ft.jsonl" && ok || bad "tokenized lm logs no bits_per_token"
+  [ -s "$dir/ft/best/tokenizer.json" ] && [ -s "$dir/ft/best/tokenizer_config.json" ] && ok || bad "the tokenizer files are not in best/"
+  grep -q '"num_key_value_heads": 4' "$dir/ft/best/config.json" && ok || bad "the fine-tuned config lost the architecture"
+  expect_ok "generate from the fine-tuned model" "$bin" generate --model "$dir/ft/best" --prompt "ROMEO:" --tokens 8 --threads 1
+  expect_ok "eval the fine-tuned model" "$bin" eval --checkpoint "$dir/ft" --attention full --threads 1
+  expect_ok "fine-tune kwt1" "$bin" train --task features --init "$data/kwt1" \
+    --data "$data/kwt1/features_espeak_keywords.safetensors" --batch 4 --steps 2 --eval-every 2 --threads 1 --checkpoint "$dir/kw"
+  grep -q 'KWTForKeywordSpotting' "$dir/kw/best/config.json" && ok || bad "the fine-tuned KWT config: $(head -c 200 "$dir/kw/best/config.json")"
+  expect_exit 2 "--init with sizes" "keeps the checkpoint's architecture" "$bin" train --task lm --init "$data/stories260k" \
+    --data "$text" --layers 3
+  expect_exit 1 "--init of an encoder for lm" "lm" "$bin" train --task lm --init "$data/kwt1" --data "$text"
+  expect_exit 1 "features on a token model" "feature" "$bin" train --task features --init "$data/stories260k" \
+    --data "$data/kwt1/features_espeak_keywords.safetensors"
+fi
+expect_exit 2 "features without --init" "--init" "$bin" train --task features --data "$text"
+
 # --- exact resumption. Reference: one uninterrupted run.
 run=(train --task lm --data "$text" "${tiny[@]}" --steps 300 --eval-every 20 --lr 3e-3)
 expect_ok "reference run" "$bin" "${run[@]}" --checkpoint "$dir/ref" --log "$dir/ref.jsonl"

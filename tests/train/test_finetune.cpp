@@ -16,6 +16,7 @@
 #include "clattn/model.h"
 #include "clattn/safetensors.h"
 #include "clattn/train.h"
+#include "common/data.h"
 #include "common/test_util.h"
 #include "train_fixtures.h"
 
@@ -23,12 +24,6 @@ namespace clattn::testing {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string data_dir() {
-  if (const char* d = std::getenv("CLATTN_DATA")) return d;
-  if (const char* s = std::getenv("CLATTN_SOURCE_DIR")) return std::string(s) + "/../shared/data";
-  return "../shared/data";
-}
 
 // Mean cross-entropy (nats) of logits (n, C) against targets (-1 skipped), in double.
 double mean_ce(const float* logits, const std::vector<int32_t>& targets, int64_t C) {
@@ -51,7 +46,8 @@ double mean_ce(const float* logits, const std::vector<int32_t>& targets, int64_t
 // AdamW steps on one batch lower it; the trained object still decodes, and saving and loading
 // gives the same loss bits.
 TEST(FineTune, Stories260kTrainsAndStillDecodes) {
-  const std::string dir = data_dir() + "/stories260k";
+  CLATTN_NEED_DATA("stories260k");
+  const std::string dir = (data_dir() / "stories260k").string();
   const SafetensorsFile ref = SafetensorsFile::open(dir + "/reference_logits.safetensors");
   const std::vector<int32_t> tokens = ref.get_i32("tokens"), targets = ref.get_i32("targets");
   const Tensor logits = ref.get_f32("logits");  // (200, 512)
@@ -100,8 +96,9 @@ TEST(FineTune, Stories260kTrainsAndStillDecodes) {
 // KWT-1: the classify loss of a feature batch equals the one of its reference logits; training
 // lowers it; the inference forward of the same object gives the trained logits.
 TEST(FineTune, Kwt1TrainsOnFeatures) {
+  CLATTN_NEED_DATA("kwt1");
   OneThread one;
-  const std::string dir = data_dir() + "/kwt1";
+  const std::string dir = (data_dir() / "kwt1").string();
   const SafetensorsFile fs_ = SafetensorsFile::open(dir + "/features_espeak_keywords.safetensors");
   const Tensor feats = fs_.get_f32("features"), logits = fs_.get_f32("logits");  // (100, 98, 40), (100, 12)
   const std::vector<int32_t> labels = fs_.get_i32("labels");
