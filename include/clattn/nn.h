@@ -35,6 +35,9 @@ void gelu_fwd(float* y, const float* x, int64_t n, Gelu kind);
 
 // SwiGLU: y = silu(gate) ∘ up = gate / (1 + exp(−gate)) ∘ up over n floats; y may equal gate.
 void swiglu_fwd(float* y, const float* gate, const float* up, int64_t n);
+// The same over rows of a fused gate | up buffer (one GEMM makes both): row r of gu (row stride
+// ldgu) holds the gate in [0, n) and up in [n, 2n); y (rows, n) has row stride ldy.
+void swiglu_rows_fwd(float* y, int64_t ldy, const float* gu, int64_t ldgu, int64_t rows, int64_t n);
 
 // Rotary position embedding, rotate-half convention (Hugging Face LLaMA): for each head of
 // head_dim = 2h, with θ_i = pos · theta^(−2i/head_dim) for i < h,
@@ -87,6 +90,11 @@ void gelu_bwd(float* dx, const float* dy, const float* x, int64_t n, Gelu kind);
 void swiglu_bwd(float* dgate, float* dup, const float* dy, const float* gate, const float* up,
                 int64_t n);
 
+// Its backward over fused rows: dgu row r gets dgate in [0, n) and dup in [n, 2n) from dy (rows,
+// n, row stride lddy); dy may be the first n columns of dgu's own rows (lddy = lddgu).
+void swiglu_rows_bwd(float* dgu, int64_t lddgu, const float* dy, int64_t lddy, const float* gu, int64_t ldgu,
+                     int64_t rows, int64_t n);
+
 // RoPE is a rotation: its backward rotates the gradient by −θ, in place, same layout as rope_fwd.
 void rope_bwd(float* dx, int64_t ld, int64_t head_stride, const int32_t* pos, int64_t rows,
               int64_t heads, int64_t head_dim, float theta);
@@ -127,6 +135,12 @@ void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, 
 // Σ g² over n floats, in double (for the global gradient-norm clip): a fixed partition of n into
 // blocks summed in order, so the same bits for any thread count.
 double sum_squares(const float* g, int64_t n);
+// The fixed partition sum_squares uses: blocks = sum_squares_blocks(n), block b covers
+// [n·b/blocks, n·(b+1)/blocks) and sums (in double) to sum_squares_block(g + start, length); the
+// blocks add in order. Callers holding parts of a vector (data-parallel shards made of whole
+// blocks) get the same bits as sum_squares of the whole.
+int64_t sum_squares_blocks(int64_t n);
+double sum_squares_block(const float* g, int64_t n);
 // x *= a over n floats.
 void scale_inplace(float* x, float a, int64_t n);
 // Learning rate at `step` (0-based): warm-up base · (step + 1) / warmup for step < warmup (never

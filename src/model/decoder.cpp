@@ -22,7 +22,6 @@
 
 namespace clattn {
 
-using model::for_rows;
 using model::ms_now;
 
 struct Decoder::Layout {
@@ -217,8 +216,7 @@ void Decoder::forward_layers(int64_t B, int64_t T, std::span<const int32_t> leng
     }
     nn::rmsnorm_fwd(s.xn2, s.u1, p(y.post_norm), rows, H, c.eps, s.r2);
     lin(s.gu, 2 * F, s.xn2, H, p(y.wgu), nullptr, rows, H, 2 * F);
-    // SwiGLU over the fused (rows, 2F) gate | up rows: one call per row inside our own loop.
-    for_rows(rows, F, [&](int64_t r) { nn::swiglu_fwd(b.sbuf + r * F, s.gu + r * 2 * F, s.gu + r * 2 * F + F, F); });
+    nn::swiglu_rows_fwd(b.sbuf, F, s.gu, 2 * F, rows, F);
     // x' = u1 + drop(s·Wdown)
     if (drop) {
       lin(b.dt, H, b.sbuf, F, p(y.down), nullptr, rows, F, H);
@@ -262,13 +260,11 @@ void Decoder::backward_layers(int64_t B, int64_t T, std::span<const int32_t> len
       dropout_grad(b.dt, dx, B, T, H, l, 1, step, first);
       dff = b.dt;
     }
-    for_rows(rows, F, [&](int64_t r) { nn::swiglu_fwd(b.sbuf + r * F, s.gu + r * 2 * F, s.gu + r * 2 * F + F, F); });
+    nn::swiglu_rows_fwd(b.sbuf, F, s.gu, 2 * F, rows, F);
     lin_bwd(b.dgu, 2 * F, g(y.down), nullptr, dff, H, b.sbuf, F, p(y.down), rows, F, H);
-    // dgu holds d(swiglu) in the first F columns of each row; SwiGLU's backward per row writes
-    // dgate over it (allowed: dgate may alias dy) and dup beside it.
-    for_rows(rows, F, [&](int64_t r) {
-      nn::swiglu_bwd(b.dgu + r * 2 * F, b.dgu + r * 2 * F + F, b.dgu + r * 2 * F, s.gu + r * 2 * F, s.gu + r * 2 * F + F, F);
-    });
+    // dgu holds d(swiglu) in the first F columns of each row; SwiGLU's backward writes dgate
+    // over it and dup beside it.
+    nn::swiglu_rows_bwd(b.dgu, 2 * F, b.dgu, 2 * F, s.gu, 2 * F, rows, F);
     lin_bwd(b.dt2, H, g(y.wgu), nullptr, b.dgu, 2 * F, s.xn2, H, p(y.wgu), rows, H, 2 * F);
     // f = RMS2(u1): du1 = dx + RMS2'(df)
     nn::rmsnorm_bwd(dx, g(y.post_norm), b.dt2, s.u1, p(y.post_norm), s.r2, rows, H, true);

@@ -16,21 +16,23 @@ using namespace detail;  // nn_internal.h: SIMD names, kParallelMin
 
 constexpr int64_t kChunk = 4096;          // floats per OpenMP work item (16 KB)
 
-// y[e] = op(a[e], b[e]) over n floats, lane by lane (so y may equal a or b). b may be null when
-// op ignores it.
+// y[e] = op(a[e], b[e]) for e in [e, end), lane by lane (so y may equal a or b). b may be null
+// when op ignores it.
+template <class Op>
+void map2_range(float* y, const float* a, const float* b, int64_t e, int64_t end, Op op) {
+  for (; e + kLanes <= end; e += kLanes) store(y + e, op(load(a + e), b ? load(b + e) : vf{}));
+  if (e < end) {
+    const int r = static_cast<int>(end - e);
+    store_partial(y + e, op(load_partial(a + e, r), b ? load_partial(b + e, r) : vf{}), r);
+  }
+}
+
+// The same over n floats, in chunks spread over the threads.
 template <class Op>
 void map2(float* y, const float* a, const float* b, int64_t n, Op op) {
   const int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t end = std::min(n, (c + 1) * kChunk);
-    int64_t e = c * kChunk;
-    for (; e + kLanes <= end; e += kLanes) store(y + e, op(load(a + e), b ? load(b + e) : vf{}));
-    if (e < end) {
-      const int r = static_cast<int>(end - e);
-      store_partial(y + e, op(load_partial(a + e, r), b ? load_partial(b + e, r) : vf{}), r);
-    }
-  }
+  for (int64_t c = 0; c < chunks; ++c) map2_range(y, a, b, c * kChunk, std::min(n, (c + 1) * kChunk), op);
 }
 
 inline vf vabs(vf x) {
@@ -110,6 +112,32 @@ inline vf gelu_tanh_grad(vf dy, vf x) {
   return dy * (s + 2.f * x * s * sc * du);
 }
 
+// SwiGLU's backward for e in [e, end): every input lane is loaded before either output is stored,
+// so dgate or dup may alias dy.
+void swiglu_bwd_range(float* dgate, float* dup, const float* dy, const float* gate, const float* up, int64_t e,
+                      int64_t end) {
+  const auto step = [&](int64_t i, int r) {
+    const bool full = r == kLanes;
+    const vf d = full ? load(dy + i) : load_partial(dy + i, r);
+    const vf g = full ? load(gate + i) : load_partial(gate + i, r);
+    const vf u = dgate == nullptr ? vf{} : full ? load(up + i) : load_partial(up + i, r);
+    vf s, sc;
+    sigmoid_pair(g, s, sc);
+    if (dgate) {
+      const vf v = d * u * (s * (1.f + g * sc));
+      if (full) store(dgate + i, v);
+      else store_partial(dgate + i, v, r);
+    }
+    if (dup) {
+      const vf v = d * (g * s);
+      if (full) store(dup + i, v);
+      else store_partial(dup + i, v, r);
+    }
+  };
+  for (; e + kLanes <= end; e += kLanes) step(e, kLanes);
+  if (e < end) step(e, static_cast<int>(end - e));
+}
+
 }  // namespace
 
 void add_inplace(float* x, const float* r, int64_t n) {
@@ -134,6 +162,15 @@ void swiglu_fwd(float* y, const float* gate, const float* up, int64_t n) {
   map2(y, gate, up, n, swiglu);
 }
 
+void swiglu_rows_fwd(float* y, int64_t ldy, const float* gu, int64_t ldgu, int64_t rows, int64_t n) {
+  check(rows >= 0 && n >= 0 && ldy >= n && ldgu >= 2 * n, "swiglu_rows_fwd: need rows, n >= 0, ldy >= n and ldgu >= 2n, got rows=",
+        rows, " n=", n, " ldy=", ldy, " ldgu=", ldgu);
+  if (rows == 0 || n == 0) return;
+  check(y != nullptr && gu != nullptr, "swiglu_rows_fwd: y and gu must not be null");
+#pragma omp parallel for schedule(static) if (rows * n > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) map2_range(y + r * ldy, gu + r * ldgu, gu + r * ldgu + n, 0, n, swiglu);
+}
+
 void gelu_bwd(float* dx, const float* dy, const float* x, int64_t n, Gelu kind) {
   check(n >= 0, "gelu_bwd: n must be >= 0, got ", n);
   if (n == 0) return;
@@ -152,32 +189,20 @@ void swiglu_bwd(float* dgate, float* dup, const float* dy, const float* gate, co
   check(dy != nullptr && gate != nullptr, "swiglu_bwd: dy and gate must not be null");
   check(dgate == nullptr || up != nullptr, "swiglu_bwd: up must not be null when dgate is wanted");
   check(dgate == nullptr || dgate != dup, "swiglu_bwd: dgate and dup must be different buffers");
-  const auto step = [&](int64_t e, int r) {
-    const bool full = r == kLanes;
-    const vf d = full ? load(dy + e) : load_partial(dy + e, r);
-    const vf g = full ? load(gate + e) : load_partial(gate + e, r);
-    const vf u = dgate == nullptr ? vf{} : full ? load(up + e) : load_partial(up + e, r);
-    vf s, sc;
-    sigmoid_pair(g, s, sc);
-    if (dgate) {
-      const vf v = d * u * (s * (1.f + g * sc));
-      if (full) store(dgate + e, v);
-      else store_partial(dgate + e, v, r);
-    }
-    if (dup) {
-      const vf v = d * (g * s);
-      if (full) store(dup + e, v);
-      else store_partial(dup + e, v, r);
-    }
-  };
   const int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t end = std::min(n, (c + 1) * kChunk);
-    int64_t e = c * kChunk;
-    for (; e + kLanes <= end; e += kLanes) step(e, kLanes);
-    if (e < end) step(e, static_cast<int>(end - e));
-  }
+  for (int64_t c = 0; c < chunks; ++c) swiglu_bwd_range(dgate, dup, dy, gate, up, c * kChunk, std::min(n, (c + 1) * kChunk));
+}
+
+void swiglu_rows_bwd(float* dgu, int64_t lddgu, const float* dy, int64_t lddy, const float* gu, int64_t ldgu, int64_t rows,
+                     int64_t n) {
+  check(rows >= 0 && n >= 0 && lddy >= n && ldgu >= 2 * n && lddgu >= 2 * n,
+        "swiglu_rows_bwd: need rows, n >= 0, lddy >= n, ldgu and lddgu >= 2n, got rows=", rows, " n=", n);
+  if (rows == 0 || n == 0) return;
+  check(dgu != nullptr && dy != nullptr && gu != nullptr, "swiglu_rows_bwd: dgu, dy and gu must not be null");
+#pragma omp parallel for schedule(static) if (rows * n > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r)
+    swiglu_bwd_range(dgu + r * lddgu, dgu + r * lddgu + n, dy + r * lddy, gu + r * ldgu, gu + r * ldgu + n, 0, n);
 }
 
 }  // namespace clattn::nn
