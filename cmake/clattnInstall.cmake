@@ -49,6 +49,11 @@ endforeach()
 # libopenblas.so for -l to find) with a RUNPATH to its directory, libm. A sanitized build also
 # needs its runtime.
 set(CLATTN_PC_LIBS "${OpenMP_CXX_FLAGS} ${CLATTN_OPENBLAS} -Wl,-rpath,${CLATTN_OPENBLAS_DIR} -lm")
+if(CLATTN_MPI)
+  # Open MPI's C++ link line (its libraries and flags, as mpicxx would add them).
+  string(REPLACE ";" " " _mpi_libs "${MPI_CXX_LIBRARIES}")
+  string(APPEND CLATTN_PC_LIBS " ${MPI_CXX_LINK_FLAGS} ${_mpi_libs}")
+endif()
 if(CLATTN_SANITIZE)
   string(APPEND CLATTN_PC_LIBS " -fsanitize=${_san}")
 endif()

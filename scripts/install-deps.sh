@@ -21,10 +21,12 @@ set -euo pipefail
 #                                (about 30 s to install, so CI tests it)
 #   clang, libomp-dev,           libFuzzer targets and the ThreadSanitizer build (TSan understands
 #   libclang-rt-14-dev           LLVM's libomp, not libgomp)
+#   libopenmpi-dev, openmpi-bin  Open MPI: data-parallel training and sequence-parallel attention
+#                                across ranks launched by mpirun (tested over shared memory)
 packages=(cmake ninja-build g++ libopenblas-dev libopenblas0-openmp nlohmann-json3-dev
           libcli11-dev libgtest-dev libbenchmark-dev pkg-config
           gnuplot-nox python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest
-          python3-torch clang libomp-dev libclang-rt-14-dev)
+          python3-torch clang libomp-dev libclang-rt-14-dev libopenmpi-dev openmpi-bin)
 
 missing=()
 for p in "${packages[@]}"; do

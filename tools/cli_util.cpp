@@ -172,4 +172,13 @@ void check_memory(double bytes, const std::string& what) {
         " of memory, but this machine has ", have, " available");
 }
 
+int local_ranks() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
+    if (const char* s = std::getenv(v); s && *s) {
+      const int n = std::atoi(s);
+      if (n >= 1) return n;
+    }
+  return 1;
+}
+
 }  // namespace clattn::cli

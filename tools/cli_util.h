@@ -55,6 +55,9 @@ void check_memory(double bytes, const std::string& what);
 
 // The processors this process may run on (its CPU affinity), at least 1.
 int available_processors();
+// Ranks of this job on this machine (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS,
+// SLURM_NTASKS_PER_NODE), 1 outside a job.
+int local_ranks();
 
 // Registers `--threads N` on sub: an explicit value must be >= 1 (a usage error otherwise, at
 // parse time); absent leaves `threads` at 0.

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli_util.h"
+#include "clattn/comm.h"
 #include "clattn/error.h"
 #include "commands.h"
 #include "version.h"
@@ -57,6 +58,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "clattn: error: out of memory (std::bad_alloc): try smaller sizes\n");
     return clattn::cli::kExitRuntime;
   } catch (const std::exception& e) {  // clattn::Error and the rest
+    // In a job of several ranks the others may be waiting on this one: end them all.
+    if (clattn::built_with_mpi() && clattn::launched_by_mpi() && clattn::world().size() > 1)
+      clattn::world().abort(std::string("error: ") + e.what(), clattn::cli::kExitRuntime);
     std::fprintf(stderr, "clattn: error: %s\n", e.what());
     return clattn::cli::kExitRuntime;
   }

@@ -16,6 +16,7 @@
 
 #include "cli_util.h"
 #include "clattn/attention.h"
+#include "clattn/comm.h"
 #include "clattn/data.h"
 #include "clattn/error.h"
 #include "clattn/model.h"
@@ -81,6 +82,7 @@ void check_train_args(TrainCli& cl) {
   check_size(a.ff, 1, 1 << 20, "train: --ff");
   if (cl.seq_given) check_size(a.seq, 1, kMaxCount, "train: --seq");
   check_size(a.batch, 1, 1 << 20, "train: --batch");
+  check_size(a.accum, 1, 1 << 20, "train: --accum");
   check_size(a.steps, 1, kMaxCount, "train: --steps");
   check_size(a.warmup, 0, kMaxCount, "train: --warmup");
   check_size(a.eval_every, 1, kMaxCount, "train: --eval-every");
@@ -106,18 +108,27 @@ void check_train_args(TrainCli& cl) {
 void run_train(TrainCli cl) {
   check_train_args(cl);
   TrainOptions& a = cl.o;
+  // Under mpirun / srun every rank runs this; the ranks of one machine share its processors.
+  Communicator& comm = world();
+  a.comm = &comm;
+  const bool lead = comm.rank() == 0;
+  if (a.threads == 0 && comm.size() > 1) a.threads = std::max(1, available_processors() / local_ranks());
   const int threads = checked_threads(a.threads, "train");
   set_threads(threads);
   a.threads = threads;
   a.task.kind = cl.task;
   a.version = CLATTN_VERSION;
   a.commit = CLATTN_COMMIT;
-  if (a.resume && !a.checkpoint.empty() && !fs::exists(fs::path(a.checkpoint) / "latest" / "train_state.json"))
+  if (lead && a.resume && !a.checkpoint.empty() && !fs::exists(fs::path(a.checkpoint) / "latest" / "train_state.json"))
     std::fprintf(stderr, "train: no checkpoint in %s yet; starting from step 0\n", (fs::path(a.checkpoint) / "latest").c_str());
   Trainer tr(a);
   const TrainOptions& o = tr.options();
   check_memory(tr.step_bytes(), "train: the model, its optimizer state and the activations of batch " +
                                     std::to_string(o.batch) + " x " + std::to_string(o.seq));
+  if (!lead) {  // rank 0 speaks for the job
+    tr.run();
+    return;
+  }
   if (const int64_t skipped = tr.eval_skipped())
     std::fprintf(stderr, "train: %lld held-out examples longer than --seq %lld are left out of evaluation\n",
                  static_cast<long long>(skipped), static_cast<long long>(o.seq));
@@ -128,6 +139,9 @@ void run_train(TrainCli cl) {
                static_cast<long long>(o.batch), static_cast<long long>(o.seq),
                o.init.empty() ? "" : (", from " + o.init).c_str(),
                tr.resumed() ? (", resumed at step " + std::to_string(tr.steps_done())).c_str() : "");
+  if (comm.size() > 1)
+    std::fprintf(stderr, "train: %s x %d threads, %s gradient sum%s\n", comm.name().c_str(), threads, o.reproducible ? "fixed-tree (reproducible)" : "all-reduce",
+                 o.shard_optimizer ? ", optimizer sharded (ZeRO-1)" : "");
 
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   const auto run_t0 = Clock::now();
@@ -293,6 +307,14 @@ void add_train(CLI::App& app) {
   sub->add_option("--time-budget", a.time_budget, "stop after this many seconds of training, then evaluate (0 = none)");
   sub->add_option("--seed", a.task.seed, "seed of the initialisation, the data and the attention draws (default 0)");
   sub->add_option("--log", a.log, "JSON-lines log (appended to on --resume)");
+  sub->add_flag("--reproducible,!--no-reproducible", a.reproducible,
+                "sum the gradient in one fixed tree over the batch's sequences: the same bits for any number of "
+                "ranks (default on); --no-reproducible: each rank's share in --accum micro-batches, all-reduced");
+  sub->add_option("--accum", a.accum, "with --no-reproducible: micro-batches per rank and step (default 1)");
+  sub->add_flag("!--no-overlap", a.overlap,
+                "exchange the gradient after the backward instead of layer by layer during it (for measuring the overlap)");
+  sub->add_flag("--shard-optimizer", a.shard_optimizer,
+                "ZeRO-1 under mpirun: AdamW's moments and update sharded across the ranks (default off)");
   add_threads_option(sub, a.threads, "train");
   sub->callback([cl, sizes, seq] {
     for (CLI::Option* o : sizes) cl->sizes_given = cl->sizes_given || o->count() > 0;

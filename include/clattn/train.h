@@ -33,11 +33,16 @@
 #include <string>
 #include <vector>
 
+#include "clattn/comm.h"
 #include "clattn/data.h"
 #include "clattn/model.h"
 #include "clattn/nn.h"
 
 namespace clattn {
+
+namespace train {
+class GradReducer;  // src/train/grad_reduce.h
+}
 
 struct OptimizerOptions {
   float lr = 1e-3f, min_lr = 1e-4f;
@@ -50,6 +55,12 @@ struct OptimizerOptions {
 class Optimizer {
  public:
   Optimizer(Model& model, const OptimizerOptions& opt);
+  // The optimizer of one shard [begin, end) of the parameters (ZeRO-1: each rank of comm holds
+  // the moments of its own shard and updates only it; the caller gathers the parameters). The
+  // gradient norm adds the shards' nn::sum_squares blocks across comm, so it has the bits of the
+  // unsharded norm; shards must be unions of those blocks. save() and load() read and write the
+  // whole state (save is then collective: every rank calls it, rank 0 writes).
+  Optimizer(Model& model, const OptimizerOptions& opt, Communicator* comm, int64_t begin, int64_t end);
   // Applies one update from the model's grads (already averaged; clipped in place when their
   // global norm exceeds clip); returns the pre-clip grad norm. The learning rate is
   // nn::lr_schedule(steps_done(), ...) before the step. A non-finite norm is an error (nothing is
@@ -68,7 +79,9 @@ class Optimizer {
   };
   Model* model_;
   OptimizerOptions opt_;
-  std::vector<float> m_, v_;
+  Communicator* comm_ = nullptr;  // sharded when set
+  int64_t begin_ = 0, end_ = 0;   // the shard of the parameters this optimizer updates
+  std::vector<float> m_, v_;      // (end - begin)
   std::vector<Run> runs_;
   int64_t t_ = 0;
 };
@@ -82,6 +95,9 @@ struct EvalResult {
   double seconds = 0;
 };
 EvalResult evaluate(Model& model, const std::vector<Batch>& batches, bool accuracy);
+// The same split across the ranks of comm (batch i on rank i mod R), with the same figures as
+// on one rank: per-batch sums gathered and added in batch order.
+EvalResult evaluate(Model& model, const std::vector<Batch>& batches, bool accuracy, Communicator& comm);
 
 struct TrainOptions {
   TaskOptions task;       // kind, data, seed (also of the initialisation and every draw), ...
@@ -100,12 +116,33 @@ struct TrainOptions {
   // Recorded in the log header (the caller sets the thread count and knows its build).
   int threads = 0;
   std::string version, commit;
+
+  // Data parallelism (docs/distributed.md). The ranks of `comm` (null: this process alone) split
+  // each step's batch; every rank builds the same task and model, only rank 0 writes the log and
+  // the checkpoints, and evaluation is split across the ranks.
+  Communicator* comm = nullptr;
+  // Sum the batch's gradient in one fixed tree over its sequences (one forward/backward per
+  // sequence): losses, parameters and checkpoints have the same bits for any number of ranks and
+  // any accum. Off: each rank's share in `accum` micro-batches, summed by MPI's all-reduce (the
+  // same bits run to run for a given number of ranks only).
+  bool reproducible = true;
+  int64_t accum = 1;
+  // ZeRO-1: AdamW's moments and update sharded across the ranks (memory per rank / R), the
+  // parameters gathered after each step. Results equal the unsharded optimizer's.
+  bool shard_optimizer = false;
+  // Start exchanging each layer's gradient as soon as its backward is done (the exchange overlaps
+  // the rest of the backward); off: exchange everything after the backward (for measuring what
+  // the overlap hides).
+  bool overlap = true;
 };
 
 struct StepReport {
   int64_t step = 0;  // steps done
   double loss = 0, lr = 0, ms = 0, tokens_per_s = 0, grad_norm = 0;
-  StepResult detail;  // the forward/backward's timings
+  // Milliseconds this rank waited for the gradient exchange after its backward (what the
+  // backward did not hide), and spent gathering the result.
+  double comm_ms = 0;
+  StepResult detail;  // this rank's forward/backward timings, summed over its micro-batches
 };
 
 struct EvalReport {
@@ -155,7 +192,15 @@ class Trainer {
   class Files;  // the checkpoint folder and the log
   void begin();
   void checkpoint(const std::string& name, const char* why);
+  // One step's gradient, reduced over the ranks into the model's grads; returns the step's
+  // summed loss and counts (identical on every rank) and the exchange's wait.
+  StepResult reproducible_gradient(const Batch& batch, double& comm_ms);
+  StepResult micro_batch_gradient(const Batch& batch, double& comm_ms);
+  bool lead() const { return comm_->rank() == 0; }
   TrainOptions opt_;
+  std::unique_ptr<Communicator> own_comm_;  // the single process, when no communicator was given
+  Communicator* comm_ = nullptr;
+  std::unique_ptr<train::GradReducer> reducer_;
   std::unique_ptr<Task> task_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optim_;

@@ -103,11 +103,15 @@ void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, 
   });
 }
 
+int64_t sum_squares_blocks(int64_t n) { return std::clamp<int64_t>(n / kMinSqBlock, 1, kMaxSqBlocks); }
+
+double sum_squares_block(const float* g, int64_t n) { return n > 0 ? block_sum_squares(g, n) : 0.0; }
+
 double sum_squares(const float* g, int64_t n) {
   check(n >= 0, "sum_squares: n must be >= 0, got ", n);
   if (n == 0) return 0.0;
   check(g != nullptr, "sum_squares: g must not be null");
-  const int64_t blocks = std::clamp<int64_t>(n / kMinSqBlock, 1, kMaxSqBlocks);
+  const int64_t blocks = sum_squares_blocks(n);
   double partial[kMaxSqBlocks];  // (blocks)
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
   for (int64_t b = 0; b < blocks; ++b) {

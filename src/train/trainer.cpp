@@ -10,7 +10,9 @@
 
 #include "clattn/atomic_file.h"
 #include "clattn/error.h"
+#include "clattn/nn.h"
 #include "clattn/train.h"
+#include "train/grad_reduce.h"
 #include "train/run_files.h"
 
 namespace clattn {
@@ -128,6 +130,36 @@ EvalResult evaluate(Model& model, const std::vector<Batch>& batches, bool accura
   return e;
 }
 
+EvalResult evaluate(Model& model, const std::vector<Batch>& batches, bool accuracy, Communicator& comm) {
+  const auto t0 = Clock::now();
+  const int R = comm.size();
+  // Per batch: loss sum, targets, correct, examples; zero where another rank evaluates, so the
+  // all-reduce is exact and every rank adds the same numbers in batch order.
+  std::vector<double> per(4 * batches.size(), 0.0);
+  for (size_t i = static_cast<size_t>(comm.rank()); i < batches.size(); i += static_cast<size_t>(R)) {
+    const StepResult r = model.forward_backward(batches[i], false, 0);
+    per[4 * i] = r.loss_sum;
+    per[4 * i + 1] = static_cast<double>(r.counted);
+    per[4 * i + 2] = static_cast<double>(r.correct);
+    per[4 * i + 3] = static_cast<double>(batches[i].B);
+  }
+  comm.all_reduce_sum(per.data(), per.size());
+  double loss = 0, counted = 0, correct = 0, examples = 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    loss += per[4 * i];
+    counted += per[4 * i + 1];
+    correct += per[4 * i + 2];
+    examples += per[4 * i + 3];
+  }
+  EvalResult e;
+  e.examples = static_cast<int64_t>(examples);
+  e.targets = static_cast<int64_t>(counted);
+  e.loss = counted > 0 ? loss / counted : 0;
+  e.metric = accuracy ? (counted > 0 ? correct / counted : 0) : e.loss / std::log(2.0);
+  e.seconds = seconds_since(t0);
+  return e;
+}
+
 class Trainer::Files {
  public:
   fs::path root;
@@ -137,6 +169,16 @@ class Trainer::Files {
 
 Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_unique<Files>()), best_(std::nan("")) {
   TrainOptions& a = opt_;
+  comm_ = a.comm;
+  if (!comm_) {
+    own_comm_ = single_process_communicator();
+    comm_ = own_comm_.get();
+  }
+  check(a.accum >= 1, "train: accum must be >= 1, got ", a.accum);
+  check(a.batch >= comm_->size(), "train: a batch of ", a.batch, " sequences cannot be split over ", comm_->size(),
+        " ranks (each needs one); use --batch >= ", comm_->size());
+  check(a.reproducible || a.batch % (comm_->size() * a.accum) == 0 || a.accum == 1, "train: --accum ", a.accum,
+        " must divide each rank's share of the batch");
   check(!a.resume || !a.checkpoint.empty(), "train: resume needs a checkpoint folder");
   check(a.batch >= 1 && a.steps >= 1 && a.warmup >= 0 && a.eval_every >= 1 && a.eval_examples >= 0 && a.seq >= 0,
         "train: batch, steps and eval_every must be >= 1, warmup, eval_examples and seq >= 0");
@@ -169,11 +211,14 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
   Files& f = *files_;
   if (!a.checkpoint.empty()) {
     f.root = a.checkpoint;
-    std::error_code ec;
-    fs::create_directories(f.root, ec);
-    check(fs::is_directory(f.root), "train: cannot create the checkpoint folder '", f.root.string(), "'");
-    train::recover(f.root, "latest");
-    train::recover(f.root, "best");
+    if (lead()) {  // rank 0 owns the folder; the others read it once it is settled
+      std::error_code ec;
+      fs::create_directories(f.root, ec);
+      check(fs::is_directory(f.root), "train: cannot create the checkpoint folder '", f.root.string(), "'");
+      train::recover(f.root, "latest");
+      train::recover(f.root, "best");
+    }
+    comm_->barrier();
     const bool have = fs::exists(f.root / "latest" / "train_state.json");
     check(a.resume || !have, "train: '", f.root.string(),
           "' already holds a run (latest/); pass --resume to continue it, or choose another --checkpoint");
@@ -228,7 +273,16 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
   oo.total_steps = a.steps;
   oo.clip = static_cast<float>(a.clip);
   oo.adamw.weight_decay = static_cast<float>(a.weight_decay);
-  optim_ = std::make_unique<Optimizer>(*model_, oo);
+  const int64_t P = static_cast<int64_t>(model_->params().size());
+  if (a.reproducible) reducer_ = std::make_unique<train::GradReducer>(*comm_, P, a.batch);
+  if (a.shard_optimizer) {
+    // Shards of whole nn::sum_squares blocks, as the reducer's (same split).
+    const int R = comm_->size(), r = comm_->rank();
+    const int64_t nb = nn::sum_squares_blocks(P);
+    optim_ = std::make_unique<Optimizer>(*model_, oo, comm_, P * (nb * r / R) / nb, P * (nb * (r + 1) / R) / nb);
+  } else {
+    optim_ = std::make_unique<Optimizer>(*model_, oo);
+  }
   if (resumed_) {
     const json& st = f.state;
     optim_->load((f.root / "latest" / "optimizer.safetensors").string());
@@ -254,7 +308,7 @@ void Trainer::begin() {
   if (begun_) return;
   begun_ = true;
   const TrainOptions& a = opt_;
-  files_->log = train::Log(a.log, resumed_ || a.resume);
+  if (lead()) files_->log = train::Log(a.log, resumed_ || a.resume);
   json cfg = files_->args;
   cfg["eval_every"] = a.eval_every;
   cfg["eval_examples"] = a.eval_examples;
@@ -264,11 +318,23 @@ void Trainer::begin() {
   cfg["vocab"] = task_->vocab();
   cfg["version"] = a.version;
   cfg["commit"] = a.commit;
+  cfg["ranks"] = comm_->size();
+  cfg["reproducible"] = a.reproducible;
+  cfg["accum"] = a.accum;
+  cfg["shard_optimizer"] = a.shard_optimizer;
+  cfg["overlap"] = a.overlap;
   files_->log.write({{"config", cfg}, {"attention", a.attention}, {"resume_step", step_}});
 }
 
 void Trainer::checkpoint(const std::string& name, const char* why) {
   if (opt_.checkpoint.empty()) return;
+  // Every rank is at this step (the evaluation before was collective); the sharded optimizer
+  // gathers its moments, and rank 0 alone writes.
+  if (!lead()) {
+    if (opt_.shard_optimizer) optim_->save("");
+    comm_->barrier();
+    return;
+  }
   json st = {{"step", step_}, {"elapsed_s", elapsed_}, {"best_step", best_step_}, {"seed", opt_.task.seed},
              {"best_metric", std::isnan(best_) ? json(nullptr) : json(best_)}, {"metric", metric_},
              {"args", files_->args}};
@@ -279,20 +345,148 @@ void Trainer::checkpoint(const std::string& name, const char* why) {
     copy_tokenizer(tokenizer_, tmp);
     write_file_atomic((tmp / "train_state.json").string(), st.dump(2) + "\n");
   });
+  comm_->barrier();
+}
+
+namespace {
+
+// Targets a batch's loss counts: the divisor of its mean loss, known before any forward.
+int64_t counted_targets(const Batch& b) {
+  int64_t n = 0;
+  for (int32_t t : b.targets) n += t >= 0;
+  return n;
+}
+
+}  // namespace
+
+StepResult Trainer::reproducible_gradient(const Batch& batch, double& comm_ms) {
+  train::GradReducer& red = *reducer_;
+  Model& m = *model_;
+  std::span<float> g = m.grads();
+  const int64_t P = static_cast<int64_t>(g.size()), G = batch.B;
+  // Per sequence: loss sum, targets, correct (zero where another rank computes it: exact sums).
+  std::vector<double> per(static_cast<size_t>(3 * G), 0.0);
+  StepResult mine;
+  int64_t sent = 0;
+  for (int64_t u = red.lo(); u < red.hi(); ++u) {
+    const Batch one = batch_slice(batch, u, 1);
+    m.zero_grads();
+    const bool last = u + 1 == red.hi();
+    if (last && opt_.overlap)  // the exchange of each layer starts as soon as its backward is done
+      m.on_grads_ready = [&](int64_t lo, int64_t hi) {
+        red.add(u, g.data(), lo, hi);
+        red.send(lo, hi);
+        red.progress();
+        sent += hi - lo;
+      };
+    // The gradient of the sequence's summed loss; the step's mean divides once, after the sum.
+    const StepResult r = m.forward_backward(one, true, static_cast<uint64_t>(step_), 1.0);
+    m.on_grads_ready = nullptr;
+    if (!last || !opt_.overlap) {
+      red.add(u, g.data(), 0, P);
+      red.progress();
+    }
+    if (last && !opt_.overlap) {
+      red.send(0, P);
+      sent = P;
+    }
+    per[static_cast<size_t>(3 * u)] = r.loss_sum;
+    per[static_cast<size_t>(3 * u + 1)] = static_cast<double>(r.counted);
+    per[static_cast<size_t>(3 * u + 2)] = static_cast<double>(r.correct);
+    mine.attention_ms += r.attention_ms;
+    mine.dense_ms += r.dense_ms;
+    mine.total_ms += r.total_ms;
+  }
+  check(sent == P, "train: internal: the backward reported ", sent, " of ", P, " gradients");
+  comm_ms = red.finish(g.data());
+  const auto t0 = Clock::now();
+  comm_->all_reduce_sum(per.data(), per.size());
+  StepResult all = mine;
+  all.loss_sum = 0;
+  for (int64_t u = 0; u < G; ++u) {
+    all.loss_sum += per[static_cast<size_t>(3 * u)];
+    all.counted += static_cast<int64_t>(per[static_cast<size_t>(3 * u + 1)]);
+    all.correct += static_cast<int64_t>(per[static_cast<size_t>(3 * u + 2)]);
+  }
+  // The mean over the step's targets, on this rank's shard of the summed gradient.
+  const float inv = all.counted > 0 ? static_cast<float>(1.0 / static_cast<double>(all.counted)) : 0.f;
+  nn::scale_inplace(g.data() + red.shard_begin(), inv, red.shard_end() - red.shard_begin());
+  if (!opt_.shard_optimizer) red.gather(g.data());
+  comm_ms += seconds_since(t0) * 1e3;
+  return all;
+}
+
+StepResult Trainer::micro_batch_gradient(const Batch& batch, double& comm_ms) {
+  Model& m = *model_;
+  std::span<float> g = m.grads();
+  const int R = comm_->size(), r = comm_->rank();
+  const int64_t lo = batch.B * r / R, hi = batch.B * (r + 1) / R, K = std::min<int64_t>(opt_.accum, hi - lo);
+  const double divisor = static_cast<double>(std::max<int64_t>(1, counted_targets(batch)));
+  m.zero_grads();
+  StepResult mine;
+  std::vector<std::unique_ptr<CommRequest>> reqs;
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t a = lo + (hi - lo) * k / K, b = lo + (hi - lo) * (k + 1) / K;
+    const bool last = k + 1 == K;
+    if (last && R > 1 && opt_.overlap)  // all-reduce each layer's gradient while the backward goes on
+      m.on_grads_ready = [&](int64_t p0, int64_t p1) {
+        reqs.push_back(comm_->iall_reduce_sum(g.data() + p0, static_cast<size_t>(p1 - p0)));
+        for (auto& q : reqs) (void)q->test();
+      };
+    const StepResult s = m.forward_backward(batch_slice(batch, a, b - a), true, static_cast<uint64_t>(step_), divisor);
+    m.on_grads_ready = nullptr;
+    mine.loss_sum += s.loss_sum;
+    mine.counted += s.counted;
+    mine.correct += s.correct;
+    mine.attention_ms += s.attention_ms;
+    mine.dense_ms += s.dense_ms;
+    mine.total_ms += s.total_ms;
+  }
+  const auto t0 = Clock::now();
+  if (R > 1 && !opt_.overlap) reqs.push_back(comm_->iall_reduce_sum(g.data(), g.size()));
+  for (auto& q : reqs) q->wait();
+  double sums[3] = {mine.loss_sum, static_cast<double>(mine.counted), static_cast<double>(mine.correct)};
+  comm_->all_reduce_sum(sums, 3);
+  comm_ms = seconds_since(t0) * 1e3;
+  StepResult all = mine;
+  all.loss_sum = sums[0];
+  all.counted = static_cast<int64_t>(sums[1]);
+  all.correct = static_cast<int64_t>(sums[2]);
+  return all;
 }
 
 StepReport Trainer::step() {
   begin();
   check(step_ < opt_.steps, "train: all ", opt_.steps, " steps are done");
   const auto t0 = Clock::now();
+  // Every rank draws the whole batch (a pure function of the seed and the step) and takes its share.
   const Batch batch = task_->train_batch(opt_.batch, opt_.seq, static_cast<uint64_t>(step_));
-  model_->zero_grads();
   StepReport r;
-  r.detail = model_->forward_backward(batch, true, static_cast<uint64_t>(step_));
+  r.detail = opt_.reproducible ? reproducible_gradient(batch, r.comm_ms) : micro_batch_gradient(batch, r.comm_ms);
   float lr = 0;
   r.grad_norm = optim_->step(&lr);
+  if (opt_.shard_optimizer) {
+    // Each rank updated its shard: gather the parameters.
+    const auto tg = Clock::now();
+    const int R = comm_->size();
+    const std::span<float> p = model_->params();
+    const int64_t P = static_cast<int64_t>(p.size()), nb = nn::sum_squares_blocks(P);
+    std::vector<size_t> counts, displs;
+    for (int j = 0; j < R; ++j) {
+      const int64_t s = P * (nb * j / R) / nb, e = P * (nb * (j + 1) / R) / nb;
+      counts.push_back(sizeof(float) * static_cast<size_t>(e - s));
+      displs.push_back(sizeof(float) * static_cast<size_t>(s));
+    }
+    const int64_t s = P * (nb * comm_->rank() / R) / nb, e = P * (nb * (comm_->rank() + 1) / R) / nb;
+    const std::vector<float> mine(p.begin() + s, p.begin() + e);
+    comm_->iall_gatherv(mine.data(), sizeof(float) * mine.size(), p.data(), counts, displs)->wait();
+    r.comm_ms += seconds_since(tg) * 1e3;
+  }
   r.ms = seconds_since(t0) * 1e3;
-  elapsed_ += r.ms / 1e3;
+  // Rank 0's clock decides the time budget, so every rank stops at the same step.
+  double elapsed = elapsed_ + r.ms / 1e3;
+  comm_->broadcast(&elapsed, sizeof elapsed, 0);
+  elapsed_ = elapsed;
   ++step_;
   r.step = step_;
   r.lr = lr;
@@ -300,7 +494,7 @@ StepReport Trainer::step() {
   r.tokens_per_s = static_cast<double>(opt_.batch * opt_.seq) / (r.ms / 1e3);
   check(std::isfinite(r.loss), "train: the loss is not finite at step ", step_, " (try a lower --lr)");
   files_->log.write({{"step", step_}, {"loss", r.loss}, {"lr", lr}, {"ms", r.ms}, {"tokens_per_s", r.tokens_per_s},
-                     {"grad_norm", r.grad_norm}});
+                     {"grad_norm", r.grad_norm}, {"comm_ms", r.comm_ms}});
   if (on_step) on_step(r);
   return r;
 }
@@ -309,7 +503,7 @@ EvalReport Trainer::evaluate() {
   begin();
   EvalReport r;
   r.step = step_;
-  r.result = clattn::evaluate(*model_, eval_set_, task_->kind() == TaskKind::classify);
+  r.result = clattn::evaluate(*model_, eval_set_, task_->kind() == TaskKind::classify, *comm_);
   last_eval_ = step_;
   const bool accuracy = task_->kind() == TaskKind::classify;
   r.improved = std::isnan(best_) || (accuracy ? r.result.metric > best_ : r.result.metric < best_);

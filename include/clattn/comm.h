@@ -1,0 +1,86 @@
+// Communicators: how the ranks of a job exchange data, for data-parallel training and
+// sequence-parallel attention (docs/distributed.md). A small interface with two implementations:
+// the single process (every collective of one rank is a copy or nothing), and Open MPI's
+// MPI_COMM_WORLD when clattn is built with CLATTN_MPI and started by `mpirun` or `srun`.
+// Distribution always goes through an existing engine (MPI); clattn has no transport of its own.
+//
+// Collectives are called by every rank in the same order with matching sizes (MPI's rule). Sizes
+// are in elements of the stated type unless they say bytes. Errors: MPI's own failures end the
+// job (MPI_ERRORS_ARE_FATAL: the launcher reports the rank and stops every other one); argument
+// errors throw clattn::Error naming the call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace clattn {
+
+// A non-blocking operation. Its buffers must stay untouched until it completes.
+class CommRequest {
+ public:
+  virtual ~CommRequest() = default;
+  virtual bool test() = 0;  // progresses the operation; true once complete
+  virtual void wait() = 0;  // blocks until complete
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // What runs underneath, e.g. "single process" or "Open MPI v4.1.4, 2 ranks".
+  virtual std::string name() const = 0;
+
+  virtual void barrier() = 0;
+  virtual void broadcast(void* data, size_t bytes, int root) = 0;
+  // Element-wise sums (and max) over the ranks, in place. The double and int64 sums of values
+  // that are zero on every rank but one are exact, whatever order MPI adds in.
+  virtual void all_reduce_sum(double* data, size_t n) = 0;
+  virtual void all_reduce_sum(int64_t* data, size_t n) = 0;
+  virtual void all_reduce_sum(float* data, size_t n) = 0;
+  virtual void all_reduce_max(double* data, size_t n) = 0;
+  // recv holds size() blocks of `bytes`, rank r's at r·bytes.
+  virtual void all_gather(const void* send, size_t bytes, void* recv) = 0;
+  // recv (counts[rank()] floats) = the sum over ranks of the block rank() of send, where send
+  // holds size() consecutive blocks of counts[r] floats.
+  virtual void reduce_scatter_sum(const float* send, float* recv, std::span<const size_t> counts) = 0;
+
+  // Non-blocking collectives, in bytes: rank r sends send_counts[j] bytes at send_displs[j] to
+  // rank j and receives recv_counts[i] bytes at recv_displs[i] from rank i (all-to-all); or
+  // contributes `bytes` and receives each rank's counts[i] bytes at displs[i] (all-gather).
+  virtual std::unique_ptr<CommRequest> iall_to_allv(const void* send, std::span<const size_t> send_counts,
+                                                    std::span<const size_t> send_displs, void* recv,
+                                                    std::span<const size_t> recv_counts,
+                                                    std::span<const size_t> recv_displs) = 0;
+  virtual std::unique_ptr<CommRequest> iall_gatherv(const void* send, size_t bytes, void* recv,
+                                                    std::span<const size_t> counts,
+                                                    std::span<const size_t> displs) = 0;
+  virtual std::unique_ptr<CommRequest> iall_reduce_sum(float* data, size_t n) = 0;
+
+  // Point to point, matched by (peer, tag).
+  virtual std::unique_ptr<CommRequest> isend(const void* data, size_t bytes, int to, int tag) = 0;
+  virtual std::unique_ptr<CommRequest> irecv(void* data, size_t bytes, int from, int tag) = 0;
+
+  // Ends every rank of the job (MPI_Abort) after printing `why` on this rank's stderr: a rank that
+  // cannot go on must not leave the others waiting in a collective.
+  [[noreturn]] virtual void abort(const std::string& why, int code) = 0;
+};
+
+// A communicator of one rank.
+std::unique_ptr<Communicator> single_process_communicator();
+
+// The job's communicator: MPI_COMM_WORLD when clattn is built with MPI and this process was
+// started by an MPI launcher (mpirun, mpiexec, srun), else a single process. MPI is initialised on
+// the first call (thread level funneled: only the calling thread communicates) and finalised at
+// exit.
+Communicator& world();
+// Whether this build has the Open MPI communicator (CMake option CLATTN_MPI).
+bool built_with_mpi();
+// Whether the environment says an MPI launcher started this process (OMPI_COMM_WORLD_SIZE,
+// PMI_SIZE, PMIX_RANK, SLURM_STEP_ID with PMI).
+bool launched_by_mpi();
+
+}  // namespace clattn

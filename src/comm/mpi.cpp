@@ -1,0 +1,173 @@
+// The Open MPI communicator over MPI_COMM_WORLD (include/clattn/comm.h), built with CLATTN_MPI.
+// Launched by `mpirun -np R clattn ...` (or `srun` under SLURM), every rank runs the same command;
+// MPI is initialised here on first use and finalised at exit. Failures inside MPI end the job
+// (MPI_ERRORS_ARE_FATAL): the launcher names the rank and stops the others, so no rank waits for
+// ever on a peer that died.
+#include <mpi.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "clattn/comm.h"
+#include "clattn/error.h"
+#include "comm/comm_internal.h"
+
+namespace clattn {
+namespace {
+
+int as_int(size_t n, const char* what) {
+  check(n <= static_cast<size_t>(INT_MAX), "communicator: ", what, " of ", n, " exceeds MPI's int count (", INT_MAX, ")");
+  return static_cast<int>(n);
+}
+
+std::vector<int> as_ints(std::span<const size_t> v, const char* what) {
+  std::vector<int> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = as_int(v[i], what);
+  return out;
+}
+
+// A request with the count arrays a non-blocking collective reads until it completes.
+class MpiRequest final : public CommRequest {
+ public:
+  MPI_Request req = MPI_REQUEST_NULL;
+  std::vector<int> a, b, c, d;
+  ~MpiRequest() override {
+    if (req != MPI_REQUEST_NULL) MPI_Wait(&req, MPI_STATUS_IGNORE);  // never free a live operation's arrays
+  }
+  bool test() override {
+    if (req == MPI_REQUEST_NULL) return true;
+    int flag = 0;
+    MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+    return flag != 0;
+  }
+  void wait() override {
+    if (req != MPI_REQUEST_NULL) MPI_Wait(&req, MPI_STATUS_IGNORE);
+  }
+};
+
+// Sums of huge buffers go in pieces of at most INT_MAX elements.
+template <class T>
+void chunked(T* data, size_t n, MPI_Datatype type, MPI_Op op) {
+  for (size_t off = 0; off < n;) {
+    const size_t k = std::min(n - off, static_cast<size_t>(INT_MAX));
+    MPI_Allreduce(MPI_IN_PLACE, data + off, static_cast<int>(k), type, op, MPI_COMM_WORLD);
+    off += k;
+  }
+}
+
+class Mpi final : public Communicator {
+ public:
+  Mpi() {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+      int provided = 0;
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+      owns_ = true;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    char version[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    MPI_Get_library_version(version, &len);
+    std::string v(version, static_cast<size_t>(len));
+    if (const size_t cut = v.find(','); cut != std::string::npos) v.resize(cut);
+    name_ = v + ", " + std::to_string(size_) + (size_ == 1 ? " rank" : " ranks");
+  }
+  ~Mpi() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owns_ && !finalized) MPI_Finalize();
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return name_; }
+  void barrier() override { MPI_Barrier(MPI_COMM_WORLD); }
+  void broadcast(void* data, size_t bytes, int root) override {
+    check_rank(root, "broadcast");
+    MPI_Bcast(data, as_int(bytes, "broadcast"), MPI_BYTE, root, MPI_COMM_WORLD);
+  }
+  void all_reduce_sum(double* data, size_t n) override { chunked(data, n, MPI_DOUBLE, MPI_SUM); }
+  void all_reduce_sum(int64_t* data, size_t n) override { chunked(data, n, MPI_INT64_T, MPI_SUM); }
+  void all_reduce_sum(float* data, size_t n) override { chunked(data, n, MPI_FLOAT, MPI_SUM); }
+  void all_reduce_max(double* data, size_t n) override { chunked(data, n, MPI_DOUBLE, MPI_MAX); }
+  void all_gather(const void* send, size_t bytes, void* recv) override {
+    const int n = as_int(bytes, "all_gather");
+    MPI_Allgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, MPI_COMM_WORLD);
+  }
+  void reduce_scatter_sum(const float* send, float* recv, std::span<const size_t> counts) override {
+    check(static_cast<int>(counts.size()) == size_, "communicator: reduce_scatter_sum needs one count per rank (", size_,
+          "), got ", counts.size());
+    const std::vector<int> c = as_ints(counts, "reduce_scatter_sum");
+    MPI_Reduce_scatter(send, recv, c.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  }
+  std::unique_ptr<CommRequest> iall_to_allv(const void* send, std::span<const size_t> send_counts,
+                                            std::span<const size_t> send_displs, void* recv,
+                                            std::span<const size_t> recv_counts,
+                                            std::span<const size_t> recv_displs) override {
+    check(static_cast<int>(send_counts.size()) == size_ && static_cast<int>(send_displs.size()) == size_ &&
+              static_cast<int>(recv_counts.size()) == size_ && static_cast<int>(recv_displs.size()) == size_,
+          "communicator: iall_to_allv needs one count and offset per rank (", size_, ")");
+    auto r = std::make_unique<MpiRequest>();
+    r->a = as_ints(send_counts, "iall_to_allv");
+    r->b = as_ints(send_displs, "iall_to_allv");
+    r->c = as_ints(recv_counts, "iall_to_allv");
+    r->d = as_ints(recv_displs, "iall_to_allv");
+    MPI_Ialltoallv(send, r->a.data(), r->b.data(), MPI_BYTE, recv, r->c.data(), r->d.data(), MPI_BYTE, MPI_COMM_WORLD,
+                   &r->req);
+    return r;
+  }
+  std::unique_ptr<CommRequest> iall_gatherv(const void* send, size_t bytes, void* recv, std::span<const size_t> counts,
+                                            std::span<const size_t> displs) override {
+    check(static_cast<int>(counts.size()) == size_ && static_cast<int>(displs.size()) == size_,
+          "communicator: iall_gatherv needs one count and offset per rank (", size_, ")");
+    auto r = std::make_unique<MpiRequest>();
+    r->a = as_ints(counts, "iall_gatherv");
+    r->b = as_ints(displs, "iall_gatherv");
+    MPI_Iallgatherv(send, as_int(bytes, "iall_gatherv"), MPI_BYTE, recv, r->a.data(), r->b.data(), MPI_BYTE,
+                    MPI_COMM_WORLD, &r->req);
+    return r;
+  }
+  std::unique_ptr<CommRequest> iall_reduce_sum(float* data, size_t n) override {
+    auto r = std::make_unique<MpiRequest>();
+    MPI_Iallreduce(MPI_IN_PLACE, data, as_int(n, "iall_reduce_sum"), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r->req);
+    return r;
+  }
+  std::unique_ptr<CommRequest> isend(const void* data, size_t bytes, int to, int tag) override {
+    check_rank(to, "isend");
+    auto r = std::make_unique<MpiRequest>();
+    MPI_Isend(data, as_int(bytes, "isend"), MPI_BYTE, to, tag, MPI_COMM_WORLD, &r->req);
+    return r;
+  }
+  std::unique_ptr<CommRequest> irecv(void* data, size_t bytes, int from, int tag) override {
+    check_rank(from, "irecv");
+    auto r = std::make_unique<MpiRequest>();
+    MPI_Irecv(data, as_int(bytes, "irecv"), MPI_BYTE, from, tag, MPI_COMM_WORLD, &r->req);
+    return r;
+  }
+  [[noreturn]] void abort(const std::string& why, int code) override {
+    std::fprintf(stderr, "clattn: rank %d of %d: %s\n", rank_, size_, why.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);
+  }
+
+ private:
+  void check_rank(int r, const char* what) const {
+    check(r >= 0 && r < size_, "communicator: ", what, " names rank ", r, " of ", size_);
+  }
+  int rank_ = 0, size_ = 1;
+  bool owns_ = false;
+  std::string name_;
+};
+
+}  // namespace
+
+namespace comm {
+std::unique_ptr<Communicator> mpi_world() { return std::make_unique<Mpi>(); }
+}  // namespace comm
+
+}  // namespace clattn

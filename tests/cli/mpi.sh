@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Data-parallel training under Open MPI, end to end (docs/distributed.md): `mpirun -np R clattn
+# train` over shared memory on this machine gives the single process's losses, gradient norms and
+# checkpoints bit for bit for R = 2, 3 (an uneven split of the batch) and 4, with the optimizer
+# sharded (ZeRO-1) or not; a run resumes with another R; the all-reduce path (--no-reproducible)
+# repeats itself run to run; a rank killed with SIGKILL ends the whole job within 30 s, and the
+# run resumes from its last checkpoint with the losses of an uninterrupted run.
+# Usage: bash tests/cli/mpi.sh /path/to/clattn
+set -u
+bin=${1:?usage: mpi.sh /path/to/clattn}
+source "$(dirname "$0")/lib.sh"
+command -v mpirun >/dev/null || { bad "mpirun not found (scripts/install-deps.sh installs openmpi-bin)"; finish "mpi: "; }
+# As root (CI) Open MPI asks for its two consent variables; shared memory and self only.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMPI_MCA_rmaps_base_oversubscribe=1
+mpi() { local np=$1; shift; timeout 300 mpirun --oversubscribe -np "$np" "$@"; }
+
+text=$dir/text.txt
+for i in $(seq 1 1500); do echo "line $i: the quick brown fox jumps over the lazy dog $((i * 7 % 13))"; done >"$text"
+model=(train --task lm --data "$text" --layers 2 --dim 16 --heads 2 --ff 32 --seq 64 --eval-examples 8 --warmup 2
+       --threads 1 --attention 'improved-clustered:clusters=4,topk=8,block=16')
+run=("${model[@]}" --batch 4 --steps 6 --eval-every 3)
+# figures LOG: every step's loss and gradient norm and every evaluation's loss, exactly as logged
+figures() { grep -o '"eval_loss":[^,]*\|"grad_norm":[^,]*\|"loss":[^,]*' "$1"; }
+same_files() {  # WHAT DIR_A DIR_B: model and optimizer state bit for bit
+  local what=$1 f
+  for f in latest/model.safetensors latest/optimizer.safetensors best/model.safetensors; do
+    cmp -s "$2/$f" "$3/$f" && ok || bad "$what: $f differs"
+  done
+}
+
+expect_ok "R = 1" "$bin" "${run[@]}" --checkpoint "$dir/r1" --log "$dir/r1.jsonl"
+figures "$dir/r1.jsonl" >"$dir/f1"
+[ "$(wc -l <"$dir/f1")" = 14 ] && ok || bad "R = 1 logged $(wc -l <"$dir/f1") figures, expected 14"
+for np in 2 3 4; do
+  expect_ok "R = $np" mpi "$np" "$bin" "${run[@]}" --checkpoint "$dir/r$np" --log "$dir/r$np.jsonl"
+  figures "$dir/r$np.jsonl" | cmp -s - "$dir/f1" && ok || bad "R = $np: the losses differ from R = 1"
+  same_files "R = $np" "$dir/r1" "$dir/r$np"
+  grep -q "\"ranks\":$np" "$dir/r$np.jsonl" && ok || bad "R = $np: the log does not record the ranks"
+  grep -q '"comm_ms":' "$dir/r$np.jsonl" && ok || bad "R = $np: the log has no comm_ms"
+done
+expect_ok "R = 2, ZeRO-1" mpi 2 "$bin" "${run[@]}" --shard-optimizer --checkpoint "$dir/z2" --log "$dir/z2.jsonl"
+figures "$dir/z2.jsonl" | cmp -s - "$dir/f1" && ok || bad "ZeRO-1: the losses differ from R = 1"
+same_files "ZeRO-1" "$dir/r1" "$dir/z2"
+expect_ok "R = 2, --no-overlap" mpi 2 "$bin" "${run[@]}" --no-overlap --log "$dir/no.jsonl"
+figures "$dir/no.jsonl" | cmp -s - "$dir/f1" && ok || bad "--no-overlap: the losses differ from R = 1"
+expect_ok "R = 1, --accum 4" "$bin" "${run[@]}" --accum 4 --checkpoint "$dir/a4" --log "$dir/a4.jsonl"
+figures "$dir/a4.jsonl" | cmp -s - "$dir/f1" && ok || bad "--accum 4: the losses differ from R = 1"
+
+# Resume with another number of ranks (and the optimizer sharded, then not).
+expect_ok "stop after one step, R = 3, ZeRO-1" mpi 3 "$bin" "${run[@]}" --shard-optimizer --time-budget 1e-9 \
+  --checkpoint "$dir/rs" --log "$dir/rs.jsonl"
+expect_ok "resume with R = 2" mpi 2 "$bin" "${run[@]}" --resume --checkpoint "$dir/rs" --log "$dir/rs.jsonl"
+grep -v '"eval_loss".*"step":1[,}]' "$dir/rs.jsonl" >"$dir/rs2.jsonl"
+figures "$dir/rs2.jsonl" | sort -u | cmp -s - <(sort -u "$dir/f1") && ok || bad "resume with another R: the losses differ"
+same_files "resume with another R" "$dir/r1" "$dir/rs"
+
+# The all-reduce path: the same bits run to run for one R.
+expect_ok "--no-reproducible, run 1" mpi 2 "$bin" "${run[@]}" --no-reproducible --log "$dir/n1.jsonl"
+expect_ok "--no-reproducible, run 2" mpi 2 "$bin" "${run[@]}" --no-reproducible --log "$dir/n2.jsonl"
+cmp -s <(figures "$dir/n1.jsonl") <(figures "$dir/n2.jsonl") && ok || bad "--no-reproducible differs run to run"
+
+# A rank killed with SIGKILL: the job ends (mpirun names the rank), never hangs; resume repeats
+# the uninterrupted run's losses.
+long=("${model[@]}" --batch 4 --steps 400 --eval-every 40)
+expect_ok "reference, R = 1" "$bin" "${long[@]}" --log "$dir/ref.jsonl"
+mpi 2 "$bin" "${long[@]}" --checkpoint "$dir/k" --log "$dir/k.jsonl" >"$dir/k.out" 2>&1 &
+job=$!
+for _ in $(seq 1 3000); do [ -f "$dir/k/latest/train_state.json" ] && break; sleep 0.01; done
+victim=""
+for p in $(pgrep -f -- "--checkpoint $dir/k"); do
+  grep -qa OMPI_COMM_WORLD_RANK=1 "/proc/$p/environ" 2>/dev/null && victim=$p
+done
+t0=$SECONDS
+if [ -n "$victim" ]; then
+  kill -9 "$victim"
+  wait "$job"
+  rc=$?
+  [ "$rc" -ne 0 ] && [ $((SECONDS - t0)) -le 30 ] && ok || bad "killed rank: exit $rc after $((SECONDS - t0)) s"
+  grep -q "rank 1" "$dir/k.out" && ok || bad "killed rank: mpirun's message does not name it: $(tail -5 "$dir/k.out")"
+else
+  wait "$job"
+  echo "note: the run ended before a rank could be killed; resume still checked"
+fi
+expect_ok "resume after the kill" mpi 2 "$bin" "${long[@]}" --resume --checkpoint "$dir/k" --log "$dir/k.jsonl"
+# "step loss" of every training line (keys are written sorted: loss before step)
+step_losses() { grep '"loss"' "$1" | sed -E 's/.*"loss":([^,]*),.*"step":([0-9]+).*/\2 \1/' | sort -u; }
+step_losses "$dir/k.jsonl" >"$dir/kl"
+step_losses "$dir/ref.jsonl" >"$dir/rl"
+[ -z "$(comm -13 "$dir/rl" "$dir/kl")" ] && [ "$(wc -l <"$dir/kl")" -ge 400 ] && ok ||
+  bad "resume after the kill: losses differ from the uninterrupted run: $(comm -13 "$dir/rl" "$dir/kl" | head -2)"
+
+# Errors: every rank refuses the same way, and the job exits non-zero.
+expect_exit 1 "batch smaller than the ranks" "cannot be split" mpi 3 "$bin" "${model[@]}" --batch 2 --steps 2
+finish "mpi: "
