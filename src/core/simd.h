@@ -1,6 +1,10 @@
 // The one SIMD wrapper: 16-lane float vectors as a GCC vector type, which is __m512 itself on
 // AVX-512 targets (so intrinsics apply directly) and splits into narrower registers elsewhere.
-// Only the few operations that need an instruction choice are written twice.
+// Only the few operations that need an instruction choice are written twice. Loops whose values
+// must stay in registers use the native width `vn` (one register: 16 lanes with AVX-512, 8
+// otherwise): outside AVX-512 GCC keeps 16-lane values that go through a reduction or a
+// per-lane operation on the stack, which cost the row softmax of full attention a third of its
+// time on an AVX2 machine. (The register-blocked tiles choose their shapes in microkernel.cpp.)
 #pragma once
 
 #include <cmath>
@@ -22,6 +26,7 @@ inline constexpr __mmask16 kAll = 0xFFFF;
 inline constexpr int kLanes = 16;
 typedef float vf __attribute__((vector_size(64)));
 typedef int32_t vi __attribute__((vector_size(64)));
+
 
 inline vf load(const float* p) {
   vf v;
@@ -133,11 +138,19 @@ inline vf scale_pow2(vf x, vf n) {
 #endif
 }
 
+// Round to nearest even of |x| <= 2^22 by adding and removing 1.5·2^23 (the float sum rounds
+// away the fraction): plain vector arithmetic, which stays in registers on every target, where a
+// rounding instruction outside AVX-512 costs a trip through memory for 16-lane vectors.
+inline vf round_small(vf x) {
+  const vf big = splat(12582912.f);
+  return (x + big) - big;
+}
+
 // 2^x, relative error ~1e-7 (Taylor degree 7 on [-1/2, 1/2]); 2^-inf = 0, saturates to inf.
 // Callers never pass NaN (inputs are validated; masks are -inf).
 inline vf exp2(vf x) {
   x = vmin(vmax(x, splat(-200.f)), splat(200.f));
-  const vf n = round_nearest(x);
+  const vf n = round_small(x);
   const vf r = (x - n) * 0.693147180559945309f;  // 2^(x-n) = e^r, |r| <= ln2/2
   vf p = splat(1.f / 5040.f);
   p = p * r + 1.f / 720.f;
@@ -153,7 +166,7 @@ inline vf exp2(vf x) {
 // e^x with Cody-Waite range reduction (ln2 split in two), relative error ~1e-7.
 inline vf exp(vf x) {
   x = vmin(vmax(x, splat(-150.f)), splat(100.f));
-  const vf n = round_nearest(x * 1.44269504088896341f);
+  const vf n = round_small(x * 1.44269504088896341f);
   const vf r = (x - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;
   vf p = splat(1.f / 5040.f);
   p = p * r + 1.f / 720.f;
@@ -291,5 +304,70 @@ inline void axpy_row(float* dst, const float* src, int64_t n, float s = 1.f) {
     store_partial(dst + e, load_partial(dst + e, r) + load_partial(src + e, r) * s, r);
   }
 }
+
+// ---- Native width: one register.
+#if defined(__AVX512F__)
+using vn = vf;
+using vni = vi;
+inline constexpr int kNative = 16;
+#else
+typedef float vn __attribute__((vector_size(32)));
+typedef int32_t vni __attribute__((vector_size(32)));
+inline constexpr int kNative = 8;
+#endif
+static_assert(kLanes % kNative == 0, "padded widths must hold whole native vectors");
+
+inline vn load_n(const float* p) {
+  vn v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store_n(float* p, vn v) { std::memcpy(p, &v, sizeof v); }
+inline vn splat_n(float x) {
+  vn v;
+  for (int i = 0; i < kNative; ++i) v[i] = x;
+  return v;
+}
+
+#if defined(__AVX512F__)
+inline vn exp2_n(vn x) { return exp2(x); }
+inline float hmax_n(vn v) { return hmax(v); }
+inline float hsum_n(vn v) { return hsum(v); }
+#else
+// exp2 of the 16-lane form, in one register.
+inline vn exp2_n(vn x) {
+  x = x < -200.f ? splat_n(-200.f) : x;
+  x = x > 200.f ? splat_n(200.f) : x;
+  const vn big = splat_n(12582912.f);
+  const vn n = (x + big) - big;  // round to nearest even (see round_small)
+  const vn r = (x - n) * 0.693147180559945309f;
+  vn p = splat_n(1.f / 5040.f);
+  p = p * r + 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const vni h = __builtin_convertvector(n, vni) >> 1;
+  const vni rest = __builtin_convertvector(n, vni) - h;
+  vn a, b;
+  const vni ea = (h + 127) << 23, eb = (rest + 127) << 23;
+  std::memcpy(&a, &ea, sizeof a);
+  std::memcpy(&b, &eb, sizeof b);
+  return p * a * b;
+}
+typedef float vn4 __attribute__((vector_size(16)));
+inline float hmax_n(vn v) {
+  const vn4 x = __builtin_shufflevector(v, v, 0, 1, 2, 3), y = __builtin_shufflevector(v, v, 4, 5, 6, 7);
+  const vn4 a = x > y ? x : y;
+  const float m0 = a[0] > a[1] ? a[0] : a[1], m1 = a[2] > a[3] ? a[2] : a[3];
+  return m0 > m1 ? m0 : m1;
+}
+inline float hsum_n(vn v) {
+  const vn4 a = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
+  return (a[0] + a[1]) + (a[2] + a[3]);
+}
+#endif
 
 }  // namespace clattn::simd

@@ -347,9 +347,9 @@ void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
           const int64_t i = q0 + r;
           float* row = p + r * kBcB;
           mask_row(row, width, lim.key_begin(i) - k0, lim.key_end(i) - k0, bias_row_ptr(in, i, k0));
-          const simd::vf mv = simd::splat(mh[i]), lv = simd::splat(llh[i]);
-          for (int64_t j = 0; j < width; j += simd::kLanes)
-            simd::store(row + j, simd::exp2((simd::load(row + j) - mv) - lv));
+          const simd::vn mv = simd::splat_n(mh[i]), lv = simd::splat_n(llh[i]);
+          for (int64_t j = 0; j < width; j += simd::kNative)
+            simd::store_n(row + j, simd::exp2_n((simd::load_n(row + j) - mv) - lv));
         }
         // O = P·V  ->  dV += Pᵀ·dO
         mk::gemm_ab(width, Dvp, rows, p, 1, kBcB, dot, Dvp, dvacc, Dvp, nullptr);

@@ -23,21 +23,24 @@ inline void mask_tail(float* row, int64_t width, int64_t lim) {
 
 // Max of a row of `width` scores, width a multiple of 16.
 inline float row_max(const float* row, int64_t width) {
-  simd::vf m = simd::splat(-kInf);
-  for (int64_t j = 0; j < width; j += simd::kLanes) m = simd::vmax(m, simd::load(row + j));
-  return simd::hmax(m);
+  simd::vn m = simd::splat_n(-kInf);
+  for (int64_t j = 0; j < width; j += simd::kNative) {
+    const simd::vn x = simd::load_n(row + j);
+    m = x > m ? x : m;
+  }
+  return simd::hmax_n(m);
 }
 
 // row <- 2^(row - sub); returns the sum. width is a multiple of 16.
 inline float exp2_row(float* row, int64_t width, float sub) {
-  const simd::vf s = simd::splat(sub);
-  simd::vf acc = simd::vf{};
-  for (int64_t j = 0; j < width; j += simd::kLanes) {
-    const simd::vf p = simd::exp2(simd::load(row + j) - s);
-    simd::store(row + j, p);
+  const simd::vn s = simd::splat_n(sub);
+  simd::vn acc{};
+  for (int64_t j = 0; j < width; j += simd::kNative) {
+    const simd::vn p = simd::exp2_n(simd::load_n(row + j) - s);
+    simd::store_n(row + j, p);
     acc += p;
   }
-  return simd::hsum(acc);
+  return simd::hsum_n(acc);
 }
 
 // Softmax of each of `rows` rows of kw scores (log2 units) over their first k columns (the rest
