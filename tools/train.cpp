@@ -309,8 +309,8 @@ void add_train(CLI::App& app) {
   sub->add_option("--log", a.log, "JSON-lines log (appended to on --resume)");
   sub->add_flag("--reproducible,!--no-reproducible", a.reproducible,
                 "sum the gradient in one fixed tree over the batch's sequences: the same bits for any number of "
-                "ranks (default on); --no-reproducible: each rank's share in --accum micro-batches, all-reduced");
-  sub->add_option("--accum", a.accum, "with --no-reproducible: micro-batches per rank and step (default 1)");
+                "ranks and any --accum (default off: each rank's share in --accum micro-batches, all-reduced)");
+  sub->add_option("--accum", a.accum, "micro-batches per rank and step without --reproducible (default 1)");
   sub->add_flag("!--no-overlap", a.overlap,
                 "exchange the gradient after the backward instead of layer by layer during it (for measuring the overlap)");
   sub->add_flag("--shard-optimizer", a.shard_optimizer,

@@ -126,7 +126,7 @@ void bind_train(pb::module_& m) {
            pb::arg("eval_every") = 100, pb::arg("eval_examples") = 256, pb::arg("checkpoint") = "", pb::arg("log") = "",
            pb::arg("resume") = false, pb::arg("time_budget") = 0.0, pb::arg("seed") = 0, pb::arg("min_length") = 500,
            pb::arg("max_length") = 2000, pb::arg("mask_prob") = 0.15, pb::arg("data_parallel") = false,
-           pb::arg("reproducible") = true, pb::arg("shard_optimizer") = false,
+           pb::arg("reproducible") = false, pb::arg("shard_optimizer") = false,
            "Trainer(task, data=..., init=checkpoint folder or '', attention='full', sizes of a fresh model, seq=0 "
            "(the task's or checkpoint's own, else 512), batch, steps, lr, ..., checkpoint='', log='', resume=False)")
       .def("run", [](PyTrainer& p) { return run_locked(p, [&] { return p.t->run(); }); },

@@ -177,8 +177,6 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
   check(a.accum >= 1, "train: accum must be >= 1, got ", a.accum);
   check(a.batch >= comm_->size(), "train: a batch of ", a.batch, " sequences cannot be split over ", comm_->size(),
         " ranks (each needs one); use --batch >= ", comm_->size());
-  check(a.reproducible || a.batch % (comm_->size() * a.accum) == 0 || a.accum == 1, "train: --accum ", a.accum,
-        " must divide each rank's share of the batch");
   check(!a.resume || !a.checkpoint.empty(), "train: resume needs a checkpoint folder");
   check(a.batch >= 1 && a.steps >= 1 && a.warmup >= 0 && a.eval_every >= 1 && a.eval_examples >= 0 && a.seq >= 0,
         "train: batch, steps and eval_every must be >= 1, warmup, eval_examples and seq >= 0");

@@ -2,8 +2,8 @@
 # Data-parallel training under Open MPI, end to end (docs/distributed.md): `mpirun -np R clattn
 # train` over shared memory on this machine gives the single process's losses, gradient norms and
 # checkpoints bit for bit for R = 2, 3 (an uneven split of the batch) and 4, with the optimizer
-# sharded (ZeRO-1) or not; a run resumes with another R; the all-reduce path (--no-reproducible)
-# repeats itself run to run; a rank killed with SIGKILL ends the whole job within 30 s, and the
+# sharded (ZeRO-1) or not (--reproducible); a run resumes with another R; the all-reduce path
+# (the default) repeats itself run to run; a rank killed with SIGKILL ends the whole job within 30 s, and the
 # run resumes from its last checkpoint with the losses of an uninterrupted run.
 # Usage: bash tests/cli/mpi.sh /path/to/clattn
 set -u
@@ -18,7 +18,7 @@ text=$dir/text.txt
 for i in $(seq 1 1500); do echo "line $i: the quick brown fox jumps over the lazy dog $((i * 7 % 13))"; done >"$text"
 model=(train --task lm --data "$text" --layers 2 --dim 16 --heads 2 --ff 32 --seq 64 --eval-examples 8 --warmup 2
        --threads 1 --attention 'improved-clustered:clusters=4,topk=8,block=16')
-run=("${model[@]}" --batch 4 --steps 6 --eval-every 3)
+run=("${model[@]}" --batch 4 --steps 6 --eval-every 3 --reproducible)
 # figures LOG: every step's loss and gradient norm and every evaluation's loss, exactly as logged
 figures() { grep -o '"eval_loss":[^,]*\|"grad_norm":[^,]*\|"loss":[^,]*' "$1"; }
 same_files() {  # WHAT DIR_A DIR_B: model and optimizer state bit for bit
@@ -55,13 +55,16 @@ figures "$dir/rs2.jsonl" | sort -u | cmp -s - <(sort -u "$dir/f1") && ok || bad 
 same_files "resume with another R" "$dir/r1" "$dir/rs"
 
 # The all-reduce path: the same bits run to run for one R.
-expect_ok "--no-reproducible, run 1" mpi 2 "$bin" "${run[@]}" --no-reproducible --log "$dir/n1.jsonl"
-expect_ok "--no-reproducible, run 2" mpi 2 "$bin" "${run[@]}" --no-reproducible --log "$dir/n2.jsonl"
-cmp -s <(figures "$dir/n1.jsonl") <(figures "$dir/n2.jsonl") && ok || bad "--no-reproducible differs run to run"
+fast=("${model[@]}" --batch 4 --steps 6 --eval-every 3)
+expect_ok "all-reduce, run 1" mpi 2 "$bin" "${fast[@]}" --log "$dir/n1.jsonl"
+expect_ok "all-reduce, run 2" mpi 2 "$bin" "${fast[@]}" --log "$dir/n2.jsonl"
+cmp -s <(figures "$dir/n1.jsonl") <(figures "$dir/n2.jsonl") && ok || bad "the all-reduce path differs run to run"
+expect_ok "all-reduce, --accum 2, ZeRO-1" mpi 2 "$bin" "${fast[@]}" --accum 2 --shard-optimizer --log "$dir/n3.jsonl"
+grep -q '"loss"' "$dir/n3.jsonl" && ok || bad "--accum 2 with ZeRO-1 logged no step"
 
 # A rank killed with SIGKILL: the job ends (mpirun names the rank), never hangs; resume repeats
 # the uninterrupted run's losses.
-long=("${model[@]}" --batch 4 --steps 400 --eval-every 40)
+long=("${model[@]}" --batch 4 --steps 400 --eval-every 40 --reproducible)
 expect_ok "reference, R = 1" "$bin" "${long[@]}" --log "$dir/ref.jsonl"
 mpi 2 "$bin" "${long[@]}" --checkpoint "$dir/k" --log "$dir/k.jsonl" >"$dir/k.out" 2>&1 &
 job=$!
