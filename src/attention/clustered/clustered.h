@@ -80,6 +80,9 @@ struct ClusteredState : ContextState {
   }
 };
 
+// The parameters of a clustered or improved-clustered Attention (nullptr for other variants).
+const ClusteredParams* clustered_attention_params(const Attention& a);
+
 struct ClusteredWorkspace;  // clustered_internal.h; kept in the caller's Scratch
 // Upper bound of the Scratch and saved state of one call.
 size_t clustered_workspace_bytes(const AttentionDims& d, const ClusteredParams& p, Mode mode,

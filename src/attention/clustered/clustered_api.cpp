@@ -37,6 +37,7 @@ class ClusteredAttention final : public Attention {
                               p_.scale > 0 ? detail::concat(",scale=", p_.scale) : std::string());
   }
   const Capabilities& capabilities() const override { return caps_; }
+  const ClusteredParams& params() const { return p_; }
 
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     const AttentionDims d = validate_inputs(in, caps_, kind_);
@@ -134,6 +135,11 @@ ClusteredParams read_clustered(SpecReader& r, const Spec& spec, bool improved) {
 }
 
 }  // namespace
+
+const ClusteredParams* clustered_attention_params(const Attention& a) {
+  const auto* c = dynamic_cast<const ClusteredAttention*>(&a);
+  return c ? &c->params() : nullptr;
+}
 
 std::unique_ptr<Attention> make_clustered(const Spec& spec) {
   SpecReader r(spec);

@@ -413,6 +413,8 @@ class FullAttention final : public Attention {
     return s;
   }
   const Capabilities& capabilities() const override { return caps_; }
+  float scale_param() const { return scale_; }
+  int64_t window() const { return window_; }
 
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     const AttentionDims d = validate_inputs(in, caps_, kind_);
@@ -486,6 +488,14 @@ const float* full_key_panels(const FullWorkspace& ws) { return ws.kpan.data(); }
 mk::RowsOperand full_value_rows(const FullWorkspace& ws, int64_t t) { return ws.vops[static_cast<size_t>(t)]; }
 const float* full_value_panels(const FullWorkspace& ws) { return ws.vpan.data(); }
 const float* full_key_rows(const FullWorkspace& ws) { return ws.krow.data(); }
+
+bool full_attention_params(const Attention& a, float& scale, int64_t& window) {
+  const auto* f = dynamic_cast<const FullAttention*>(&a);
+  if (!f) return false;
+  scale = f->scale_param();
+  window = f->window();
+  return true;
+}
 
 std::unique_ptr<Attention> make_full_attention(float scale, int64_t window) {
   return std::make_unique<FullAttention>(scale, window);

@@ -1,0 +1,210 @@
+// Sequence-parallel attention (include/clattn/seq_parallel.h): the split, the traffic counters,
+// and the dispatch to ring attention (ring.cpp) and distributed clustered attention
+// (sp_clustered.cpp).
+#include <algorithm>
+#include <atomic>
+
+#include "attention/clustered/clustered.h"
+#include "attention/full/full.h"
+#include "attention/validate.h"
+#include "clattn/error.h"
+#include "parallel/sp_internal.h"
+
+namespace clattn {
+
+SeqSplit SeqSplit::contiguous(int64_t N, int ranks) {
+  check(N >= 1 && ranks >= 1, "sequence parallel: need N >= 1 and ranks >= 1, got N = ", N, ", ranks = ", ranks);
+  check(N >= ranks, "sequence parallel: a sequence of ", N, " positions cannot be split over ", ranks, " ranks");
+  SeqSplit s;
+  s.N = N;
+  s.ranks = ranks;
+  s.segments.resize(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t a = N * r / ranks, b = N * (r + 1) / ranks;
+    s.segments[static_cast<size_t>(r)].push_back({a, b - a});
+  }
+  return s;
+}
+
+SeqSplit SeqSplit::zig_zag(int64_t N, int ranks) {
+  check(N >= 1 && ranks >= 1, "sequence parallel: need N >= 1 and ranks >= 1, got N = ", N, ", ranks = ", ranks);
+  check(N >= 2 * ranks, "sequence parallel: a causal sequence of ", N, " positions cannot be cut into the ", 2 * ranks,
+        " chunks of ", ranks, " ranks");
+  SeqSplit s;
+  s.N = N;
+  s.ranks = ranks;
+  s.zigzag = true;
+  s.segments.resize(static_cast<size_t>(ranks));
+  const int64_t C = 2 * ranks;
+  auto chunk = [&](int64_t c) { return std::pair<int64_t, int64_t>{N * c / C, N * (c + 1) / C - N * c / C}; };
+  for (int r = 0; r < ranks; ++r) {
+    s.segments[static_cast<size_t>(r)].push_back(chunk(r));
+    s.segments[static_cast<size_t>(r)].push_back(chunk(C - 1 - r));
+  }
+  return s;
+}
+
+int64_t SeqSplit::local_rows(int rank) const {
+  int64_t n = 0;
+  for (const auto& [a, len] : segments.at(static_cast<size_t>(rank))) n += len;
+  return n;
+}
+
+int64_t SeqSplit::global(int rank, int64_t i) const {
+  for (const auto& [a, len] : segments.at(static_cast<size_t>(rank))) {
+    if (i < len) return a + i;
+    i -= len;
+  }
+  fail("sequence parallel: local row past rank ", rank, "'s ", local_rows(rank), " rows");
+}
+
+namespace {
+
+std::atomic<uint64_t> g_bytes{0}, g_messages{0};
+
+}  // namespace
+
+SeqParallelTraffic sequence_parallel_traffic() { return {g_bytes.load(), g_messages.load()}; }
+void reset_sequence_parallel_traffic() {
+  g_bytes = 0;
+  g_messages = 0;
+}
+
+namespace sp {
+
+void count_bytes(uint64_t bytes) {
+  g_bytes += bytes;
+  ++g_messages;
+}
+
+namespace {
+// An all-reduce of n bytes moves 2n(R−1)/R from each rank in the ring algorithm.
+void count_all_reduce(const Communicator& c, size_t bytes) {
+  if (c.size() > 1) count_bytes(2 * bytes * static_cast<size_t>(c.size() - 1) / static_cast<size_t>(c.size()));
+}
+}  // namespace
+
+void all_reduce(Communicator& c, double* x, size_t n) {
+  count_all_reduce(c, n * sizeof(double));
+  c.all_reduce_sum(x, n);
+}
+void all_reduce(Communicator& c, int64_t* x, size_t n) {
+  count_all_reduce(c, n * sizeof(int64_t));
+  c.all_reduce_sum(x, n);
+}
+void all_reduce(Communicator& c, float* x, size_t n) {
+  count_all_reduce(c, n * sizeof(float));
+  c.all_reduce_sum(x, n);
+}
+void all_reduce_max(Communicator& c, double* x, size_t n) {
+  count_all_reduce(c, n * sizeof(double));
+  c.all_reduce_max(x, n);
+}
+void all_gather(Communicator& c, const void* send, size_t bytes, void* recv) {
+  if (c.size() > 1) count_bytes(bytes * static_cast<size_t>(c.size() - 1));
+  c.all_gather(send, bytes, recv);
+}
+std::unique_ptr<CommRequest> isend(Communicator& c, const void* data, size_t bytes, int to, int tag) {
+  if (to != c.rank()) count_bytes(bytes);
+  return c.isend(data, bytes, to, tag);
+}
+std::unique_ptr<CommRequest> irecv(Communicator& c, void* data, size_t bytes, int from, int tag) {
+  return c.irecv(data, bytes, from, tag);
+}
+
+std::vector<int32_t> piece_lengths(std::span<const int32_t> global, int64_t B, int64_t start, int64_t len) {
+  std::vector<int32_t> out(static_cast<size_t>(B), static_cast<int32_t>(len));
+  if (!global.empty())
+    for (int64_t b = 0; b < B; ++b)
+      out[static_cast<size_t>(b)] = static_cast<int32_t>(std::clamp<int64_t>(global[static_cast<size_t>(b)] - start, 0, len));
+  return out;
+}
+
+}  // namespace sp
+
+bool sequence_parallel_supported(const Attention& att, bool causal, std::string* why) {
+  float scale = 0;
+  int64_t window = 0;
+  const char* kWhich = "sequence-parallel attention runs full (ring attention, causal or not), clustered and "
+                       "improved-clustered (not causal)";
+  auto no = [&](const std::string& reason) {
+    if (why) *why = detail::concat("'", att.name(), "' ", reason, "; ", kWhich);
+    return false;
+  };
+  if (full_attention_params(att, scale, window)) {
+    if (window > 0) return no("(a local window) does not run with the sequence split");
+    return true;
+  }
+  if (const ClusteredParams* p = clustered_attention_params(att)) {
+    if (causal) return no("with a causal mask does not run with the sequence split");
+    if (p->positional) return no("(positional clustering) does not run with the sequence split");
+    return true;
+  }
+  return no("does not run with the sequence split");
+}
+
+namespace {
+
+const AttentionDims check_inputs(Communicator& comm, const SeqSplit& split, const Attention& att,
+                                 const AttentionInputs& in) {
+  std::string why;
+  check(sequence_parallel_supported(att, in.causal, &why), "sequence parallel: ", why);
+  check(split.ranks == comm.size(), "sequence parallel: the split is for ", split.ranks, " ranks, the communicator has ",
+        comm.size());
+  check(!in.bias.data && !in.cache && !in.state, "sequence parallel: no bias, KV cache or layer state");
+  check(!in.causal || split.zigzag, "sequence parallel: causal attention needs the zig-zag split (SeqSplit::zig_zag)");
+  check(in.q.rank() == 4 && in.k.rank() == 4 && in.v.rank() == 4, "sequence parallel: q, k, v must be (B, H, n, D)");
+  const int64_t n = split.local_rows(comm.rank());
+  check(in.q.dim(2) == n && in.k.dim(2) == n && in.v.dim(2) == n, "sequence parallel: rank ", comm.rank(), " holds ", n,
+        " positions of ", split.N, ", but q, k, v have ", in.q.dim(2), ", ", in.k.dim(2), ", ", in.v.dim(2), " rows");
+  for (int32_t len : in.query_lengths)
+    check(len >= 0 && len <= split.N, "sequence parallel: query lengths are global and lie in [0, ", split.N, "], got ", len);
+  for (int32_t len : in.key_lengths)
+    check(len >= 0 && len <= split.N, "sequence parallel: key lengths are global and lie in [0, ", split.N, "], got ", len);
+  // The local rows pass the contract as a sequence of their own (shapes, strides, NaN/Inf).
+  AttentionInputs local = in;
+  local.query_lengths = {};
+  local.key_lengths = {};
+  local.causal = false;
+  return validate_inputs(local, att.capabilities(), att.name());
+}
+
+}  // namespace
+
+void sequence_parallel_forward(Communicator& comm, const SeqSplit& split, const Attention& att,
+                               const AttentionInputs& in, View out, Context& ctx) {
+  const AttentionDims d = check_inputs(comm, split, att, in);
+  validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", att.name());
+  sp::SpState& st = ctx.state<sp::SpState>();
+  float scale = 0;
+  int64_t window = 0;
+  if (full_attention_params(att, scale, window)) {
+    sp::ring_forward(comm, split, softmax_scale(scale, d.Dk), in, out, st, ctx.scratch());
+    return;
+  }
+  const ClusteredParams& p = *clustered_attention_params(att);
+  sp::clustered_forward(comm, split, p, in.step, in, out, st, ctx.scratch());
+}
+
+void sequence_parallel_backward(Communicator& comm, const SeqSplit& split, const Attention& att,
+                                const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout,
+                                View dq, View dk, View dv) {
+  const AttentionDims d = check_inputs(comm, split, att, in);
+  AttentionInputs local = in;
+  local.query_lengths = {};
+  local.key_lengths = {};
+  local.causal = false;
+  validate_backward(local, d, out, dout, dq, dk, dv, att.name());
+  const sp::SpState& st = ctx.saved<sp::SpState>();
+  float scale = 0;
+  int64_t window = 0;
+  if (full_attention_params(att, scale, window)) {
+    check(st.kind == 1, "sequence parallel: backward needs the forward of the same attention");
+    sp::ring_backward(comm, split, softmax_scale(scale, d.Dk), in, out, st, dout, dq, dk, dv, ctx.scratch());
+    return;
+  }
+  check(st.kind == 2, "sequence parallel: backward needs the forward of the same attention");
+  sp::clustered_backward(comm, split, *clustered_attention_params(att), in, out, st, dout, dq, dk, dv, ctx.scratch());
+}
+
+}  // namespace clattn

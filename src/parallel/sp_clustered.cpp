@@ -1,0 +1,501 @@
+// Clustered and improved-clustered attention over a sequence split in contiguous slices across
+// ranks (include/clattn/seq_parallel.h): the pipeline of clustered.cpp, stage by stage, with the
+// communication between stages batched over every (batch, head):
+//   1. codes of the local queries, from the same planes on every rank (seed, step);
+//   2. Hamming k-means over all ranks (sp_kmeans.cpp): the clusters of one process;
+//   3. centroids Qc_j: member sums in position order, rank after rank (the sum of one process, to
+//      the bit), divided by the global sizes on the last rank and broadcast;
+//   4. each centroid's attention over the local keys (running max, sum, Σ p·v, and its local
+//      top-k candidates), merged across ranks by log-sum-exp;
+//   5. improved: each centroid's top-k merged from the per-rank top-k (the total order value,
+//      then key index: the sets of one process), and the T_j rows gathered from their owners;
+//   6. members get their centroid's output (improved: recomputed on the gathered T_j rows by the
+//      member stage of improved_clustered.cpp).
+// Communication per layer and head: O(C·64) integers per k-means round, O(C·D) floats for the
+// centroids and their attention, and for improved O(C·k·(D + Dv)) — none of it grows with N.
+// The backward mirrors it: Σ_members dO_i and the member stage's ∂/∂m_j added across ranks, the
+// centroid attention's backward over the local keys, ∂Qc added across ranks, and the T_j rows'
+// gradients added across ranks and kept by their owners.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "attention/clustered/clustered_internal.h"
+#include "attention/tile/tile_ops.h"
+#include "attention/tile/topk_select.h"
+#include "attention/validate.h"
+#include "clattn/error.h"
+#include "clattn/parallel.h"
+#include "core/microkernel.h"
+#include "parallel/sp_internal.h"
+#include "parallel/sp_kmeans.h"
+
+namespace clattn::sp {
+namespace {
+
+using mk::kPanel;
+using mk::round_up;
+using tile::kInf;
+using tile::kLn2;
+using tile::kLog2e;
+
+constexpr int kTagChain = 7201;
+
+// The rng streams of clustered.cpp: (step, purpose, head).
+uint64_t stream_of(uint64_t step, uint64_t purpose, uint64_t head) { return ((step * 4 + purpose) << 32) + head; }
+
+// A (1, 1, rows, D) view of a task's gathered rows that any (b, hk) reads as the same rows.
+ConstView gathered(const float* base, int64_t rows, int64_t D) {
+  ConstView v{base, Shape{1, 1, rows, D}, {}};
+  v.strides = {0, 0, D, 1};
+  return v;
+}
+
+struct Sizes {
+  int64_t B, H, Hkv, G, n, Dk, Dv, a0, N, cmax, kmax;
+  int64_t nloc(std::span<const int32_t> ql, int64_t b) const { return std::clamp<int64_t>(nv(ql, b) - a0, 0, n); }
+  int64_t nv(std::span<const int32_t> ql, int64_t b) const { return ql.empty() ? N : ql[static_cast<size_t>(b)]; }
+};
+
+Sizes sizes_of(const Communicator& comm, const SeqSplit& split, const ClusteredParams& p, const AttentionInputs& in) {
+  check(!split.zigzag && split.segments[static_cast<size_t>(comm.rank())].size() == 1,
+        "sequence parallel: clustered attention takes the contiguous split");
+  Sizes s{};
+  s.B = in.q.dim(0);
+  s.H = in.q.dim(1);
+  s.Hkv = in.k.dim(1);
+  s.G = s.H / s.Hkv;
+  s.n = in.q.dim(2);
+  s.Dk = in.q.dim(3);
+  s.Dv = in.v.dim(3);
+  s.a0 = split.segments[static_cast<size_t>(comm.rank())][0].first;
+  s.N = split.N;
+  s.cmax = std::max<int64_t>(1, std::min(p.clusters, s.N));
+  s.kmax = p.topk > 0 ? std::max<int64_t>(1, std::min(p.topk, s.N)) : 0;
+  return s;
+}
+
+void broadcast(Communicator& c, float* x, size_t n, int root) {
+  if (c.rank() == root && c.size() > 1) count_bytes(n * sizeof(float) * static_cast<size_t>(c.size() - 1));
+  c.broadcast(x, n * sizeof(float), root);
+}
+
+}  // namespace
+
+void clustered_forward(Communicator& comm, const SeqSplit& split, const ClusteredParams& p, uint64_t step,
+                       const AttentionInputs& in, View out, SpState& st, Scratch& scratch) {
+  const Sizes z = sizes_of(comm, split, p, in);
+  const int R = comm.size(), r = comm.rank();
+  const int64_t BH = z.B * z.H, D = z.Dk, Dv = z.Dv, cmax = z.cmax;
+  const int64_t Dvp = round_up(Dv, mk::kLanes);
+  const float scale = softmax_scale(p.scale, D), c = scale * kLog2e;
+  const bool improved = p.topk > 0;
+  ClusteredWorkspace& ws = scratch.get<ClusteredWorkspace>();
+  ws.ensure_threads();
+  st.kind = 2;
+  st.cmax = cmax;
+  st.kmax = z.kmax;
+  st.ncl.assign(static_cast<size_t>(BH), 0);
+  st.assign.assign(static_cast<size_t>(BH * z.n), -1);
+  st.count.assign(static_cast<size_t>(BH * cmax), 0);
+  st.ksel.assign(static_cast<size_t>(BH), 0);
+  st.qc.resize(Shape{BH, cmax, D});
+  st.lse_c.resize(Shape{BH, cmax});
+  st.vc.resize(Shape{BH, cmax, Dv});
+  st.mass.resize(Shape{BH, cmax});
+  st.qc.fill(0.f);
+
+  // 1-2. Codes of the local valid queries, then the clusters of the whole sequence.
+  const Rng rng(p.seed);
+  const cluster::LshPlanes planes = cluster::draw_planes(rng, stream_of(step, 0, 0), p.bits, D, p.hash_bias);
+  std::vector<std::vector<uint64_t>> codes(static_cast<size_t>(BH));
+  std::vector<KmTask> tasks;
+  std::vector<int64_t> task_of(static_cast<size_t>(BH), -1);
+  parallel_for(BH, [&](int64_t t, int thread) {
+    const int64_t b = t / z.H, h = t % z.H;
+    const int64_t nv = z.nv(in.query_lengths, b), mv = z.nv(in.key_lengths, b), nl = z.nloc(in.query_lengths, b);
+    if (nv == 0 || mv == 0 || p.clusters >= nv) return;
+    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
+    sc.cs.proj.resize(static_cast<size_t>(cluster::kHashBlock * kPanel));
+    codes[static_cast<size_t>(t)].resize(static_cast<size_t>(nl));
+    if (nl > 0) cluster::hash_codes(in.q.ptr(b, h, 0), nl, in.q.stride(2), planes, codes[static_cast<size_t>(t)].data(), sc.cs.proj.data());
+  });
+  for (int64_t t = 0; t < BH; ++t) {
+    const int64_t b = t / z.H;
+    const int64_t nv = z.nv(in.query_lengths, b), mv = z.nv(in.key_lengths, b), nl = z.nloc(in.query_lengths, b);
+    if (nv == 0 || mv == 0) continue;
+    if (p.clusters >= nv) {  // every query its own cluster, numbered by position: exact attention
+      st.ncl[static_cast<size_t>(t)] = static_cast<int32_t>(nv);
+      for (int64_t i = 0; i < nl; ++i) st.assign[static_cast<size_t>(t * z.n + i)] = static_cast<int32_t>(z.a0 + i);
+      std::fill(st.count.begin() + t * cmax, st.count.begin() + t * cmax + nv, 1);
+      continue;
+    }
+    KmTask k;
+    k.codes = codes[static_cast<size_t>(t)].data();
+    k.nloc = nl;
+    k.first = z.a0;
+    k.nv = nv;
+    k.stream = stream_of(step, 1, static_cast<uint64_t>(t));
+    task_of[static_cast<size_t>(t)] = static_cast<int64_t>(tasks.size());
+    tasks.push_back(std::move(k));
+  }
+  distributed_kmeans(comm, tasks, p.clusters, p.iterations, rng);
+  for (int64_t t = 0; t < BH; ++t) {
+    if (task_of[static_cast<size_t>(t)] < 0) continue;
+    const KmTask& k = tasks[static_cast<size_t>(task_of[static_cast<size_t>(t)])];
+    st.ncl[static_cast<size_t>(t)] = static_cast<int32_t>(k.ce);
+    std::copy(k.assign.begin(), k.assign.end(), st.assign.begin() + t * z.n);
+    std::copy(k.sizes.begin(), k.sizes.end(), st.count.begin() + t * cmax);
+  }
+
+  // 3. Centroids: member sums in position order, continued rank after rank.
+  float* qc = st.qc.data();  // (BH, cmax, D)
+  const size_t qcn = static_cast<size_t>(BH * cmax * D);
+  if (r > 0) irecv(comm, qc, sizeof(float) * qcn, r - 1, kTagChain)->wait();
+  parallel_for(BH, [&](int64_t t) {
+    const int64_t b = t / z.H, h = t % z.H, nl = st.ncl[static_cast<size_t>(t)] > 0 ? z.nloc(in.query_lengths, b) : 0;
+    for (int64_t i = 0; i < nl; ++i)
+      simd::axpy_row(qc + (t * cmax + st.assign[static_cast<size_t>(t * z.n + i)]) * D, in.q.ptr(b, h, i), D);
+  });
+  if (r + 1 < R) isend(comm, qc, sizeof(float) * qcn, r + 1, kTagChain)->wait();
+  if (r == R - 1)
+    for (int64_t t = 0; t < BH; ++t)
+      for (int64_t j = 0; j < st.ncl[static_cast<size_t>(t)]; ++j) {
+        const int64_t cnt = st.count[static_cast<size_t>(t * cmax + j)];
+        if (cnt > 0)
+          for (int64_t e = 0; e < D; ++e) qc[(t * cmax + j) * D + e] /= static_cast<float>(cnt);
+      }
+  broadcast(comm, qc, qcn, R - 1);
+
+  // 4. Each centroid's attention over the local valid keys: running max m (log2), sum l, Σ p·v,
+  // and the local top-k candidates.
+  std::vector<float> mloc(static_cast<size_t>(BH * cmax), -kInf), lloc(static_cast<size_t>(BH * cmax), 0.f);
+  std::vector<float> vcl(static_cast<size_t>(BH * cmax * Dv), 0.f);
+  const int64_t kcap = z.kmax;
+  std::vector<Cand> tops(static_cast<size_t>(BH * cmax * std::max<int64_t>(kcap, 1)), Cand{-kInf, INT32_MAX});
+  parallel_for(BH, [&](int64_t t, int thread) {
+    const int64_t b = t / z.H, h = t % z.H, hk = h / z.G;
+    const int64_t ce = st.ncl[static_cast<size_t>(t)], ml = z.nloc(in.key_lengths, b);
+    if (ce == 0 || ml == 0) return;
+    const int64_t k = improved ? std::min(p.topk, z.nv(in.key_lengths, b)) : 0;
+    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
+    const mk::RowsOperand vr = mk::rows_operand(in.v.ptr(b, hk, 0), ml, Dv, in.v.stride(2),
+                                                sc.vr.floats(static_cast<size_t>(std::max<int64_t>(1, mk::rows_operand_size(ml, Dv)))));
+    float* qcs = sc.a.floats(static_cast<size_t>(ce * D));       // (C, D) Qc·c
+    float* kt = sc.kp.floats(static_cast<size_t>(kBc * D));      // (8, D, 64) a key tile, packed
+    float* s = sc.b.floats(static_cast<size_t>(kCb * kBc));      // (Cb, Bc) scores, then P
+    float* vc = sc.c.floats(static_cast<size_t>(ce * Dvp));      // (C, Dvp)
+    float* alpha = sc.d.floats(static_cast<size_t>(ce));         // (C)
+    float* m = mloc.data() + t * cmax;
+    float* l = lloc.data() + t * cmax;
+    if (improved) sc.cand.resize(static_cast<size_t>(ce * 2 * k));
+    sc.ncand.assign(static_cast<size_t>(ce), 0);
+    sc.thr.assign(static_cast<size_t>(ce), -kInf);
+    mk::pack_rows(qc + t * cmax * D, ce, D, D, qcs, ce, D, c);
+    std::memset(vc, 0, sizeof(float) * static_cast<size_t>(ce * Dvp));
+    for (int64_t k0 = 0; k0 < ml; k0 += kBc) {
+      const int64_t bc = std::min(kBc, ml - k0), npan = (bc + kPanel - 1) / kPanel, width = npan * kPanel;
+      mk::pack_panels(in.k.ptr(b, hk, k0), bc, D, in.k.stride(2), kt);
+      for (int64_t j0 = 0; j0 < ce; j0 += kCb) {
+        const int64_t rows = std::min(kCb, ce - j0);
+        mk::gemm_abt(rows, npan, D, qcs + j0 * D, D, kt, s, kBc);
+        for (int64_t x = 0; x < rows; ++x) {
+          const int64_t j = j0 + x;
+          float* row = s + x * kBc;
+          tile::mask_tail(row, width, bc);
+          if (improved)
+            top_scan(row, width, z.a0 + k0, sc.cand.data() + j * 2 * k, sc.ncand[static_cast<size_t>(j)],
+                     sc.thr[static_cast<size_t>(j)], k);
+          alpha[j] = tile::online_softmax_row(row, width, m[j], l[j]);
+        }
+        mk::gemm_ab(rows, Dvp, bc, s, kBc, 1, vr.data + k0 * vr.ld, vr.ld, vc + j0 * Dvp, Dvp, alpha + j0);
+      }
+    }
+    for (int64_t j = 0; j < ce; ++j) {
+      std::memcpy(vcl.data() + (t * cmax + j) * Dv, vc + j * Dvp, sizeof(float) * static_cast<size_t>(Dv));
+      if (!improved) continue;
+      Cand* cand = sc.cand.data() + j * 2 * k;
+      top_compact(cand, sc.ncand[static_cast<size_t>(j)], k);
+      std::copy(cand, cand + sc.ncand[static_cast<size_t>(j)], tops.begin() + (t * cmax + j) * kcap);
+    }
+  });
+  // ... merged across ranks by log-sum-exp.
+  {
+    std::vector<double> mg(mloc.begin(), mloc.end());
+    all_reduce_max(comm, mg.data(), mg.size());
+    for (size_t x = 0; x < mg.size(); ++x) {
+      const float f = mloc[x] == -kInf ? 0.f : std::exp2(mloc[x] - static_cast<float>(mg[x]));
+      lloc[x] *= f;
+      for (int64_t e = 0; e < Dv; ++e) vcl[x * static_cast<size_t>(Dv) + static_cast<size_t>(e)] *= f;
+      mloc[x] = static_cast<float>(mg[x]);
+    }
+    all_reduce(comm, lloc.data(), lloc.size());
+    all_reduce(comm, vcl.data(), vcl.size());
+  }
+  float* vcg = st.vc.data();  // (BH, cmax, Dv): Vc_j, then R_j
+  for (int64_t t = 0; t < BH; ++t)
+    for (int64_t j = 0; j < st.ncl[static_cast<size_t>(t)]; ++j) {
+      const size_t x = static_cast<size_t>(t * cmax + j);
+      st.lse_c.data()[x] = (mloc[x] + std::log2(lloc[x])) * kLn2;
+      const float inv = 1.f / lloc[x];
+      for (int64_t e = 0; e < Dv; ++e) vcg[x * static_cast<size_t>(Dv) + static_cast<size_t>(e)] = vcl[x * static_cast<size_t>(Dv) + static_cast<size_t>(e)] * inv;
+      st.mass.data()[x] = 0.f;
+    }
+
+  // 5. Improved: the global top-k of each centroid, and its rows from their owners.
+  if (improved) {
+    std::vector<Cand> all(tops.size() * static_cast<size_t>(R));
+    all_gather(comm, tops.data(), sizeof(Cand) * tops.size(), all.data());
+    st.topk.assign(static_cast<size_t>(BH * cmax * kcap), -1);
+    st.krows.resize(Shape{BH, cmax * kcap, D});
+    st.vrows.resize(Shape{BH, cmax * kcap, Dv});
+    std::vector<float> rows(static_cast<size_t>(BH * cmax * kcap * (D + Dv)), 0.f);
+    std::vector<std::vector<Cand>> chosen(static_cast<size_t>(BH * cmax));
+    for (int64_t t = 0; t < BH; ++t) {
+      const int64_t b = t / z.H, hk = (t % z.H) / z.G, mv = z.nv(in.key_lengths, b);
+      const int64_t k = std::min(p.topk, mv);
+      st.ksel[static_cast<size_t>(t)] = static_cast<int32_t>(k);
+      for (int64_t j = 0; j < st.ncl[static_cast<size_t>(t)]; ++j) {
+        std::vector<Cand>& ch = chosen[static_cast<size_t>(t * cmax + j)];
+        for (int q = 0; q < R; ++q) {
+          const Cand* c0 = all.data() + static_cast<size_t>(q) * tops.size() + static_cast<size_t>((t * cmax + j) * kcap);
+          for (int64_t x = 0; x < kcap; ++x)
+            if (c0[x].i != INT32_MAX) ch.push_back(c0[x]);
+        }
+        std::sort(ch.begin(), ch.end(), cand_before);
+        ch.resize(static_cast<size_t>(k));
+        int64_t* tk = st.topk.data() + (t * cmax + j) * kcap;
+        for (int64_t x = 0; x < k; ++x) tk[x] = ch[static_cast<size_t>(x)].i;
+        std::sort(tk, tk + k);
+        for (int64_t x = 0; x < k; ++x) {  // rows this rank owns
+          const int64_t g = tk[x];
+          if (g < z.a0 || g >= z.a0 + z.n) continue;
+          float* dst = rows.data() + ((t * cmax + j) * kcap + x) * (D + Dv);
+          std::memcpy(dst, in.k.ptr(b, hk, g - z.a0), sizeof(float) * static_cast<size_t>(D));
+          std::memcpy(dst + D, in.v.ptr(b, hk, g - z.a0), sizeof(float) * static_cast<size_t>(Dv));
+        }
+      }
+    }
+    all_reduce(comm, rows.data(), rows.size());
+    for (int64_t t = 0; t < BH; ++t)
+      for (int64_t x = 0; x < cmax * kcap; ++x) {
+        const float* src = rows.data() + (t * cmax * kcap + x) * (D + Dv);
+        std::memcpy(st.krows.data() + (t * cmax * kcap + x) * D, src, sizeof(float) * static_cast<size_t>(D));
+        std::memcpy(st.vrows.data() + (t * cmax * kcap + x) * Dv, src + D, sizeof(float) * static_cast<size_t>(Dv));
+      }
+    // m_j and R_j = Vc_j − Σ_{T_j} A_jl v_l, in the candidates' order as clustered.cpp.
+    for (int64_t t = 0; t < BH; ++t) {
+      const int64_t b = t / z.H, mv = z.nv(in.key_lengths, b), k = st.ksel[static_cast<size_t>(t)];
+      for (int64_t j = 0; j < st.ncl[static_cast<size_t>(t)]; ++j) {
+        const size_t x0 = static_cast<size_t>(t * cmax + j);
+        float* res = vcg + x0 * static_cast<size_t>(Dv);
+        if (k == mv) {  // T_j holds every key: m_j = 1, R_j = 0 exactly
+          st.mass.data()[x0] = 1.f;
+          std::fill(res, res + Dv, 0.f);
+          continue;
+        }
+        const float lse2 = st.lse_c.data()[x0] * kLog2e;
+        const int64_t* tk = st.topk.data() + (t * cmax + j) * kcap;
+        double msum = 0;
+        for (const Cand& cd : chosen[x0]) {
+          const int64_t slot = std::lower_bound(tk, tk + k, static_cast<int64_t>(cd.i)) - tk;
+          const float a = std::exp2(cd.v - lse2);
+          msum += a;
+          simd::axpy_row(res, st.vrows.data() + (t * cmax * kcap + j * kcap + slot) * Dv, Dv, -a);
+        }
+        st.mass.data()[x0] = static_cast<float>(msum);
+      }
+    }
+  }
+
+  // 6. The members.
+  for (int64_t t = 0; t < BH; ++t) {
+    const int64_t b = t / z.H, h = t % z.H, nl = st.ncl[static_cast<size_t>(t)] > 0 ? z.nloc(in.query_lengths, b) : 0;
+    for (int64_t i = nl; i < z.n; ++i) std::memset(out.ptr(b, h, i), 0, sizeof(float) * static_cast<size_t>(Dv));
+    if (!improved)
+      for (int64_t i = 0; i < nl; ++i)
+        std::memcpy(out.ptr(b, h, i), vcg + (t * cmax + st.assign[static_cast<size_t>(t * z.n + i)]) * Dv,
+                    sizeof(float) * static_cast<size_t>(Dv));
+  }
+  if (!improved) return;
+  // The member stage of improved_clustered.cpp over the local members and the gathered rows:
+  // T_j's rows sit at j·kmax .. j·kmax + k − 1 of the task's gathered rows, in key order.
+  ClusteredState& ms = st.members;
+  ms.cmax = cmax;
+  ms.kmax = kcap;
+  ms.nclusters = st.ncl;
+  ms.ksel = st.ksel;
+  ms.order.assign(static_cast<size_t>(BH * z.n), 0);
+  ms.offsets.assign(static_cast<size_t>(BH * (cmax + 1)), 0);
+  ms.topk_idx.assign(static_cast<size_t>(BH * cmax * kcap), 0);
+  ms.mass = Tensor::from(st.mass.view());
+  ms.resid.resize(Shape{z.B, z.H, cmax, Dv});
+  std::memcpy(ms.resid.data(), vcg, sizeof(float) * static_cast<size_t>(BH * cmax * Dv));
+  ms.lse_m.resize(Shape{z.B, z.H, z.n});
+  const AttentionDims dm{z.B, z.H, z.Hkv, z.n, cmax * kcap, D, Dv};
+  parallel_for(BH, [&](int64_t t, int thread) {
+    const int64_t b = t / z.H, h = t % z.H, ce = st.ncl[static_cast<size_t>(t)];
+    if (ce == 0) return;
+    const int64_t nl = z.nloc(in.query_lengths, b);
+    cluster::counting_sort(st.assign.data() + t * z.n, nl, ce, ms.order.data() + t * z.n, ms.offsets.data() + t * (cmax + 1));
+    for (int64_t j = 0; j < ce; ++j)
+      for (int64_t x = 0; x < kcap; ++x) ms.topk_idx[static_cast<size_t>((t * cmax + j) * kcap + x)] = static_cast<int32_t>(j * kcap + x);
+    AttentionInputs mi;
+    mi.q = in.q;
+    mi.k = gathered(st.krows.data() + t * cmax * kcap * D, cmax * kcap, D);
+    mi.v = gathered(st.vrows.data() + t * cmax * kcap * Dv, cmax * kcap, Dv);
+    improved_members_fwd(mi, dm, b, h, scale, ms, out, ws.threads[static_cast<size_t>(thread)]);
+  });
+}
+
+void clustered_backward(Communicator& comm, const SeqSplit& split, const ClusteredParams& p,
+                        const AttentionInputs& in, ConstView /*out*/, const SpState& st, ConstView dout, View dq, View dk,
+                        View dv, Scratch& scratch) {
+  const Sizes z = sizes_of(comm, split, p, in);
+  const int64_t BH = z.B * z.H, D = z.Dk, Dv = z.Dv, cmax = st.cmax, kcap = st.kmax;
+  const int64_t Dkp = round_up(D, mk::kLanes), Dvp = round_up(Dv, mk::kLanes);
+  const float scale = softmax_scale(p.scale, D), c = scale * kLog2e;
+  const bool improved = p.topk > 0;
+  ClusteredWorkspace& ws = scratch.get<ClusteredWorkspace>();
+  ws.ensure_threads();
+  // G_j = Σ_members dO_i, over all ranks.
+  std::vector<float> gsum(static_cast<size_t>(BH * cmax * Dv), 0.f);
+  parallel_for(BH, [&](int64_t t) {
+    const int64_t b = t / z.H, h = t % z.H, nl = st.ncl[static_cast<size_t>(t)] > 0 ? z.nloc(in.query_lengths, b) : 0;
+    for (int64_t i = 0; i < nl; ++i)
+      simd::axpy_row(gsum.data() + (t * cmax + st.assign[static_cast<size_t>(t * z.n + i)]) * Dv, dout.ptr(b, h, i), Dv);
+  });
+  all_reduce(comm, gsum.data(), gsum.size());
+  // Improved: the member stage's exact backward on the gathered rows; its ∂/∂m_j added across ranks.
+  std::vector<float> dm(static_cast<size_t>(BH * cmax), 0.f);
+  std::vector<float> grows;  // (BH, cmax·kmax, Dkp + Dvp) gradients of the gathered T_j rows
+  if (improved) {
+    grows.assign(static_cast<size_t>(BH * cmax * kcap * (Dkp + Dvp)), 0.f);
+    const AttentionDims dmm{z.B, z.H, z.Hkv, z.n, cmax * kcap, D, Dv};
+    parallel_for(BH, [&](int64_t t, int thread) {
+      const int64_t b = t / z.H, h = t % z.H;
+      if (st.ncl[static_cast<size_t>(t)] == 0) return;
+      AttentionInputs mi;
+      mi.q = in.q;
+      mi.k = gathered(st.krows.data() + t * cmax * kcap * D, cmax * kcap, D);
+      mi.v = gathered(st.vrows.data() + t * cmax * kcap * Dv, cmax * kcap, Dv);
+      const KeyGrads kg{grows.data() + t * cmax * kcap * (Dkp + Dvp), Dkp + Dvp, View{}, View{}, 0, 0, Dkp};
+      improved_members_bwd(mi, dmm, b, h, scale, st.members, dout, dq, kg, dm.data() + t * cmax,
+                           ws.threads[static_cast<size_t>(thread)]);
+    });
+    all_reduce(comm, dm.data(), dm.size());
+    all_reduce(comm, grows.data(), grows.size());
+  }
+  // Through Ac over the local keys (clustered.cpp's backward), ∂Qc added across ranks. Tasks of
+  // one key head run in turn: they add to the same dk, dv rows.
+  std::vector<float> dqc(static_cast<size_t>(BH * cmax * Dkp), 0.f);
+  parallel_for(z.B * z.Hkv, [&](int64_t g, int thread) {
+    const int64_t b = g / z.Hkv, hk = g % z.Hkv, ml = z.nloc(in.key_lengths, b);
+    if (ml == 0) return;
+    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
+    const int64_t np = (ml + kPanel - 1) / kPanel, Mp = np * kPanel;
+    float* kpan = sc.kt.floats(static_cast<size_t>(Mp * D));     // (np, D, 64)
+    float* vpan = sc.vt.floats(static_cast<size_t>(Mp * Dv));    // (np, Dv, 64)
+    float* krow = sc.ktr.floats(static_cast<size_t>(Mp * Dkp));  // (Mp, Dkp)
+    mk::pack_panels(in.k.ptr(b, hk, 0), ml, D, in.k.stride(2), kpan);
+    mk::pack_panels(in.v.ptr(b, hk, 0), ml, Dv, in.v.stride(2), vpan);
+    mk::pack_rows(in.k.ptr(b, hk, 0), ml, D, in.k.stride(2), krow, Mp, Dkp);
+    for (int64_t h = hk * z.G; h < (hk + 1) * z.G; ++h) {
+      const int64_t t = b * z.H + h, ce = st.ncl[static_cast<size_t>(t)];
+      if (ce == 0) continue;
+      const float* qcg = st.qc.data() + t * cmax * D;
+      const float* lse_c = st.lse_c.data() + t * cmax;
+      const float* resid = st.vc.data() + t * cmax * Dv;
+      const float* mass = st.mass.data() + t * cmax;
+      const float* gs = gsum.data() + t * cmax * Dv;
+      const int64_t k = st.ksel[static_cast<size_t>(t)];
+      std::vector<float> delta(static_cast<size_t>(ce));
+      for (int64_t j = 0; j < ce; ++j) {
+        float x = mass[j] * dm[static_cast<size_t>(t * cmax + j)];
+        for (int64_t e = 0; e < Dv; ++e) x += gs[j * Dv + e] * resid[j * Dv + e];
+        delta[static_cast<size_t>(j)] = x;
+      }
+      float* gsp = sc.e.floats(static_cast<size_t>(ce * Dvp));       // (C, Dvp) G padded
+      float* qcs = sc.a.floats(static_cast<size_t>(kCb * Dkp));      // (Cb, Dkp) Qc·c
+      float* a = sc.b.floats(static_cast<size_t>(kCb * kBc));        // (Cb, Bc) A, then A off T
+      float* da = sc.c.floats(static_cast<size_t>(kCb * kBc));       // (Cb, Bc) dA, then dS
+      float* dkacc = sc.h.floats(static_cast<size_t>(kBc * Dkp));    // (Bc, Dkp)
+      float* dvacc = sc.i.floats(static_cast<size_t>(kBc * Dvp));    // (Bc, Dvp)
+      float* dq_t = dqc.data() + t * cmax * Dkp;
+      mk::pack_rows(gs, ce, Dv, Dv, gsp, ce, Dvp);
+      std::vector<int64_t>& cursor = sc.cursor;
+      cursor.assign(static_cast<size_t>(ce), 0);
+      for (int64_t k0 = 0; k0 < ml; k0 += kBc) {
+        const int64_t bc = std::min(kBc, ml - k0), npan = (bc + kPanel - 1) / kPanel, width = npan * kPanel;
+        std::memset(dkacc, 0, sizeof(float) * static_cast<size_t>(width * Dkp));
+        std::memset(dvacc, 0, sizeof(float) * static_cast<size_t>(width * Dvp));
+        for (int64_t j0 = 0; j0 < ce; j0 += kCb) {
+          const int64_t rows = std::min(kCb, ce - j0);
+          mk::pack_rows(qcg + j0 * D, rows, D, D, qcs, rows, Dkp, c);
+          mk::gemm_abt(rows, npan, D, qcs, Dkp, kpan + k0 * D, a, kBc);
+          for (int64_t x = 0; x < rows; ++x) {
+            float* row = a + x * kBc;
+            tile::mask_tail(row, width, bc);
+            tile::exp2_row(row, width, lse_c[j0 + x] * kLog2e);
+          }
+          mk::gemm_abt(rows, npan, Dv, gsp + j0 * Dvp, Dvp, vpan + k0 * Dv, da, kBc);
+          for (int64_t x = 0; x < rows; ++x) {
+            const int64_t j = j0 + x;
+            float* ar = a + x * kBc;
+            float* dr = da + x * kBc;
+            const int64_t* tk = improved ? st.topk.data() + (t * cmax + j) * kcap : nullptr;
+            // T_j keys in this tile (global positions z.a0 + k0 .. + bc): dA there is dm_j, and A
+            // loses them (they reach V through the member stage).
+            int64_t& cur = cursor[static_cast<size_t>(j)];
+            if (improved)
+              for (; cur < k && tk[cur] < z.a0 + k0 + bc; ++cur)
+                if (tk[cur] >= z.a0 + k0) dr[tk[cur] - z.a0 - k0] = dm[static_cast<size_t>(t * cmax + j)];
+            const simd::vf dj = simd::splat(delta[static_cast<size_t>(j)]), sv = simd::splat(scale);
+            for (int64_t y = 0; y < width; y += simd::kLanes)
+              simd::store(dr + y, simd::load(ar + y) * (simd::load(dr + y) - dj) * sv);
+            if (improved)
+              for (int64_t y = cur - 1; y >= 0 && tk[y] >= z.a0 + k0; --y)
+                if (tk[y] < z.a0 + k0 + bc) ar[tk[y] - z.a0 - k0] = 0.f;
+          }
+          mk::gemm_ab(width, Dvp, rows, a, 1, kBc, gsp + j0 * Dvp, Dvp, dvacc, Dvp, nullptr);
+          mk::gemm_ab(rows, Dkp, width, da, kBc, 1, krow + k0 * Dkp, Dkp, dq_t + j0 * Dkp, Dkp, nullptr);
+          mk::gemm_ab(width, Dkp, rows, da, 1, kBc, qcs, Dkp, dkacc, Dkp, nullptr);
+        }
+        const float inv_c = 1.f / c;
+        for (int64_t x = 0; x < bc; ++x) {
+          simd::axpy_row(dk.ptr(b, hk, k0 + x), dkacc + x * Dkp, D, inv_c);
+          simd::axpy_row(dv.ptr(b, hk, k0 + x), dvacc + x * Dvp, Dv);
+        }
+      }
+    }
+  });
+  all_reduce(comm, dqc.data(), dqc.size());
+  // Qc_j = mean of its members -> dq_i += dQc_j / |j| ; the T_j rows this rank owns get theirs.
+  parallel_for(BH, [&](int64_t t) {
+    const int64_t b = t / z.H, h = t % z.H, nl = st.ncl[static_cast<size_t>(t)] > 0 ? z.nloc(in.query_lengths, b) : 0;
+    for (int64_t i = 0; i < nl; ++i) {
+      const int64_t j = st.assign[static_cast<size_t>(t * z.n + i)];
+      simd::axpy_row(dq.ptr(b, h, i), dqc.data() + (t * cmax + j) * Dkp, D,
+                     1.f / static_cast<float>(st.count[static_cast<size_t>(t * cmax + j)]));
+    }
+  });
+  if (!improved) return;
+  for (int64_t g = 0; g < z.B * z.Hkv; ++g) {
+    const int64_t b = g / z.Hkv, hk = g % z.Hkv;
+    for (int64_t h = hk * z.G; h < (hk + 1) * z.G; ++h) {
+      const int64_t t = b * z.H + h;
+      for (int64_t j = 0; j < st.ncl[static_cast<size_t>(t)]; ++j)
+        for (int64_t x = 0; x < st.ksel[static_cast<size_t>(t)]; ++x) {
+          const int64_t pos = st.topk[static_cast<size_t>((t * cmax + j) * kcap + x)];
+          if (pos < z.a0 || pos >= z.a0 + z.n) continue;
+          const float* gr = grows.data() + (t * cmax * kcap + j * kcap + x) * (Dkp + Dvp);
+          simd::axpy_row(dk.ptr(b, hk, pos - z.a0), gr, D);
+          simd::axpy_row(dv.ptr(b, hk, pos - z.a0), gr + Dkp, Dv);
+        }
+    }
+  }
+}
+
+}  // namespace clattn::sp
