@@ -4,6 +4,7 @@
 // attention's own preconditions (validate_inputs, clattn/validate.h), so they are not repeated here.
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -13,10 +14,12 @@
 
 #include "cli_util.h"
 #include "clattn/attention.h"
+#include "clattn/comm.h"
 #include "clattn/error.h"
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
 #include "clattn/safetensors.h"
+#include "clattn/seq_parallel.h"
 #include "commands.h"
 
 namespace clattn::cli {
@@ -24,7 +27,7 @@ namespace {
 
 struct AttendOptions {
   std::string spec, input, output;
-  bool causal = false, train = false;
+  bool causal = false, train = false, sequence_parallel = false;
   int threads = 0;
   uint64_t step = 0;
 };
@@ -75,6 +78,98 @@ bool same_file(const std::string& input, const std::string& output) {
   return normal(input) == normal(output);
 }
 
+// The rows of rank r's pieces of a (B, Hx, N, D) view, in its local order.
+Tensor take_rows(ConstView t, const SeqSplit& s, int r) {
+  const int64_t n = s.local_rows(r);
+  Tensor out(Shape{t.dim(0), t.dim(1), n, t.dim(3)});
+  for (int64_t b = 0; b < t.dim(0); ++b)
+    for (int64_t h = 0; h < t.dim(1); ++h)
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(out.data() + ((b * t.dim(1) + h) * n + i) * t.dim(3), t.ptr(b, h, s.global(r, i)),
+                    sizeof(float) * static_cast<size_t>(t.dim(3)));
+  return out;
+}
+
+// Every rank's rows of a (B, Hx, n_r, D) tensor back into (B, Hx, N, D) order, on every rank.
+Tensor gather_rows(Communicator& comm, const Tensor& mine, const SeqSplit& s) {
+  const int R = comm.size();
+  const int64_t B = mine.dim(0), Hx = mine.dim(1), D = mine.dim(3);
+  std::vector<size_t> counts, displs;
+  size_t total = 0;
+  for (int j = 0; j < R; ++j) {
+    counts.push_back(sizeof(float) * static_cast<size_t>(B * Hx * s.local_rows(j) * D));
+    displs.push_back(total);
+    total += counts.back();
+  }
+  std::vector<float> all(total / sizeof(float));
+  comm.iall_gatherv(mine.data(), sizeof(float) * static_cast<size_t>(mine.numel()), all.data(), counts, displs)->wait();
+  Tensor out(Shape{B, Hx, s.N, D});
+  for (int j = 0; j < R; ++j) {
+    const float* src = all.data() + displs[static_cast<size_t>(j)] / sizeof(float);
+    const int64_t n = s.local_rows(j);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < Hx; ++h)
+        for (int64_t i = 0; i < n; ++i)
+          std::memcpy(out.data() + ((b * Hx + h) * s.N + s.global(j, i)) * D, src + ((b * Hx + h) * n + i) * D,
+                      sizeof(float) * static_cast<size_t>(D));
+  }
+  return out;
+}
+
+// --sequence-parallel: every rank (mpirun) reads the whole file, keeps its positions (contiguous
+// slices; causal: the zig-zag chunks), runs the attention split across the ranks, and rank 0
+// writes the whole output, as one process would.
+void run_split(const AttendOptions& o, const Attention& att, const AttentionInputs& in, const Tensor* dout) {
+  Communicator& comm = world();
+  const int R = comm.size(), r = comm.rank();
+  std::string why;
+  check(sequence_parallel_supported(att, in.causal, &why), "attend --sequence-parallel: ", why);
+  check(!in.bias.data, "attend --sequence-parallel: the input has a bias, which a split sequence cannot take");
+  check(in.q.dim(2) == in.k.dim(2), "attend --sequence-parallel: splits self-attention (N = M), got N = ", in.q.dim(2),
+        " and M = ", in.k.dim(2));
+  const SeqSplit split = in.causal ? SeqSplit::zig_zag(in.q.dim(2), R) : SeqSplit::contiguous(in.q.dim(2), R);
+  const Tensor q = take_rows(in.q, split, r), k = take_rows(in.k, split, r), v = take_rows(in.v, split, r);
+  AttentionInputs part = in;
+  part.q = q.view();
+  part.k = k.view();
+  part.v = v.view();
+  part.state = nullptr;
+  Tensor out(Shape{q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
+  Context ctx = dout ? Context() : Context::for_inference();
+  reset_sequence_parallel_traffic();
+  const auto t0 = std::chrono::steady_clock::now();
+  sequence_parallel_forward(comm, split, att, part, out.view(), ctx);
+  const double fwd_ms = ms_since(t0);
+  SafetensorsWriter w;
+  const Tensor o_all = gather_rows(comm, out, split);
+  w.add("o", o_all.view());
+  Tensor dq_all, dk_all, dv_all;
+  double bwd_ms = 0;
+  if (dout) {
+    const Tensor g = take_rows(dout->view(), split, r);
+    Tensor dq(q.shape()), dk(k.shape()), dv(v.shape());
+    const auto t1 = std::chrono::steady_clock::now();
+    sequence_parallel_backward(comm, split, att, part, out.view(), ctx, g.view(), dq.view(), dk.view(), dv.view());
+    bwd_ms = ms_since(t1);
+    dq_all = gather_rows(comm, dq, split);
+    dk_all = gather_rows(comm, dk, split);
+    dv_all = gather_rows(comm, dv, split);
+    w.add("dq", dq_all.view());
+    w.add("dk", dk_all.view());
+    w.add("dv", dv_all.view());
+  }
+  const SeqParallelTraffic traffic = sequence_parallel_traffic();
+  if (r != 0) return;
+  w.set_metadata("spec", att.name());
+  w.set_metadata("causal", in.causal ? "true" : "false");
+  w.set_metadata("ranks", std::to_string(R));
+  w.write(o.output);
+  std::fprintf(stderr, "attend: %s on q %s split over %d ranks%s: forward %.2f ms%s, rank 0 sent %.3f MB -> %s\n",
+               att.name().c_str(), in.q.shape.str().c_str(), R, in.causal ? " (causal, zig-zag)" : "", fwd_ms,
+               dout ? (", backward " + std::to_string(bwd_ms) + " ms").c_str() : "",
+               static_cast<double>(traffic.bytes) / 1e6, o.output.c_str());
+}
+
 void run_attend(const AttendOptions& o) {
   set_threads(checked_threads(o.threads, "attend"));
   usage_check(!same_file(o.input, o.output), "attend: --output '", o.output, "' is the input file '", o.input,
@@ -115,6 +210,10 @@ void run_attend(const AttendOptions& o) {
     const double grads = dout ? 4.0 * (q.numel() + 2.0 * static_cast<double>(in.k.numel())) : 0;
     check_memory(outsz + grads + static_cast<double>(att->workspace_bytes(d, dout ? Mode::training : Mode::inference, max_threads())),
                  "attend: " + att->name() + " on q " + q.shape().str());
+  }
+  if (o.sequence_parallel) {
+    run_split(o, *att, in, dout ? &*dout : nullptr);
+    return;
   }
   Tensor out(Shape{q.dim(0), q.dim(1), q.dim(2), v.dim(3)});  // (B, H, N, Dv)
   // Without dO there is no backward: the forward need not keep its backward state.
@@ -239,6 +338,9 @@ void add_attend(CLI::App& app) {
   sub->add_option("--step", opts->step,
                   "random step of stochastic variants: same spec, inputs and step give the same output");
   sub->add_flag("--train", opts->train, "a training call (routing centroids=ema updates its state)");
+  sub->add_flag("--sequence-parallel", opts->sequence_parallel,
+                "under mpirun, split the sequence across the ranks (full: ring; clustered variants: "
+                "distributed clustering); rank 0 writes the same file one process would");
   sub->callback([opts] { run_attend(*opts); });
 }
 

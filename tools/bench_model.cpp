@@ -3,34 +3,65 @@
 // peak memory a forward adds (the first plan's exactly; later plans may reuse memory freed before
 // them, so theirs is a lower bound). Models: a BERT-shaped encoder with random weights at any length
 // (--random-bert), a KWT checkpoint on a feature set, or a LLaMA checkpoint (prefill and decode).
+//
+// --sequence-parallel under mpirun: every rank runs the same command and holds its part of each
+// sequence (Model::set_sequence_parallel); a row's times are the slowest rank's, its memory the
+// largest rank's, and bytes_per_layer what one rank sends per layer and forward (the largest).
+// Rank 0 prints and writes --json.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <numeric>
 
+#include <nlohmann/json.hpp>
+
 #include "bench_util.h"
 #include "cli_util.h"
+#include "clattn/comm.h"
 #include "clattn/error.h"
 #include "clattn/gemm.h"
 #include "clattn/model.h"
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
 #include "clattn/safetensors.h"
+#include "clattn/seq_parallel.h"
 #include "commands.h"
+#include "result_table.h"
+#include "version.h"
 
 namespace clattn::cli {
 namespace {
 
+using nlohmann::ordered_json;
+
 struct BenchModelOptions {
   std::string model, features, lengths = "16384";
-  bool random_bert = false;
+  bool random_bert = false, sequence_parallel = false;
   int64_t layers = 4, hidden = 256, heads = 4, ffn = 1024, batch = 0, decode = 128;
   std::vector<std::string> attention{"full"};
   int repeat = 3, threads = 0;
+  std::string json, format = "text";
 };
 
 double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<Column> columns(const BenchModelOptions& o, int plan_width) {
+  std::vector<Column> c = {{"attention", "attention", "", plan_width, true},
+                           {"mode", "mode", "", 8, true},
+                           {"N", "n", "", 8},
+                           {"B", "batch", "", 4}};
+  if (o.sequence_parallel) c.push_back({"ranks", "ranks", "", 5});
+  c.insert(c.end(), {{"ms_median", "ms_median", "%.1f", 10},
+                     {"ms_min", "ms_min", "%.1f", 10},
+                     {"tokens/s", "tokens_per_s", "%.0f", 11},
+                     {"outside%", "outside_percent", "%.1f", 8},
+                     {"GFLOP/s", "outside_gflops", "%.1f", 9},
+                     {"rss MB", "rss_mb", "%.1f", 9}});
+  if (o.sequence_parallel)
+    c.insert(c.end(), {{"rank MB", "peak_rss_mb_per_rank", "%.1f", 9}, {"bytes/layer", "bytes_per_layer", "%.0f", 12}});
+  return c;
 }
 
 void run_bench_model(const BenchModelOptions& o) {
@@ -48,35 +79,96 @@ void run_bench_model(const BenchModelOptions& o) {
     for (const int64_t n : lengths_given)
       check_elements({std::max<int64_t>(o.batch, 1), n, std::max(o.hidden, o.ffn)},
                      "bench-model: activations (B, N, max(hidden, ffn))");
+  Communicator& comm = world();
+  Communicator* split = o.sequence_parallel ? &comm : nullptr;
+  const int R = comm.size();
+  const bool lead = comm.rank() == 0;
+  usage_check(o.sequence_parallel || R == 1, "bench-model: ", R,
+              " ranks would each run the whole benchmark; under mpirun give --sequence-parallel");
+  int plan_width = 9;
+  for (const std::string& p : o.attention) plan_width = std::max(plan_width, static_cast<int>(p.size()));
+  const ResultTable table(o.format, columns(o, plan_width));
   bench::prime_threads_and_blas();
   const double peak = measure_sgemm_gflops(2048, 3);
-  std::printf("sgemm 2048: %.1f GFLOP/s, %d threads\n", peak, max_threads());
-  std::printf("%-56s %7s %6s %10s %10s %11s %9s %10s %8s\n", "attention", "N", "B", "ms_median", "ms_min",
-              "tokens/s", "outside%", "GFLOP/s", "rss MB");
-  auto report = [&](const std::string& plan, int64_t n, int64_t B, std::vector<double> ms, double attn_ms,
-                    double outside_flops, int64_t rss_kib) {
+  FILE* pre = lead ? table.preamble() : nullptr;
+  if (pre) {
+    std::fprintf(pre, "sgemm 2048: %.1f GFLOP/s, %d threads\n", peak, max_threads());
+    if (o.sequence_parallel)
+      std::fprintf(pre, "sequence parallel: %s; each sequence split over %d ranks\n", comm.name().c_str(), R);
+  }
+  ordered_json doc = {{"machine",
+                       {{"cpu", bench::cpu_model()},
+                        {"cores", available_processors()},
+                        {"sgemm_gflops", peak},
+                        {"threads", max_threads()},
+                        {"ranks", R},
+                        {"clattn", {{"version", CLATTN_VERSION}, {"commit", CLATTN_COMMIT}}},
+                        {"date", bench::utc_now_iso8601()}}},
+                      {"results", ordered_json::array()}};
+  auto write_json = [&] {
+    if (lead && !o.json.empty()) bench::write_file_atomic(o.json, doc.dump(2) + "\n");
+  };
+  write_json();  // an unwritable path fails before the first case
+  if (lead) table.header();
+
+  // One row: times are the slowest rank's, memory the largest rank's (one rank: its own).
+  auto report = [&](const std::string& plan, const char* mode, int64_t n, int64_t B, std::vector<double> ms,
+                    double attn_ms, double total_flops, int64_t rss_kib, int64_t layers, double bytes) {
+    double worst[3] = {static_cast<double>(rss_kib), static_cast<double>(bench::read_status_kib("VmHWM")), bytes};
+    comm.all_reduce_max(worst, 3);
     const bench::TimeStats st = bench::summarise(std::move(ms));
     const double outside_ms = std::max(st.median - attn_ms, 1e-9);
-    std::printf("%-56s %7lld %6lld %10.1f %10.1f %11.0f %8.1f%% %10.1f %8.1f\n", plan.c_str(), static_cast<long long>(n),
-                static_cast<long long>(B), st.median, st.min, static_cast<double>(n * B) / st.median * 1e3,
-                100.0 * outside_ms / st.median, outside_flops / outside_ms * 1e-6, static_cast<double>(rss_kib) / 1024.0);
-    std::fflush(stdout);
+    ordered_json r = {{"attention", plan},
+                      {"mode", mode},
+                      {"n", n},
+                      {"batch", B},
+                      {"ranks", o.sequence_parallel ? R : 1},
+                      {"threads", max_threads()},
+                      {"repeat", o.repeat},
+                      {"layers", layers},
+                      {"ms_median", st.median},
+                      {"ms_min", st.min},
+                      {"ms_max", st.max},
+                      {"tokens_per_s", static_cast<double>(n * B) / st.median * 1e3},
+                      {"attention_ms", attn_ms},
+                      {"outside_percent", 100.0 * outside_ms / st.median},
+                      {"outside_gflops", total_flops / outside_ms * 1e-6},
+                      {"rss_mb", worst[0] / 1024.0},
+                      {"peak_rss_mb_per_rank", o.sequence_parallel ? ordered_json(worst[1] / 1024.0) : ordered_json(nullptr)},
+                      {"bytes_per_layer", o.sequence_parallel ? ordered_json(worst[2]) : ordered_json(nullptr)}};
+    if (!lead) return;
+    table.row(r);
+    doc["results"].push_back(std::move(r));
+    write_json();
   };
-  auto timed = [&](auto&& fn, double& attn_ms, int64_t& rss_kib, const auto& attn) {
+  // Warm-up, then `repeat` timed calls; each call's time is the slowest rank's. Returns the times,
+  // the mean attention time of a call, the peak memory the calls added and the bytes one rank
+  // sent per call.
+  struct Timing {
+    std::vector<double> ms;
+    double attn_ms = 0, bytes_per_call = 0;
+    int64_t rss_kib = 0;
+  };
+  auto timed = [&](auto&& fn, const auto& attn) {
+    Timing t;
     bench::reset_peak_rss();
     const int64_t before = bench::read_status_kib("VmRSS");
     fn();  // warm-up: sizes the activations and workspaces, as a first real call would
-    std::vector<double> ms;
+    reset_sequence_parallel_traffic();
     double attn_sum = 0;
     for (int r = 0; r < o.repeat; ++r) {
+      comm.barrier();
       const double t0 = now_ms();
       fn();
-      ms.push_back(now_ms() - t0);
+      double ms = now_ms() - t0;
+      comm.all_reduce_max(&ms, 1);
+      t.ms.push_back(ms);
       attn_sum += attn();
     }
-    attn_ms = attn_sum / o.repeat;
-    rss_kib = bench::read_status_kib("VmHWM") - before;
-    return ms;
+    t.attn_ms = attn_sum / o.repeat;
+    t.rss_kib = bench::read_status_kib("VmHWM") - before;
+    t.bytes_per_call = static_cast<double>(sequence_parallel_traffic().bytes) / o.repeat;
+    return t;
   };
 
   if (o.random_bert || model_kind(o.model) != ModelKind::llama) {
@@ -100,6 +192,7 @@ void run_bench_model(const BenchModelOptions& o) {
       features = SafetensorsFile::open(o.features).get_f32("features");
       lengths = {enc->config().num_patches + 1};
     }
+    enc->set_sequence_parallel(split);
     const ModelConfig& c = enc->config();
     for (const int64_t n : lengths) {
       // KWT: the whole feature set in batches of --batch clips (default: one batch of all).
@@ -113,9 +206,8 @@ void run_bench_model(const BenchModelOptions& o) {
       for (const std::string& plan : o.attention) {
         enc->set_attention(plan);
         check_memory(enc->forward_bytes(B, n), detail::concat("bench-model: ", plan, " at N = ", n));
-        double attn_ms = 0, run_attn = 0;  // run_attn: attention time of the latest pass
-        int64_t rss = 0;
-        auto ms = timed([&] {
+        double run_attn = 0;  // attention time of the latest pass
+        Timing t = timed([&] {
           run_attn = 0;
           if (o.random_bert) {
             (void)enc->forward_tokens(ids, B, n);
@@ -130,16 +222,23 @@ void run_bench_model(const BenchModelOptions& o) {
             (void)enc->forward_features(part);
             run_attn += enc->last_attention_ms();
           }
-        }, attn_ms, rss, [&] { return run_attn; });
+        }, [&] { return run_attn; });
         // A KWT pass covers the whole set: report it as one batch of all its clips.
-        report(plan, n, o.random_bert ? B : features.dim(0), std::move(ms), attn_ms,
-               o.random_bert ? flops : flops / static_cast<double>(B) * static_cast<double>(features.dim(0)), rss);
+        report(plan, "forward", n, o.random_bert ? B : features.dim(0), std::move(t.ms), t.attn_ms,
+               o.random_bert ? flops : flops / static_cast<double>(B) * static_cast<double>(features.dim(0)), t.rss_kib,
+               c.layers, t.bytes_per_call / static_cast<double>(c.layers));
       }
     }
+    table.end(doc);
     return;
   }
-  // Decoder: prefill of N tokens, then --decode tokens one at a time through the KV cache.
+  // Decoder: prefill of N tokens, then --decode tokens one at a time through the KV cache (not
+  // after a split prefill, whose cache is spread over the ranks).
   auto dec = Decoder::load(o.model);
+  dec->set_sequence_parallel(split);
+  const bool decode = o.decode > 0 && !(o.sequence_parallel && R > 1);
+  if (pre && o.decode > 0 && !decode)
+    std::fprintf(pre, "bench-model: no decode rows: decoding after a split prefill is not supported\n");
   const ModelConfig& c = dec->config();
   for (const int64_t n : lengths_given) {
     check(n + o.decode <= c.max_positions, "bench-model: N + --decode (", n + o.decode, ") exceeds the context ", c.max_positions);
@@ -149,14 +248,13 @@ void run_bench_model(const BenchModelOptions& o) {
     const double per_token = 2.0 * c.layers * (2.0 * c.hidden * c.heads * c.head_dim + 2.0 * c.hidden * c.kv_heads * c.head_dim + 3.0 * c.hidden * c.ffn);
     for (const std::string& plan : o.attention) {
       dec->set_attention(plan);
-      double attn_ms = 0;
-      int64_t rss = 0;
-      auto ms = timed([&] {
+      Timing t = timed([&] {
         dec->start(n + o.decode);
         (void)dec->prefill(ids);
-      }, attn_ms, rss, [&] { return dec->last_attention_ms(); });
-      report(plan + " (prefill)", n, 1, std::move(ms), attn_ms, per_token * static_cast<double>(n) + 2.0 * c.hidden * c.vocab, rss);
-      if (o.decode == 0) continue;
+      }, [&] { return dec->last_attention_ms(); });
+      report(plan, "prefill", n, 1, std::move(t.ms), t.attn_ms, per_token * static_cast<double>(n) + 2.0 * c.hidden * c.vocab,
+             t.rss_kib, c.layers, t.bytes_per_call / static_cast<double>(c.layers));
+      if (!decode) continue;
       std::vector<double> dms;
       double dattn = 0;
       for (int r = 0; r < o.repeat + 1; ++r) {
@@ -164,8 +262,8 @@ void run_bench_model(const BenchModelOptions& o) {
         std::vector<float> l = dec->prefill(ids);
         double a = 0;
         const double t0 = now_ms();
-        for (int64_t t = 0; t < o.decode; ++t) {
-          l = dec->step(sample_token(l, SamplingOptions{}, static_cast<uint64_t>(t)));
+        for (int64_t s = 0; s < o.decode; ++s) {
+          l = dec->step(sample_token(l, SamplingOptions{}, static_cast<uint64_t>(s)));
           a += dec->last_attention_ms();
         }
         if (r > 0) {  // the first round is the warm-up
@@ -173,9 +271,10 @@ void run_bench_model(const BenchModelOptions& o) {
           dattn += a / static_cast<double>(o.decode) / o.repeat;
         }
       }
-      report(plan + " (decode, per token)", 1, 1, std::move(dms), dattn, per_token + 2.0 * c.hidden * c.vocab, 0);
+      report(plan, "decode", 1, 1, std::move(dms), dattn, per_token + 2.0 * c.hidden * c.vocab, 0, c.layers, 0);
     }
   }
+  table.end(doc);
 }
 
 }  // namespace
@@ -197,6 +296,14 @@ void add_bench_model(CLI::App& app) {
   sub->add_option("--decode", o->decode, "decoder: tokens decoded after the prefill (128)");
   sub->add_option("--attention", o->attention, "attention plan, repeatable (default full)");
   sub->add_option("--repeat", o->repeat, "timed runs after one warm-up (3)");
+  sub->add_flag("--sequence-parallel", o->sequence_parallel,
+                "under mpirun, split every sequence across the ranks (encoder forward, decoder prefill); rows "
+                "add the ranks, each rank's peak memory and the bytes one rank sends per layer");
+  sub->add_option("--json", o->json, "also write the results as JSON to this file (atomically)");
+  sub->add_option("-o,--output-format", o->format,
+                  "result format on stdout: text (table), md (Markdown table), csv (with a header row), json "
+                  "(the --json document), jsonl (one JSON object per result)")
+      ->check(CLI::IsMember({"text", "md", "csv", "json", "jsonl"}));
   add_threads_option(sub, o->threads, "bench-model");
   sub->callback([o] { run_bench_model(*o); });
 }

@@ -66,6 +66,7 @@ struct TrainCli {
   std::string task;
   bool sizes_given = false;  // --layers, --dim, --heads or --ff on the command line
   bool seq_given = false;
+  bool sequence_parallel = false;
 };
 
 void check_train_args(TrainCli& cl) {
@@ -113,6 +114,9 @@ void run_train(TrainCli cl) {
   a.comm = &comm;
   const bool lead = comm.rank() == 0;
   if (a.threads == 0 && comm.size() > 1) a.threads = std::max(1, available_processors() / local_ranks());
+  usage_check(a.sequence_ranks >= 0, "train: --sequence-ranks must be >= 0, got ", a.sequence_ranks);
+  // --sequence-parallel alone: every rank splits each sequence; --sequence-ranks S: groups of S.
+  if (cl.sequence_parallel && a.sequence_ranks == 0) a.sequence_ranks = comm.size();
   const int threads = checked_threads(a.threads, "train");
   set_threads(threads);
   a.threads = threads;
@@ -140,8 +144,11 @@ void run_train(TrainCli cl) {
                o.init.empty() ? "" : (", from " + o.init).c_str(),
                tr.resumed() ? (", resumed at step " + std::to_string(tr.steps_done())).c_str() : "");
   if (comm.size() > 1)
-    std::fprintf(stderr, "train: %s x %d threads, %s gradient sum%s\n", comm.name().c_str(), threads, o.reproducible ? "fixed-tree (reproducible)" : "all-reduce",
-                 o.shard_optimizer ? ", optimizer sharded (ZeRO-1)" : "");
+    std::fprintf(stderr, "train: %s x %d threads, %s gradient sum%s%s\n", comm.name().c_str(), threads, o.reproducible ? "fixed-tree (reproducible)" : "all-reduce",
+                 o.shard_optimizer ? ", optimizer sharded (ZeRO-1)" : "",
+                 o.sequence_ranks > 1 ? (", each sequence split over " + std::to_string(o.sequence_ranks) + " ranks (" +
+                                         std::to_string(comm.size() / o.sequence_ranks) + " data-parallel groups)").c_str()
+                                      : "");
 
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   const auto run_t0 = Clock::now();
@@ -315,6 +322,12 @@ void add_train(CLI::App& app) {
                 "exchange the gradient after the backward instead of layer by layer during it (for measuring the overlap)");
   sub->add_flag("--shard-optimizer", a.shard_optimizer,
                 "ZeRO-1 under mpirun: AdamW's moments and update sharded across the ranks (default off)");
+  sub->add_flag("--sequence-parallel", cl->sequence_parallel,
+                "under mpirun, split every sequence across the ranks (docs/sequence-parallel.md): full attention "
+                "as ring attention, clustered and improved-clustered with distributed clustering; no dropout");
+  sub->add_option("--sequence-ranks", a.sequence_ranks,
+                  "ranks per sequence (a divisor of the ranks; the groups run data parallel); implies "
+                  "--sequence-parallel (default: all ranks)");
   add_threads_option(sub, a.threads, "train");
   sub->callback([cl, sizes, seq] {
     for (CLI::Option* o : sizes) cl->sizes_given = cl->sizes_given || o->count() > 0;

@@ -33,6 +33,10 @@ class Communicator {
   virtual int size() const = 0;
   // What runs underneath, e.g. "single process" or "Open MPI v4.1.4, 2 ranks".
   virtual std::string name() const = 0;
+  // The ranks of this communicator with the same color (>= 0), ordered by key then rank, as a
+  // communicator of their own (MPI_Comm_split; every rank calls it). Sequence-parallel training
+  // splits sequences within such groups and runs data parallel across them.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 
   virtual void barrier() = 0;
   virtual void broadcast(void* data, size_t bytes, int root) = 0;

@@ -33,8 +33,10 @@
 #include <vector>
 
 #include "clattn/attention.h"
+#include "clattn/comm.h"
 #include "clattn/data.h"
 #include "clattn/kv_cache.h"
+#include "clattn/seq_parallel.h"
 #include "clattn/tensor.h"
 
 namespace clattn {
@@ -152,6 +154,24 @@ class Model {
   // Dropout on both residual branches of every layer, in training calls only.
   void set_dropout(float p);
 
+  // Sequence parallelism (docs/sequence-parallel.md): the ranks of comm split every sequence of
+  // a call, each computing the positions it holds — encoders contiguous slices, decoders the
+  // zig-zag layout of causal attention (sequence_split() says which) — with token-local layers at
+  // their global positions and attention computed together (seq_parallel.h); nullptr (or one
+  // rank) turns it off. Every rank of comm passes the same whole inputs, and a call returns this
+  // rank's share: forward_backward its share of the loss figures and of the gradient (summed over
+  // the ranks they are the whole batch's, exactly as data-parallel shares are), forward_tokens
+  // and forward the rows of its positions, in split order, while classifier logits and prefill's
+  // last logits are whole on every rank. Refused, with the reason: a layer whose attention does
+  // not run split, dropout (its masks are drawn per whole sequence), KWT models (their 99-frame
+  // clips split by batch), and decoding after a split prefill (the KV cache is spread over the
+  // ranks). comm must outlive the calls.
+  void set_sequence_parallel(Communicator* comm);
+  Communicator* sequence_parallel() const { return sp_; }
+  // How a sequence of T positions splits over the ranks of set_sequence_parallel (one rank when
+  // off: everything on rank 0).
+  SeqSplit sequence_split(int64_t T) const;
+
   // Forward of a batch through the task head: the loss summed over the counted targets. With
   // `train` also the backward, ACCUMULATING into grads() the gradient of loss_sum / divisor
   // (divisor 0: the batch's own count of targets, i.e. its mean loss). `step` seeds the stochastic
@@ -234,6 +254,18 @@ class Model {
   // The same over pooled rows hs (B, H) with one target per sequence (classify).
   void pooled_loss(const Batch& b, int64_t w, int64_t bias, bool train, float scale, StepResult& r);
   StepResult timed(StepResult r, double t0_ms) const;
+  // Sequence parallelism. begin_split(T) starts a call over sequences of T positions: it sets
+  // split_, local_pos_ (the global position of each local row) and seq_T_, hands the split to the
+  // attention, and returns the rows each sequence has here (T when not split).
+  int64_t begin_split(int64_t T);
+  bool split_on() const { return sp_ != nullptr && sp_->size() > 1; }
+  // Whether this rank reports what every rank computes alike (the pooled head): rank 0 of the
+  // split, or the only one.
+  bool split_lead() const { return !split_on() || sp_->rank() == 0; }
+  // The (B, T) values of the whole batch at this rank's positions: (B, n) in split order.
+  void take_local(std::span<const int32_t> all, int64_t B, std::vector<int32_t>& out) const;
+  // The batch of this rank's positions (ids, token targets; lengths stay global).
+  Batch local_batch(const Batch& b) const;
   // on_grads_ready for layer l's range, and at the end of a backward for everything else.
   void layer_grads_ready(int64_t begin, int64_t end) const;
   void other_grads_ready(int64_t layers_begin, int64_t layers_end) const;
@@ -244,6 +276,10 @@ class Model {
   std::string prefix_;  // "bert." when the checkpoint named its encoder tensors so
   std::unique_ptr<LayerAttention> att_;
   float dropout_ = 0;
+  Communicator* sp_ = nullptr;
+  SeqSplit split_;
+  std::vector<int32_t> local_pos_;  // (n) global position of each local row of a sequence
+  int64_t seq_T_ = 0;               // the current call's sequence length (global)
   std::vector<float> params_, grads_;  // one allocation each
   std::vector<ParamInfo> info_;
   std::vector<Init> inits_;
@@ -362,12 +398,16 @@ class Decoder final : public Model {
   // The final norm of rows [from, rows) (xf_), and the logits of n such rows into out (n, vocab).
   void final_norm(int64_t rows, int64_t from);
   void inference_logits(float* out, int64_t n);
+  // posbuf_ (B·T): each local row's position, local_pos_ plus offset (the cache's length).
+  void set_positions(int64_t B, int64_t T, int64_t offset);
+  // prefill() with the sequence split: no cache; the last position's logits on every rank.
+  std::vector<float> split_prefill(std::span<const int32_t> ids);
   std::unique_ptr<Layout> L_;
   std::unique_ptr<Bufs> b_;
   std::vector<KVCache> cache_;
   std::vector<int32_t> posbuf_;
   int64_t B_ = -1, T_ = -1, pos_ = 0;
-  bool train_layout_ = false, head_layout_ = false;
+  bool train_layout_ = false, head_layout_ = false, split_prefill_ = false;
 };
 
 }  // namespace clattn

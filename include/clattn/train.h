@@ -98,6 +98,11 @@ EvalResult evaluate(Model& model, const std::vector<Batch>& batches, bool accura
 // The same split across the ranks of comm (batch i on rank i mod R), with the same figures as
 // on one rank: per-batch sums gathered and added in batch order.
 EvalResult evaluate(Model& model, const std::vector<Batch>& batches, bool accuracy, Communicator& comm);
+// The same over groups of `group_ranks` consecutive ranks (batch i on group i mod the number of
+// groups), each rank adding its share: with the model's sequences split across a group
+// (Model::set_sequence_parallel), every rank of the group runs the batch and the shares add up.
+EvalResult evaluate(Model& model, const std::vector<Batch>& batches, bool accuracy, Communicator& comm,
+                    int group_ranks);
 
 struct TrainOptions {
   TaskOptions task;       // kind, data, seed (also of the initialisation and every draw), ...
@@ -136,6 +141,12 @@ struct TrainOptions {
   // the rest of the backward); off: exchange everything after the backward (for measuring what
   // the overlap hides).
   bool overlap = true;
+  // Sequence parallelism (docs/sequence-parallel.md): groups of `sequence_ranks` consecutive ranks
+  // of comm each split every sequence of their share of the batch across themselves
+  // (Model::set_sequence_parallel), and the comm->size() / sequence_ranks groups run data parallel
+  // over the batch as ranks otherwise do. 0 or 1: off. It must divide the number of ranks; it is
+  // refused with `reproducible` (whose fixed tree sums whole sequences) and with dropout.
+  int sequence_ranks = 0;
 };
 
 struct StepReport {
@@ -199,9 +210,14 @@ class Trainer {
   StepResult reproducible_gradient(const Batch& batch, double& comm_ms);
   StepResult micro_batch_gradient(const Batch& batch, double& comm_ms);
   bool lead() const { return comm_->rank() == 0; }
+  // Data-parallel groups: this rank's group and how many there are (ranks, without a split).
+  int group() const { return comm_->rank() / seq_ranks_; }
+  int groups() const { return comm_->size() / seq_ranks_; }
   TrainOptions opt_;
   std::unique_ptr<Communicator> own_comm_;  // the single process, when no communicator was given
   Communicator* comm_ = nullptr;
+  std::unique_ptr<Communicator> seq_comm_;  // this rank's sequence-parallel group
+  int seq_ranks_ = 1;
   std::unique_ptr<train::GradReducer> reducer_;
   std::unique_ptr<Task> task_;
   std::unique_ptr<Model> model_;

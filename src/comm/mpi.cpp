@@ -50,10 +50,10 @@ class MpiRequest final : public CommRequest {
 
 // Sums of huge buffers go in pieces of at most INT_MAX elements.
 template <class T>
-void chunked(T* data, size_t n, MPI_Datatype type, MPI_Op op) {
+void chunked(MPI_Comm comm, T* data, size_t n, MPI_Datatype type, MPI_Op op) {
   for (size_t off = 0; off < n;) {
     const size_t k = std::min(n - off, static_cast<size_t>(INT_MAX));
-    MPI_Allreduce(MPI_IN_PLACE, data + off, static_cast<int>(k), type, op, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, data + off, static_cast<int>(k), type, op, comm);
     off += k;
   }
 }
@@ -68,41 +68,44 @@ class Mpi final : public Communicator {
       MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
       owns_ = true;
     }
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
-    char version[MPI_MAX_LIBRARY_VERSION_STRING];
-    int len = 0;
-    MPI_Get_library_version(version, &len);
-    std::string v(version, static_cast<size_t>(len));
-    if (const size_t cut = v.find(','); cut != std::string::npos) v.resize(cut);
-    name_ = v + ", " + std::to_string(size_) + (size_ == 1 ? " rank" : " ranks");
+    set_comm(MPI_COMM_WORLD, "");
   }
+  // A sub-communicator of split(): owns comm (freed before MPI is finalised), not MPI itself.
+  Mpi(MPI_Comm comm, const std::string& what) : sub_(true) { set_comm(comm, what); }
   ~Mpi() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (owns_ && !finalized) MPI_Finalize();
+    if (finalized) return;
+    if (sub_) MPI_Comm_free(&comm_);
+    if (owns_) MPI_Finalize();
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return name_; }
-  void barrier() override { MPI_Barrier(MPI_COMM_WORLD); }
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    check(color >= 0, "communicator: split needs a color >= 0, got ", color);
+    MPI_Comm sub = MPI_COMM_NULL;
+    MPI_Comm_split(comm_, color, key, &sub);
+    return std::make_unique<Mpi>(sub, "group " + std::to_string(color) + " of ");
+  }
+  void barrier() override { MPI_Barrier(comm_); }
   void broadcast(void* data, size_t bytes, int root) override {
     check_rank(root, "broadcast");
-    MPI_Bcast(data, as_int(bytes, "broadcast"), MPI_BYTE, root, MPI_COMM_WORLD);
+    MPI_Bcast(data, as_int(bytes, "broadcast"), MPI_BYTE, root, comm_);
   }
-  void all_reduce_sum(double* data, size_t n) override { chunked(data, n, MPI_DOUBLE, MPI_SUM); }
-  void all_reduce_sum(int64_t* data, size_t n) override { chunked(data, n, MPI_INT64_T, MPI_SUM); }
-  void all_reduce_sum(float* data, size_t n) override { chunked(data, n, MPI_FLOAT, MPI_SUM); }
-  void all_reduce_max(double* data, size_t n) override { chunked(data, n, MPI_DOUBLE, MPI_MAX); }
+  void all_reduce_sum(double* data, size_t n) override { chunked(comm_, data, n, MPI_DOUBLE, MPI_SUM); }
+  void all_reduce_sum(int64_t* data, size_t n) override { chunked(comm_, data, n, MPI_INT64_T, MPI_SUM); }
+  void all_reduce_sum(float* data, size_t n) override { chunked(comm_, data, n, MPI_FLOAT, MPI_SUM); }
+  void all_reduce_max(double* data, size_t n) override { chunked(comm_, data, n, MPI_DOUBLE, MPI_MAX); }
   void all_gather(const void* send, size_t bytes, void* recv) override {
     const int n = as_int(bytes, "all_gather");
-    MPI_Allgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, MPI_COMM_WORLD);
+    MPI_Allgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_);
   }
   void reduce_scatter_sum(const float* send, float* recv, std::span<const size_t> counts) override {
     check(static_cast<int>(counts.size()) == size_, "communicator: reduce_scatter_sum needs one count per rank (", size_,
           "), got ", counts.size());
     const std::vector<int> c = as_ints(counts, "reduce_scatter_sum");
-    MPI_Reduce_scatter(send, recv, c.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Reduce_scatter(send, recv, c.data(), MPI_FLOAT, MPI_SUM, comm_);
   }
   std::unique_ptr<CommRequest> iall_to_allv(const void* send, std::span<const size_t> send_counts,
                                             std::span<const size_t> send_displs, void* recv,
@@ -116,7 +119,7 @@ class Mpi final : public Communicator {
     r->b = as_ints(send_displs, "iall_to_allv");
     r->c = as_ints(recv_counts, "iall_to_allv");
     r->d = as_ints(recv_displs, "iall_to_allv");
-    MPI_Ialltoallv(send, r->a.data(), r->b.data(), MPI_BYTE, recv, r->c.data(), r->d.data(), MPI_BYTE, MPI_COMM_WORLD,
+    MPI_Ialltoallv(send, r->a.data(), r->b.data(), MPI_BYTE, recv, r->c.data(), r->d.data(), MPI_BYTE, comm_,
                    &r->req);
     return r;
   }
@@ -128,24 +131,24 @@ class Mpi final : public Communicator {
     r->a = as_ints(counts, "iall_gatherv");
     r->b = as_ints(displs, "iall_gatherv");
     MPI_Iallgatherv(send, as_int(bytes, "iall_gatherv"), MPI_BYTE, recv, r->a.data(), r->b.data(), MPI_BYTE,
-                    MPI_COMM_WORLD, &r->req);
+                    comm_, &r->req);
     return r;
   }
   std::unique_ptr<CommRequest> iall_reduce_sum(float* data, size_t n) override {
     auto r = std::make_unique<MpiRequest>();
-    MPI_Iallreduce(MPI_IN_PLACE, data, as_int(n, "iall_reduce_sum"), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r->req);
+    MPI_Iallreduce(MPI_IN_PLACE, data, as_int(n, "iall_reduce_sum"), MPI_FLOAT, MPI_SUM, comm_, &r->req);
     return r;
   }
   std::unique_ptr<CommRequest> isend(const void* data, size_t bytes, int to, int tag) override {
     check_rank(to, "isend");
     auto r = std::make_unique<MpiRequest>();
-    MPI_Isend(data, as_int(bytes, "isend"), MPI_BYTE, to, tag, MPI_COMM_WORLD, &r->req);
+    MPI_Isend(data, as_int(bytes, "isend"), MPI_BYTE, to, tag, comm_, &r->req);
     return r;
   }
   std::unique_ptr<CommRequest> irecv(void* data, size_t bytes, int from, int tag) override {
     check_rank(from, "irecv");
     auto r = std::make_unique<MpiRequest>();
-    MPI_Irecv(data, as_int(bytes, "irecv"), MPI_BYTE, from, tag, MPI_COMM_WORLD, &r->req);
+    MPI_Irecv(data, as_int(bytes, "irecv"), MPI_BYTE, from, tag, comm_, &r->req);
     return r;
   }
   [[noreturn]] void abort(const std::string& why, int code) override {
@@ -159,8 +162,23 @@ class Mpi final : public Communicator {
   void check_rank(int r, const char* what) const {
     check(r >= 0 && r < size_, "communicator: ", what, " names rank ", r, " of ", size_);
   }
+  void set_comm(MPI_Comm comm, const std::string& what) {
+    comm_ = comm;
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    char version[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    MPI_Get_library_version(version, &len);
+    std::string v(version, static_cast<size_t>(len));
+    if (const size_t cut = v.find(','); cut != std::string::npos) v.resize(cut);
+    int world = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    name_ = v + ", " + (what.empty() ? "" : std::to_string(size_) + " ranks in " + what) + std::to_string(world) +
+            (world == 1 ? " rank" : " ranks");
+  }
+  MPI_Comm comm_ = MPI_COMM_WORLD;
   int rank_ = 0, size_ = 1;
-  bool owns_ = false;
+  bool owns_ = false, sub_ = false;
   std::string name_;
 };
 

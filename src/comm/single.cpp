@@ -47,6 +47,10 @@ class Single final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string name() const override { return "single process"; }
+  std::unique_ptr<Communicator> split(int color, int) override {
+    check(color >= 0, "communicator: split needs a color >= 0, got ", color);
+    return std::make_unique<Single>();
+  }
   void barrier() override {}
   void broadcast(void*, size_t, int root) override { check_rank(root, "broadcast"); }
   void all_reduce_sum(double*, size_t) override {}

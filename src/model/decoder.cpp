@@ -166,6 +166,7 @@ void Decoder::carve(int64_t B, int64_t T, bool train, bool head) {
 }
 
 double Decoder::forward_bytes(int64_t B, int64_t T, int64_t cache_positions) const {
+  if (split_on()) T = sequence_split(T).local_rows(sp_->rank());
   const ModelConfig& c = cfg_;
   const AttentionDims d{B, c.heads, c.kv_heads, T, cache_positions > 0 ? cache_positions : T, c.head_dim, c.head_dim};
   int64_t used = 0;
@@ -185,7 +186,7 @@ void Decoder::forward_layers(int64_t B, int64_t T, std::span<const int32_t> leng
   const int64_t rows = B * T, H = c.hidden, F = c.ffn, nh = c.heads, kvh = c.kv_heads, hd = c.head_dim;
   const int64_t Q = nh * hd, KV = kvh * hd, QKV = Q + 2 * KV;
   const bool drop = train && dropout_ > 0;
-  const std::span<const int32_t> lens = model::padding_lengths(lengths, T);
+  const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_T_);  // global lengths
   auto hv = [&](float* base, int64_t heads, int64_t ld) { return model::heads_view(base, B, heads, T, hd, ld); };
   Bufs& b = *b_;
   for (int64_t l = 0; l < c.layers; ++l) {
@@ -247,7 +248,7 @@ void Decoder::backward_layers(int64_t B, int64_t T, std::span<const int32_t> len
   const int64_t rows = B * T, H = c.hidden, F = c.ffn, nh = c.heads, kvh = c.kv_heads, hd = c.head_dim;
   const int64_t Q = nh * hd, KV = kvh * hd, QKV = Q + 2 * KV;
   const bool drop = dropout_ > 0;
-  const std::span<const int32_t> lens = model::padding_lengths(lengths, T);
+  const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_T_);  // global lengths
   auto hv = [&](float* base, int64_t heads, int64_t ld) { return model::heads_view(base, B, heads, T, hd, ld); };
   Bufs& b = *b_;
   float* dx = b.dx;  // (rows, H) gradient of the residual stream
@@ -299,21 +300,28 @@ StepResult Decoder::forward_backward(const Batch& bt, bool train, uint64_t step,
     (void)grads();
   }
   const ModelConfig& c = cfg_;
-  const int64_t B = bt.B, T = bt.T, rows = B * T, H = c.hidden;
+  // With the sequence split: this rank's positions (zig-zag), and (unless given) the divisor of
+  // the whole batch, which no rank counts alone.
+  if (split_on() && divisor <= 0)
+    divisor = static_cast<double>(std::max<int64_t>(1, std::count_if(bt.targets.begin(), bt.targets.end(),
+                                                                     [](int32_t t) { return t != -1; })));
+  const int64_t B = bt.B, T = begin_split(bt.T), rows = B * T, H = c.hidden;
+  Batch part;
+  if (split_on()) part = local_batch(bt);
+  const Batch& b = split_on() ? part : bt;
   carve(B, T, train, true);
   att_->ms = dense_ms_ = 0;
-  posbuf_.resize(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) posbuf_[static_cast<size_t>(r)] = static_cast<int32_t>(r % T);
-  nn::embedding_fwd(b_->S[0].x, bt.ids.data(), p(L_->embed), rows, H, c.vocab);
+  set_positions(B, T, 0);
+  nn::embedding_fwd(b_->S[0].x, b.ids.data(), p(L_->embed), rows, H, c.vocab);
   forward_layers(B, T, bt.lengths, posbuf_.data(), false, train, step, bt.first);
   final_norm(rows, 0);
   StepResult res;
   const float scale = divisor > 0 ? static_cast<float>(1.0 / divisor) : 0.f;
-  token_loss(bt, b_->xf, b_->dt2, L_->lm_head, -1, train, scale, res);
+  token_loss(b, b_->xf, b_->dt2, L_->lm_head, -1, train, scale, res);
   if (!train) return timed(res, t0);
   nn::rmsnorm_bwd(b_->dx, g(L_->norm), b_->dt2, b_->xl, p(L_->norm), b_->fr, rows, H);
   backward_layers(B, T, bt.lengths, posbuf_.data(), step, bt.first);
-  nn::embedding_bwd(g(L_->embed), bt.ids.data(), b_->dx, rows, H, c.vocab);
+  nn::embedding_bwd(g(L_->embed), b.ids.data(), b_->dx, rows, H, c.vocab);
   other_grads_ready(L_->layers.front().begin, L_->layers.back().end);
   return timed(res, t0);
 }
@@ -324,14 +332,19 @@ Tensor Decoder::forward(std::span<const int32_t> ids, int64_t B, int64_t T, std:
         B, " x ", T, " tokens, got ", ids.size());
   check(lengths.empty() || static_cast<int64_t>(lengths.size()) == B, "decoder: lengths must have B = ", B, " entries");
   for (int32_t len : lengths) check(len >= 0 && len <= T, "decoder: every length must be in [0, T = ", T, "], got ", len);
+  T = begin_split(T);
+  std::vector<int32_t> local_ids;
+  if (split_on()) {  // this rank's positions
+    take_local(ids, B, local_ids);
+    ids = local_ids;
+  }
   carve(B, T, false, false);
   att_->ms = dense_ms_ = 0;
   nn::embedding_fwd(b_->S[0].x, ids.data(), p(L_->embed), B * T, c.hidden, c.vocab);
-  posbuf_.resize(static_cast<size_t>(B * T));
-  for (int64_t r = 0; r < B * T; ++r) posbuf_[static_cast<size_t>(r)] = static_cast<int32_t>(r % T);
+  set_positions(B, T, 0);
   forward_layers(B, T, lengths, posbuf_.data(), false, false, 0, 0);
   final_norm(B * T, 0);
-  Tensor out(Shape{B, T, c.vocab});
+  Tensor out(Shape{B, T, c.vocab});  // (B, n, vocab): this rank's positions when split
   inference_logits(out.data(), B * T);
   return out;
 }
@@ -354,18 +367,22 @@ void Decoder::start(int64_t capacity) {
   }
   for (KVCache& kc : cache_) kc.clear();
   pos_ = 0;
+  split_prefill_ = false;
 }
 
 std::vector<float> Decoder::prefill(std::span<const int32_t> ids) {
   check(!cache_.empty(), "decoder: call start() before prefill()");
   const int64_t T = static_cast<int64_t>(ids.size());
   check(T >= 1, "decoder: prefill needs at least one token");
+  check(!split_prefill_, "decoder: the prompt was prefilled with the sequence split across ranks, which leaves ",
+        "the KV cache spread over them; decoding after it is not supported (start() again, or prefill in one process)");
+  if (split_on()) return split_prefill(ids);
   check(pos_ + T <= cache_[0].capacity(), "decoder: ", pos_ + T, " positions exceed the cache capacity ", cache_[0].capacity());
   carve(1, T, false, false);
   att_->ms = dense_ms_ = 0;
   nn::embedding_fwd(b_->S[0].x, ids.data(), p(L_->embed), T, cfg_.hidden, cfg_.vocab);
-  posbuf_.resize(static_cast<size_t>(T));
-  std::iota(posbuf_.begin(), posbuf_.end(), static_cast<int32_t>(pos_));
+  (void)begin_split(T);
+  set_positions(1, T, pos_);
   forward_layers(1, T, {}, posbuf_.data(), true, false, 0, 0);
   final_norm(T, T - 1);
   std::vector<float> out(static_cast<size_t>(cfg_.vocab));
@@ -375,5 +392,34 @@ std::vector<float> Decoder::prefill(std::span<const int32_t> ids) {
 }
 
 std::vector<float> Decoder::step(int32_t id) { return prefill(std::span<const int32_t>(&id, 1)); }
+
+void Decoder::set_positions(int64_t B, int64_t T, int64_t offset) {
+  posbuf_.resize(static_cast<size_t>(B * T));
+  for (int64_t r = 0; r < B * T; ++r)
+    posbuf_[static_cast<size_t>(r)] = static_cast<int32_t>(offset + local_pos_[static_cast<size_t>(r % T)]);
+}
+
+std::vector<float> Decoder::split_prefill(std::span<const int32_t> ids) {
+  check(pos_ == 0, "decoder: a prefill with the sequence split across ranks starts at position 0 (call start())");
+  const int64_t Tg = static_cast<int64_t>(ids.size());
+  const int64_t T = begin_split(Tg);
+  std::vector<int32_t> local_ids;
+  take_local(ids, 1, local_ids);
+  carve(1, T, false, false);
+  att_->ms = dense_ms_ = 0;
+  nn::embedding_fwd(b_->S[0].x, local_ids.data(), p(L_->embed), T, cfg_.hidden, cfg_.vocab);
+  set_positions(1, T, 0);
+  forward_layers(1, T, {}, posbuf_.data(), false, false, 0, 0);
+  // The zig-zag layout gives rank 0 the last chunk: its last row is the prompt's last position.
+  std::vector<float> out(static_cast<size_t>(cfg_.vocab));
+  if (sp_->rank() == 0) {
+    final_norm(T, T - 1);
+    inference_logits(out.data(), 1);
+  }
+  sp_->broadcast(out.data(), sizeof(float) * out.size(), 0);
+  pos_ = Tg;
+  split_prefill_ = true;
+  return out;
+}
 
 }  // namespace clattn

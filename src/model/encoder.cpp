@@ -282,6 +282,7 @@ void Encoder::carve(int64_t B, int64_t T, bool train, bool head) {
 }
 
 double Encoder::forward_bytes(int64_t B, int64_t T) const {
+  if (split_on()) T = sequence_split(T).local_rows(sp_->rank());
   const AttentionDims d{B, cfg_.heads, cfg_.heads, T, T, cfg_.head_dim, cfg_.head_dim};
   int64_t used = 0;
   (void)plan(B, T, false, false, nullptr, &used);
@@ -299,7 +300,7 @@ void Encoder::embed_tokens(const int32_t* ids, const int32_t* types, int64_t B, 
   const float* pe = p(L.pos);
   const float* te = L.type >= 0 ? p(L.type) : nullptr;
   for_rows(rows, H, [&](int64_t r) {
-    const float* pr = pe + (r % T) * H;
+    const float* pr = pe + static_cast<int64_t>(local_pos_[static_cast<size_t>(r % T)]) * H;  // global position
     const float* tr = te ? te + static_cast<int64_t>(types ? types[r] : 0) * H : nullptr;
     for (int64_t k = 0; k < H; ++k) e[r * H + k] += pr[k] + (tr ? tr[k] : 0.f);
   });
@@ -330,7 +331,7 @@ void Encoder::forward_layers(int64_t B, int64_t T, std::span<const int32_t> leng
   const bool drop = train && dropout_ > 0;
   // Query scaling beyond the attention's own 1/sqrt(hd) (configs with attention_scale).
   const float qmul = c.attention_scale > 0 ? c.attention_scale * std::sqrt(static_cast<float>(hd)) : 1.f;
-  const std::span<const int32_t> lens = model::padding_lengths(lengths, T);
+  const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_T_);  // global lengths
   auto hv = [&](float* base, int64_t ld) { return model::heads_view(base, B, nh, T, hd, ld); };
   for (int64_t l = 0; l < c.layers; ++l) {
     const Layout::Layer& y = L_->layers[static_cast<size_t>(l)];
@@ -377,21 +378,39 @@ void Encoder::pool(int64_t B, int64_t T, std::span<const int32_t> lengths) {
   const int64_t H = cfg_.hidden;
   const float* xf = b_->xf;
   float* hs = b_->hs;  // (B, H)
+  // With the sequence split, a rank sums its own valid positions (or holds position 0 or not),
+  // and the sums add across the ranks: every rank then has the whole pooled rows.
+  const bool split = split_on();
   if (cfg_.mean_pooling) {
     // The mean over each sequence's valid tokens (padding excluded): unlike a class token, it does
     // not depend on how an approximate attention treats one position.
     for_rows(B, T * H, [&](int64_t s) {
-      const int64_t len = lengths.empty() ? T : lengths[static_cast<size_t>(s)];
+      const int64_t len = lengths.empty() ? seq_T_ : lengths[static_cast<size_t>(s)];
       float* o = hs + s * H;
       std::fill(o, o + H, 0.f);
-      for (int64_t t = 0; t < len; ++t)
+      for (int64_t t = 0; t < T; ++t) {
+        if (local_pos_[static_cast<size_t>(t)] >= len) continue;
         for (int64_t k = 0; k < H; ++k) o[k] += xf[(s * T + t) * H + k];
-      for (int64_t k = 0; k < H; ++k) o[k] /= static_cast<float>(len);
+      }
+      if (!split)
+        for (int64_t k = 0; k < H; ++k) o[k] /= static_cast<float>(len);
     });
+    if (split) {
+      sp_->all_reduce_sum(hs, static_cast<size_t>(B * H));
+      for (int64_t s = 0; s < B; ++s) {
+        const float len = static_cast<float>(lengths.empty() ? seq_T_ : lengths[static_cast<size_t>(s)]);
+        for (int64_t k = 0; k < H; ++k) hs[s * H + k] /= len;
+      }
+    }
     return;
   }
   float* first = pooler_ ? b_->pool_in : hs;  // (B, H) each sequence's first token
-  for (int64_t s = 0; s < B; ++s) std::memcpy(first + s * H, xf + s * T * H, sizeof(float) * static_cast<size_t>(H));
+  const bool has_first = local_pos_[0] == 0;
+  for (int64_t s = 0; s < B; ++s) {
+    if (has_first) std::memcpy(first + s * H, xf + s * T * H, sizeof(float) * static_cast<size_t>(H));
+    else std::fill(first + s * H, first + (s + 1) * H, 0.f);
+  }
+  if (split) sp_->all_reduce_sum(first, static_cast<size_t>(B * H));
   if (!pooler_) return;
   lin(hs, H, first, H, p(L_->pool_w), p(L_->pool_b), B, H, H);
   for (int64_t i = 0; i < B * H; ++i) hs[i] = std::tanh(hs[i]);
@@ -403,20 +422,26 @@ void Encoder::pool_backward(int64_t B, int64_t T, std::span<const int32_t> lengt
   float* dhs = b_->dhs;  // (B, H)
   if (cfg_.mean_pooling) {
     for_rows(B, T * H, [&](int64_t s) {
-      const int64_t len = lengths.empty() ? T : lengths[static_cast<size_t>(s)];
+      const int64_t len = lengths.empty() ? seq_T_ : lengths[static_cast<size_t>(s)];
       const float inv = 1.f / static_cast<float>(len);
-      for (int64_t t = 0; t < len; ++t)
+      for (int64_t t = 0; t < T; ++t) {
+        if (local_pos_[static_cast<size_t>(t)] >= len) continue;
         for (int64_t k = 0; k < H; ++k) dxf[(s * T + t) * H + k] = dhs[s * H + k] * inv;
+      }
     });
     return;
   }
   if (pooler_) {
     // hs = tanh(first·Wpᵀ + bp): d(pre) = dhs ∘ (1 − hs²), then the linear layer's backward
-    // gives d(first) (dt as scratch: dxf is dt2).
+    // gives d(first) (dt as scratch: dxf is dt2). Every rank of a split computes the pooler
+    // alike; rank 0 alone adds its parameter gradient.
     for (int64_t i = 0; i < B * H; ++i) dhs[i] *= 1.f - b_->hs[i] * b_->hs[i];
-    lin_bwd(b_->dt, H, g(L_->pool_w), g(L_->pool_b), dhs, H, b_->pool_in, H, p(L_->pool_w), B, H, H);
+    const bool lead = split_lead();
+    lin_bwd(b_->dt, H, lead ? g(L_->pool_w) : nullptr, lead ? g(L_->pool_b) : nullptr, dhs, H, b_->pool_in, H,
+            p(L_->pool_w), B, H, H);
     dhs = b_->dt;
   }
+  if (local_pos_[0] != 0) return;  // another rank holds the first tokens
   for (int64_t s = 0; s < B; ++s) std::memcpy(dxf + s * T * H, dhs + s * H, sizeof(float) * static_cast<size_t>(H));
 }
 
@@ -428,7 +453,7 @@ void Encoder::backward_layers(int64_t B, int64_t T, std::span<const int32_t> len
   const nn::Gelu gk = c.gelu_tanh ? nn::Gelu::tanh : nn::Gelu::erf;
   const bool drop = dropout_ > 0;
   const float qmul = c.attention_scale > 0 ? c.attention_scale * std::sqrt(static_cast<float>(hd)) : 1.f;
-  const std::span<const int32_t> lens = model::padding_lengths(lengths, T);
+  const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_T_);  // global lengths
   auto hv = [&](float* base, int64_t ld) { return model::heads_view(base, B, nh, T, hd, ld); };
   Bufs& b = *b_;
   float* dx = b.dx;  // (rows, H) the gradient of the stream: of x' on entry to a layer, of x on exit
@@ -517,8 +542,9 @@ void Encoder::embed_backward(const Batch& bt) {
   if (L.type >= 0) nn::embedding_bwd(g(L.type), zero_types_.data(), de, rows, H, c.type_vocab);
   float* dpos = g(L.pos);
   for_rows(T, B * H, [&](int64_t t) {  // fixed order over the batch: deterministic
+    float* row = dpos + static_cast<int64_t>(local_pos_[static_cast<size_t>(t)]) * H;  // global position
     for (int64_t s = 0; s < B; ++s)
-      for (int64_t k = 0; k < H; ++k) dpos[t * H + k] += de[(s * T + t) * H + k];
+      for (int64_t k = 0; k < H; ++k) row[k] += de[(s * T + t) * H + k];
   });
 }
 
@@ -532,11 +558,19 @@ StepResult Encoder::forward_backward(const Batch& bt, bool train, uint64_t step,
     (void)grads();
   }
   const ModelConfig& c = cfg_;
-  const int64_t B = bt.B, T = c.kind == ModelKind::kwt ? c.num_patches + 1 : bt.T, rows = B * T, H = c.hidden;
+  // With the sequence split: this rank's positions of every sequence, and (unless given) the
+  // divisor of the whole batch, which no rank counts alone.
+  if (split_on() && divisor <= 0 && *head_ != TaskKind::classify)
+    divisor = static_cast<double>(std::max<int64_t>(1, std::count_if(bt.targets.begin(), bt.targets.end(),
+                                                                     [](int32_t t) { return t != -1; })));
+  const int64_t B = bt.B, T = begin_split(c.kind == ModelKind::kwt ? c.num_patches + 1 : bt.T), rows = B * T, H = c.hidden;
+  Batch part;
+  if (split_on()) part = local_batch(bt);
+  const Batch& b = split_on() ? part : bt;
   carve(B, T, train, true);
   att_->ms = dense_ms_ = 0;
   if (c.kind == ModelKind::kwt) embed_features(bt.features.data(), B);
-  else embed_tokens(bt.ids.data(), nullptr, B, T);
+  else embed_tokens(b.ids.data(), nullptr, B, T);
   // KWT sequences are the class token and every patch: no padding.
   const std::span<const int32_t> lengths = c.kind == ModelKind::kwt ? std::span<const int32_t>() : std::span<const int32_t>(bt.lengths);
   forward_layers(B, T, lengths, train, step, bt.first);
@@ -549,7 +583,7 @@ StepResult Encoder::forward_backward(const Batch& bt, bool train, uint64_t step,
     pooled_loss(bt, L_->cls_w, L_->cls_b, train, scale, res);
     if (train) pool_backward(B, T, lengths, dxf);
   } else {
-    token_loss(bt, b_->xf, dxf, L_->word, L_->mlm_b, train, scale, res);
+    token_loss(b, b_->xf, dxf, L_->word, L_->mlm_b, train, scale, res);
   }
   if (!train) return timed(res, t0);
   if (L_->flng >= 0)
@@ -557,7 +591,7 @@ StepResult Encoder::forward_backward(const Batch& bt, bool train, uint64_t step,
   else
     std::memcpy(b_->dx, dxf, sizeof(float) * static_cast<size_t>(rows * H));
   backward_layers(B, T, lengths, step, bt.first);
-  embed_backward(bt);
+  embed_backward(b);
   other_grads_ready(L_->layers.front().begin, L_->layers.back().end);
   return timed(res, t0);
 }
@@ -574,13 +608,24 @@ Tensor Encoder::forward_tokens(std::span<const int32_t> ids, int64_t B, int64_t 
   check(lengths.empty() || static_cast<int64_t>(lengths.size()) == B, "encoder: lengths must have B = ", B, " entries");
   for (int32_t len : lengths) check(len >= 1 && len <= T, "encoder: every length must be in [1, T = ", T, "], got ", len);
   for (int32_t v : types) check(v >= 0 && v < std::max<int64_t>(c.type_vocab, 1), "encoder: token type ", v, " out of range");
+  const int64_t Tg = T;
+  T = begin_split(Tg);
+  std::vector<int32_t> local_ids, local_types;
+  if (split_on()) {  // this rank's positions
+    take_local(ids, B, local_ids);
+    ids = local_ids;
+    if (!types.empty()) {
+      take_local(types, B, local_types);
+      types = local_types;
+    }
+  }
   carve(B, T, false, false);
   att_->ms = dense_ms_ = 0;
   embed_tokens(ids.data(), types.empty() ? nullptr : types.data(), B, T);
   forward_layers(B, T, lengths, false, 0, 0);
   final_norm(B * T);
   if (L_->cls_w < 0) {
-    Tensor out(Shape{B, T, c.hidden});
+    Tensor out(Shape{B, T, c.hidden});  // (B, n, hidden): this rank's positions when split
     std::memcpy(out.data(), b_->xf, sizeof(float) * static_cast<size_t>(B * T * c.hidden));
     return out;
   }
@@ -596,7 +641,7 @@ Tensor Encoder::forward_features(ConstView features) {
   check(features.rank() == 3 && features.dim(1) == c.num_patches && features.dim(2) == c.input_dim,
         "encoder: features must be (B, ", c.num_patches, ", ", c.input_dim, "), got ", features.shape);
   check(features.contiguous(), "encoder: features must be contiguous");
-  const int64_t B = features.dim(0), T = c.num_patches + 1;
+  const int64_t B = features.dim(0), T = begin_split(c.num_patches + 1);
   check(B >= 1, "encoder: features hold no example");
   for (int64_t i = 0; i < features.numel(); ++i)
     check(std::isfinite(features.data[i]), "encoder: features must be finite, found ", features.data[i], " at flat index ", i);

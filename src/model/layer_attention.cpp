@@ -8,9 +8,28 @@
 
 namespace clattn {
 
+namespace {
+
+void check_split(const std::vector<std::unique_ptr<Attention>>& att, const std::vector<std::string>& specs, bool causal) {
+  for (size_t l = 0; l < att.size(); ++l) {
+    std::string why;
+    check(sequence_parallel_supported(*att[l], causal, &why), "attention of layer ", l, ": '", specs[l],
+          "' cannot run with the sequence split across ranks: ", why);
+  }
+}
+
+}  // namespace
+
+void LayerAttention::set_split(Communicator* comm, const SeqSplit* split) {
+  if (comm) check_split(att_, specs_, causal_);
+  comm_ = comm;
+  split_ = split;
+}
+
 void LayerAttention::set_plan(const std::string& plan) {
   std::vector<std::string> specs = parse_attention_plan(plan, layers_);
   std::vector<std::unique_ptr<Attention>> att = make_plan_attentions(specs, causal_, gqa_);
+  if (comm_) check_split(att, specs, causal_);
   std::vector<AttentionState> states(att.size());
   for (size_t l = 0; l < att.size() && l < specs_.size() && l < states_.size(); ++l)
     if (specs_[l] == specs[l]) states[l] = std::move(states_[l]);
@@ -69,14 +88,19 @@ void LayerAttention::forward(int64_t l, const AttentionInputs& in, View out, boo
     capture->causal = in.causal;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  att_[static_cast<size_t>(l)]->forward(in, out, ctx_[static_cast<size_t>(l)]);
+  if (comm_) sequence_parallel_forward(*comm_, *split_, *att_[static_cast<size_t>(l)], in, out, ctx_[static_cast<size_t>(l)]);
+  else att_[static_cast<size_t>(l)]->forward(in, out, ctx_[static_cast<size_t>(l)]);
   ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void LayerAttention::backward(int64_t l, const AttentionInputs& in, ConstView out, ConstView dout, View dq,
                               View dk, View dv) {
   const auto t0 = std::chrono::steady_clock::now();
-  att_[static_cast<size_t>(l)]->backward(in, out, ctx_[static_cast<size_t>(l)], dout, dq, dk, dv);
+  if (comm_)
+    sequence_parallel_backward(*comm_, *split_, *att_[static_cast<size_t>(l)], in, out, ctx_[static_cast<size_t>(l)], dout,
+                               dq, dk, dv);
+  else
+    att_[static_cast<size_t>(l)]->backward(in, out, ctx_[static_cast<size_t>(l)], dout, dq, dk, dv);
   ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 

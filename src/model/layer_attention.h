@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "clattn/attention.h"
+#include "clattn/comm.h"
 #include "clattn/model.h"
+#include "clattn/seq_parallel.h"
 #include "clattn/safetensors.h"
 #include "model/weights.h"
 
@@ -40,6 +42,11 @@ class LayerAttention {
   void backward(int64_t l, const AttentionInputs& in, ConstView out, ConstView dout, View dq, View dk,
                 View dv);
 
+  // Sequence parallelism: with comm, every call runs split over its ranks as *split lays the
+  // positions out (seq_parallel.h); nullptr: one process. Refuses (nothing changed) a plan with a
+  // layer whose attention cannot run split, naming the layer.
+  void set_split(Communicator* comm, const SeqSplit* split);
+
   // Largest workspace of one call, or (training) the sum over layers of workspace and saved state.
   double workspace_bytes(const AttentionDims& d, bool train) const;
 
@@ -61,6 +68,8 @@ class LayerAttention {
   std::vector<Context> ctx_;
   bool train_ctx_ = false;
   Scratch scratch_;
+  Communicator* comm_ = nullptr;
+  const SeqSplit* split_ = nullptr;
 };
 
 }  // namespace clattn

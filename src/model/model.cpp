@@ -42,12 +42,72 @@ double Model::last_attention_ms() const { return att_->ms; }
 
 void Model::set_dropout(float p) {
   check(p >= 0.f && p < 1.f, "model: dropout must be in [0, 1), got ", p);
+  check(p == 0.f || !split_on(), "model: dropout with the sequence split across ranks is not supported (its masks ",
+        "are drawn per whole sequence); train without dropout or without --sequence-parallel");
   dropout_ = p;
+}
+
+void Model::set_sequence_parallel(Communicator* comm) {
+  if (comm && comm->size() > 1) {
+    check(cfg_.kind != ModelKind::kwt, "model: a KWT model's clips (", cfg_.num_patches + 1,
+          " positions) are too short to split across ranks; run data parallel over the batch instead");
+    check(dropout_ == 0.f, "model: dropout with the sequence split across ranks is not supported (its masks are ",
+          "drawn per whole sequence)");
+  }
+  att_->set_split(comm && comm->size() > 1 ? comm : nullptr, &split_);
+  sp_ = comm;
+}
+
+SeqSplit Model::sequence_split(int64_t T) const {
+  const int R = split_on() ? sp_->size() : 1;
+  return causal() ? SeqSplit::zig_zag(T, R) : SeqSplit::contiguous(T, R);
+}
+
+int64_t Model::begin_split(int64_t T) {
+  seq_T_ = T;
+  if (!split_on()) {
+    if (static_cast<int64_t>(local_pos_.size()) != T) {
+      local_pos_.resize(static_cast<size_t>(T));
+      for (int64_t i = 0; i < T; ++i) local_pos_[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    }
+    return T;
+  }
+  check(T >= sp_->size(), "model: a sequence of ", T, " positions cannot be split over ", sp_->size(),
+        " ranks (each needs one)");
+  check(!causal() || T >= 2 * sp_->size(), "model: a causal sequence of ", T, " positions cannot be split over ",
+        sp_->size(), " ranks (the zig-zag layout needs 2 per rank)");
+  if (split_.N != T || split_.ranks != sp_->size()) split_ = sequence_split(T);
+  const int r = sp_->rank();
+  const int64_t n = split_.local_rows(r);
+  local_pos_.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) local_pos_[static_cast<size_t>(i)] = static_cast<int32_t>(split_.global(r, i));
+  return n;
+}
+
+void Model::take_local(std::span<const int32_t> all, int64_t B, std::vector<int32_t>& out) const {
+  const int64_t n = static_cast<int64_t>(local_pos_.size()), T = seq_T_;
+  out.resize(static_cast<size_t>(B * n));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < n; ++i)
+      out[static_cast<size_t>(b * n + i)] = all[static_cast<size_t>(b * T + local_pos_[static_cast<size_t>(i)])];
+}
+
+Batch Model::local_batch(const Batch& b) const {
+  Batch part;
+  part.B = b.B;
+  part.T = static_cast<int64_t>(local_pos_.size());
+  part.lengths = b.lengths;
+  part.first = b.first;
+  take_local(b.ids, b.B, part.ids);
+  part.targets = b.targets;
+  if (head_ && *head_ != TaskKind::classify) take_local(b.targets, b.B, part.targets);
+  return part;
 }
 
 ConstView Model::last_hidden() const { return make_view(xf_, Shape{rows_xf_, cfg_.hidden}); }
 
 double Model::train_bytes(int64_t B, int64_t T) const {
+  if (split_on()) T = sequence_split(T).local_rows(sp_->rank());
   const AttentionDims d{B, cfg_.heads, cfg_.kv_heads, T, T, cfg_.head_dim, cfg_.head_dim};
   return 4.0 * arena_floats(B, T, true) + att_->workspace_bytes(d, true) + 4.0 * 4.0 * static_cast<double>(params_.size());
 }
@@ -255,20 +315,28 @@ void Model::pooled_loss(const Batch& b, int64_t w_off, int64_t b_off, bool train
   const int64_t H = cfg_.hidden, O = param_rows(w_off), n = b.B;
   const float* w = p(w_off);
   lin(logits_, O, hs_, H, w, b_off >= 0 ? p(b_off) : nullptr, n, H, O);
-  int64_t valid = 0;
+  // Every rank of a split sequence computes the pooled head alike: rank 0 alone reports its
+  // figures and adds its parameter gradient, so the sums over the ranks count it once.
+  const bool lead = split_lead();
+  int64_t valid = 0, correct = 0;
   for (int64_t i = 0; i < n; ++i) {
     const int32_t t = b.targets[static_cast<size_t>(i)];
     tsel_[static_cast<size_t>(i)] = t;
     if (t < 0) continue;
     ++valid;
     const float* row = logits_ + i * O;
-    if (std::max_element(row, row + O) - row == t) ++r.correct;
+    if (std::max_element(row, row + O) - row == t) ++correct;
   }
   int64_t counted = 0;
   const float scale = scale_in > 0 ? scale_in : (valid > 0 ? 1.f / static_cast<float>(valid) : 0.f);
-  r.loss_sum += nn::cross_entropy(train ? logits_ : nullptr, logits_, tsel_.data(), n, O, scale, &counted);
-  r.counted += counted;
-  if (train) lin_bwd(dhs_, H, g(w_off), b_off >= 0 ? g(b_off) : nullptr, logits_, O, hs_, H, w, n, H, O);
+  const double loss = nn::cross_entropy(train ? logits_ : nullptr, logits_, tsel_.data(), n, O, scale, &counted);
+  if (lead) {
+    r.loss_sum += loss;
+    r.counted += counted;
+    r.correct += correct;
+  }
+  if (train)
+    lin_bwd(dhs_, H, lead ? g(w_off) : nullptr, lead && b_off >= 0 ? g(b_off) : nullptr, logits_, O, hs_, H, w, n, H, O);
 }
 
 void Model::layer_grads_ready(int64_t begin, int64_t end) const {

@@ -131,17 +131,26 @@ EvalResult evaluate(Model& model, const std::vector<Batch>& batches, bool accura
 }
 
 EvalResult evaluate(Model& model, const std::vector<Batch>& batches, bool accuracy, Communicator& comm) {
+  return evaluate(model, batches, accuracy, comm, 1);
+}
+
+EvalResult evaluate(Model& model, const std::vector<Batch>& batches, bool accuracy, Communicator& comm,
+                    int group_ranks) {
   const auto t0 = Clock::now();
-  const int R = comm.size();
-  // Per batch: loss sum, targets, correct, examples; zero where another rank evaluates, so the
-  // all-reduce is exact and every rank adds the same numbers in batch order.
+  check(group_ranks >= 1 && comm.size() % group_ranks == 0, "evaluate: groups of ", group_ranks,
+        " ranks do not divide the ", comm.size(), " ranks");
+  const int G = comm.size() / group_ranks, g = comm.rank() / group_ranks;
+  const bool group_lead = comm.rank() % group_ranks == 0;
+  // Per batch: loss sum, targets, correct, examples; zero where another group evaluates (and the
+  // examples counted by the group's first rank), so the all-reduce is exact and every rank adds
+  // the same numbers in batch order.
   std::vector<double> per(4 * batches.size(), 0.0);
-  for (size_t i = static_cast<size_t>(comm.rank()); i < batches.size(); i += static_cast<size_t>(R)) {
+  for (size_t i = static_cast<size_t>(g); i < batches.size(); i += static_cast<size_t>(G)) {
     const StepResult r = model.forward_backward(batches[i], false, 0);
     per[4 * i] = r.loss_sum;
     per[4 * i + 1] = static_cast<double>(r.counted);
     per[4 * i + 2] = static_cast<double>(r.correct);
-    per[4 * i + 3] = static_cast<double>(batches[i].B);
+    per[4 * i + 3] = group_lead ? static_cast<double>(batches[i].B) : 0.0;
   }
   comm.all_reduce_sum(per.data(), per.size());
   double loss = 0, counted = 0, correct = 0, examples = 0;
@@ -175,8 +184,18 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
     comm_ = own_comm_.get();
   }
   check(a.accum >= 1, "train: accum must be >= 1, got ", a.accum);
-  check(a.batch >= comm_->size(), "train: a batch of ", a.batch, " sequences cannot be split over ", comm_->size(),
-        " ranks (each needs one); use --batch >= ", comm_->size());
+  if (a.sequence_ranks > 1) {
+    check(comm_->size() % a.sequence_ranks == 0, "train: ", a.sequence_ranks,
+          " ranks per sequence (--sequence-ranks) must divide the ", comm_->size(), " ranks");
+    check(!a.reproducible, "train: --reproducible sums whole sequences in a fixed tree; it does not run with the ",
+          "sequence split (--sequence-parallel)");
+    check(a.dropout == 0, "train: dropout with the sequence split (--sequence-parallel) is not supported (its masks ",
+          "are drawn per whole sequence)");
+    seq_ranks_ = a.sequence_ranks;
+  }
+  check(a.sequence_ranks >= 0, "train: sequence_ranks must be >= 0, got ", a.sequence_ranks);
+  check(a.batch >= groups(), "train: a batch of ", a.batch, " sequences cannot be split over ", groups(),
+        seq_ranks_ > 1 ? " groups of ranks" : " ranks", " (each needs one); use --batch >= ", groups());
   check(!a.resume || !a.checkpoint.empty(), "train: resume needs a checkpoint folder");
   check(a.batch >= 1 && a.steps >= 1 && a.warmup >= 0 && a.eval_every >= 1 && a.eval_examples >= 0 && a.seq >= 0,
         "train: batch, steps and eval_every must be >= 1, warmup, eval_examples and seq >= 0");
@@ -262,6 +281,10 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
           c.num_labels);
   model_->set_attention(a.attention);
   model_->set_dropout(static_cast<float>(a.dropout));
+  if (seq_ranks_ > 1) {
+    seq_comm_ = comm_->split(group(), comm_->rank());
+    model_->set_sequence_parallel(seq_comm_.get());
+  }
   check(model_->trainable(), "train: the attention plan '", a.attention, "' has a layer without a backward; it can only evaluate");
 
   OptimizerOptions oo;
@@ -321,6 +344,7 @@ void Trainer::begin() {
   cfg["accum"] = a.accum;
   cfg["shard_optimizer"] = a.shard_optimizer;
   cfg["overlap"] = a.overlap;
+  cfg["sequence_ranks"] = seq_ranks_;
   files_->log.write({{"config", cfg}, {"attention", a.attention}, {"resume_step", step_}});
 }
 
@@ -417,8 +441,10 @@ StepResult Trainer::reproducible_gradient(const Batch& batch, double& comm_ms) {
 StepResult Trainer::micro_batch_gradient(const Batch& batch, double& comm_ms) {
   Model& m = *model_;
   std::span<float> g = m.grads();
-  const int R = comm_->size(), r = comm_->rank();
-  const int64_t lo = batch.B * r / R, hi = batch.B * (r + 1) / R, K = std::min<int64_t>(opt_.accum, hi - lo);
+  const int R = comm_->size(), G = groups(), gi = group();
+  // This rank's group's share of the batch (with the sequence split, every rank of the group runs
+  // it on its own positions).
+  const int64_t lo = batch.B * gi / G, hi = batch.B * (gi + 1) / G, K = std::min<int64_t>(opt_.accum, hi - lo);
   const double divisor = static_cast<double>(std::max<int64_t>(1, counted_targets(batch)));
   m.zero_grads();
   StepResult mine;
@@ -501,7 +527,7 @@ EvalReport Trainer::evaluate() {
   begin();
   EvalReport r;
   r.step = step_;
-  r.result = clattn::evaluate(*model_, eval_set_, task_->kind() == TaskKind::classify, *comm_);
+  r.result = clattn::evaluate(*model_, eval_set_, task_->kind() == TaskKind::classify, *comm_, seq_ranks_);
   last_eval_ = step_;
   const bool accuracy = task_->kind() == TaskKind::classify;
   r.improved = std::isnan(best_) || (accuracy ? r.result.metric > best_ : r.result.metric < best_);
