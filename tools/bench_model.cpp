@@ -7,11 +7,15 @@
 // --sequence-parallel under mpirun: every rank runs the same command and holds its part of each
 // sequence (Model::set_sequence_parallel); a row's times are the slowest rank's, its memory the
 // largest rank's, and bytes_per_layer what one rank sends per layer and forward (the largest).
-// Rank 0 prints and writes --json.
+// comm_wait_ms is the time a rank was blocked on communication per call (the largest); for plans
+// of ring attention only, ring_hidden_percent is the share of the ring's transfers the compute
+// hid: 1 − wait / the same transfers timed alone (ring_transfer_ms). Rank 0 prints and writes
+// --json.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -47,6 +51,13 @@ double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// Whether every layer runs full attention (ring attention when split).
+bool all_ring(const Model& m) {
+  for (const std::string& s : m.attention_specs())
+    if (s.rfind("full", 0) != 0) return false;
+  return true;
+}
+
 std::vector<Column> columns(const BenchModelOptions& o, int plan_width) {
   std::vector<Column> c = {{"attention", "attention", "", plan_width, true},
                            {"mode", "mode", "", 8, true},
@@ -60,7 +71,10 @@ std::vector<Column> columns(const BenchModelOptions& o, int plan_width) {
                      {"GFLOP/s", "outside_gflops", "%.1f", 9},
                      {"rss MB", "rss_mb", "%.1f", 9}});
   if (o.sequence_parallel)
-    c.insert(c.end(), {{"rank MB", "peak_rss_mb_per_rank", "%.1f", 9}, {"bytes/layer", "bytes_per_layer", "%.0f", 12}});
+    c.insert(c.end(), {{"rank MB", "peak_rss_mb_per_rank", "%.1f", 9},
+                       {"bytes/layer", "bytes_per_layer", "%.0f", 12},
+                       {"wait ms", "comm_wait_ms", "%.1f", 9},
+                       {"hidden%", "ring_hidden_percent", "%.1f", 8}});
   return c;
 }
 
@@ -113,9 +127,15 @@ void run_bench_model(const BenchModelOptions& o) {
 
   // One row: times are the slowest rank's, memory the largest rank's (one rank: its own).
   auto report = [&](const std::string& plan, const char* mode, int64_t n, int64_t B, std::vector<double> ms,
-                    double attn_ms, double total_flops, int64_t rss_kib, int64_t layers, double bytes) {
-    double worst[3] = {static_cast<double>(rss_kib), static_cast<double>(bench::read_status_kib("VmHWM")), bytes};
-    comm.all_reduce_max(worst, 3);
+                    double attn_ms, double total_flops, int64_t rss_kib, int64_t layers, double bytes, double wait_ms,
+                    bool ring) {
+    double worst[4] = {static_cast<double>(rss_kib), static_cast<double>(bench::read_status_kib("VmHWM")), bytes, wait_ms};
+    comm.all_reduce_max(worst, 4);
+    std::optional<double> hidden;
+    if (o.sequence_parallel && ring && R > 1 && worst[2] > 0) {
+      const double alone = ring_transfer_ms(comm, static_cast<size_t>(worst[2] / (R - 1))) * static_cast<double>(layers);
+      hidden = 100.0 * std::max(0.0, 1.0 - worst[3] / std::max(alone, 1e-9));
+    }
     const bench::TimeStats st = bench::summarise(std::move(ms));
     const double outside_ms = std::max(st.median - attn_ms, 1e-9);
     ordered_json r = {{"attention", plan},
@@ -135,7 +155,9 @@ void run_bench_model(const BenchModelOptions& o) {
                       {"outside_gflops", total_flops / outside_ms * 1e-6},
                       {"rss_mb", worst[0] / 1024.0},
                       {"peak_rss_mb_per_rank", o.sequence_parallel ? ordered_json(worst[1] / 1024.0) : ordered_json(nullptr)},
-                      {"bytes_per_layer", o.sequence_parallel ? ordered_json(worst[2]) : ordered_json(nullptr)}};
+                      {"bytes_per_layer", o.sequence_parallel ? ordered_json(worst[2]) : ordered_json(nullptr)},
+                      {"comm_wait_ms", o.sequence_parallel ? ordered_json(worst[3]) : ordered_json(nullptr)},
+                      {"ring_hidden_percent", hidden ? ordered_json(*hidden) : ordered_json(nullptr)}};
     if (!lead) return;
     table.row(r);
     doc["results"].push_back(std::move(r));
@@ -146,7 +168,7 @@ void run_bench_model(const BenchModelOptions& o) {
   // sent per call.
   struct Timing {
     std::vector<double> ms;
-    double attn_ms = 0, bytes_per_call = 0;
+    double attn_ms = 0, bytes_per_call = 0, wait_ms = 0;
     int64_t rss_kib = 0;
   };
   auto timed = [&](auto&& fn, const auto& attn) {
@@ -167,7 +189,9 @@ void run_bench_model(const BenchModelOptions& o) {
     }
     t.attn_ms = attn_sum / o.repeat;
     t.rss_kib = bench::read_status_kib("VmHWM") - before;
-    t.bytes_per_call = static_cast<double>(sequence_parallel_traffic().bytes) / o.repeat;
+    const SeqParallelTraffic traffic = sequence_parallel_traffic();
+    t.bytes_per_call = static_cast<double>(traffic.bytes) / o.repeat;
+    t.wait_ms = traffic.wait_ms / o.repeat;
     return t;
   };
 
@@ -226,7 +250,7 @@ void run_bench_model(const BenchModelOptions& o) {
         // A KWT pass covers the whole set: report it as one batch of all its clips.
         report(plan, "forward", n, o.random_bert ? B : features.dim(0), std::move(t.ms), t.attn_ms,
                o.random_bert ? flops : flops / static_cast<double>(B) * static_cast<double>(features.dim(0)), t.rss_kib,
-               c.layers, t.bytes_per_call / static_cast<double>(c.layers));
+               c.layers, t.bytes_per_call / static_cast<double>(c.layers), t.wait_ms, all_ring(*enc));
       }
     }
     table.end(doc);
@@ -253,7 +277,7 @@ void run_bench_model(const BenchModelOptions& o) {
         (void)dec->prefill(ids);
       }, [&] { return dec->last_attention_ms(); });
       report(plan, "prefill", n, 1, std::move(t.ms), t.attn_ms, per_token * static_cast<double>(n) + 2.0 * c.hidden * c.vocab,
-             t.rss_kib, c.layers, t.bytes_per_call / static_cast<double>(c.layers));
+             t.rss_kib, c.layers, t.bytes_per_call / static_cast<double>(c.layers), t.wait_ms, all_ring(*dec));
       if (!decode) continue;
       std::vector<double> dms;
       double dattn = 0;
@@ -271,7 +295,7 @@ void run_bench_model(const BenchModelOptions& o) {
           dattn += a / static_cast<double>(o.decode) / o.repeat;
         }
       }
-      report(plan, "decode", 1, 1, std::move(dms), dattn, per_token + 2.0 * c.hidden * c.vocab, 0, c.layers, 0);
+      report(plan, "decode", 1, 1, std::move(dms), dattn, per_token + 2.0 * c.hidden * c.vocab, 0, c.layers, 0, 0, false);
     }
   }
   table.end(doc);

@@ -75,8 +75,17 @@ void sequence_parallel_backward(Communicator& comm, const SeqSplit& split, const
 struct SeqParallelTraffic {
   uint64_t bytes = 0;
   uint64_t messages = 0;
+  // Milliseconds this rank was blocked on communication: inside the blocking collectives, and
+  // waiting for a transfer that had not completed when its data was needed (ring attention's
+  // next block). What overlapped the compute is not counted.
+  double wait_ms = 0;
 };
 SeqParallelTraffic sequence_parallel_traffic();
 void reset_sequence_parallel_traffic();
+
+// Milliseconds (the slowest rank's) to pass a block of `bytes` R − 1 hops around the ring of comm
+// with nothing else running: what ring attention's transfers of one forward layer cost when not
+// overlapped (every rank calls it). 1 − wait_ms / this is the share of them the compute hid.
+double ring_transfer_ms(Communicator& comm, size_t bytes);
 
 }  // namespace clattn

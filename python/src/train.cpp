@@ -77,7 +77,7 @@ void bind_train(pb::module_& m) {
                        double lr, double min_lr, int64_t warmup, double clip, double weight_decay, double dropout,
                        int64_t eval_every, int64_t eval_examples, const std::string& checkpoint, const std::string& log,
                        bool resume, double time_budget, uint64_t seed, int64_t min_length, int64_t max_length,
-                       double mask_prob, bool data_parallel, bool reproducible, bool shard_optimizer) {
+                       double mask_prob, bool data_parallel, bool reproducible, bool shard_optimizer, int sequence_ranks) {
              TrainOptions o;
              o.task.kind = task;
              o.task.data = data;
@@ -106,8 +106,10 @@ void bind_train(pb::module_& m) {
              o.log = log;
              o.resume = resume;
              o.time_budget = time_budget;
-             // Under mpirun every rank's script makes the same Trainer; they share each step's batch.
-             if (data_parallel) o.comm = &world();
+             // Under mpirun every rank's script makes the same Trainer; they share each step's batch,
+             // and with sequence_ranks S > 1 groups of S ranks split each sequence (-1: all ranks).
+             if (data_parallel || sequence_ranks != 0) o.comm = &world();
+             o.sequence_ranks = sequence_ranks < 0 ? world().size() : sequence_ranks;
              o.reproducible = reproducible;
              o.shard_optimizer = shard_optimizer;
              o.version = CLATTN_VERSION;
@@ -126,7 +128,7 @@ void bind_train(pb::module_& m) {
            pb::arg("eval_every") = 100, pb::arg("eval_examples") = 256, pb::arg("checkpoint") = "", pb::arg("log") = "",
            pb::arg("resume") = false, pb::arg("time_budget") = 0.0, pb::arg("seed") = 0, pb::arg("min_length") = 500,
            pb::arg("max_length") = 2000, pb::arg("mask_prob") = 0.15, pb::arg("data_parallel") = false,
-           pb::arg("reproducible") = false, pb::arg("shard_optimizer") = false,
+           pb::arg("reproducible") = false, pb::arg("shard_optimizer") = false, pb::arg("sequence_ranks") = 0,
            "Trainer(task, data=..., init=checkpoint folder or '', attention='full', sizes of a fresh model, seq=0 "
            "(the task's or checkpoint's own, else 512), batch, steps, lr, ..., checkpoint='', log='', resume=False)")
       .def("run", [](PyTrainer& p) { return run_locked(p, [&] { return p.t->run(); }); },

@@ -47,6 +47,13 @@ def test_trains_resumes_bit_exact_and_loads(text, tmp_path):
         got.append(resumed.step()["loss"])
     assert got == ref  # bit for bit
 
+    # sequence_ranks=-1 splits each sequence over every rank: alone, the run it always was.
+    split = []
+    t = clattn.Trainer(**options(text, tmp_path / "sp", sequence_ranks=-1))
+    t.on_step = lambda r: split.append(r["loss"])
+    t.run()
+    assert split == ref
+
     model = clattn.load_model(tmp_path / "ref" / "best")
     logits = model.forward(np.arange(1, 20, dtype=np.int32))
     assert logits.shape == (19, 258) and np.isfinite(logits).all()

@@ -3,6 +3,7 @@
 // (sp_clustered.cpp).
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 
 #include "attention/clustered/clustered.h"
 #include "attention/full/full.h"
@@ -60,14 +61,45 @@ int64_t SeqSplit::global(int rank, int64_t i) const {
 
 namespace {
 
-std::atomic<uint64_t> g_bytes{0}, g_messages{0};
+std::atomic<uint64_t> g_bytes{0}, g_messages{0}, g_wait_ns{0};
+
+// Adds the time from construction to destruction to the blocked time.
+class Blocked {
+ public:
+  Blocked() : t0_(std::chrono::steady_clock::now()) {}
+  ~Blocked() {
+    g_wait_ns += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count());
+  }
+
+ private:
+  std::chrono::steady_clock::time_point t0_;
+};
+
+// A transfer whose wait() counts as blocked time (test() never blocks).
+class TimedRequest final : public CommRequest {
+ public:
+  explicit TimedRequest(std::unique_ptr<CommRequest> r) : r_(std::move(r)) {}
+  bool test() override { return r_->test(); }
+  void wait() override {
+    if (r_->test()) return;
+    Blocked b;
+    r_->wait();
+  }
+
+ private:
+  std::unique_ptr<CommRequest> r_;
+};
 
 }  // namespace
 
-SeqParallelTraffic sequence_parallel_traffic() { return {g_bytes.load(), g_messages.load()}; }
+SeqParallelTraffic sequence_parallel_traffic() {
+  return {g_bytes.load(), g_messages.load(), static_cast<double>(g_wait_ns.load()) * 1e-6};
+}
 void reset_sequence_parallel_traffic() {
   g_bytes = 0;
   g_messages = 0;
+  g_wait_ns = 0;
 }
 
 namespace sp {
@@ -84,32 +116,38 @@ void count_all_reduce(const Communicator& c, size_t bytes) {
 }
 }  // namespace
 
+// The blocking collectives count whole as blocked time: nothing else runs meanwhile.
 void all_reduce(Communicator& c, double* x, size_t n) {
   count_all_reduce(c, n * sizeof(double));
+  Blocked b;
   c.all_reduce_sum(x, n);
 }
 void all_reduce(Communicator& c, int64_t* x, size_t n) {
   count_all_reduce(c, n * sizeof(int64_t));
+  Blocked b;
   c.all_reduce_sum(x, n);
 }
 void all_reduce(Communicator& c, float* x, size_t n) {
   count_all_reduce(c, n * sizeof(float));
+  Blocked b;
   c.all_reduce_sum(x, n);
 }
 void all_reduce_max(Communicator& c, double* x, size_t n) {
   count_all_reduce(c, n * sizeof(double));
+  Blocked b;
   c.all_reduce_max(x, n);
 }
 void all_gather(Communicator& c, const void* send, size_t bytes, void* recv) {
   if (c.size() > 1) count_bytes(bytes * static_cast<size_t>(c.size() - 1));
+  Blocked b;
   c.all_gather(send, bytes, recv);
 }
 std::unique_ptr<CommRequest> isend(Communicator& c, const void* data, size_t bytes, int to, int tag) {
   if (to != c.rank()) count_bytes(bytes);
-  return c.isend(data, bytes, to, tag);
+  return std::make_unique<TimedRequest>(c.isend(data, bytes, to, tag));
 }
 std::unique_ptr<CommRequest> irecv(Communicator& c, void* data, size_t bytes, int from, int tag) {
-  return c.irecv(data, bytes, from, tag);
+  return std::make_unique<TimedRequest>(c.irecv(data, bytes, from, tag));
 }
 
 std::vector<int32_t> piece_lengths(std::span<const int32_t> global, int64_t B, int64_t start, int64_t len) {
@@ -121,6 +159,23 @@ std::vector<int32_t> piece_lengths(std::span<const int32_t> global, int64_t B, i
 }
 
 }  // namespace sp
+
+double ring_transfer_ms(Communicator& c, size_t bytes) {
+  const int R = c.size(), r = c.rank();
+  if (R == 1) return 0;
+  std::vector<char> a(bytes, 1), b(bytes);
+  c.barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int s = 0; s + 1 < R; ++s) {
+    auto recv = c.irecv(s % 2 ? a.data() : b.data(), bytes, (r - 1 + R) % R, 7199);
+    auto send = c.isend(s % 2 ? b.data() : a.data(), bytes, (r + 1) % R, 7199);
+    recv->wait();
+    send->wait();
+  }
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  c.all_reduce_max(&ms, 1);
+  return ms;
+}
 
 bool sequence_parallel_supported(const Attention& att, bool causal, std::string* why) {
   float scale = 0;
