@@ -120,9 +120,11 @@ void ring_forward(Communicator& comm, const SeqSplit& split, float scale, const 
     }
     const View kb = bl.part(cur, 0), vb = bl.part(cur, 1);
     int64_t klo = 0;
-    for (const auto& [ka, klen] : split.segments[static_cast<size_t>(src)]) {
+    for (const auto& seg_ka : split.segments[static_cast<size_t>(src)]) {
+      const int64_t ka = seg_ka.first, klen = seg_ka.second;
       int64_t qlo = 0;
-      for (const auto& [qa, qlen] : mine) {
+      for (const auto& seg_qa : mine) {
+        const int64_t qa = seg_qa.first, qlen = seg_qa.second;
         const Pair rel = relation(in.causal, qa, qlen, ka, klen);
         if (rel != Pair::none && qlen > 0 && klen > 0) {
           const std::vector<int32_t> ql = piece_lengths(in.query_lengths, B, qa, qlen);
@@ -170,7 +172,8 @@ void ring_forward(Communicator& comm, const SeqSplit& split, float scale, const 
   }
   // The merged (m, log2 l) in full's convention: padded rows 0 and 0, rows that saw nothing +inf.
   int64_t qlo = 0;
-  for (const auto& [qa, qlen] : mine) {
+  for (const auto& seg_qa : mine) {
+    const int64_t qa = seg_qa.first, qlen = seg_qa.second;
     const std::vector<int32_t> ql = piece_lengths(in.query_lengths, B, qa, qlen);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)
@@ -232,9 +235,11 @@ void ring_backward(Communicator& comm, const SeqSplit& split, float scale, const
     std::fill(gcur, gcur + bl.floats(), 0.f);
     const View kb = bl.part(cur, 0), vb = bl.part(cur, 1), dkb = bl.part(gcur, 0), dvb = bl.part(gcur, 1);
     int64_t klo = 0;
-    for (const auto& [ka, klen] : split.segments[static_cast<size_t>(src)]) {
+    for (const auto& seg_ka : split.segments[static_cast<size_t>(src)]) {
+      const int64_t ka = seg_ka.first, klen = seg_ka.second;
       int64_t qlo = 0;
-      for (const auto& [qa, qlen] : mine) {
+      for (const auto& seg_qa : mine) {
+        const int64_t qa = seg_qa.first, qlen = seg_qa.second;
         const Pair rel = relation(in.causal, qa, qlen, ka, klen);
         if (rel != Pair::none && qlen > 0 && klen > 0) {
           const std::vector<int32_t> ql = piece_lengths(in.query_lengths, B, qa, qlen);
