@@ -78,6 +78,16 @@ Pair relation(bool causal, int64_t qa, int64_t qlen, int64_t ka, int64_t klen) {
   return Pair::causal;
 }
 
+// Open MPI moves a large message (rendezvous protocol) only inside MPI calls: a transfer posted
+// before the kernel and waited for after it would not overlap it at all. A query piece that sees
+// its keys whole is therefore computed in sub-pieces of this many rows, with the pending
+// transfers tested between them. Query rows are independent in the forward (the same bits); the
+// backward adds the sub-pieces' dK and dV one after the other (a different rounding of the same
+// sum). 8 sub-pieces of at least 256 rows keep the kernel's tiles full.
+int64_t progress_rows(Pair rel, int64_t qlen) {
+  return rel == Pair::causal ? std::max<int64_t>(qlen, 1) : std::max<int64_t>(256, (qlen + 7) / 8);
+}
+
 }  // namespace
 
 void ring_forward(Communicator& comm, const SeqSplit& split, float scale, const AttentionInputs& in, View out,
@@ -122,11 +132,12 @@ void ring_forward(Communicator& comm, const SeqSplit& split, float scale, const 
     int64_t klo = 0;
     for (const auto& seg_ka : split.segments[static_cast<size_t>(src)]) {
       const int64_t ka = seg_ka.first, klen = seg_ka.second;
-      int64_t qlo = 0;
+      int64_t qlo0 = 0;  // local row of the query segment
       for (const auto& seg_qa : mine) {
-        const int64_t qa = seg_qa.first, qlen = seg_qa.second;
-        const Pair rel = relation(in.causal, qa, qlen, ka, klen);
-        if (rel != Pair::none && qlen > 0 && klen > 0) {
+        const Pair rel = relation(in.causal, seg_qa.first, seg_qa.second, ka, klen);
+        const int64_t step = progress_rows(rel, seg_qa.second);
+        for (int64_t c0 = 0; rel != Pair::none && klen > 0 && c0 < seg_qa.second; c0 += step) {
+          const int64_t qa = seg_qa.first + c0, qlen = std::min(step, seg_qa.second - c0), qlo = qlo0 + c0;
           const std::vector<int32_t> ql = piece_lengths(in.query_lengths, B, qa, qlen);
           const std::vector<int32_t> kl = piece_lengths(in.key_lengths, B, ka, klen);
           AttentionInputs pi;
@@ -161,9 +172,10 @@ void ring_forward(Communicator& comm, const SeqSplit& split, float scale, const 
               pl[row] = tot;
             }
           });
+          if (recv) (void)recv->test();
+          if (send) (void)send->test();
         }
-        qlo += qlen;
-        if (recv) (void)recv->test();
+        qlo0 += seg_qa.second;
       }
       klo += klen;
     }
@@ -237,11 +249,12 @@ void ring_backward(Communicator& comm, const SeqSplit& split, float scale, const
     int64_t klo = 0;
     for (const auto& seg_ka : split.segments[static_cast<size_t>(src)]) {
       const int64_t ka = seg_ka.first, klen = seg_ka.second;
-      int64_t qlo = 0;
+      int64_t qlo0 = 0;  // local row of the query segment
       for (const auto& seg_qa : mine) {
-        const int64_t qa = seg_qa.first, qlen = seg_qa.second;
-        const Pair rel = relation(in.causal, qa, qlen, ka, klen);
-        if (rel != Pair::none && qlen > 0 && klen > 0) {
+        const Pair rel = relation(in.causal, seg_qa.first, seg_qa.second, ka, klen);
+        const int64_t step = progress_rows(rel, seg_qa.second);
+        for (int64_t c0 = 0; rel != Pair::none && klen > 0 && c0 < seg_qa.second; c0 += step) {
+          const int64_t qa = seg_qa.first + c0, qlen = std::min(step, seg_qa.second - c0), qlo = qlo0 + c0;
           const std::vector<int32_t> ql = piece_lengths(in.query_lengths, B, qa, qlen);
           const std::vector<int32_t> kl = piece_lengths(in.key_lengths, B, ka, klen);
           AttentionInputs pi;
@@ -259,11 +272,12 @@ void ring_backward(Communicator& comm, const SeqSplit& split, float scale, const
                           sizeof(float) * static_cast<size_t>(qlen));
           attn_full_bwd(pi, d, scale, rows_of(out, qlo, qlen), parts_pair.data(), rows_of(dout, qlo, qlen),
                         rows_of(dq, qlo, qlen), rows_of(dkb, klo, klen), rows_of(dvb, klo, klen), ws);
+          if (recv) (void)recv->test();
+          if (send) (void)send->test();
+          if (grecv) (void)grecv->test();
+          if (gsend) (void)gsend->test();
         }
-        qlo += qlen;
-        if (recv) (void)recv->test();
-        if (grecv) (void)grecv->test();
-        if (gsend) (void)gsend->test();
+        qlo0 += seg_qa.second;
       }
       klo += klen;
     }
