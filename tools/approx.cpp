@@ -15,6 +15,7 @@
 #include "cli_util.h"
 #include "clattn/atomic_file.h"
 #include "clattn/error.h"
+#include "clattn/input_file.h"
 #include "clattn/model.h"
 #include "clattn/parallel.h"
 #include "clattn/safetensors.h"
@@ -137,14 +138,18 @@ void run_approx(const ApproxOptions& o) {
     dec = Decoder::load(o.model, lo);
     if (!o.tokens.empty()) {
       read_tokens(o.tokens, "targets", ids, B, T, labels);
+      check_context(T, dec->config().max_positions, "approx: '" + o.tokens + "'");
     } else {
-      std::ifstream in(o.text, std::ios::binary);
-      check(in.good(), "approx: cannot read '", o.text, "'");
-      std::stringstream ss;
-      ss << in.rdbuf();
+      // Bounded (a text is tokenized whole) and never blocking on a FIFO or device.
+      const std::string text = read_input_file(o.text, "approx: --text", kMaxTextBytes);
       const Tokenizer tok = Tokenizer::from_file((std::filesystem::path(o.model) / "tokenizer.json").string());
-      ids = tok.encode(ss.str());
-      ids.resize(static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(ids.size()), dec->config().max_positions > 0 ? dec->config().max_positions : 512)));
+      ids = tok.encode(text);
+      const int64_t context = dec->config().max_positions > 0 ? dec->config().max_positions : 512;
+      if (static_cast<int64_t>(ids.size()) > context) {
+        std::fprintf(stderr, "approx: note: '%s' has %zu tokens; the first %lld (the model's context) are used\n",
+                     o.text.c_str(), ids.size(), static_cast<long long>(context));
+        ids.resize(static_cast<size_t>(context));
+      }
       T = static_cast<int64_t>(ids.size());
       // Next-token targets: position t predicts token t + 1 (the last one has none).
       labels.assign(ids.begin() + 1, ids.end());
@@ -170,6 +175,7 @@ void run_approx(const ApproxOptions& o) {
       // BERT-style classifier: --tokens holds ids [T] or [B, T] (and optional 'labels' [B]).
       check(!o.tokens.empty(), "approx: a BERT-style encoder takes --tokens");
       read_tokens(o.tokens, "labels", ids, B, T, labels);
+      check_context(T, enc->config().max_positions, "approx: '" + o.tokens + "'");
       check(enc->config().num_labels >= 1, "approx: this encoder has no classifier to compare predictions of");
       run = [&] { return enc->forward_tokens(ids, B, T); };
     }

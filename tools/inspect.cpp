@@ -115,11 +115,13 @@ Problem from_model(const InspectOptions& o) {
     if (kind == ModelKind::llama) {
       auto dec = Decoder::load(o.model);
       check_layer(dec->config());
+      check_context(T, dec->config().max_positions, "inspect: '" + o.tokens + "'");
       dec->set_capture(&cap);
       (void)dec->forward(ids, 1, T);
     } else {
       auto enc = Encoder::load(o.model);
       check_layer(enc->config());
+      check_context(T, enc->config().max_positions, "inspect: '" + o.tokens + "'");
       enc->set_capture(&cap);
       (void)enc->forward_tokens(ids, 1, T);
     }

@@ -31,6 +31,7 @@
 #include <utility>
 
 #include "clattn/error.h"
+#include "clattn/input_file.h"
 
 namespace clattn {
 
@@ -207,19 +208,10 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile f;  // owns the map once made: any failed check below unmaps it
   f.path_ = path;
   const std::string where = "safetensors '" + path + "'";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  check(fd >= 0, where, ": cannot open: ", std::strerror(errno));
-  struct stat sb {};
-  if (::fstat(fd, &sb) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail(where, ": cannot stat: ", std::strerror(err));
-  }
-  if (!S_ISREG(sb.st_mode)) {
-    ::close(fd);
-    fail(where, ": not a regular file");
-  }
-  const size_t size = static_cast<size_t>(sb.st_size);
+  // Never blocks on a FIFO or device; only regular files are read (clattn/input_file.h).
+  uint64_t file_size = 0;
+  const int fd = open_input_file(path, "safetensors", &file_size);
+  const size_t size = static_cast<size_t>(file_size);
   if (size < 8) {
     ::close(fd);
     fail(where, ": file is ", size, " bytes, shorter than the 8-byte header length");

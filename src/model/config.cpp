@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "clattn/error.h"
+#include "clattn/input_file.h"
 #include "clattn/model.h"
 
 namespace clattn {
@@ -49,11 +50,11 @@ struct Fields {
 }  // namespace
 
 ModelConfig read_model_config(const std::string& path) {
-  std::ifstream in(path);
-  check(in.good(), "config '", path, "': cannot be read");
+  // Never blocks on a FIFO, never reads without bound; the error gives the system's reason.
+  const std::string text = read_input_file(path, "config", kMaxJsonBytes);
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const std::exception& e) {
     throw Error(detail::concat("config '", path, "': not valid JSON: ", e.what()));
   }
