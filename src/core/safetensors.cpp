@@ -23,6 +23,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -73,6 +74,17 @@ std::string known_dtypes() {
 std::string clip(std::string_view s, size_t max = kMaxShown) {
   if (s.size() <= max) return std::string(s);
   return std::string(s.substr(0, max)) + "...";
+}
+
+// ": not a safetensors file", naming the target of a symlink (a shard linked to the wrong file).
+std::string not_safetensors(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path p(path);
+  if (std::filesystem::is_symlink(p, ec)) {
+    const std::filesystem::path target = std::filesystem::read_symlink(p, ec);
+    if (!ec) return ": not a safetensors file (a symlink to '" + target.string() + "')";
+  }
+  return ": not a safetensors file";
 }
 
 // A JSON value for an error message. Never dumps a nested value: dump() recurses, and a hostile
@@ -241,8 +253,10 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
 
   uint64_t hlen = 0;  // u64 little-endian
   for (int i = 7; i >= 0; --i) hlen = hlen << 8 | f.map_[i];
-  check(hlen > 0 && hlen <= kMaxHeader, where, ": header length ", hlen,
-        " is absurd (must be in [1, ", kMaxHeader, "] bytes)");
+  // A file of another format (a symlink to the wrong file, a .bin checkpoint) fails here: say so
+  // rather than only quote its first 8 bytes as a header length.
+  check(hlen > 0 && hlen <= kMaxHeader, where, not_safetensors(path), ": header length ", hlen,
+        " is absurd (a safetensors file starts with the length of its JSON header, in [1, ", kMaxHeader, "] bytes)");
   check(hlen <= size - 8, where, ": header length ", hlen, " runs past the end of the ", size,
         "-byte file (truncated?)");
   f.data_start_ = 8 + static_cast<size_t>(hlen);

@@ -50,6 +50,9 @@ if need_data "model files as FIFOs" stories260k kwt1; then
   printf '{"weight_map":{"model.embed_tokens.weight":"a.safetensors"}}' >"$dir/m5/model.safetensors.index.json"
   mkfifo "$dir/m5/a.safetensors"
   expect_exit 1 "shard FIFO" "FIFO" t "$bin" generate --model "$dir/m5" --tokens 1
+  rm "$dir/m5/a.safetensors" && ln -s "$st/tokenizer.json" "$dir/m5/a.safetensors"
+  expect_exit 1 "shard linked to a JSON file" "not a safetensors file (a symlink to" t "$bin" generate --model "$dir/m5" --tokens 1
+  grep -q "a.safetensors" "$dir/err" && ok || bad "the shard error does not name the shard: $(cat "$dir/err")"
   expect_exit 1 "approx --tokens FIFO" "FIFO" t "$bin" approx --model "$st" --tokens "$dir/fifo" --attention full
   expect_exit 1 "approx --text FIFO" "FIFO" t "$bin" approx --model "$st" --text "$dir/fifo" --attention full
   expect_exit 1 "approx --text /dev/zero" "character device" t "$bin" approx --model "$st" --text /dev/zero --attention full
@@ -63,6 +66,19 @@ t["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "Replace", "patt
 json.dump(t, open(sys.argv[2], "w"))
 PY
   expect_exit 1 "exponential normalizer" "can grow a text" t "$bin" generate --model "$dir/m6" --prompt "a cat" --tokens 1
+
+  # Config fields out of range are named with their range.
+  mkdir "$dir/m7" && cp "$st/model.safetensors" "$st/tokenizer.json" "$dir/m7/"
+  for bad_scale in 1e300 -0.5; do
+    python3 - "$st/config.json" "$dir/m7/config.json" "$bad_scale" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["attention_scale"] = float(sys.argv[3])
+json.dump(c, open(sys.argv[2], "w"))
+PY
+    expect_exit 1 "attention_scale $bad_scale" '"attention_scale"' t "$bin" generate --model "$dir/m7" --tokens 1
+    grep -q "out of range" "$dir/err" && ok || bad "attention_scale $bad_scale: $(cat "$dir/err")"
+  done
 
   # Tokens past the model's context (512): refused by approx and inspect, truncated with a note by
   # approx --text.
@@ -81,5 +97,10 @@ PY
   grep -q "note: .* the first 512 (the model's context) are used" "$dir/err" && ok || bad "no truncation note: $(cat "$dir/err")"
 
 fi
+
+# --- bench-model: a random BERT too large for memory is refused with the estimate, before building it.
+expect_exit 1 "bench-model --layers 100000000" "GB available" t "$bin" bench-model --random-bert --layers 100000000 \
+  --lengths 128 --repeat 1
+grep -q "parameters of a random BERT of 100000000 layers" "$dir/err" && ok || bad "bench-model estimate: $(cat "$dir/err")"
 
 finish "inputs cli: "
