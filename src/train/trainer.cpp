@@ -172,7 +172,9 @@ EvalResult evaluate(Model& model, const std::vector<Batch>& batches, bool accura
 class Trainer::Files {
  public:
   fs::path root;
-  json args, state;
+  json args;
+  train::SavedState state;
+  train::FolderLock lock;  // rank 0 only
   train::Log log;
 };
 
@@ -232,6 +234,8 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
       std::error_code ec;
       fs::create_directories(f.root, ec);
       check(fs::is_directory(f.root), "train: cannot create the checkpoint folder '", f.root.string(), "'");
+      // Before anything in the folder is touched: a second run must not remove this one's temporaries.
+      f.lock = train::FolderLock(f.root);
       train::recover(f.root, "latest");
       train::recover(f.root, "best");
     }
@@ -240,14 +244,12 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
     check(a.resume || !have, "train: '", f.root.string(),
           "' already holds a run (latest/); pass --resume to continue it, or choose another --checkpoint");
     if (a.resume && have) {
-      std::ifstream in(f.root / "latest" / "train_state.json");
-      f.state = json::parse(in, nullptr, false);
-      check(f.state.is_object() && f.state.contains("step") && f.state.contains("args"), "train: '",
-            (f.root / "latest" / "train_state.json").string(), "' is not a train state");
+      f.state = train::read_train_state((f.root / "latest" / "train_state.json").string());
+      const json& saved = f.state.args;
       std::string diff;
       for (const auto& [k, v] : f.args.items())
-        if (!f.state["args"].contains(k) || f.state["args"][k] != v)
-          diff += " --" + k + " " + (f.state["args"].contains(k) ? f.state["args"][k].dump() : "(absent)") + " (now " + v.dump() + ")";
+        if (!saved.contains(k) || saved[k] != v)
+          diff += " --" + k + " " + (saved.contains(k) ? saved[k].dump() : "(absent)") + " (now " + v.dump() + ")";
       check(diff.empty(), "train: --resume needs the options of the saved run; they differ:", diff);
       model_ = Model::load((f.root / "latest").string());
       resumed_ = true;
@@ -305,12 +307,12 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
     optim_ = std::make_unique<Optimizer>(*model_, oo);
   }
   if (resumed_) {
-    const json& st = f.state;
+    const train::SavedState& st = f.state;
     optim_->load((f.root / "latest" / "optimizer.safetensors").string());
-    step_ = st["step"].get<int64_t>();
-    elapsed_ = st.value("elapsed_s", 0.0);
-    if (st.contains("best_metric") && st["best_metric"].is_number()) best_ = st["best_metric"].get<double>();
-    best_step_ = st.value("best_step", int64_t{-1});
+    step_ = st.step;
+    elapsed_ = st.elapsed_s;
+    if (st.best_metric) best_ = *st.best_metric;
+    best_step_ = st.best_step;
     check(optim_->steps_done() == step_, "train: the optimizer state has ", optim_->steps_done(),
           " steps, train_state.json says ", step_);
     last_eval_ = step_;
@@ -329,7 +331,14 @@ void Trainer::begin() {
   if (begun_) return;
   begun_ = true;
   const TrainOptions& a = opt_;
-  if (lead()) files_->log = train::Log(a.log, resumed_ || a.resume);
+  if (lead()) {
+    // The log never overwrites an input of the run (its data, tokenizer or initial checkpoint).
+    std::vector<std::string> inputs = {a.task.data, tokenizer_};
+    if (!a.init.empty())
+      for (const char* name : {"config.json", "model.safetensors", "tokenizer.json"})
+        inputs.push_back((fs::path(a.init) / name).string());
+    files_->log = train::Log(a.log, resumed_ || a.resume, inputs);
+  }
   json cfg = files_->args;
   cfg["eval_every"] = a.eval_every;
   cfg["eval_examples"] = a.eval_examples;
