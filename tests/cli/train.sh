@@ -168,6 +168,20 @@ wait "$busy" 2>/dev/null
 expect_ok "the folder is free once the run ended" "$bin" train --task mlm --data "$text" "${tiny[@]}" --steps 2 \
   --eval-every 2 --checkpoint "$dir/busy" --resume
 
+# --- a diverging run stops with the divergence, before any checkpoint holds its weights.
+expect_exit 1 "--lr 1e20 diverges" "diverged at step" "$bin" train --task lm --data "$text" "${tiny[@]}" --steps 20 \
+  --eval-every 1 --lr 1e20 --checkpoint "$dir/div"
+grep -q "try a lower --lr" "$dir/err" && ok || bad "the divergence message does not suggest a lower --lr: $(cat "$dir/err")"
+if [ -f "$dir/div/latest/model.safetensors" ]; then
+  python3 - "$dir/div/latest/model.safetensors" <<'PY' && ok || bad "a checkpoint of the diverged run holds weights beyond 1e30"
+import json, struct, sys, math
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+vals = struct.unpack("<%df" % ((len(b) - 8 - n) // 4), b[8 + n: 8 + n + (len(b) - 8 - n) // 4 * 4])
+sys.exit(0 if all(math.isfinite(x) and abs(x) < 1e30 for x in vals) else 1)
+PY
+else ok; fi
+
 # --- train_state.json fields are checked, named with their file and range.
 cp -r "$dir/mlm" "$dir/badstate"
 sed -i 's/"step": 12/"step": "12"/' "$dir/badstate/latest/train_state.json"
