@@ -52,6 +52,22 @@ std::string tail_lines(const std::string& text, size_t lines) {
   return out;
 }
 
+// $CLATTN_PLOT_KEEP: a folder where each picture's script and data files are kept, in a
+// subfolder named after the picture (for debugging a figure, and for tests that read them).
+void keep_files(const TempDir& dir, const std::string& out_png) {
+  const char* keep = std::getenv("CLATTN_PLOT_KEEP");
+  if (!keep || !*keep) return;
+  namespace fs = std::filesystem;
+  const fs::path to = fs::path(keep) / fs::path(out_png).stem();
+  std::error_code ec;
+  fs::create_directories(to, ec);
+  check(!ec, "plot: CLATTN_PLOT_KEEP: cannot create '", to.string(), "': ", ec.message());
+  for (const auto& e : fs::directory_iterator(dir.path())) {
+    fs::copy_file(e.path(), to / e.path().filename(), fs::copy_options::overwrite_existing, ec);
+    check(!ec, "plot: CLATTN_PLOT_KEEP: cannot copy '", e.path().string(), "' to '", to.string(), "': ", ec.message());
+  }
+}
+
 }  // namespace
 
 std::string find_gnuplot() {
@@ -134,19 +150,23 @@ void run_gnuplot(const TempDir& dir, const std::string& script, const std::strin
   AtomicFile f(out_png);
   f.write(bytes);
   f.commit();
+  keep_files(dir, out_png);
 }
 
 std::string quote(const std::string& text) {
-  std::string q = "\"";
+  std::string q = "'";
   for (const char c : text) {
-    if (c == '\\' || c == '"') q += '\\';
     if (c == '\n') {
-      q += "\\n";
-      continue;
+      q += "'.\"\\n\".'";
+    } else if (c == '\'') {
+      q += "''";
+    } else if ((static_cast<unsigned char>(c) < 0x20) || c == 0x7f) {
+      q += ' ';
+    } else {
+      q += c;
     }
-    q += c;
   }
-  return q + "\"";
+  return q + "'";
 }
 
 PngSize png_size(const std::string& path) {

@@ -5,11 +5,15 @@
 //
 // The program is $CLATTN_GNUPLOT when set (a path; tests point it at nothing to check the error),
 // else `gnuplot` on PATH. When it cannot be found the error names the Debian package to install.
+// $CLATTN_PLOT_KEEP names a folder where each picture's script and data are kept (in a subfolder
+// named after the picture), for debugging a figure.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -43,8 +47,12 @@ class TempDir {
 // and copies the PNG it made to out_png. Errors name gnuplot's exit status and its last message.
 void run_gnuplot(const TempDir& dir, const std::string& script, const std::string& out_png);
 
-// A gnuplot string literal: text in double quotes with \ and " escaped (titles are set with
-// `noenhanced`, so _ and ^ in spec strings print as themselves).
+// A gnuplot string expression that reads as `text` and runs nothing. Every string from data,
+// file names or paths reaches gnuplot through it: gnuplot expands backquotes (`cmd` runs cmd)
+// and backslash escapes inside double quotes, but nothing inside single quotes, where only ''
+// stands for '. So the text goes in single quotes with ' doubled; a line break becomes the
+// constant "\n" joined with `.` (a raw one would end the command), and other control characters
+// (NUL, CR, tab ...) a space. Titles are set with `noenhanced`, so _ ^ { } @ print as themselves.
 std::string quote(const std::string& text);
 
 // Width and height from a PNG's IHDR chunk; throws when the file is not a PNG.

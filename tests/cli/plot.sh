@@ -156,4 +156,43 @@ if need_data "inspect on the real models" kwt1 stories260k; then
     "$data/stories260k/reference_logits.safetensors" --attention full --out "$dir/x.png"
 fi
 
+# --- strings from data, file names and paths never run as gnuplot code ------------------------------
+# Every gnuplot metacharacter: backquotes (command substitution inside double quotes), both quotes,
+# backslash, $ and @ (macros), ; and # (command and comment separators), a line break, CR, tab,
+# NUL and enhanced-text markup. Each backquoted command would create a file in the working folder.
+pw=$dir/pw
+mkdir -p "$pw"
+cat >"$pw/evil.jsonl" <<'END'
+{"config":{"attention":"full`touch PWNED-log` \" \\ ' ; # @x $(touch PWNED-sh) {}^_ %s \n`touch PWNED-nl`\r\t\u0000 end","task":"mlm"},"metric":"bpc`touch PWNED-metric`'\"\n`touch PWNED-metric2`"}
+{"step":1,"loss":2.0}
+{"step":1,"eval_metric":1.5,"elapsed_s":1}
+END
+cat >"$pw/evil-bench.jsonl" <<'END'
+{"spec":"full`touch PWNED-bench`' \" \\ \n`touch PWNED-bench2` @x $1","n":64,"ms_median":1.0,"ms_min":0.9,"ms_max":1.3,"rss_mb":1,"mode":"fwd`touch PWNED-mode`"}
+{"spec":"full`touch PWNED-bench`' \" \\ \n`touch PWNED-bench2` @x $1","n":128,"ms_median":3.0,"ms_min":2.5,"ms_max":4.0,"rss_mb":2}
+END
+evil_name='r`touch PWNED-file`'"'"'"; #$x@y'
+evil_tmp='tmp`touch PWNED-tmpdir`'"'"'"'
+cp "$pw/evil.jsonl" "$pw/$evil_name.jsonl"
+cp "$dir/in.safetensors" "$pw/$evil_name.safetensors"
+mkdir -p "$pw/$evil_tmp"
+cd "$pw" || exit 1  # gnuplot runs in clattn's working folder: a command would create its file here
+expect_ok "plot --logs with metacharacters" "$bin" plot --logs evil.jsonl "$evil_name.jsonl" \
+  --out "$pw/logs.png"
+expect_png "plot --logs with metacharacters" "$pw/logs.png" 1500 520
+expect_ok "plot --bench with metacharacters" "$bin" plot --bench evil-bench.jsonl --out "$pw/b.png"
+expect_png "plot --bench with metacharacters" "$pw/b.png" 1400 640
+expect_ok "inspect with metacharacters in the path" "$bin" inspect --input "$evil_name.safetensors" \
+  --attention clustered:clusters=4 --out "$pw/i.png"
+expect_ok "TMPDIR with metacharacters" env TMPDIR="$pw/$evil_tmp" "$bin" plot --logs evil.jsonl --out "$pw/t.png"
+if need_data "inspect on a model path with metacharacters" kwt1; then
+  evil_model='kwt`touch PWNED-model`'"'"'"; #@x'
+  ln -s "$data/kwt1" "$pw/$evil_model"
+  expect_ok "inspect --model with metacharacters" "$bin" inspect --model "$evil_model" \
+    --features "$data/kwt1/features_fsdd_test.safetensors" --attention improved-clustered:clusters=25 --out "$pw/m.png"
+fi
+cd - >/dev/null || exit 1
+pwned=$(find "$pw" -maxdepth 1 -name 'PWNED*')
+[ -z "$pwned" ] && ok || bad "gnuplot ran commands from data or paths: $pwned"
+
 finish "plot.sh: "
