@@ -17,6 +17,7 @@
 
 #include "clattn/atomic_file.h"
 #include "clattn/error.h"
+#include "clattn/input_file.h"
 
 extern char** environ;
 
@@ -180,32 +181,68 @@ PngSize png_size(const std::string& path) {
   return {be32(16), be32(20)};
 }
 
+namespace {
+
+// What a JSON document that is not a bench result is, for the refusal ("" when it is one).
+std::string other_result(const nlohmann::json& doc) {
+  if (!doc.is_object()) return "a JSON " + std::string(doc.type_name()) + ", not an object";
+  if (doc.contains("results") && doc["results"].is_array()) {
+    if (doc.contains("model")) return "an approx result (clattn approx --json)";
+    if (doc.contains("checkpoint")) return "an eval result (clattn eval -o json)";
+    if (!doc.contains("machine")) return "a JSON document with \"results\" but no \"machine\"";
+    for (const auto& r : doc["results"])
+      if (r.is_object() && r.contains("attention") && !r.contains("spec"))
+        return "a bench-model result (clattn bench-model --json)";
+    return "";
+  }
+  if (doc.contains("config") || doc.contains("step") || doc.contains("end"))
+    return "a training log (clattn train --log; draw it with plot --logs)";
+  return "";
+}
+
+// A row of `clattn bench`: a spec and a sequence length (its times are null when the case failed).
+bool bench_row(const nlohmann::json& r) {
+  return r.is_object() && r.contains("spec") && r["spec"].is_string() && r.contains("n");
+}
+
+[[noreturn]] void not_bench(const std::string& path, const std::string& what) {
+  fail("plot: '", path, "' is ", what, ", not a bench result: plot --bench draws `clattn bench --json` files ",
+       "({\"machine\", \"results\"}) and `clattn bench -o jsonl` rows");
+}
+
+}  // namespace
+
 BenchRun read_bench_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  check(in.good(), "plot: cannot read '", path, "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  // Bounded, and never blocking on a FIFO or device (clattn/input_file.h).
+  const std::string text = read_input_file(path, "plot: bench file", kMaxJsonBytes);
   BenchRun run;
   run.name = std::filesystem::path(path).filename().string();
   const nlohmann::json doc = nlohmann::json::parse(text, nullptr, false);
   if (!doc.is_discarded() && doc.is_object() && doc.contains("results")) {
     check(doc["results"].is_array(), "plot: '", path, "': \"results\" is not an array");
+    if (const std::string other = other_result(doc); !other.empty()) not_bench(path, other);
     if (doc.contains("machine") && doc["machine"].is_object()) run.machine = doc["machine"];
     for (const auto& r : doc["results"]) run.results.push_back(r);
-  } else {
-    // -o jsonl: one result object per line.
-    std::istringstream lines(text);
-    std::string line;
-    int64_t number = 0;
-    while (std::getline(lines, line)) {
-      ++number;
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      const nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
-      check(!r.is_discarded() && r.is_object(), "plot: '", path, "' is neither a bench --json document ",
-            "({\"machine\", \"results\"}) nor bench -o jsonl rows: line ", number, " is not a JSON object");
-      run.results.push_back(r);
+    return run;
+  }
+  if (!doc.is_discarded() && !doc.is_object()) not_bench(path, other_result(doc));
+  // -o jsonl: one result object per line.
+  std::istringstream lines(text);
+  std::string line;
+  int64_t number = 0;
+  while (std::getline(lines, line)) {
+    ++number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
+    check(!r.is_discarded() && r.is_object(), "plot: '", path, "' is neither a bench --json document ",
+          "({\"machine\", \"results\"}) nor bench -o jsonl rows: line ", number, " is not a JSON object");
+    if (!bench_row(r)) {
+      const std::string other = other_result(r);
+      not_bench(path, other.empty() ? "JSON lines whose line " + std::to_string(number) +
+                                          " is not a bench row (no \"spec\" and \"n\")"
+                                    : other);
     }
+    run.results.push_back(r);
   }
   return run;
 }

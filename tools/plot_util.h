@@ -70,8 +70,27 @@ struct BenchRun {
 };
 BenchRun read_bench_file(const std::string& path);
 
-// Time against N (log-log, one line per spec and mode) beside peak memory against N, with the
-// machine facts in the caption (plot.cpp). Throws when no run holds a row with a time.
+// Time against N (log-log, one line per spec and mode, bars from the fastest to the slowest
+// call) beside peak memory against N, with the machine facts in the caption (plot.cpp). Throws
+// when no run holds a row with a time.
 void plot_bench(const std::vector<BenchRun>& runs, const std::string& out_png);
+// The gnuplot script of that figure, its data files written into dir (fuzz/fuzz_plot.cpp checks
+// that nothing from the files can leave a quoted string).
+std::string bench_script(const std::vector<BenchRun>& runs, const TempDir& dir);
+
+// One `clattn train --log` file: read tolerantly (unknown keys ignored, lines that are not JSON —
+// a run killed mid-write — skipped with a note); a file with no usable line is refused.
+struct LogRun {
+  std::string file, spec, label, metric;  // metric "" when no line names it; label: the legend's
+  std::vector<std::pair<double, double>> loss;            // (step, loss)
+  std::vector<std::tuple<double, double, double>> eval;   // (step, metric, elapsed_s or NaN)
+};
+LogRun read_log(const std::string& path);
+// Legend names: each run's spec and its file (or labels[i] when given), so two runs of one spec
+// stay apart; files named alike in different folders keep their paths.
+void name_runs(std::vector<LogRun>& runs, const std::vector<std::string>& labels);
+// The script of `plot --logs`: loss, metric against step and against time, one row of panels per
+// metric (bits per character and accuracy never share an axis); data files written into dir.
+std::string logs_script(const std::vector<LogRun>& runs, const TempDir& dir);
 
 }  // namespace clattn::cli::plot

@@ -22,7 +22,13 @@ expect_exit 1 "attend --input /dev/zero" "not a regular file (a character device
   --input /dev/zero --output "$dir/o.safetensors"
 expect_exit 1 "attend --input directory" "not a regular file (a directory)" t "$bin" attend --spec full \
   --input "$dir" --output "$dir/o.safetensors"
+expect_exit 1 "plot --bench FIFO" "FIFO" t "$bin" plot --bench "$dir/fifo" --out "$dir/x.png"
+expect_exit 1 "plot --bench /dev/zero" "character device" t "$bin" plot --bench /dev/zero --out "$dir/x.png"
+expect_exit 1 "plot --logs FIFO" "FIFO" t "$bin" plot --logs "$dir/fifo" --out "$dir/x.png"
 expect_exit 1 "train --data FIFO" "FIFO" t "$bin" train --task mlm --data "$dir/fifo" --steps 1
+# A bench JSON above the size limit is refused before it is read (a sparse file: no disk used).
+truncate -s 70M "$dir/huge.json"
+expect_exit 1 "plot --bench of 70 MB" "accepted" t "$bin" plot --bench "$dir/huge.json" --out "$dir/x.png"
 
 # --- model folders: the reason a file cannot be read, FIFOs in every place a model is read from.
 mkdir -p "$dir/empty" "$dir/noperm"
