@@ -227,4 +227,11 @@ expect_ok "plot --logs --label" env CLATTN_PLOT_KEEP="$dir/keep" "$bin" plot --l
 grep -q "title 'full:clusters=8 (second)'" "$dir/keep/lab/plot.gp" && ok || bad "--label not in the legend"
 expect_exit 2 "plot --label count" "once per --logs file" "$bin" plot --logs "$dir/full.jsonl" --label a --label b --out "$dir/x.png"
 
+# --- inspect: as many colours as clusters ---------------------------------------------------------
+expect_ok "inspect 25 clusters" env CLATTN_PLOT_KEEP="$dir/keep" "$bin" inspect --input "$dir/in.safetensors" --index 1 \
+  --attention clustered:clusters=25 --out "$dir/c25.png"
+clusters=$(awk '{print $2}' "$dir/keep/c25-clusters/groups.dat" | sort -u | wc -l)
+colours=$(awk '{print $3}' "$dir/keep/c25-clusters/groups.dat" | sort -u | wc -l)
+[ "$clusters" -ge 20 ] && [ "$colours" = "$clusters" ] && ok || bad "$clusters clusters drawn with $colours colours"
+
 finish "plot.sh: "
