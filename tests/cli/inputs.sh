@@ -102,6 +102,16 @@ PY
   expect_ok "approx --text longer than the context" t "$bin" approx --model "$st" --text "$dir/long.txt" --attention full
   grep -q "note: .* the first 512 (the model's context) are used" "$dir/err" && ok || bad "no truncation note: $(cat "$dir/err")"
 
+  # approx: full attention's own row first; a causal clustered plan whose block covers the sequence says so.
+  expect_ok "approx baseline and inactive note" t "$bin" approx --model "$st" --tokens "$st/reference_logits.safetensors" \
+    --attention 'improved-clustered:clusters=4' --attention 'improved-clustered:clusters=4,block=64' --json "$dir/a.json"
+  head -3 "$dir/out" | tail -1 | grep -q "^full (baseline) .* 1.0000 " && ok || bad "no baseline row first: $(cat "$dir/out")"
+  [ "$(grep -c "approximation is inactive" "$dir/err")" = 1 ] && grep -q "block of 512 positions covers the whole sequence of 200" "$dir/err" &&
+    ok || bad "inactive note (once, for block 512 only): $(cat "$dir/err")"
+  grep -q '"baseline"' "$dir/a.json" && ok || bad "approx --json has no baseline"
+  expect_ok "approx kwt baseline accuracy" t "$bin" approx --model "$data/kwt1" \
+    --features "$data/kwt1/features_espeak_keywords.safetensors" --attention full
+  grep -q "^full (baseline) .* 1.0000 *0.8700 " "$dir/out" && ok || bad "KWT-1 baseline accuracy (87 %): $(cat "$dir/out")"
 fi
 
 # --- bench-model: a random BERT too large for memory is refused with the estimate, before building it.
