@@ -124,4 +124,19 @@ bert.update({p + "attention.output.dense.weight": randn(Hd, Hd, scale=0.1), p + 
              "bert.pooler.dense.weight": randn(Hd, Hd, scale=0.1), "bert.pooler.dense.bias": randn(Hd),
              "classifier.weight": randn(2, Hd), "classifier.bias": randn(2)})
 put("checkpoint", "bert", checkpoint(bert_cfg, bert))
+# plot inputs: the first byte picks the reader (even: bench result, odd: training log).
+bench_row = {"spec": "full", "batch": 1, "heads": 2, "kv_heads": 2, "dim": 16, "n": 64, "m": 64, "causal": False,
+             "mode": "fwd", "threads": 1, "repeat": 1, "ms_median": 1.5, "ms_min": 1.2, "ms_max": 2.0, "rss_mb": 0.5}
+rows = [dict(bench_row, n=n, ms_median=n / 40, ms_min=n / 50, ms_max=n / 30) for n in (64, 128)]
+rows.append(dict(bench_row, spec="clustered:clusters=4", mode="fwdbwd", causal=True))
+rows.append(dict(bench_row, spec="topk:topk=4", ms_median=None, ms_min=None, ms_max=None, error="boom"))
+put("plot", "bench_json", b"\x00" + json.dumps({"machine": {"cpu": "x", "sgemm_gflops": 50, "threads": 2},
+                                                  "results": rows}, indent=2).encode())
+put("plot", "bench_jsonl", b"\x02" + "".join(json.dumps(r) + "\n" for r in rows).encode())
+log = [{"config": {"attention": "improved-clustered:clusters=4", "task": "mlm"}, "attention": "full", "resume_step": 0},
+       {"step": 1, "loss": 3.5, "lr": 1e-3, "ms": 10}, {"step": 2, "loss": 3.1, "lr": 1e-3, "ms": 10},
+       {"step": 2, "eval_loss": 3.0, "eval_metric": 4.3, "metric": "bits_per_char", "elapsed_s": 0.5},
+       {"end": "steps", "step": 2, "elapsed_s": 0.6}]
+put("plot", "log", b"\x01" + "".join(json.dumps(r) + "\n" for r in log).encode() + b'{"step":3,"lo')
+
 print("seeds written under", root)

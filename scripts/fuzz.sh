@@ -2,8 +2,9 @@
 # Builds the libFuzzer targets of fuzz/ with clang (AddressSanitizer + UndefinedBehaviorSanitizer,
 # coverage-instrumented library) and runs each for a given time. Usage:
 #   scripts/fuzz.sh [SECONDS_PER_TARGET (30)] [TARGET ...]     e.g. scripts/fuzz.sh 600 safetensors
-# Targets: spec, safetensors, config, tokenizer, checkpoint, attend (and listops when fuzz/ has it).
-# Each starts from its seed corpus fuzz/corpus/<target>/ (read only); new inputs go to
+# Targets: spec, safetensors, config, tokenizer, checkpoint, attend, plot (and listops when fuzz/ has
+# it). Each starts from its seed corpus fuzz/corpus/<target>/ (read only), with the dictionary
+# fuzz/<target>.dict when there is one (plot's: gnuplot metacharacters); new inputs go to
 # $BUILD/corpus/<target>/, crashes to $BUILD/artifacts/. A finding is a reproducer: rerun it with
 #   $BUILD/fuzz/fuzz_<target> <file>
 # and turn it into a regression test. Exit status 1 when any target found a crash, leak or timeout.
@@ -14,7 +15,7 @@ secs=${1:-30}
 shift || true
 build=${CLATTN_FUZZ_BUILD:-build-fuzz}
 jobs=${CLATTN_JOBS:-2}
-all=(spec safetensors config tokenizer checkpoint attend)
+all=(spec safetensors config tokenizer checkpoint attend plot)
 [ -f fuzz/fuzz_listops.cpp ] && all+=(listops)
 if [ $# -gt 0 ]; then targets=("$@"); else targets=("${all[@]}"); fi
 
@@ -32,13 +33,15 @@ summary=""
 for t in "${targets[@]}"; do
   mkdir -p "$build/corpus/$t"
   log="$build/fuzz_$t.log"
+  dict=()
+  [ -f "fuzz/$t.dict" ] && dict=("-dict=fuzz/$t.dict")
   # One thread: the kernels' OpenMP teams add nothing to coverage and slow each input down.
   # rss 2 GB, 10 s per input: a spec or file that makes clattn allocate or loop by a number it
   # reads, rather than by the data it has, is a finding too.
   if OMP_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=0 \
      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
      "$build/fuzz/fuzz_$t" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 -max_len=65536 \
-       -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" \
+       -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" "${dict[@]}" \
        "$build/corpus/$t" "fuzz/corpus/$t" >"$log" 2>&1; then
     result=ok
   else

@@ -15,6 +15,7 @@
 #include "cli_util.h"
 #include "clattn/atomic_file.h"
 #include "clattn/error.h"
+#include "clattn/input_file.h"
 #include "clattn/model.h"
 #include "clattn/parallel.h"
 #include "clattn/safetensors.h"
@@ -62,6 +63,30 @@ std::string with_seed(const std::string& plan, int64_t s, bool& stochastic) {
     start = e + 1;
   }
   return out;
+}
+
+// Causal clustered attention attends the positions of its first block exactly, so a plan whose
+// block covers the whole sequence computes causal full attention (more slowly) and approximates
+// nothing. Said once per plan, naming the layers' spec and the block.
+void note_inactive_causal(const std::string& plan, int64_t T) {
+  size_t start = 0;
+  while (true) {
+    const size_t e = plan.find(';', start);
+    const std::string spec = plan.substr(start, e == std::string::npos ? std::string::npos : e - start);
+    const Spec canonical = parse_spec(make_attention(spec)->name());
+    if (canonical.name == "clustered" || canonical.name == "improved-clustered")
+      for (const auto& [key, value] : canonical.params)
+        if (key == "block" && std::stoll(value) >= T) {
+          std::fprintf(stderr,
+                       "approx: note: %s: its block of %s positions covers the whole sequence of %lld, so every "
+                       "position is attended exactly (causal full attention): the approximation is inactive; "
+                       "give block= below %lld to cluster\n",
+                       spec.c_str(), value.c_str(), static_cast<long long>(T), static_cast<long long>(T));
+          return;
+        }
+    if (e == std::string::npos) break;
+    start = e + 1;
+  }
 }
 
 // A token file: integer `tokens` [T] or [B, T], and the labels under `label_name` when present.
@@ -137,14 +162,18 @@ void run_approx(const ApproxOptions& o) {
     dec = Decoder::load(o.model, lo);
     if (!o.tokens.empty()) {
       read_tokens(o.tokens, "targets", ids, B, T, labels);
+      check_context(T, dec->config().max_positions, "approx: '" + o.tokens + "'");
     } else {
-      std::ifstream in(o.text, std::ios::binary);
-      check(in.good(), "approx: cannot read '", o.text, "'");
-      std::stringstream ss;
-      ss << in.rdbuf();
+      // Bounded (a text is tokenized whole) and never blocking on a FIFO or device.
+      const std::string text = read_input_file(o.text, "approx: --text", kMaxTextBytes);
       const Tokenizer tok = Tokenizer::from_file((std::filesystem::path(o.model) / "tokenizer.json").string());
-      ids = tok.encode(ss.str());
-      ids.resize(static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(ids.size()), dec->config().max_positions > 0 ? dec->config().max_positions : 512)));
+      ids = tok.encode(text);
+      const int64_t context = dec->config().max_positions > 0 ? dec->config().max_positions : 512;
+      if (static_cast<int64_t>(ids.size()) > context) {
+        std::fprintf(stderr, "approx: note: '%s' has %zu tokens; the first %lld (the model's context) are used\n",
+                     o.text.c_str(), ids.size(), static_cast<long long>(context));
+        ids.resize(static_cast<size_t>(context));
+      }
       T = static_cast<int64_t>(ids.size());
       // Next-token targets: position t predicts token t + 1 (the last one has none).
       labels.assign(ids.begin() + 1, ids.end());
@@ -170,6 +199,7 @@ void run_approx(const ApproxOptions& o) {
       // BERT-style classifier: --tokens holds ids [T] or [B, T] (and optional 'labels' [B]).
       check(!o.tokens.empty(), "approx: a BERT-style encoder takes --tokens");
       read_tokens(o.tokens, "labels", ids, B, T, labels);
+      check_context(T, enc->config().max_positions, "approx: '" + o.tokens + "'");
       check(enc->config().num_labels >= 1, "approx: this encoder has no classifier to compare predictions of");
       run = [&] { return enc->forward_tokens(ids, B, T); };
     }
@@ -232,7 +262,17 @@ void run_approx(const ApproxOptions& o) {
                        {"accuracy", acc < 0 ? nlohmann::json(nullptr) : nlohmann::json(acc)}, {"kl", kl},
                        {"max_abs_logit_diff", md}, {"ms", t}, {"ratio_to_full", t / full.ms}});
   };
+  // Full attention's own figures first: the baseline every row is measured against (its accuracy
+  // is the one the approximations should keep).
+  {
+    const Metrics self = compare(full.logits, full.logits, labels);
+    char accs[16] = "-";
+    if (self.accuracy >= 0) std::snprintf(accs, sizeof accs, "%.4f", self.accuracy);
+    std::printf("%-60s %6d %20s %10s %12.3e %10.4f %10.1f %8.3f\n", "full (baseline)", 1, "1.0000", accs, 0.0, 0.0,
+                full.ms, 1.0);
+  }
   for (const std::string& plan : o.attention) {
+    if (dec) note_inactive_causal(plan, T);
     bool stochastic = false;
     (void)with_seed(plan, 0, stochastic);
     const int64_t seeds = stochastic ? o.seeds : 1;
@@ -250,7 +290,10 @@ void run_approx(const ApproxOptions& o) {
     row(plan, seeds, ms);
   }
   if (!o.json_out.empty()) {
-    const nlohmann::json doc = {{"model", o.model}, {"results", results}};
+    const double full_acc = compare(full.logits, full.logits, labels).accuracy;
+    const nlohmann::json baseline = {{"spec", "full"}, {"accuracy", full_acc < 0 ? nlohmann::json(nullptr) : nlohmann::json(full_acc)},
+                                     {"ms", full.ms}};
+    const nlohmann::json doc = {{"model", o.model}, {"baseline", baseline}, {"results", results}};
     write_file_atomic(o.json_out, doc.dump(2) + "\n");
   }
 }

@@ -209,6 +209,14 @@ void run_bench_model(const BenchModelOptions& o) {
       c.vocab = 30522;
       c.max_positions = *std::max_element(lengths.begin(), lengths.end());
       c.eps = 1e-12f;
+      // The parameters are allocated by random_bert, before any forward_bytes estimate: check them
+      // first (per layer q, k, v, o and the two FFN matrices with biases and two LayerNorms; the
+      // word, position and type embeddings).
+      const double H = static_cast<double>(c.hidden), F = static_cast<double>(c.ffn);
+      const double params = static_cast<double>(c.layers) * (4 * H * H + 2 * H * F + 9 * H + F) +
+                            (static_cast<double>(c.vocab) + static_cast<double>(c.max_positions) + 4) * H;
+      check_memory(4 * params, detail::concat("bench-model: the parameters of a random BERT of ", c.layers,
+                                              " layers (hidden ", c.hidden, ", ffn ", c.ffn, ")"));
       enc = Encoder::random_bert(c, 0);
     } else {
       enc = Encoder::load(o.model);

@@ -172,6 +172,11 @@ void check_memory(double bytes, const std::string& what) {
         " of memory, but this machine has ", have, " available");
 }
 
+void check_context(int64_t T, int64_t context, const std::string& what) {
+  check(context <= 0 || T <= context, what, " holds ", T, " tokens per sequence, past the model's context of ",
+        context, " (max_position_embeddings): give at most ", context, " tokens");
+}
+
 int local_ranks() {
   for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
     if (const char* s = std::getenv(v); s && *s) {

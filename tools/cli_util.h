@@ -47,6 +47,11 @@ void check_size(int64_t v, int64_t lo, int64_t hi, const char* what);
 // `what` names the tensor, e.g. "make-inputs: q (B, H, N, D)".
 void check_elements(std::initializer_list<int64_t> dims, const char* what);
 
+// Token sequences past a model's context (max_position_embeddings; 0 = not given) are refused:
+// positions the model was never trained on give outputs that mean nothing. `what` names the
+// command and the input, e.g. "approx: 'x.safetensors'".
+void check_context(int64_t T, int64_t context, const std::string& what);
+
 // Memory: the bytes the kernel says can be allocated without swapping (MemAvailable of
 // /proc/meminfo; -1 when unknown), and a refusal — a runtime error naming the estimate, what it
 // is for and what is available — when a request would not fit (more than 90 % of it).

@@ -115,11 +115,13 @@ Problem from_model(const InspectOptions& o) {
     if (kind == ModelKind::llama) {
       auto dec = Decoder::load(o.model);
       check_layer(dec->config());
+      check_context(T, dec->config().max_positions, "inspect: '" + o.tokens + "'");
       dec->set_capture(&cap);
       (void)dec->forward(ids, 1, T);
     } else {
       auto enc = Encoder::load(o.model);
       check_layer(enc->config());
+      check_context(T, enc->config().max_positions, "inspect: '" + o.tokens + "'");
       enc->set_capture(&cap);
       (void)enc->forward_tokens(ids, 1, T);
     }
@@ -302,10 +304,34 @@ std::string fmt(const char* f, double x) {
   return b;
 }
 
-// A categorical palette of 10 colours for cluster ids (id mod 10).
-constexpr const char* kGroupPalette =
-    "set palette defined (0 '#1f77b4', 1 '#ff7f0e', 2 '#2ca02c', 3 '#d62728', 4 '#9467bd', 5 '#8c564b', "
-    "6 '#e377c2', 7 '#7f7f7f', 8 '#bcbd22', 9 '#17becf')\nset palette maxcolors 10\nset cbrange [-0.5:9.5]\n";
+// Distinct colours for cluster ids (as 0xRRGGBB, drawn with `lc rgb variable`): matplotlib's
+// tab20 with its ten strong colours first, then hues spread by the golden angle at three
+// saturation / brightness levels. Ids repeat colours only past kColours, and the picture says so.
+constexpr int32_t kColours = 60;
+
+int32_t group_colour(int32_t id) {
+  static constexpr int32_t kTab20[20] = {0x1f77b4, 0xff7f0e, 0x2ca02c, 0xd62728, 0x9467bd, 0x8c564b, 0xe377c2,
+                                         0x7f7f7f, 0xbcbd22, 0x17becf, 0xaec7e8, 0xffbb78, 0x98df8a, 0xff9896,
+                                         0xc5b0d5, 0xc49c94, 0xf7b6d2, 0xc7c7c7, 0xdbdb8d, 0x9edae5};
+  id %= kColours;
+  if (id < 20) return kTab20[id];
+  const int32_t k = id - 20;
+  const double h = std::fmod(0.13 + 0.6180339887 * k, 1.0) * 6;
+  const double sat[3] = {0.85, 0.55, 1.0}, val[3] = {0.6, 0.92, 0.8};
+  const double S = sat[k % 3], V = val[k % 3];
+  const double f = h - std::floor(h), pp = V * (1 - S), q = V * (1 - S * f), t = V * (1 - S * (1 - f));
+  double r = V, g = t, b = pp;
+  switch (static_cast<int>(h) % 6) {
+    case 1: r = q, g = V, b = pp; break;
+    case 2: r = pp, g = V, b = t; break;
+    case 3: r = pp, g = q, b = V; break;
+    case 4: r = t, g = pp, b = V; break;
+    case 5: r = V, g = pp, b = q; break;
+    default: break;
+  }
+  auto byte = [](double x) { return static_cast<int32_t>(std::lround(std::clamp(x, 0.0, 1.0) * 255)); };
+  return byte(r) << 16 | byte(g) << 8 | byte(b);
+}
 
 void draw(const Problem& p, const std::string& spec, int64_t h, const std::vector<float>& F, const Approx& a,
           double r2, const InspectOptions& o, const std::string& clusters_out) {
@@ -347,12 +373,12 @@ void draw(const Problem& p, const std::string& spec, int64_t h, const std::vecto
   const bool strip = !a.group.empty();
   if (strip) {  // the cluster of each query, along the query axis of the first heatmap
     std::string g;
-    for (const int32_t x : a.group) g += std::to_string(x < 0 ? -1 : x % 10) + "\n";
+    for (const int32_t x : a.group) g += std::to_string(x < 0 ? -1 : group_colour(x)) + "\n";
     const std::string fg = dir.write("groups_strip.dat", g);
     s += "set lmargin at screen 0.045\nset rmargin at screen 0.06\nunset colorbox\nset xrange [0:1]\n"
-         "unset xtics\nset ylabel 'query position'\nset title " + plot::quote(a.group_word) + "\n" + kGroupPalette;
+         "unset xtics\nset ylabel 'query position'\nset title " + plot::quote(a.group_word) + "\n";
     s += "plot " + plot::quote(fg) + " using (0.5):0:(1.0):(1.0):($1 < 0 ? 1/0 : $1) with boxxyerror fill solid "
-         "noborder lc palette notitle\n";
+         "noborder lc rgb variable notitle\n";
     s += "unset ylabel\nset xtics\nset ytics format ''\n" + range;
   } else {
     s += "set ylabel 'query position'\n";
@@ -377,7 +403,7 @@ void draw(const Problem& p, const std::string& spec, int64_t h, const std::vecto
   if (!strip) return;
   std::string g;
   for (size_t i = 0; i < a.group.size(); ++i)
-    if (a.group[i] >= 0) g += std::to_string(i) + " " + std::to_string(a.group[i]) + "\n";
+    if (a.group[i] >= 0) g += std::to_string(i) + " " + std::to_string(a.group[i]) + " " + std::to_string(group_colour(a.group[i])) + "\n";
   const std::string fg = dir.write("groups.dat", g);
   const int32_t C = *std::max_element(a.group.begin(), a.group.end()) + 1;
   std::string c = "set terminal pngcairo size " + std::to_string(kClusterWidth) + "," + std::to_string(kClusterHeight) +
@@ -386,12 +412,14 @@ void draw(const Problem& p, const std::string& spec, int64_t h, const std::vecto
   c += "set title " + plot::quote(p.source + ", head " + std::to_string(h) + "\n" + spec + "\n" +
                                   std::to_string(C) + " " + a.group_word + "s; the " + a.group_word +
                                   " explains R2 = " + fmt("%.2f", r2) +
-                                  " of the variance of the position (1: blocks of positions, 0: position-blind)") + "\n";
+                                  " of the variance of the position (1: blocks of positions, 0: position-blind)" +
+                                  (C > kColours ? "; colours repeat every " + std::to_string(kColours) + " " +
+                                                      a.group_word + "s"
+                                                : std::string())) + "\n";
   c += "set xlabel 'query position'\nset ylabel " +
        plot::quote(a.group_word + " (numbered by mean position)") + "\n";
-  c += "set xrange [-1:" + std::to_string(N) + "]\nset yrange [-0.5:" + std::to_string(C) + "-0.5]\nunset colorbox\n" +
-       kGroupPalette;
-  c += "plot " + plot::quote(fg) + " using 1:2:($2 - 10 * floor($2 / 10)) with points pt 7 ps 0.8 lc palette notitle\n";
+  c += "set xrange [-1:" + std::to_string(N) + "]\nset yrange [-0.5:" + std::to_string(C) + "-0.5]\nunset colorbox\n";
+  c += "plot " + plot::quote(fg) + " using 1:2:3 with points pt 7 ps 0.8 lc rgb variable notitle\n";
   plot::run_gnuplot(dir, c, clusters_out);
   std::fprintf(stderr, "inspect: wrote %s (%d x %d)\n", clusters_out.c_str(), kClusterWidth, kClusterHeight);
 }

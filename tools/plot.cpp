@@ -1,10 +1,14 @@
 // `clattn plot`: pictures of saved results, drawn by gnuplot (plot_util.h).
 //   --bench A.json [B.json ...]  time and peak memory against N, log-log, one line per spec and
-//                                mode, several files overlaid (e.g. forward and forward+backward);
-//                                the same figure `clattn bench --plot` draws at the end of a sweep.
+//                                mode, bars from the fastest to the slowest timed call, several
+//                                files overlaid (e.g. forward and forward+backward); the same
+//                                figure `clattn bench --plot` draws at the end of a sweep. A file
+//                                that is not a bench result (an approx or eval result, a log) is
+//                                refused, named for what it is.
 //   --logs RUN.jsonl [...]       `clattn train --log` files: training loss against step, the
 //                                evaluation metric against step and against wall-clock time, one
-//                                line per run labelled by the run's attention spec.
+//                                line per run named by its attention spec and its file (or
+//                                --label); runs of different metrics get a row of panels each.
 // Log lines are read tolerantly: unknown keys are ignored, a line that is not JSON (a run killed
 // mid-write) is skipped with a note, and a file with no usable line is refused.
 #include <algorithm>
@@ -23,6 +27,7 @@
 
 #include "cli_util.h"
 #include "clattn/error.h"
+#include "clattn/input_file.h"
 #include "commands.h"
 #include "plot_util.h"
 
@@ -33,7 +38,8 @@ namespace {
 using nlohmann::json;
 
 constexpr int kBenchWidth = 1400, kBenchHeight = 640;
-constexpr int kLogsWidth = 1500, kLogsHeight = 520;
+constexpr int kLogsWidth = 1500, kLogsHeight = 520;  // per row of panels (one row per metric)
+constexpr uint64_t kMaxLogBytes = uint64_t{1} << 30;  // a training log: ~200 bytes a step
 
 std::string num(double x, const char* f = "%.6g") {
   char b[64];
@@ -58,10 +64,15 @@ std::string preamble(const TempDir& dir, int w, int h) {
          quote(dir.file("plot.png")) + "\nset grid\nset encoding utf8\n";
 }
 
+struct Point {
+  double n, ms, ms_min, ms_max, rss;  // median, fastest and slowest timed call; peak memory added
+  bool operator<(const Point& o) const { return n < o.n; }
+};
+
 struct Series {
   std::string spec, mode, file;
   bool causal = false;
-  std::vector<std::tuple<double, double, double>> points;  // (n, ms_median, rss_mb)
+  std::vector<Point> points;
 };
 
 std::string mode_text(const std::string& mode, bool causal) {
@@ -71,8 +82,7 @@ std::string mode_text(const std::string& mode, bool causal) {
 
 }  // namespace
 
-void plot_bench(const std::vector<BenchRun>& runs, const std::string& out_png) {
-  find_gnuplot();
+std::string bench_script(const std::vector<BenchRun>& runs, const TempDir& dir) {
   std::vector<Series> series;
   std::map<std::tuple<size_t, std::string, std::string, bool>, size_t> index;
   int64_t skipped = 0;
@@ -85,12 +95,16 @@ void plot_bench(const std::vector<BenchRun>& runs, const std::string& out_png) {
         continue;
       }
       if (!number_at(r, "rss_mb", rss)) rss = 0;
+      // The spread of the timed calls (older files without it draw a bar of zero height).
+      double lo = ms, hi = ms;
+      if (!number_at(r, "ms_min", lo) || lo > ms) lo = ms;
+      if (!number_at(r, "ms_max", hi) || hi < ms) hi = ms;
       const std::string mode = str_or(r, "mode", "fwd");
       const bool causal = r.contains("causal") && r["causal"].is_boolean() && r["causal"].get<bool>();
       const auto key = std::make_tuple(fi, spec, mode, causal);
       auto [it, fresh] = index.emplace(key, series.size());
       if (fresh) series.push_back(Series{spec, mode, runs[fi].name, causal, {}});
-      series[it->second].points.emplace_back(n, ms, rss);
+      series[it->second].points.push_back(Point{n, ms, lo, hi, rss});
     }
   }
   check(!series.empty(), "plot: no bench result with a time to draw (", skipped,
@@ -110,7 +124,6 @@ void plot_bench(const std::vector<BenchRun>& runs, const std::string& out_png) {
   for (const Series& s : series)
     several_modes |= s.mode != series[0].mode || s.causal != series[0].causal;
 
-  TempDir dir;
   std::string caption;
   for (const BenchRun& run : runs) {
     std::string modes;
@@ -145,7 +158,8 @@ void plot_bench(const std::vector<BenchRun>& runs, const std::string& out_png) {
     Series& se = series[i];
     std::sort(se.points.begin(), se.points.end());
     std::string data;
-    for (const auto& [n, ms, rss] : se.points) data += num(n) + " " + num(ms) + " " + num(rss) + "\n";
+    for (const Point& p : se.points)
+      data += num(p.n) + " " + num(p.ms) + " " + num(p.rss) + " " + num(p.ms_min) + " " + num(p.ms_max) + "\n";
     const std::string f = dir.write("bench" + std::to_string(i) + ".dat", data);
     const size_t color = std::find(specs.begin(), specs.end(), se.spec) - specs.begin();
     const std::string v = se.file + "|" + se.mode + "|" + (se.causal ? "c" : "");
@@ -153,26 +167,29 @@ void plot_bench(const std::vector<BenchRun>& runs, const std::string& out_png) {
     std::string title = se.spec;
     if (several_modes) title += " (" + mode_text(se.mode, se.causal) + ")";
     if (several_files) title += " [" + se.file + "]";
-    const std::string style = " with linespoints lw 2 lc " + std::to_string(color + 1) + " dt " +
-                              std::to_string(dash + 1) + " pt " + std::to_string(7 + dash % 6);
-    plot_t += (plot_t.empty() ? "plot " : ", \\\n  ") + quote(f) + " using 1:2" + style +
+    const std::string look = " lw 2 lc " + std::to_string(color + 1) + " dt " + std::to_string(dash + 1) +
+                             " pt " + std::to_string(7 + dash % 6);
+    const std::string style = " with linespoints" + look;
+    // Time: the median joined by lines, a bar from the fastest to the slowest timed call.
+    plot_t += (plot_t.empty() ? "plot " : ", \\\n  ") + quote(f) + " using 1:2:4:5 with yerrorlines" + look +
               " title " + quote(title);
     plot_m += (plot_m.empty() ? "plot " : ", \\\n  ") + quote(f) + " using 1:($3 > 0 ? $3 : 1/0)" +
               style + " notitle";
   }
-  s += "set title 'time per call (median of the timed calls)'\nset ylabel 'ms'\n" + plot_t + "\n";
+  s += "set title 'time per call (median of the timed calls; bars: fastest to slowest)'\nset ylabel 'ms'\n" +
+       plot_t + "\n";
   s += "set title 'peak memory added by the call (workspace, context; 0 MB not drawn)'\nset ylabel 'MB'\n" + plot_m + "\n";
   s += "unset multiplot\n";
-  run_gnuplot(dir, s, out_png);
+  return s;
+}
+
+void plot_bench(const std::vector<BenchRun>& runs, const std::string& out_png) {
+  find_gnuplot();
+  TempDir dir;
+  run_gnuplot(dir, bench_script(runs, dir), out_png);
 }
 
 namespace {
-
-struct LogRun {
-  std::string file, label, metric = "eval metric";
-  std::vector<std::pair<double, double>> loss;            // (step, loss)
-  std::vector<std::tuple<double, double, double>> eval;   // (step, metric, elapsed_s or NaN)
-};
 
 // The attention spec of a run from its header line: "attention" at the top or inside "config".
 std::string attention_of(const json& j) {
@@ -181,11 +198,13 @@ std::string attention_of(const json& j) {
   return a;
 }
 
+}  // namespace
+
 LogRun read_log(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  check(in.good(), "plot: cannot read '", path, "'");
+  // Bounded, and never blocking on a FIFO or device (clattn/input_file.h).
+  std::istringstream in(read_input_file(path, "plot: log", kMaxLogBytes));
   LogRun run;
-  run.file = std::filesystem::path(path).filename().string();
+  run.file = path;
   std::string line;
   int64_t number = 0, bad = 0;
   std::map<double, double> loss;
@@ -198,7 +217,7 @@ LogRun read_log(const std::string& path) {
       ++bad;
       continue;
     }
-    if (run.label.empty()) run.label = attention_of(j);
+    if (run.spec.empty()) run.spec = attention_of(j);
     for (const char* k : {"metric", "eval_metric_name", "metric_name"}) {
       const std::string m = str_or(j, k, str_or(j.contains("config") ? j["config"] : json(), k, ""));
       if (!m.empty()) run.metric = m;
@@ -216,71 +235,99 @@ LogRun read_log(const std::string& path) {
         "\"step\" and \"eval_metric\"");
   if (bad > 0) std::fprintf(stderr, "plot: '%s': %lld lines that are not JSON objects skipped\n", path.c_str(),
                             static_cast<long long>(bad));
-  if (run.label.empty()) run.label = run.file;
   return run;
 }
 
-void plot_logs(const std::vector<std::string>& paths, const std::string& out_png) {
-  find_gnuplot();
-  std::vector<LogRun> runs;
-  for (const std::string& p : paths) runs.push_back(read_log(p));
-  // Two runs of the same attention keep apart by their file names.
-  for (LogRun& r : runs) {
-    int same = 0;
-    for (const LogRun& o : runs) same += o.label == r.label;
-    if (same > 1 && r.label != r.file) r.label += " (" + r.file + ")";
+void name_runs(std::vector<LogRun>& runs, const std::vector<std::string>& labels) {
+  for (size_t i = 0; i < runs.size(); ++i) {
+    LogRun& r = runs[i];
+    std::string who = i < labels.size() ? labels[i] : std::filesystem::path(r.file).filename().string();
+    if (i >= labels.size())
+      for (size_t k = 0; k < runs.size(); ++k)
+        if (k != i && k >= labels.size() && std::filesystem::path(runs[k].file).filename() ==
+                                                std::filesystem::path(r.file).filename())
+          who = r.file;
+    r.label = r.spec.empty() ? who : r.spec + " (" + who + ")";
   }
-  std::string metric = runs[0].metric;
+}
+
+std::string logs_script(const std::vector<LogRun>& runs, const TempDir& dir) {
+  // Runs of different metrics (bits per character, accuracy ...) never share an axis: one row of
+  // panels per metric. Runs whose log names no metric share the row "eval metric".
+  std::vector<std::string> metrics;
   for (const LogRun& r : runs)
-    if (r.metric != metric) metric = "eval metric";
-  TempDir dir;
-  std::string s = preamble(dir, kLogsWidth, kLogsHeight);
+    if (std::find(metrics.begin(), metrics.end(), r.metric) == metrics.end()) metrics.push_back(r.metric);
+  if (metrics.size() > 1)
+    std::fprintf(stderr, "plot: the runs have %zu metrics; one row of panels each\n", metrics.size());
+  const int rows = static_cast<int>(metrics.size());
+  std::string s = preamble(dir, kLogsWidth, kLogsHeight * rows);
   s += "set key top right font ',9'\nset tmargin 4\n";
-  s += "set multiplot layout 1,3 title " +
+  s += "set multiplot layout " + std::to_string(rows) + ",3 title " +
        quote("clattn train: " + std::to_string(runs.size()) + (runs.size() == 1 ? " run" : " runs")) +
        " font ',11'\n";
-  std::string p_loss, p_step, p_time;
   auto add = [](std::string& plot, const std::string& item) { plot += (plot.empty() ? "plot " : ", \\\n  ") + item; };
-  for (size_t i = 0; i < runs.size(); ++i) {
-    const LogRun& r = runs[i];
-    const std::string lc = " lc " + std::to_string(i + 1) + " title " + quote(r.label);
-    if (!r.loss.empty()) {
-      std::string d;
-      for (const auto& [st, v] : r.loss) d += num(st) + " " + num(v) + "\n";
-      add(p_loss, quote(dir.write("loss" + std::to_string(i) + ".dat", d)) + " using 1:2 with lines lw 1.5" + lc);
-    }
-    std::string de, dt;
-    for (const auto& [st, v, t] : r.eval) {
-      de += num(st) + " " + num(v) + "\n";
-      if (!std::isnan(t)) dt += num(t) + " " + num(v) + "\n";
-    }
-    if (!de.empty())
-      add(p_step, quote(dir.write("eval" + std::to_string(i) + ".dat", de)) + " using 1:2 with linespoints lw 2 pt 7" + lc);
-    if (!dt.empty())
-      add(p_time, quote(dir.write("time" + std::to_string(i) + ".dat", dt)) + " using 1:2 with linespoints lw 2 pt 7" + lc);
-  }
   // A panel no run has data for says so instead of drawing empty axes.
   auto panel = [&](const std::string& plot, const char* none) {
     return plot.empty() ? "set label 1 " + quote(none) + " at graph 0.5,0.5 center\nplot [0:1][0:1] 1/0 notitle\n"
                                "unset label 1\n"
                         : plot + "\n";
   };
-  s += "set title 'training loss'\nset xlabel 'step'\nset ylabel 'loss'\n" + panel(p_loss, "no training lines");
-  s += "set title " + quote(metric + " (evaluation)") + "\nset xlabel 'step'\nset ylabel " + quote(metric) + "\n" +
-       panel(p_step, "no evaluation lines");
-  s += "set title " + quote(metric + " against wall-clock time") + "\nset xlabel 'elapsed (s)'\nset ylabel " +
-       quote(metric) + "\n" + panel(p_time, "no evaluation lines with elapsed_s");
+  for (const std::string& metric_name : metrics) {
+    const std::string metric = metric_name.empty() ? "eval metric" : metric_name;
+    std::string p_loss, p_step, p_time;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const LogRun& r = runs[i];
+      if (r.metric != metric_name) continue;
+      const std::string lc = " lc " + std::to_string(i + 1) + " title " + quote(r.label);
+      if (!r.loss.empty()) {
+        std::string d;
+        for (const auto& [st, v] : r.loss) d += num(st) + " " + num(v) + "\n";
+        add(p_loss, quote(dir.write("loss" + std::to_string(i) + ".dat", d)) + " using 1:2 with lines lw 1.5" + lc);
+      }
+      std::string de, dt;
+      for (const auto& [st, v, t] : r.eval) {
+        de += num(st) + " " + num(v) + "\n";
+        if (!std::isnan(t)) dt += num(t) + " " + num(v) + "\n";
+      }
+      if (!de.empty())
+        add(p_step, quote(dir.write("eval" + std::to_string(i) + ".dat", de)) + " using 1:2 with linespoints lw 2 pt 7" + lc);
+      if (!dt.empty())
+        add(p_time, quote(dir.write("time" + std::to_string(i) + ".dat", dt)) + " using 1:2 with linespoints lw 2 pt 7" + lc);
+    }
+    const std::string of = rows > 1 ? " (runs of " + metric + ")" : "";
+    s += "set title " + quote("training loss" + of) + "\nset xlabel 'step'\nset ylabel 'loss'\n" +
+         panel(p_loss, "no training lines");
+    s += "set title " + quote(metric + " (evaluation)") + "\nset xlabel 'step'\nset ylabel " + quote(metric) + "\n" +
+         panel(p_step, "no evaluation lines");
+    s += "set title " + quote(metric + " against wall-clock time") + "\nset xlabel 'elapsed (s)'\nset ylabel " +
+         quote(metric) + "\n" + panel(p_time, "no evaluation lines with elapsed_s");
+  }
   s += "unset multiplot\n";
-  run_gnuplot(dir, s, out_png);
+  return s;
+}
+
+namespace {
+
+void plot_logs(const std::vector<std::string>& paths, const std::vector<std::string>& labels,
+               const std::string& out_png) {
+  find_gnuplot();
+  usage_check(labels.empty() || labels.size() == paths.size(), "plot: --label must be given once per --logs file (",
+              paths.size(), " files, ", labels.size(), " labels)");
+  std::vector<LogRun> runs;
+  for (const std::string& p : paths) runs.push_back(read_log(p));
+  name_runs(runs, labels);
+  TempDir dir;
+  run_gnuplot(dir, logs_script(runs, dir), out_png);
 }
 
 struct PlotOptions {
-  std::vector<std::string> bench, logs;
+  std::vector<std::string> bench, logs, labels;
   std::string out;
 };
 
 void run_plot(const PlotOptions& o) {
   usage_check(o.bench.empty() != o.logs.empty(), "plot: give exactly one of --bench FILE... or --logs FILE...");
+  usage_check(o.labels.empty() || !o.logs.empty(), "plot: --label names --logs runs (bench files are named by file)");
   const std::string ext = std::filesystem::path(o.out).extension().string();
   usage_check(ext == ".png" || ext == ".PNG", "plot: --out must name a .png file, got '", o.out, "'");
   if (!o.bench.empty()) {
@@ -288,7 +335,7 @@ void run_plot(const PlotOptions& o) {
     for (const std::string& p : o.bench) runs.push_back(read_bench_file(p));
     plot_bench(runs, o.out);
   } else {
-    plot_logs(o.logs, o.out);
+    plot_logs(o.logs, o.labels, o.out);
   }
   const PngSize sz = png_size(o.out);
   std::fprintf(stderr, "plot: wrote %s (%lld x %lld)\n", o.out.c_str(), static_cast<long long>(sz.width),
@@ -306,6 +353,8 @@ void add_plot(CLI::App& app) {
   sub->add_option("--bench", o->bench,
                   "`clattn bench --json` files (or -o jsonl output), overlaid in one figure");
   sub->add_option("--logs", o->logs, "`clattn train --log` files (JSON lines), one line per run");
+  sub->add_option("--label", o->labels,
+                  "legend name of each --logs run, in order (default: its file name), shown beside its spec");
   sub->add_option("--out", o->out, "the PNG to write")->required();
   sub->footer("The picture is drawn by gnuplot with the pngcairo terminal ($CLATTN_GNUPLOT, else gnuplot\n"
               "on PATH); without it the command fails and names the package: gnuplot-nox.");

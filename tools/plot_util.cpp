@@ -17,6 +17,7 @@
 
 #include "clattn/atomic_file.h"
 #include "clattn/error.h"
+#include "clattn/input_file.h"
 
 extern char** environ;
 
@@ -50,6 +51,22 @@ std::string tail_lines(const std::string& text, size_t lines) {
   for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i)
     out += (out.empty() ? "" : " | ") + all[i];
   return out;
+}
+
+// $CLATTN_PLOT_KEEP: a folder where each picture's script and data files are kept, in a
+// subfolder named after the picture (for debugging a figure, and for tests that read them).
+void keep_files(const TempDir& dir, const std::string& out_png) {
+  const char* keep = std::getenv("CLATTN_PLOT_KEEP");
+  if (!keep || !*keep) return;
+  namespace fs = std::filesystem;
+  const fs::path to = fs::path(keep) / fs::path(out_png).stem();
+  std::error_code ec;
+  fs::create_directories(to, ec);
+  check(!ec, "plot: CLATTN_PLOT_KEEP: cannot create '", to.string(), "': ", ec.message());
+  for (const auto& e : fs::directory_iterator(dir.path())) {
+    fs::copy_file(e.path(), to / e.path().filename(), fs::copy_options::overwrite_existing, ec);
+    check(!ec, "plot: CLATTN_PLOT_KEEP: cannot copy '", e.path().string(), "' to '", to.string(), "': ", ec.message());
+  }
 }
 
 }  // namespace
@@ -134,19 +151,23 @@ void run_gnuplot(const TempDir& dir, const std::string& script, const std::strin
   AtomicFile f(out_png);
   f.write(bytes);
   f.commit();
+  keep_files(dir, out_png);
 }
 
 std::string quote(const std::string& text) {
-  std::string q = "\"";
+  std::string q = "'";
   for (const char c : text) {
-    if (c == '\\' || c == '"') q += '\\';
     if (c == '\n') {
-      q += "\\n";
-      continue;
+      q += "'.\"\\n\".'";
+    } else if (c == '\'') {
+      q += "''";
+    } else if ((static_cast<unsigned char>(c) < 0x20) || c == 0x7f) {
+      q += ' ';
+    } else {
+      q += c;
     }
-    q += c;
   }
-  return q + "\"";
+  return q + "'";
 }
 
 PngSize png_size(const std::string& path) {
@@ -160,32 +181,68 @@ PngSize png_size(const std::string& path) {
   return {be32(16), be32(20)};
 }
 
+namespace {
+
+// What a JSON document that is not a bench result is, for the refusal ("" when it is one).
+std::string other_result(const nlohmann::json& doc) {
+  if (!doc.is_object()) return "a JSON " + std::string(doc.type_name()) + ", not an object";
+  if (doc.contains("results") && doc["results"].is_array()) {
+    if (doc.contains("model")) return "an approx result (clattn approx --json)";
+    if (doc.contains("checkpoint")) return "an eval result (clattn eval -o json)";
+    if (!doc.contains("machine")) return "a JSON document with \"results\" but no \"machine\"";
+    for (const auto& r : doc["results"])
+      if (r.is_object() && r.contains("attention") && !r.contains("spec"))
+        return "a bench-model result (clattn bench-model --json)";
+    return "";
+  }
+  if (doc.contains("config") || doc.contains("step") || doc.contains("end"))
+    return "a training log (clattn train --log; draw it with plot --logs)";
+  return "";
+}
+
+// A row of `clattn bench`: a spec and a sequence length (its times are null when the case failed).
+bool bench_row(const nlohmann::json& r) {
+  return r.is_object() && r.contains("spec") && r["spec"].is_string() && r.contains("n");
+}
+
+[[noreturn]] void not_bench(const std::string& path, const std::string& what) {
+  fail("plot: '", path, "' is ", what, ", not a bench result: plot --bench draws `clattn bench --json` files ",
+       "({\"machine\", \"results\"}) and `clattn bench -o jsonl` rows");
+}
+
+}  // namespace
+
 BenchRun read_bench_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  check(in.good(), "plot: cannot read '", path, "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  // Bounded, and never blocking on a FIFO or device (clattn/input_file.h).
+  const std::string text = read_input_file(path, "plot: bench file", kMaxJsonBytes);
   BenchRun run;
   run.name = std::filesystem::path(path).filename().string();
   const nlohmann::json doc = nlohmann::json::parse(text, nullptr, false);
   if (!doc.is_discarded() && doc.is_object() && doc.contains("results")) {
     check(doc["results"].is_array(), "plot: '", path, "': \"results\" is not an array");
+    if (const std::string other = other_result(doc); !other.empty()) not_bench(path, other);
     if (doc.contains("machine") && doc["machine"].is_object()) run.machine = doc["machine"];
     for (const auto& r : doc["results"]) run.results.push_back(r);
-  } else {
-    // -o jsonl: one result object per line.
-    std::istringstream lines(text);
-    std::string line;
-    int64_t number = 0;
-    while (std::getline(lines, line)) {
-      ++number;
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      const nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
-      check(!r.is_discarded() && r.is_object(), "plot: '", path, "' is neither a bench --json document ",
-            "({\"machine\", \"results\"}) nor bench -o jsonl rows: line ", number, " is not a JSON object");
-      run.results.push_back(r);
+    return run;
+  }
+  if (!doc.is_discarded() && !doc.is_object()) not_bench(path, other_result(doc));
+  // -o jsonl: one result object per line.
+  std::istringstream lines(text);
+  std::string line;
+  int64_t number = 0;
+  while (std::getline(lines, line)) {
+    ++number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const nlohmann::json r = nlohmann::json::parse(line, nullptr, false);
+    check(!r.is_discarded() && r.is_object(), "plot: '", path, "' is neither a bench --json document ",
+          "({\"machine\", \"results\"}) nor bench -o jsonl rows: line ", number, " is not a JSON object");
+    if (!bench_row(r)) {
+      const std::string other = other_result(r);
+      not_bench(path, other.empty() ? "JSON lines whose line " + std::to_string(number) +
+                                          " is not a bench row (no \"spec\" and \"n\")"
+                                    : other);
     }
+    run.results.push_back(r);
   }
   return run;
 }

@@ -5,11 +5,15 @@
 //
 // The program is $CLATTN_GNUPLOT when set (a path; tests point it at nothing to check the error),
 // else `gnuplot` on PATH. When it cannot be found the error names the Debian package to install.
+// $CLATTN_PLOT_KEEP names a folder where each picture's script and data are kept (in a subfolder
+// named after the picture), for debugging a figure.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -43,8 +47,12 @@ class TempDir {
 // and copies the PNG it made to out_png. Errors name gnuplot's exit status and its last message.
 void run_gnuplot(const TempDir& dir, const std::string& script, const std::string& out_png);
 
-// A gnuplot string literal: text in double quotes with \ and " escaped (titles are set with
-// `noenhanced`, so _ and ^ in spec strings print as themselves).
+// A gnuplot string expression that reads as `text` and runs nothing. Every string from data,
+// file names or paths reaches gnuplot through it: gnuplot expands backquotes (`cmd` runs cmd)
+// and backslash escapes inside double quotes, but nothing inside single quotes, where only ''
+// stands for '. So the text goes in single quotes with ' doubled; a line break becomes the
+// constant "\n" joined with `.` (a raw one would end the command), and other control characters
+// (NUL, CR, tab ...) a space. Titles are set with `noenhanced`, so _ ^ { } @ print as themselves.
 std::string quote(const std::string& text);
 
 // Width and height from a PNG's IHDR chunk; throws when the file is not a PNG.
@@ -62,8 +70,27 @@ struct BenchRun {
 };
 BenchRun read_bench_file(const std::string& path);
 
-// Time against N (log-log, one line per spec and mode) beside peak memory against N, with the
-// machine facts in the caption (plot.cpp). Throws when no run holds a row with a time.
+// Time against N (log-log, one line per spec and mode, bars from the fastest to the slowest
+// call) beside peak memory against N, with the machine facts in the caption (plot.cpp). Throws
+// when no run holds a row with a time.
 void plot_bench(const std::vector<BenchRun>& runs, const std::string& out_png);
+// The gnuplot script of that figure, its data files written into dir (fuzz/fuzz_plot.cpp checks
+// that nothing from the files can leave a quoted string).
+std::string bench_script(const std::vector<BenchRun>& runs, const TempDir& dir);
+
+// One `clattn train --log` file: read tolerantly (unknown keys ignored, lines that are not JSON —
+// a run killed mid-write — skipped with a note); a file with no usable line is refused.
+struct LogRun {
+  std::string file, spec, label, metric;  // metric "" when no line names it; label: the legend's
+  std::vector<std::pair<double, double>> loss;            // (step, loss)
+  std::vector<std::tuple<double, double, double>> eval;   // (step, metric, elapsed_s or NaN)
+};
+LogRun read_log(const std::string& path);
+// Legend names: each run's spec and its file (or labels[i] when given), so two runs of one spec
+// stay apart; files named alike in different folders keep their paths.
+void name_runs(std::vector<LogRun>& runs, const std::vector<std::string>& labels);
+// The script of `plot --logs`: loss, metric against step and against time, one row of panels per
+// metric (bits per character and accuracy never share an axis); data files written into dir.
+std::string logs_script(const std::vector<LogRun>& runs, const TempDir& dir);
 
 }  // namespace clattn::cli::plot

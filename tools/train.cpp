@@ -19,6 +19,7 @@
 #include "clattn/comm.h"
 #include "clattn/data.h"
 #include "clattn/error.h"
+#include "clattn/input_file.h"
 #include "clattn/model.h"
 #include "clattn/parallel.h"
 #include "clattn/train.h"
@@ -211,22 +212,49 @@ void run_eval(EvalArgs o) {
   const fs::path folder = model_folder(o.checkpoint);
   // Task options of the training run, unless given.
   json saved;
-  if (std::ifstream in(folder / "train_state.json"); in) {
-    const json st = json::parse(in, nullptr, false);
-    if (st.is_object() && st.contains("args") && st["args"].is_object()) saved = st["args"];
+  const std::string state_path = (folder / "train_state.json").string();
+  if (input_exists(state_path)) {
+    const json st = json::parse(read_input_file(state_path, "eval: train state", kMaxJsonBytes), nullptr, false);
+    check(st.is_object() && st.contains("args") && st["args"].is_object(), "eval: '", state_path,
+          "' is not a train state (a JSON object with \"args\")");
+    saved = st["args"];
   }
   if (!saved.is_null()) {
-    if (!o.has_task) o.task = saved.value("task", o.task);
-    if (!o.has_data) o.data = saved.value("data", o.data);
-    if (!o.has_seed) o.seed = saved.value("seed", o.seed);
-    if (!o.has_seq) o.seq = saved.value("seq", o.seq);
+    // Each field checked (the file may have been edited): a wrong type or range names the field.
+    const auto text = [&](const char* key, const std::string& dflt) {
+      if (!saved.contains(key)) return dflt;
+      check(saved[key].is_string(), "eval: '", state_path, "': args field \"", key, "\" must be a string, got ",
+            saved[key].dump());
+      return saved[key].get<std::string>();
+    };
+    const auto integer = [&](const char* key, int64_t dflt, int64_t lo, int64_t hi) {
+      if (!saved.contains(key)) return dflt;
+      const json& v = saved[key];
+      check(v.is_number_integer() && (v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(hi)
+                                                              : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi),
+            "eval: '", state_path, "': args field \"", key, "\" must be an integer in [", lo, ", ", hi, "], got ",
+            v.dump());
+      return v.get<int64_t>();
+    };
+    if (!o.has_task) o.task = text("task", o.task);
+    if (!o.has_data) o.data = text("data", o.data);
+    if (!o.has_seed)
+      o.seed = saved.contains("seed") && saved["seed"].is_number_unsigned()
+                   ? saved["seed"].get<uint64_t>()
+                   : static_cast<uint64_t>(integer("seed", static_cast<int64_t>(o.seed), 0, INT64_MAX));
+    if (!o.has_seq) o.seq = integer("seq", o.seq, 1, kMaxCount);
     if (!o.has_lengths) {
-      o.min_length = saved.value("min_length", o.min_length);
-      o.max_length = saved.value("max_length", o.max_length);
+      o.min_length = integer("min_length", o.min_length, 1, kMaxCount);
+      o.max_length = integer("max_length", o.max_length, 1, kMaxCount);
     }
-    if (!o.has_mask) o.mask_prob = saved.value("mask_prob", o.mask_prob);
+    if (!o.has_mask && saved.contains("mask_prob")) {
+      const json& v = saved["mask_prob"];
+      check(v.is_number() && v.get<double>() > 0 && v.get<double>() <= 1, "eval: '", state_path,
+            "': args field \"mask_prob\" must be a number in (0, 1], got ", v.dump());
+      o.mask_prob = v.get<double>();
+    }
     // The run's batch size too: the loss sums in the same order, so eval repeats the run's figures.
-    if (!o.has_batch) o.batch = saved.value("batch", o.batch);
+    if (!o.has_batch) o.batch = integer("batch", o.batch, 1, 1 << 20);
   }
   usage_check(!o.task.empty(), "eval: --task is needed (", folder.string(), " has no train_state.json to read it from)");
   const TaskKind head = head_of(o.task);

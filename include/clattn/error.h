@@ -13,6 +13,14 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// Values that are not finite, or finite values whose float arithmetic would overflow (the
+// overflow rule of the attentions): in training, the mark of a diverged run (Trainer reports
+// "diverged at step S" on it). Messages as Error's.
+class NumericError : public Error {
+ public:
+  explicit NumericError(const std::string& what) : Error(what) {}
+};
+
 namespace detail {
 template <class... Args>
 std::string concat(const Args&... args) {

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <typeinfo>
+#include <vector>
 
 #include "clattn/tensor.h"
 
@@ -74,6 +75,12 @@ class KVCache {
   bool keeps_queries() const { return Hq_ > 0; }
   int64_t query_heads() const { return Hq_; }
   ConstView queries() const;  // (B, H, size, Dk); keeps_queries() only
+  // The largest |x| of the keys, values and queries held (over every batch row and head),
+  // found by append's finiteness pass: attentions bound their arithmetic with them (the overflow
+  // rule of every variant) without reading the cache again in a decode step.
+  float max_abs_key() const { return size_ ? kmax_[static_cast<size_t>(size_ - 1)] : 0.f; }
+  float max_abs_value() const { return size_ ? vmax_[static_cast<size_t>(size_ - 1)] : 0.f; }
+  float max_abs_query() const { return size_ && Hq_ > 0 ? qmax_[static_cast<size_t>(size_ - 1)] : 0.f; }
   // Panels of (b, hk): ceil(size/64) panels of (Dk, 64); columns past size are zero.
   const float* key_panels(int64_t b, int64_t hk) const;
   // Rows of (b, hk): (size, value_ld()), columns past Dv zero.
@@ -92,6 +99,9 @@ class KVCache {
  private:
   int64_t B_ = 0, Hkv_ = 0, Hq_ = 0, cap_ = 0, Dk_ = 0, Dv_ = 0, Dkp_ = 0, Dvp_ = 0, size_ = 0;
   Tensor krow_, kpan_, vrow_, qrow_;
+  // (capacity) largest |x| of the rows of positions 0..j (a prefix maximum, so truncate keeps it
+  // exact up to the granularity of appends).
+  std::vector<float> kmax_, vmax_, qmax_;
   mutable std::unique_ptr<CacheState> derived_;
 };
 

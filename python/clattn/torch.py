@@ -13,13 +13,15 @@ precision). Each forward that needs a gradient gets its own clattn Call (Context
 inputs), kept by autograd until its backward: a module may run several times per step.
 
 Discrete choices (clusters, hashes, top-k sets) are constants of the backward, as in the C++
-library. Stochastic variants draw from the spec's ``seed=`` and ``Attention.step`` (set it to
+library. The backward is differentiable once: gradients taken with ``create_graph=True`` carry
+no second-order term, so differentiating them again raises instead of silently dropping it. Stochastic variants draw from the spec's ``seed=`` and ``Attention.step`` (set it to
 your training step; it is never advanced behind your back). Stateful variants (routing with
 EMA centroids) update their state in training mode (``module.train()``).
 
 Importing this module needs PyTorch; ``import clattn`` alone does not.
 """
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import _clattn
 
@@ -95,6 +97,7 @@ class AttentionFunction(torch.autograd.Function):
         return out if q.dtype == torch.float32 else out.to(q.dtype)
 
     @staticmethod
+    @once_differentiable  # clattn's backward is not itself differentiable: a double backward raises
     def backward(ctx, do):
         call = ctx.call
         ctx.saved_tensors  # noqa: B018 -- raises if an input was modified in place since forward

@@ -3,8 +3,10 @@
 // The C++ Attention is const and keeps nothing between calls; backward needs the forward's
 // inputs, output and Context again. A Call holds exactly that: its Context and references to the
 // arrays of its last forward (so a backward never reads memory Python has freed; arrays changed
-// in place in between are read as they are then). clattn.Attention has one Call of its own for
-// forward() then backward(); autograd adapters make a Call per forward (Attention.new_call()).
+// in place in between are read as they are then). clattn.Attention has one Call per Python
+// thread for forward() then backward(); autograd adapters make a Call per forward
+// (Attention.new_call()). Outputs given in place (out=, dq=, dk=, dv=) may not alias an array
+// the call reads or another output, nor overlap themselves (a zero stride): ValueError.
 //
 // Threads: kernels run with the GIL released. A Call runs one forward or backward at a time
 // (a second thread waits for it); Calls of one Attention run at once, except that a stateful
@@ -119,6 +121,9 @@ class Call {
     } else {
       s->out_view = out_arg(out, "out", oshape);
       s->out = pb::reinterpret_borrow<pb::array>(out);
+      // Written while q, k, v are read: an alias of one (out=v) would feed the output back in.
+      check_output_alone("out", s->out_view, s->out,
+                         {{"q", s->q.keep}, {"k", s->k.keep}, {"v", s->v.keep}, {"bias", s->bias.keep}});
     }
     AttentionInputs& in = s->in;
     in.q = s->q.view;
@@ -182,6 +187,16 @@ class Call {
     pb::array gq, gk, gv;
     const View vq = grad(dq, "dq", s.in.q.shape, gq), vk = grad(dk, "dk", s.in.k.shape, gk),
                vv = grad(dv, "dv", s.in.v.shape, gv);
+    // Gradients are accumulated while do and the forward's arrays are read, and each is written
+    // on its own: none may alias another (dq=do, dk=dq) or an array the backward reads.
+    const std::initializer_list<std::pair<const char*, pb::handle>> read = {
+        {"do", d.keep}, {"q", s.q.keep}, {"k", s.k.keep}, {"v", s.v.keep}, {"out", s.out}, {"bias", s.bias.keep}};
+    if (!dq.is_none()) check_output_alone("dq", vq, dq, read);
+    if (!dk.is_none()) check_output_alone("dk", vk, dk, read);
+    if (!dv.is_none()) check_output_alone("dv", vv, dv, read);
+    if (!dq.is_none() && !dk.is_none()) check_output_alone("dk", vk, dk, {{"dq", dq}});
+    if (!dv.is_none() && !dq.is_none()) check_output_alone("dv", vv, dv, {{"dq", dq}});
+    if (!dv.is_none() && !dk.is_none()) check_output_alone("dv", vv, dv, {{"dk", dk}});
     last_copied_ = s.copied;
     if (d.copied) last_copied_.push_back("do");
     std::exception_ptr error;
@@ -230,17 +245,27 @@ class Call {
   std::vector<std::string> last_copied_;
 };
 
+// forward() then backward() on one Attention pair up per Python thread: each thread has its own
+// Call (in a threading.local, freed with the thread), so threads sharing an Attention never get
+// another thread's forward — a backward always differentiates the calling thread's last forward.
 class PyAttention {
  public:
-  PyAttention(const std::string& spec, bool backward) : core_(std::make_shared<Core>()) {
+  PyAttention(const std::string& spec, bool backward)
+      : core_(std::make_shared<Core>()), backward_(backward), local_(pb::module_::import("threading").attr("local")()) {
     try {
       core_->att = make_attention(spec);
     } catch (const Error& e) {
       throw pb::value_error(e.what());
     }
-    call_ = std::make_unique<Call>(core_, backward);
   }
-  Call& call() { return *call_; }
+  Call& call() {
+    pb::object c = pb::getattr(local_, "call", pb::none());
+    if (c.is_none()) {
+      c = pb::cast(std::make_unique<Call>(core_, backward_));
+      local_.attr("call") = c;
+    }
+    return c.cast<Call&>();
+  }
   const Attention& att() const { return *core_->att; }
   std::unique_ptr<Call> new_call(bool backward) { return std::make_unique<Call>(core_, backward); }
   pb::dict state() {
@@ -262,7 +287,8 @@ class PyAttention {
 
  private:
   std::shared_ptr<Core> core_;
-  std::unique_ptr<Call> call_;
+  bool backward_;
+  pb::object local_;  // threading.local(): .call is this thread's Call
 };
 
 constexpr const char* kForwardDoc = R"(Attention output o (B, H, N, Dv), float32.
@@ -273,13 +299,16 @@ are read in place (no copy); other float dtypes and layouts are converted to a f
 query_lengths, key_lengths: one valid length per batch item (padding at the end); causal: query i
 sees keys j <= i + M - N; bias (N, M): additive logits (full only). step: the random step of
 stochastic variants (same inputs and step give the same output); train: a training call
-(stateful variants update their state). out: a float32 array to write o into, in place.)";
+(stateful variants update their state). out: a float32 array to write o into, in place (its own
+memory: an out that overlaps q, k, v or bias, or itself through a zero stride, is a ValueError).)";
 
 constexpr const char* kBackwardDoc = R"(Gradients (dq, dk, dv) of the last forward for do (B, H, N, Dv).
 
-They are accumulated (+=) into dq, dk, dv when given (float32, shaped like q, k, v), else
-returned as new arrays. Uses the arrays of the last forward as they are now. For a shared-QK
-variant (reformer) the gradient of q is dq + dk.)";
+The last forward of the calling thread: threads sharing one Attention each differentiate their
+own forward. They are accumulated (+=) into dq, dk, dv when given (float32, shaped like q, k, v,
+each its own memory: none may alias do, another gradient or the forward's arrays), else returned
+as new arrays. Uses the arrays of the last forward as they are now. For a shared-QK variant
+(reformer) the gradient of q is dq + dk.)";
 
 }  // namespace
 

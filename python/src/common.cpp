@@ -1,8 +1,10 @@
 #include "common.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "clattn/parallel.h"
 
@@ -93,6 +95,41 @@ View out_arg(pb::handle obj, const char* name, const Shape& shape) {
   for (int i = 0; i < shape.rank; ++i)
     v.strides[static_cast<size_t>(i)] = a.strides(i) / static_cast<pb::ssize_t>(sizeof(float));
   return v;
+}
+
+namespace {
+
+// Whether two elements of v share an address: dims ordered by stride, each stride must step over
+// everything the smaller ones cover (a zero stride over a dim of size > 1 never does). Exotic
+// layouts that interleave dims without sharing an element are refused too: outputs are simple.
+bool self_overlaps(ConstView v) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims of size > 1
+  for (int i = 0; i < v.rank(); ++i)
+    if (v.dim(i) > 1) dims.emplace_back(v.stride(i), v.dim(i));
+  std::sort(dims.begin(), dims.end());
+  int64_t covered = 0;  // largest offset reached by the dims before
+  for (const auto& [stride, size] : dims) {
+    if (stride <= covered) return true;
+    covered += stride * (size - 1);
+  }
+  return false;
+}
+
+}  // namespace
+
+void check_output_alone(const char* name, ConstView view, pb::handle out,
+                        std::initializer_list<std::pair<const char*, pb::handle>> others) {
+  if (view.numel() == 0 || view.data == nullptr) return;
+  if (self_overlaps(view))
+    throw pb::value_error(std::string(name) + " overlaps itself (a zero stride, or rows closer than their length): "
+                          "an output written in place needs one element per address");
+  const pb::object shares = pb::module_::import("numpy").attr("shares_memory");
+  for (const auto& [other_name, other] : others) {
+    if (!other || other.is_none()) continue;
+    if (shares(out, other).cast<bool>())
+      throw pb::value_error(std::string(name) + " overlaps the memory of " + other_name +
+                            ", which the call reads: give an output array of its own");
+  }
 }
 
 pb::array_t<int32_t> int_arg(pb::handle obj, const char* name) {

@@ -15,6 +15,8 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 #include <span>
 #include <string>
 #include <vector>
@@ -39,6 +41,13 @@ FloatArg float_arg(pb::handle obj, const char* name, int rank, const char* layou
 // A writable float32 array of exactly `shape` with a unit innermost stride (an output the
 // caller gave), as a view; ValueError otherwise.
 View out_arg(pb::handle obj, const char* name, const Shape& shape);
+
+// An output written in place must not overlap itself (a zero stride, rows closer than their
+// length) nor share memory with any array the call reads (numpy.shares_memory, exact: slices of
+// one buffer that interleave without sharing an element are fine): ValueError naming both.
+// `others` are (name, array) pairs; None entries are skipped.
+void check_output_alone(const char* name, ConstView view, pb::handle out,
+                        std::initializer_list<std::pair<const char*, pb::handle>> others);
 
 // Lengths: None -> empty; otherwise a 1-D integer sequence converted to int32 (ValueError for
 // values outside int32 or non-integers).

@@ -253,3 +253,22 @@ def test_adapter_errors():
         att(q, q, q, bias=torch.zeros(8, 8, requires_grad=True))
     with pytest.raises(ValueError, match="batch|B ="):
         att(q, rand(2, 2, 8, 4, seed=35), rand(2, 2, 8, 4, seed=36))
+
+
+@pytest.mark.parametrize("spec", ["full", "improved-clustered:clusters=3,topk=4", "linear"])
+def test_double_backward_raises_instead_of_dropping_the_second_order_term(spec):
+    """A gradient taken with create_graph=True and differentiated again would need clattn's
+    backward to be differentiable; it is not, so PyTorch must raise rather than treat the
+    gradient as a constant (which silently dropped the second-order term)."""
+    att = ct.Attention(spec)
+    q = rand(1, 2, 12, 4, seed=40).requires_grad_()
+    k, v = rand(1, 2, 12, 4, seed=41).requires_grad_(), rand(1, 2, 12, 4, seed=42).requires_grad_()
+    o = att(q, k, v)
+    (gq,) = torch.autograd.grad(o.square().sum(), q, create_graph=True)
+    penalty = o.sum() + gq.square().sum()  # a gradient penalty: needs the second derivative
+    with pytest.raises(RuntimeError, match="differentiate twice|once_differentiable"):
+        penalty.backward()
+    # First-order use is unchanged.
+    o2 = att(q, k, v)
+    o2.sum().backward()
+    assert torch.isfinite(q.grad).all()

@@ -43,6 +43,9 @@ KVCache::KVCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t dk, 
   kpan_ = Tensor(Shape{B_, Hkv_, cap_ / mk::kPanel, Dk_, mk::kPanel});
   vrow_ = Tensor(Shape{B_, Hkv_, cap_, Dvp_});
   if (Hq_ > 0) qrow_ = Tensor(Shape{B_, Hq_, cap_, Dkp_});
+  kmax_.assign(static_cast<size_t>(cap_), 0.f);
+  vmax_.assign(static_cast<size_t>(cap_), 0.f);
+  if (Hq_ > 0) qmax_.assign(static_cast<size_t>(cap_), 0.f);
 }
 
 void KVCache::append(ConstView k, ConstView v, ConstView q) {
@@ -66,10 +69,17 @@ void KVCache::append(ConstView k, ConstView v, ConstView q) {
     check(q.data == nullptr, "KVCache::append: q given to a cache that keeps no queries (construct it "
           "with query_heads)");
   if (T == 0) return;
-  check_finite(k, "k", "KVCache::append");
-  check_finite(v, "v", "KVCache::append");
+  // One pass finds non-finite values and the magnitudes the overflow rule reads in decode steps.
+  const float new_k = static_cast<float>(finite_max_abs(k, "k", "KVCache::append"));
+  const float new_v = static_cast<float>(finite_max_abs(v, "v", "KVCache::append"));
+  const float new_q = Hq_ > 0 ? static_cast<float>(finite_max_abs(q, "q", "KVCache::append")) : 0.f;
+  for (int64_t t = 0; t < T; ++t) {
+    const size_t j = static_cast<size_t>(size_ + t);
+    kmax_[j] = std::max(new_k, size_ > 0 ? kmax_[static_cast<size_t>(size_ - 1)] : 0.f);
+    vmax_[j] = std::max(new_v, size_ > 0 ? vmax_[static_cast<size_t>(size_ - 1)] : 0.f);
+    if (Hq_ > 0) qmax_[j] = std::max(new_q, size_ > 0 ? qmax_[static_cast<size_t>(size_ - 1)] : 0.f);
+  }
   if (Hq_ > 0) {
-    check_finite(q, "q", "KVCache::append");
     for (int64_t b = 0; b < B_; ++b)
       for (int64_t h = 0; h < Hq_; ++h)
         for (int64_t t = 0; t < T; ++t)

@@ -25,19 +25,35 @@ void check_view(ConstView t, int rank, std::string_view what, std::string_view w
 
 // NaN/Inf anywhere in a (., ., rows, cols) view is an error: it would poison every row it meets.
 // x·0 is 0 for finite x and NaN for ±inf or NaN, so one vector multiply-add per 16 floats finds
-// any of them; rows run in parallel. It reads every input once, which must stay small beside
-// the attention itself, so it runs at memory speed: four independent accumulators, one
-// horizontal test per block of 32 rows, and a row-by-row rescan only of a block that fails.
-bool rows_finite(const float* base, int64_t sr, int64_t rows, int64_t cols) {
-  simd::vf acc[4] = {};
+// any of them; the same pass keeps the largest |x| (the overflow rule's input, validate.h), so
+// the data is read once for both. It must stay small beside the attention itself, so it runs at
+// memory speed: four independent accumulators, one horizontal test per block of 32 rows, and a
+// row-by-row rescan only of a block that fails.
+bool rows_finite(const float* base, int64_t sr, int64_t rows, int64_t cols, float& mx) {
+  simd::vf acc[4] = {}, m[2] = {};
+  // |x| as max(x, -x): a NaN lane may be dropped here, but the sum above already caught it.
+  auto absv = [](simd::vf x) { return simd::vmax(x, -x); };
   for (int64_t i = 0; i < rows; ++i) {
     const float* row = base + i * sr;
     int64_t j = 0;
     for (; j + 4 * simd::kLanes <= cols; j += 4 * simd::kLanes)
-      for (int u = 0; u < 4; ++u) acc[u] += simd::load(row + j + u * simd::kLanes) * 0.f;
-    for (; j + simd::kLanes <= cols; j += simd::kLanes) acc[0] += simd::load(row + j) * 0.f;
-    if (j < cols) acc[1] += simd::load_partial(row + j, static_cast<int>(cols - j)) * 0.f;
+      for (int u = 0; u < 4; ++u) {
+        const simd::vf x = simd::load(row + j + u * simd::kLanes);
+        acc[u] += x * 0.f;
+        m[u & 1] = simd::vmax(m[u & 1], absv(x));
+      }
+    for (; j + simd::kLanes <= cols; j += simd::kLanes) {
+      const simd::vf x = simd::load(row + j);
+      acc[0] += x * 0.f;
+      m[0] = simd::vmax(m[0], absv(x));
+    }
+    if (j < cols) {
+      const simd::vf x = simd::load_partial(row + j, static_cast<int>(cols - j));
+      acc[1] += x * 0.f;
+      m[1] = simd::vmax(m[1], absv(x));
+    }
   }
+  mx = std::max(mx, simd::hmax(simd::vmax(m[0], m[1])));
   return simd::hsum((acc[0] + acc[1]) + (acc[2] + acc[3])) == 0.f;
 }
 
@@ -68,7 +84,8 @@ void check_shared_qk(const AttentionInputs& in, std::string_view who) {
 
 }  // namespace
 
-void check_finite(ConstView t, std::string_view what, std::string_view who) {
+double finite_max_abs(ConstView t, std::string_view what, std::string_view who) {
+  if (t.numel() == 0) return 0;
   const int r = t.rank();
   const int64_t d0 = r == 4 ? t.dim(0) : 1, d1 = r == 4 ? t.dim(1) : 1;
   const int64_t rows = t.dim(r - 2), cols = t.dim(r - 1);
@@ -77,26 +94,32 @@ void check_finite(ConstView t, std::string_view what, std::string_view who) {
   const int64_t total = d0 * d1;
   constexpr int64_t kBlock = 32;
   int64_t first_bad = total * rows;
-#pragma omp parallel for schedule(static) reduction(min : first_bad) if (total * rows * cols > 65536)
+  float mx = 0.f;
+#pragma omp parallel for schedule(static) reduction(min : first_bad) reduction(max : mx) if (total * rows * cols > 65536)
   for (int64_t e = 0; e < total; ++e) {
     const float* base = t.data + (e / d1) * s0 + (e % d1) * s1;
     for (int64_t i0 = 0; i0 < rows; i0 += kBlock) {
       const int64_t n = std::min(kBlock, rows - i0);
-      if (rows_finite(base + i0 * sr, sr, n, cols)) continue;
+      if (rows_finite(base + i0 * sr, sr, n, cols, mx)) continue;
       int64_t i = i0;
-      while (i + 1 < i0 + n && rows_finite(base + i * sr, sr, 1, cols)) ++i;
+      float ignored = 0.f;
+      while (i + 1 < i0 + n && rows_finite(base + i * sr, sr, 1, cols, ignored)) ++i;
       first_bad = std::min(first_bad, e * rows + i);
       break;
     }
   }
-  if (first_bad == total * rows) return;
+  if (first_bad == total * rows) return mx;
   const int64_t a = first_bad / rows / d1, b = first_bad / rows % d1, i = first_bad % rows;
   const float* row = t.data + a * s0 + b * s1 + i * sr;
   for (int64_t j = 0; j < cols; ++j)
-    check(std::isfinite(row[j]), who, ": ", what, " must be finite, found ", row[j], " at index (",
-          r == 4 ? std::to_string(a) + ", " + std::to_string(b) + ", " : std::string(), i, ", ",
-          j, ")");
+    if (!std::isfinite(row[j]))
+      throw NumericError(detail::concat(who, ": ", what, " must be finite, found ", row[j], " at index (",
+                                        r == 4 ? std::to_string(a) + ", " + std::to_string(b) + ", " : std::string(),
+                                        i, ", ", j, ")"));
+  return mx;
 }
+
+void check_finite(ConstView t, std::string_view what, std::string_view who) { (void)finite_max_abs(t, what, who); }
 
 double max_abs(ConstView t) {
   const int r = t.rank();
@@ -127,35 +150,94 @@ namespace {
   char g[32], l[32];
   std::snprintf(g, sizeof g, "%.3g", got);
   std::snprintf(l, sizeof l, "%.3g", limit);
-  fail(who, ": inputs too large for float arithmetic: ", what, " = ", g, " exceeds ", l,
-       " (results would overflow to inf or NaN); rescale q, k, v or the bias");
+  throw NumericError(detail::concat(who, ": inputs too large for float arithmetic: ", what, " = ", g, " exceeds ", l,
+       " (results would overflow to inf or NaN); rescale the inputs (q, k, v, the bias or dout)"));
 }
 
 }  // namespace
 
-void check_softmax_range(const AttentionInputs& in, const AttentionDims& d, float scale,
-                         std::string_view who) {
+void check_softmax_range(const AttentionDims& d, const Magnitudes& m, double scale, std::string_view who) {
   if (d.B * d.H * d.N == 0 || d.M == 0) return;
-  const double mq = max_abs(in.q), mk = in.k.data == in.q.data ? mq : max_abs(in.k);
-  const double mb = in.bias.empty() ? 0.0 : max_abs(in.bias);
-  const double logit = static_cast<double>(scale) * static_cast<double>(d.Dk) * mq * mk + mb;
+  const double logit = scale * static_cast<double>(d.Dk) * m.q * m.k + m.bias;
   if (!(logit <= kMaxLogit))
     range_fail(who, "the logit bound scale·Dk·max|q|·max|k| + max|bias|", logit, kMaxLogit);
-  const double vsum = static_cast<double>(d.M) * max_abs(in.v);
+  const double vsum = static_cast<double>(d.M) * m.v;
   if (!(vsum <= kMaxValueSum)) range_fail(who, "the value-sum bound M·max|v|", vsum, kMaxValueSum);
 }
 
-void check_linear_range(const AttentionInputs& in, const AttentionDims& d, std::string_view who) {
+void check_member_range(const AttentionDims& d, const Magnitudes& m, bool norms, std::string_view who) {
   if (d.B * d.H * d.N == 0 || d.M == 0) return;
-  const double mq = max_abs(in.q), mk = in.k.data == in.q.data ? mq : max_abs(in.k), mv = max_abs(in.v);
-  const double bound = static_cast<double>(d.Dk) * static_cast<double>(d.M) * (mq + 1) * (mk + 1) * (mv + 1);
+  const double mx = std::max(m.q, m.k);
+  const double sum = static_cast<double>(std::max(d.N, d.M)) * mx;
+  if (!(sum <= kMaxValueSum))
+    range_fail(who, "the member-sum bound max(N, M)·max(max|q|, max|k|)", sum, kMaxValueSum);
+  const double sq = 4 * static_cast<double>(d.Dk) * mx * mx;
+  if (norms && !(sq <= kMaxValueSum))
+    range_fail(who, "the squared-norm bound 4·Dk·max(max|q|, max|k|)²", sq, kMaxValueSum);
+}
+
+void check_results_finite(const AttentionDims& d, const Magnitudes& m, double scale,
+                          std::initializer_list<ConstView> results, std::string_view who) {
+  for (const ConstView& t : results) {
+    try {
+      (void)finite_max_abs(t, "a result", who);
+    } catch (const NumericError&) {
+      char g[32];
+      std::snprintf(g, sizeof g, "%.3g", scale * static_cast<double>(d.Dk) * m.q * m.k + m.bias);
+      throw NumericError(detail::concat(who, ": inputs too large for float arithmetic: the results overflowed ",
+                                        "float at logits up to scale·Dk·max|q|·max|k| + max|bias| = ", g,
+                                        "; rescale the inputs (q, k, v, the bias or dout)"));
+    }
+  }
+}
+
+void check_softmax_grad_range(const AttentionDims& d, const Magnitudes& m, double max_dout, double scale,
+                              std::string_view who) {
+  check_softmax_range(d, m, scale, who);
+  if (d.B * d.H * d.N == 0 || d.M == 0) return;
+  const double L = static_cast<double>(std::max(d.N, d.M));
+  const double dsum = L * max_dout;
+  if (!(dsum <= kMaxValueSum))
+    range_fail(who, "the gradient-sum bound max(N, M)·max|dout|", dsum, kMaxValueSum);
+  const double grad = 2 * L * static_cast<double>(d.Dv) * max_dout * m.v *
+                      std::max(1.0, scale * static_cast<double>(d.Dk) * std::max(m.q, m.k));
+  if (!(grad <= kMaxValueSum))
+    range_fail(who, "the gradient bound 2·max(N, M)·Dv·max|dout|·max|v|·max(1, scale·Dk·max(max|q|, max|k|))",
+               grad, kMaxValueSum);
+}
+
+void validate_softmax_backward(const AttentionInputs& in, const AttentionDims& d, const Magnitudes& m, double scale,
+                               ConstView out, ConstView dout, ConstView dq, ConstView dk, ConstView dv,
+                               std::string_view who) {
+  check_softmax_grad_range(d, m, validate_backward_max(in, d, out, dout, dq, dk, dv, who), scale, who);
+}
+
+void check_linear_range(const AttentionDims& d, const Magnitudes& m, std::string_view who) {
+  if (d.B * d.H * d.N == 0 || d.M == 0) return;
+  const double bound = static_cast<double>(d.Dk) * static_cast<double>(d.M) * (m.q + 1) * (m.k + 1) * (m.v + 1);
   if (!(bound <= kMaxValueSum))
     range_fail(who, "the bound Dk·M·(max|q| + 1)·(max|k| + 1)·(max|v| + 1) of linear's sums", bound,
                kMaxValueSum);
 }
 
+void check_linear_grad_range(const AttentionDims& d, const Magnitudes& m, double max_dout, std::string_view who) {
+  check_linear_range(d, m, who);
+  if (d.B * d.H * d.N == 0 || d.M == 0) return;
+  const double bound = static_cast<double>(d.Dk) * static_cast<double>(d.M) * (m.q + 1) * (m.k + 1) * (m.v + 1) *
+                       (max_dout + 1) * static_cast<double>(std::max(d.N, d.M));
+  if (!(bound <= kMaxValueSum))
+    range_fail(who, "the gradient bound Dk·M·max(N, M)·(max|q| + 1)·(max|k| + 1)·(max|v| + 1)·(max|dout| + 1) of "
+               "linear's sums", bound, kMaxValueSum);
+}
+
 AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& caps,
                               std::string_view who) {
+  Magnitudes mag;
+  return validate_inputs(in, caps, who, mag);
+}
+
+AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& caps, std::string_view who,
+                              Magnitudes& mag) {
   check_view(in.q, 4, "q (B, H, N, Dk)", who);
   check_view(in.k, 4, "k (B, Hkv, M, Dk)", who);
   check_view(in.v, 4, "v (B, Hkv, M, Dv)", who);
@@ -205,21 +287,32 @@ AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& cap
     check(in.bias.dim(0) == d.N && in.bias.dim(1) == d.M, who, ": bias must be (N, M) = (", d.N,
           ", ", d.M, "), got ", in.bias.shape);
   }
-  check_finite(in.q, "q", who);
-  // A cache's rows were checked on append; shared-QK callers pass q as k: no second pass.
-  if (!in.cache) {
-    if (in.k.data != in.q.data || !(in.k.shape == in.q.shape) || in.k.strides != in.q.strides)
-      check_finite(in.k, "k", who);
-    check_finite(in.v, "v", who);
+  mag = Magnitudes{};
+  mag.q = finite_max_abs(in.q, "q", who);
+  // A cache's rows were checked on append (which kept their magnitudes); shared-QK callers pass q
+  // as k: no second pass.
+  if (in.cache) {
+    mag.k = in.cache->max_abs_key();
+    mag.v = in.cache->max_abs_value();
+    // Causal clustered decodes with centroids made of the cached queries.
+    mag.q = std::max(mag.q, static_cast<double>(in.cache->max_abs_query()));
+  } else {
+    const bool k_is_q = in.k.data == in.q.data && in.k.shape == in.q.shape && in.k.strides == in.q.strides;
+    mag.k = k_is_q ? mag.q : finite_max_abs(in.k, "k", who);
+    mag.v = finite_max_abs(in.v, "v", who);
   }
-  // The bias may hold -inf (a mask) but never NaN or +inf.
-  if (!in.bias.empty())
+  // The bias may hold -inf (a mask) but never NaN or +inf; its largest finite |x| is kept.
+  if (!in.bias.empty()) {
+    float mb = 0.f;
     for (int64_t i = 0; i < d.N; ++i)
       for (int64_t j = 0; j < d.M; ++j) {
         const float x = in.bias.data[i * in.bias.stride(0) + j];
         check(!std::isnan(x) && x != INFINITY, who, ": bias must not hold NaN or +inf, found ", x,
               " at (", i, ", ", j, ")");
+        if (x != -INFINITY) mb = std::max(mb, std::fabs(x));
       }
+    mag.bias = mb;
+  }
   return d;
 }
 
@@ -235,15 +328,21 @@ void validate_output(ConstView t, const Shape& expected, std::string_view what,
 void validate_backward(const AttentionInputs& in, const AttentionDims& d, ConstView out,
                        ConstView dout, ConstView dq, ConstView dk, ConstView dv,
                        std::string_view who) {
+  (void)validate_backward_max(in, d, out, dout, dq, dk, dv, who);
+}
+
+double validate_backward_max(const AttentionInputs& in, const AttentionDims& d, ConstView out, ConstView dout,
+                             ConstView dq, ConstView dk, ConstView dv, std::string_view who) {
   check(in.cache == nullptr, who, ": backward through a KVCache is not supported (a cache is for ",
         "decoding, which is inference)");
   validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out (the forward's output)", who);
   validate_output(dout, Shape{d.B, d.H, d.N, d.Dv}, "dout", who);
   // NaN/Inf in the upstream gradient would come back as NaN gradients: refused like q, k, v.
-  check_finite(dout, "dout", who);
+  const double mdo = finite_max_abs(dout, "dout", who);
   validate_output(dq, in.q.shape, "dq", who);
   validate_output(dk, in.k.shape, "dk", who);
   validate_output(dv, in.v.shape, "dv", who);
+  return mdo;
 }
 
 }  // namespace clattn

@@ -23,6 +23,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -31,6 +32,7 @@
 #include <utility>
 
 #include "clattn/error.h"
+#include "clattn/input_file.h"
 
 namespace clattn {
 
@@ -72,6 +74,17 @@ std::string known_dtypes() {
 std::string clip(std::string_view s, size_t max = kMaxShown) {
   if (s.size() <= max) return std::string(s);
   return std::string(s.substr(0, max)) + "...";
+}
+
+// ": not a safetensors file", naming the target of a symlink (a shard linked to the wrong file).
+std::string not_safetensors(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path p(path);
+  if (std::filesystem::is_symlink(p, ec)) {
+    const std::filesystem::path target = std::filesystem::read_symlink(p, ec);
+    if (!ec) return ": not a safetensors file (a symlink to '" + target.string() + "')";
+  }
+  return ": not a safetensors file";
 }
 
 // A JSON value for an error message. Never dumps a nested value: dump() recurses, and a hostile
@@ -207,19 +220,10 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile f;  // owns the map once made: any failed check below unmaps it
   f.path_ = path;
   const std::string where = "safetensors '" + path + "'";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  check(fd >= 0, where, ": cannot open: ", std::strerror(errno));
-  struct stat sb {};
-  if (::fstat(fd, &sb) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail(where, ": cannot stat: ", std::strerror(err));
-  }
-  if (!S_ISREG(sb.st_mode)) {
-    ::close(fd);
-    fail(where, ": not a regular file");
-  }
-  const size_t size = static_cast<size_t>(sb.st_size);
+  // Never blocks on a FIFO or device; only regular files are read (clattn/input_file.h).
+  uint64_t file_size = 0;
+  const int fd = open_input_file(path, "safetensors", &file_size);
+  const size_t size = static_cast<size_t>(file_size);
   if (size < 8) {
     ::close(fd);
     fail(where, ": file is ", size, " bytes, shorter than the 8-byte header length");
@@ -249,8 +253,10 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
 
   uint64_t hlen = 0;  // u64 little-endian
   for (int i = 7; i >= 0; --i) hlen = hlen << 8 | f.map_[i];
-  check(hlen > 0 && hlen <= kMaxHeader, where, ": header length ", hlen,
-        " is absurd (must be in [1, ", kMaxHeader, "] bytes)");
+  // A file of another format (a symlink to the wrong file, a .bin checkpoint) fails here: say so
+  // rather than only quote its first 8 bytes as a header length.
+  check(hlen > 0 && hlen <= kMaxHeader, where, not_safetensors(path), ": header length ", hlen,
+        " is absurd (a safetensors file starts with the length of its JSON header, in [1, ", kMaxHeader, "] bytes)");
   check(hlen <= size - 8, where, ": header length ", hlen, " runs past the end of the ", size,
         "-byte file (truncated?)");
   f.data_start_ = 8 + static_cast<size_t>(hlen);

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "clattn/error.h"
+#include "clattn/input_file.h"
 #include "data/tasks.h"
 
 namespace clattn {
@@ -16,14 +17,7 @@ namespace data {
 
 std::string read_file_bytes(const std::string& path) {
   check(!path.empty(), "data: no file given");
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) fail(path, ": cannot open (", std::strerror(errno), ")");
-  check(!S_ISDIR(st.st_mode), path, ": is a directory, not a data file");
-  std::ifstream f(path, std::ios::binary);
-  check(f.good(), path, ": cannot open for reading (", std::strerror(errno), ")");
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  check(!f.bad(), path, ": read error");
-  return s;
+  return read_input_file(path, "data", kMaxDataBytes);
 }
 
 }  // namespace data

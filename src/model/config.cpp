@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "clattn/error.h"
+#include "clattn/input_file.h"
 #include "clattn/model.h"
 
 namespace clattn {
@@ -34,6 +35,14 @@ struct Fields {
     check(std::isfinite(v), "config '", path, "': field \"", key, "\" must be finite");
     return v;
   }
+  // A number in [lo, hi] (a float field: a value float cannot hold, or one a layer would turn
+  // into inf or NaN, is refused here rather than reported later as a non-finite activation).
+  double number_in(const char* key, double dflt, double lo, double hi, const char* meaning) const {
+    const double v = number_or(key, dflt);
+    check(v >= lo && v <= hi, "config '", path, "': field \"", key, "\" = ", v, " is out of range: ",
+          meaning, " must be in [", lo, ", ", hi, "]");
+    return v;
+  }
   bool boolean_or(const char* key, bool dflt) const {
     if (!j.contains(key) || j[key].is_null()) return dflt;
     check(j[key].is_boolean(), "config '", path, "': field \"", key, "\" must be true or false, got ", j[key].dump());
@@ -49,11 +58,11 @@ struct Fields {
 }  // namespace
 
 ModelConfig read_model_config(const std::string& path) {
-  std::ifstream in(path);
-  check(in.good(), "config '", path, "': cannot be read");
+  // Never blocks on a FIFO, never reads without bound; the error gives the system's reason.
+  const std::string text = read_input_file(path, "config", kMaxJsonBytes);
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const std::exception& e) {
     throw Error(detail::concat("config '", path, "': not valid JSON: ", e.what()));
   }
@@ -90,7 +99,11 @@ ModelConfig read_model_config(const std::string& path) {
         "': num_attention_heads (", c.heads, ") must be a multiple of num_key_value_heads (", c.kv_heads, ")");
   check(c.head_dim >= 1, "config '", path, "': head_dim must be >= 1");
   c.max_positions = f.integer_or("max_position_embeddings", 0);
-  c.attention_scale = static_cast<float>(f.number_or("attention_scale", 0.0));
+  // 0 or absent: 1/sqrt(head_dim); otherwise the range of the spec's scale= (attention.h).
+  // Checked as a double: 1e300 or 1e-50 would otherwise turn into inf or 0 on the way to float.
+  if (f.number_or("attention_scale", 0.0) != 0.0)
+    c.attention_scale = static_cast<float>(
+        f.number_in("attention_scale", 0.0, 1e-6, 1e6, "the attention scale (0 or absent: 1/sqrt(head_dim))"));
   if (j.contains("id2label") && j["id2label"].is_object()) {
     c.labels.resize(j["id2label"].size());
     for (const auto& [k, v] : j["id2label"].items()) {
@@ -109,8 +122,8 @@ ModelConfig read_model_config(const std::string& path) {
   if (c.kind == ModelKind::llama) {
     check(c.heads * c.head_dim > 0, "config '", path, "': bad head sizes");
     c.vocab = f.integer("vocab_size");
-    c.eps = static_cast<float>(f.number_or("rms_norm_eps", 1e-6));
-    c.rope_theta = static_cast<float>(f.number_or("rope_theta", 10000.0));
+    c.eps = static_cast<float>(f.number_in("rms_norm_eps", 1e-6, 0, 1, "the RMSNorm epsilon"));
+    c.rope_theta = static_cast<float>(f.number_in("rope_theta", 10000.0, 1, 1e30, "the rotary base"));
     c.tie_embeddings = f.boolean_or("tie_word_embeddings", false);
     check(f.string_or("hidden_act", "silu") == "silu", "config '", path, "': hidden_act \"",
           f.string_or("hidden_act", ""), "\" is not supported for llama (silu)");
@@ -127,7 +140,7 @@ ModelConfig read_model_config(const std::string& path) {
   check(c.kv_heads == c.heads, "config '", path, "': encoders take num_key_value_heads = num_attention_heads");
   check(c.heads * c.head_dim == c.hidden, "config '", path, "': num_attention_heads x head_dim (",
         c.heads * c.head_dim, ") must equal hidden_size (", c.hidden, ")");
-  c.eps = static_cast<float>(f.number_or("layer_norm_eps", 1e-12));
+  c.eps = static_cast<float>(f.number_in("layer_norm_eps", 1e-12, 0, 1, "the LayerNorm epsilon"));
   const std::string act = f.string_or("hidden_act", "gelu");
   if (act == "gelu") c.gelu_tanh = false;
   else if (act == "gelu_tanh" || act == "gelu_new" || act == "gelu_pytorch_tanh") c.gelu_tanh = true;

@@ -12,6 +12,7 @@
 
 #include "clattn/atomic_file.h"
 #include "clattn/error.h"
+#include "clattn/input_file.h"
 #include "clattn/gemm.h"
 #include "clattn/nn.h"
 #include "clattn/parallel.h"
@@ -366,17 +367,21 @@ StepResult Model::timed(StepResult r, double t0) const {
 
 namespace {
 
+// config.json of dir as JSON (read_model_config has checked it is readable and valid).
+nlohmann::json config_json(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "config.json").string();
+  return nlohmann::json::parse(read_input_file(path, "config", kMaxJsonBytes), nullptr, false);
+}
+
 std::optional<TaskKind> saved_head(const std::string& dir) {
-  std::ifstream in(std::filesystem::path(dir) / "config.json");
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  const nlohmann::json j = config_json(dir);
   if (j.is_object() && j.contains("clattn_head") && j["clattn_head"].is_string())
     return task_kind_from_name(j["clattn_head"].get<std::string>());
   return std::nullopt;
 }
 
 std::string saved_plan(const std::string& dir) {
-  std::ifstream in(std::filesystem::path(dir) / "config.json");
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  const nlohmann::json j = config_json(dir);
   if (j.is_object() && j.contains("clattn_attention") && j["clattn_attention"].is_string())
     return j["clattn_attention"].get<std::string>();
   return "full";

@@ -24,6 +24,7 @@
 #include <unordered_map>
 
 #include "clattn/error.h"
+#include "clattn/input_file.h"
 
 namespace clattn {
 namespace {
@@ -124,11 +125,7 @@ void strip(std::string& s, std::string_view c, int64_t start, int64_t stop) {
 std::string quoted(std::string_view s) { return json(std::string(s)).dump(); }
 
 std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  check(f.good(), "tokenizer ", path, ": cannot read the file (", std::strerror(errno), ")");
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  check(!f.bad(), "tokenizer ", path, ": read error");
-  return s;
+  return read_input_file(path, "tokenizer", kMaxJsonBytes);
 }
 
 }  // namespace
@@ -163,6 +160,7 @@ struct Tokenizer::Impl {
   void load_steps(const json& j, const std::string& field, bool normalizer_chain);
   void load_post(const json& post);
   void load_config(const json& cfg, const std::string& cfg_name);
+  void check_growth(const std::vector<Step>& chain, const char* field) const;
 
   const MergeRule* rule(int32_t a, int32_t b) const {
     auto it = merges.find(static_cast<uint64_t>(a) << 32 | static_cast<uint32_t>(b));
@@ -206,6 +204,8 @@ void Tokenizer::Impl::load(const json& root) {
     has_decoder = true;
   }
   if (const json* p = opt(root, "post_processor")) load_post(*p);
+  check_growth(normalizer, "normalizer");
+  check_growth(decoder, "decoder");
 
   ascii.fill(-1);
   for (int c = 0; c < 128; ++c) ascii[static_cast<size_t>(c)] = model_id(std::string(1, static_cast<char>(c)));
@@ -373,6 +373,26 @@ void Tokenizer::Impl::load_steps(const json& j, const std::string& field, bool n
     bad(field, ".type ", quoted(type), " is not supported (", normalizer_chain ? "Sequence, Prepend, Replace" :
         "Sequence, Replace, ByteFallback, Fuse, Strip", ")");
   }
+}
+
+// A chain of Replace steps can grow a text exponentially ("a" -> "aa" forty times turns one byte
+// into a terabyte). Its worst case is linear, len <= a·n + c for a text of n bytes (Replace
+// multiplies both by |to| / |from|, Prepend adds its prefix to c), so it is bounded at load.
+void Tokenizer::Impl::check_growth(const std::vector<Step>& chain, const char* field) const {
+  constexpr double kMaxFactor = 64, kMaxConstant = 1 << 20;
+  double a = 1, c = 0;
+  for (const Step& st : chain) {
+    if (st.kind == StepKind::Replace) {
+      const double r = std::max(1.0, static_cast<double>(st.to.size()) / static_cast<double>(st.from.size()));
+      a *= r;
+      c *= r;
+    } else if (st.kind == StepKind::Prepend) {
+      c += static_cast<double>(st.to.size());
+    }
+  }
+  if (a > kMaxFactor || c > kMaxConstant)
+    bad(field, ": its steps can grow a text of n bytes to ", a, "·n + ", c, " bytes; at most ", kMaxFactor,
+        "·n + ", kMaxConstant, " is accepted (Replace and Prepend steps whose output outgrows their input)");
 }
 
 void Tokenizer::Impl::load_post(const json& post) {
@@ -589,8 +609,8 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& na
 Tokenizer Tokenizer::from_file(const std::string& path) {
   const std::string text = read_file(path);
   const std::filesystem::path cfg_path = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(cfg_path, ec)) return Tokenizer(build(text, path, {}, ""));
+  // Present as anything (a FIFO, a directory, a broken link): read, and refused when not a file.
+  if (!input_exists(cfg_path.string())) return Tokenizer(build(text, path, {}, ""));
   std::string cfg = read_file(cfg_path.string());
   if (cfg.empty()) cfg = " ";  // an empty config file is malformed, not absent
   return Tokenizer(build(text, path, cfg, cfg_path.string()));

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "clattn/error.h"
+#include "clattn/input_file.h"
 
 namespace clattn {
 namespace {
@@ -33,10 +34,10 @@ std::unique_ptr<Weights> Weights::open(const std::string& dir) {
   } else {
     check(fs::exists(index), "model '", dir, "': neither model.safetensors nor ",
           "model.safetensors.index.json is there");
-    std::ifstream in(index);
+    const std::string text = read_input_file(index.string(), "model index", kMaxJsonBytes);
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(in);
+      j = nlohmann::json::parse(text);
     } catch (const std::exception& e) {
       throw Error(detail::concat("model '", index.string(), "': not valid JSON: ", e.what()));
     }

@@ -80,6 +80,25 @@ inline float row_sq(const float* x, int64_t n) {
   return simd::hsum(a0 + a1);
 }
 
+// Rows whose float sums overflow (|x| beyond ~1e19: Σx² is inf) take the double path below; the
+// common case pays one comparison per row. Norms are scale invariant, so such rows have finite,
+// ordinary outputs: in float they came out as 0 (s = 1/inf) or NaN.
+constexpr float kFloatMax = std::numeric_limits<float>::max();
+// A row with rstd below this (standard deviation above 1e30) may have x − mean beyond float's
+// range (values near ±FLT_MAX of both signs): its backward forms (x − m)·s in double.
+constexpr float kTinyRstd = 1e-30f;
+
+// LayerNorm statistics of a row in double: mean and 1/sqrt(var + eps).
+void row_stats_double(const float* x, int64_t n, float eps, bool centre, double& m, double& s) {
+  double sum = 0;
+  if (centre)
+    for (int64_t e = 0; e < n; ++e) sum += x[e];
+  m = centre ? sum / static_cast<double>(n) : 0.0;
+  double sq = 0;
+  for (int64_t e = 0; e < n; ++e) sq += (x[e] - m) * (x[e] - m);
+  s = 1.0 / std::sqrt(sq / static_cast<double>(n) + eps);
+}
+
 void check_norm(const char* name, const void* y, const void* x, const void* w, int64_t rows,
                 int64_t dim, float eps) {
   check(rows >= 0 && dim >= 1, name, ": need rows >= 0 and dim >= 1, got rows=", rows, " dim=", dim);
@@ -100,7 +119,17 @@ void layernorm_fwd(float* y, const float* x, const float* gamma, const float* be
     const float* xr = x + r * dim;  // (dim)
     float* yr = y + r * dim;        // (dim), may be xr
     const float m = row_sum(xr, dim) * inv_dim;
-    const float s = 1.f / std::sqrt(row_sq_dev(xr, dim, m) * inv_dim + eps);
+    const float sq = row_sq_dev(xr, dim, m);
+    if (!(std::fabs(m) <= kFloatMax && sq <= kFloatMax)) {  // overflowed (or NaN): in double
+      double md = 0, sd = 0;
+      row_stats_double(xr, dim, eps, true, md, sd);
+      if (mean) mean[r] = static_cast<float>(md);
+      if (rstd) rstd[r] = static_cast<float>(sd);
+      for (int64_t e = 0; e < dim; ++e)
+        yr[e] = static_cast<float>((xr[e] - md) * sd * gamma[e] + beta[e]);
+      continue;
+    }
+    const float s = 1.f / std::sqrt(sq * inv_dim + eps);
     if (mean) mean[r] = m;
     if (rstd) rstd[r] = s;
     const vf mv = splat(m), sv = splat(s);
@@ -122,7 +151,15 @@ void rmsnorm_fwd(float* y, const float* x, const float* w, int64_t rows, int64_t
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;  // (dim)
     float* yr = y + r * dim;        // (dim), may be xr
-    const float s = 1.f / std::sqrt(row_sq(xr, dim) * inv_dim + eps);
+    const float sq = row_sq(xr, dim);
+    float s;
+    if (sq <= kFloatMax) {
+      s = 1.f / std::sqrt(sq * inv_dim + eps);
+    } else {  // Σx² overflowed (or NaN): in double; x·s stays in range
+      double md = 0, sd = 0;
+      row_stats_double(xr, dim, eps, false, md, sd);
+      s = static_cast<float>(sd);
+    }
     if (rstd) rstd[r] = s;
     const vf sv = splat(s);
     int64_t e = 0;
@@ -196,6 +233,21 @@ void norm_dx(float* dx, const float* dy, const float* x, const float* w, const f
     const float* dyr = dy + r * dim;  // (dim)
     const float* xr = x + r * dim;    // (dim)
     float* dxr = dx + r * dim;        // (dim), may be dyr
+    if (kCentre && rstd[r] < kTinyRstd) {  // x − m may overflow float: this row in double
+      double sg = 0, sgx = 0;
+      const double m = mean[r], sr = rstd[r];
+      for (int64_t e = 0; e < dim; ++e) {
+        const double g = static_cast<double>(dyr[e]) * w[e];
+        sg += g;
+        sgx += g * ((xr[e] - m) * sr);
+      }
+      const double a = sg / static_cast<double>(dim), c = sgx / static_cast<double>(dim);
+      for (int64_t e = 0; e < dim; ++e) {
+        const float d = static_cast<float>(sr * (static_cast<double>(dyr[e]) * w[e] - a - (xr[e] - m) * sr * c));
+        dxr[e] = accumulate ? dxr[e] + d : d;
+      }
+      continue;
+    }
     const vf mv = splat(kCentre ? mean[r] : 0.f), sv = splat(rstd[r]);
     vf sg{}, sgx{};  // Σ g, Σ g·xhat
     for (int64_t e = 0; e < body; e += kLanes) {
@@ -234,6 +286,13 @@ void norm_dparams(float* dgain, float* dbias, const float* dy, const float* x, c
       for (int64_t r = 0; r < rows; ++r) {
         const float* dyr = dy + r * dim + p0;  // (n)
         const float* xr = x + r * dim + p0;    // (n)
+        if (kCentre && rstd[r] < kTinyRstd) {  // x − m may overflow float: this row in double
+          for (int64_t e = 0; e < n; ++e) {
+            ag[e] += static_cast<float>(dyr[e] * ((xr[e] - static_cast<double>(mean[r])) * rstd[r]));
+            ab[e] += dyr[e];
+          }
+          continue;
+        }
         const vf mv = splat(kCentre ? mean[r] : 0.f), sv = splat(rstd[r]);
         for (int64_t e = 0; e < body; e += kLanes) {
           const vf d = load(dyr + e);

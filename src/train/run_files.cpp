@@ -1,9 +1,16 @@
 #include "train/run_files.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
 #include "clattn/error.h"
+#include "clattn/input_file.h"
 
 namespace clattn::train {
 
@@ -20,6 +27,36 @@ void fsync_dir(const fs::path& dir) {
 }
 
 }  // namespace
+
+SavedState read_train_state(const std::string& path) {
+  const nlohmann::json j = nlohmann::json::parse(read_input_file(path, "train state", kMaxJsonBytes), nullptr, false);
+  check(j.is_object() && j.contains("step") && j.contains("args") && j["args"].is_object(), "train: '", path,
+        "' is not a train state (a JSON object with \"step\" and \"args\")");
+  // Integers in [lo, hi]: a float, a string or a value beyond int64 is refused, never converted.
+  auto integer = [&](const char* key, int64_t dflt, int64_t lo, int64_t hi) {
+    if (!j.contains(key)) return dflt;
+    const nlohmann::json& v = j[key];
+    check(v.is_number_integer() && (v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(hi)
+                                                            : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi),
+          "train: '", path, "': field \"", key, "\" must be an integer in [", lo, ", ", hi, "], got ", v.dump());
+    return v.get<int64_t>();
+  };
+  auto number = [&](const char* key, double lo, double hi) -> std::optional<double> {
+    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+    const nlohmann::json& v = j[key];
+    check(v.is_number() && v.get<double>() >= lo && v.get<double>() <= hi, "train: '", path, "': field \"", key,
+          "\" must be a number in [", lo, ", ", hi, "], got ", v.dump());
+    return v.get<double>();
+  };
+  constexpr int64_t kMaxStep = int64_t{1} << 62;
+  SavedState st;
+  st.step = integer("step", 0, 0, kMaxStep);
+  st.best_step = integer("best_step", -1, -1, kMaxStep);
+  st.elapsed_s = number("elapsed_s", 0, 1e15).value_or(0.0);
+  st.best_metric = number("best_metric", -1e300, 1e300);
+  st.args = j["args"];
+  return st;
+}
 
 void recover(const fs::path& root, const std::string& name) {
   const fs::path cur = root / name, old = root / (".old-" + name), tmp = root / (".tmp-" + name);
@@ -39,21 +76,92 @@ void swap_in(const fs::path& root, const std::string& name) {
   fs::remove_all(old, ec);
 }
 
-Log::Log(const std::string& path, bool append) : path_(path) {
+Log::Log(const std::string& path, bool append, const std::vector<std::string>& inputs) : path_(path) {
   if (path.empty()) return;
-  f_ = std::fopen(path.c_str(), append ? "a" : "w");
-  check(f_ != nullptr, "train: cannot open the log '", path, "' for writing");
+  // No O_TRUNC yet: the file may turn out to be an input, which must survive the refusal.
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0644);
+  if (fd_ < 0) {
+    const int err = errno;
+    struct stat lst {};
+    check(!(err == ELOOP && ::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)), "train: --log '", path,
+          "' is a symlink; the log is written only to a regular file (give the target's path)");
+    fail("train: cannot open the log '", path, "' for writing: ", std::strerror(err),
+         err == ENXIO ? " (a FIFO with no reader: the log must be a regular file)" : "");
+  }
+  struct stat st {};
+  const bool regular = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode);
+  if (!regular) {
+    ::close(std::exchange(fd_, -1));
+    fail("train: --log '", path, "' exists and is not a regular file (",
+         S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket",
+         "); the log must be a regular file");
+  }
+  for (const std::string& in : inputs) {
+    struct stat ist {};
+    if (in.empty() || ::stat(in.c_str(), &ist) != 0) continue;
+    if (ist.st_dev == st.st_dev && ist.st_ino == st.st_ino) {
+      ::close(std::exchange(fd_, -1));
+      fail("train: --log '", path, "' is the run's input '", in, "'; the log must be another file");
+    }
+  }
+  const int flags = ::fcntl(fd_, F_GETFL);
+  if (flags >= 0) (void)::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK);
+  if (!append && ::ftruncate(fd_, 0) != 0) {
+    const int err = errno;
+    ::close(std::exchange(fd_, -1));
+    fail("train: cannot truncate the log '", path, "': ", std::strerror(err));
+  }
 }
 
 Log::~Log() {
-  if (f_) std::fclose(f_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void Log::write(const nlohmann::json& j) {
-  if (!f_) return;
+  if (fd_ < 0) return;
   const std::string s = j.dump() + "\n";
-  std::fwrite(s.data(), 1, s.size(), f_);
-  std::fflush(f_);
+  const char* p = s.data();
+  size_t n = s.size();
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, p, n);
+    const int err = errno;
+    if (w < 0 && err == EINTR) continue;
+    check(w > 0, "train: cannot write the log '", path_, "': ", w == 0 ? "no progress" : std::strerror(err));
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+FolderLock::FolderLock(const fs::path& root) {
+  const std::string path = (root / ".clattn-train.lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0644);
+  if (fd_ < 0) {
+    const int err = errno;
+    fail("train: cannot lock the checkpoint folder '", root.string(), "': cannot open '", path, "': ",
+         std::strerror(err));
+  }
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(std::exchange(fd_, -1));
+    fail("train: cannot lock the checkpoint folder '", root.string(), "': '", path, "' is not a regular file");
+  }
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char buf[32] = {};
+    const ssize_t r = ::pread(fd_, buf, sizeof buf - 1, 0);
+    ::close(std::exchange(fd_, -1));
+    const long pid = r > 0 ? std::strtol(buf, nullptr, 10) : 0;
+    check(err != EWOULDBLOCK, "train: checkpoint folder '", root.string(), "' in use by ",
+          pid > 0 ? "PID " + std::to_string(pid) : std::string("another process"),
+          " (another run writes it); wait for it to end or choose another --checkpoint");
+    fail("train: cannot lock the checkpoint folder '", root.string(), "': ", std::strerror(err));
+  }
+  const std::string me = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);
+}
+
+FolderLock::~FolderLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
 }  // namespace clattn::train

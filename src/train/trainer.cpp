@@ -10,6 +10,7 @@
 
 #include "clattn/atomic_file.h"
 #include "clattn/error.h"
+#include "clattn/input_file.h"
 #include "clattn/nn.h"
 #include "clattn/train.h"
 #include "train/grad_reduce.h"
@@ -100,12 +101,20 @@ void copy_tokenizer(const std::string& tokenizer, const fs::path& dir) {
   const fs::path src = fs::path(tokenizer).parent_path();
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
     const fs::path from = f == std::string("tokenizer.json") ? fs::path(tokenizer) : src / f;
-    if (!fs::exists(from)) continue;
-    std::ifstream in(from, std::ios::binary);
-    std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    check(!in.bad(), "train: cannot read '", from.string(), "'");
-    write_file_atomic((dir / f).string(), s);
+    if (!input_exists(from.string())) continue;
+    write_file_atomic((dir / f).string(), read_input_file(from.string(), "train: tokenizer file", kMaxJsonBytes));
   }
+}
+
+[[noreturn]] void diverged(int64_t step, const std::string& why) {
+  fail("train: diverged at step ", step, " (try a lower --lr): ", why);
+}
+
+// No inf or NaN among the values (x·0 is 0 for finite x only).
+bool all_finite(std::span<const float> v) {
+  float acc = 0.f;
+  for (const float x : v) acc += x * 0.f;
+  return acc == 0.f;
 }
 
 }  // namespace
@@ -172,7 +181,9 @@ EvalResult evaluate(Model& model, const std::vector<Batch>& batches, bool accura
 class Trainer::Files {
  public:
   fs::path root;
-  json args, state;
+  json args;
+  train::SavedState state;
+  train::FolderLock lock;  // rank 0 only
   train::Log log;
 };
 
@@ -232,6 +243,8 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
       std::error_code ec;
       fs::create_directories(f.root, ec);
       check(fs::is_directory(f.root), "train: cannot create the checkpoint folder '", f.root.string(), "'");
+      // Before anything in the folder is touched: a second run must not remove this one's temporaries.
+      f.lock = train::FolderLock(f.root);
       train::recover(f.root, "latest");
       train::recover(f.root, "best");
     }
@@ -240,14 +253,12 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
     check(a.resume || !have, "train: '", f.root.string(),
           "' already holds a run (latest/); pass --resume to continue it, or choose another --checkpoint");
     if (a.resume && have) {
-      std::ifstream in(f.root / "latest" / "train_state.json");
-      f.state = json::parse(in, nullptr, false);
-      check(f.state.is_object() && f.state.contains("step") && f.state.contains("args"), "train: '",
-            (f.root / "latest" / "train_state.json").string(), "' is not a train state");
+      f.state = train::read_train_state((f.root / "latest" / "train_state.json").string());
+      const json& saved = f.state.args;
       std::string diff;
       for (const auto& [k, v] : f.args.items())
-        if (!f.state["args"].contains(k) || f.state["args"][k] != v)
-          diff += " --" + k + " " + (f.state["args"].contains(k) ? f.state["args"][k].dump() : "(absent)") + " (now " + v.dump() + ")";
+        if (!saved.contains(k) || saved[k] != v)
+          diff += " --" + k + " " + (saved.contains(k) ? saved[k].dump() : "(absent)") + " (now " + v.dump() + ")";
       check(diff.empty(), "train: --resume needs the options of the saved run; they differ:", diff);
       model_ = Model::load((f.root / "latest").string());
       resumed_ = true;
@@ -305,12 +316,12 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
     optim_ = std::make_unique<Optimizer>(*model_, oo);
   }
   if (resumed_) {
-    const json& st = f.state;
+    const train::SavedState& st = f.state;
     optim_->load((f.root / "latest" / "optimizer.safetensors").string());
-    step_ = st["step"].get<int64_t>();
-    elapsed_ = st.value("elapsed_s", 0.0);
-    if (st.contains("best_metric") && st["best_metric"].is_number()) best_ = st["best_metric"].get<double>();
-    best_step_ = st.value("best_step", int64_t{-1});
+    step_ = st.step;
+    elapsed_ = st.elapsed_s;
+    if (st.best_metric) best_ = *st.best_metric;
+    best_step_ = st.best_step;
     check(optim_->steps_done() == step_, "train: the optimizer state has ", optim_->steps_done(),
           " steps, train_state.json says ", step_);
     last_eval_ = step_;
@@ -329,7 +340,14 @@ void Trainer::begin() {
   if (begun_) return;
   begun_ = true;
   const TrainOptions& a = opt_;
-  if (lead()) files_->log = train::Log(a.log, resumed_ || a.resume);
+  if (lead()) {
+    // The log never overwrites an input of the run (its data, tokenizer or initial checkpoint).
+    std::vector<std::string> inputs = {a.task.data, tokenizer_};
+    if (!a.init.empty())
+      for (const char* name : {"config.json", "model.safetensors", "tokenizer.json"})
+        inputs.push_back((fs::path(a.init) / name).string());
+    files_->log = train::Log(a.log, resumed_ || a.resume, inputs);
+  }
   json cfg = files_->args;
   cfg["eval_every"] = a.eval_every;
   cfg["eval_examples"] = a.eval_examples;
@@ -486,9 +504,20 @@ StepReport Trainer::step() {
   // Every rank draws the whole batch (a pure function of the seed and the step) and takes its share.
   const Batch batch = task_->train_batch(opt_.batch, opt_.seq, static_cast<uint64_t>(step_));
   StepReport r;
-  r.detail = opt_.reproducible ? reproducible_gradient(batch, r.comm_ms) : micro_batch_gradient(batch, r.comm_ms);
+  // A diverged run shows as values no float holds: a forward or backward that refuses them
+  // (NumericError), a non-finite loss, gradient norm or parameter. Each stops the run here, before
+  // the step is logged or any checkpoint written, with the same words.
+  const int64_t at = step_ + 1;
+  try {
+    r.detail = opt_.reproducible ? reproducible_gradient(batch, r.comm_ms) : micro_batch_gradient(batch, r.comm_ms);
+  } catch (const NumericError& e) {
+    diverged(at, e.what());
+  }
+  const double loss = r.detail.counted ? r.detail.loss_sum / static_cast<double>(r.detail.counted) : 0;
+  if (!std::isfinite(loss)) diverged(at, "the loss is not finite");
   float lr = 0;
   r.grad_norm = optim_->step(&lr);
+  if (!std::isfinite(r.grad_norm)) diverged(at, "the gradient norm is not finite");
   if (opt_.shard_optimizer) {
     // Each rank updated its shard: gather the parameters.
     const auto tg = Clock::now();
@@ -506,6 +535,7 @@ StepReport Trainer::step() {
     comm_->iall_gatherv(mine.data(), sizeof(float) * mine.size(), p.data(), counts, displs)->wait();
     r.comm_ms += seconds_since(tg) * 1e3;
   }
+  if (!all_finite(model_->params())) diverged(at, "a parameter is not finite after the update");
   r.ms = seconds_since(t0) * 1e3;
   // Rank 0's clock decides the time budget, so every rank stops at the same step.
   double elapsed = elapsed_ + r.ms / 1e3;
@@ -514,9 +544,8 @@ StepReport Trainer::step() {
   ++step_;
   r.step = step_;
   r.lr = lr;
-  r.loss = r.detail.counted ? r.detail.loss_sum / static_cast<double>(r.detail.counted) : 0;
+  r.loss = loss;
   r.tokens_per_s = static_cast<double>(opt_.batch * opt_.seq) / (r.ms / 1e3);
-  check(std::isfinite(r.loss), "train: the loss is not finite at step ", step_, " (try a lower --lr)");
   files_->log.write({{"step", step_}, {"loss", r.loss}, {"lr", lr}, {"ms", r.ms}, {"tokens_per_s", r.tokens_per_s},
                      {"grad_norm", r.grad_norm}, {"comm_ms", r.comm_ms}});
   if (on_step) on_step(r);
@@ -527,7 +556,12 @@ EvalReport Trainer::evaluate() {
   begin();
   EvalReport r;
   r.step = step_;
-  r.result = clattn::evaluate(*model_, eval_set_, task_->kind() == TaskKind::classify, *comm_, seq_ranks_);
+  try {
+    r.result = clattn::evaluate(*model_, eval_set_, task_->kind() == TaskKind::classify, *comm_, seq_ranks_);
+  } catch (const NumericError& e) {
+    diverged(step_, e.what());
+  }
+  if (!std::isfinite(r.result.loss)) diverged(step_, "the evaluation loss is not finite");
   last_eval_ = step_;
   const bool accuracy = task_->kind() == TaskKind::classify;
   r.improved = std::isnan(best_) || (accuracy ? r.result.metric > best_ : r.result.metric < best_);

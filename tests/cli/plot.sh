@@ -50,7 +50,7 @@ printf '{"machine":{},"results":[{"spec":"full","n":64,"ms_median":null,"error":
 expect_exit 1 "plot --bench with only failed rows" "no bench result" "$bin" plot --bench "$dir/failed.json" --out "$dir/x.png"
 printf 'not json\n' >"$dir/garbage.json"
 expect_exit 1 "plot --bench on garbage" "line 1" "$bin" plot --bench "$dir/garbage.json" --out "$dir/x.png"
-expect_exit 1 "plot --bench on a missing file" "cannot read" "$bin" plot --bench "$dir/none.json" --out "$dir/x.png"
+expect_exit 1 "plot --bench on a missing file" "cannot open: No such file" "$bin" plot --bench "$dir/none.json" --out "$dir/x.png"
 
 # --- plot --logs on synthetic train logs ---------------------------------------------------------
 for run in full clustered; do
@@ -155,5 +155,83 @@ if need_data "inspect on the real models" kwt1 stories260k; then
   expect_exit 2 "inspect KWT with --tokens" "features" "$bin" inspect --model "$data/kwt1" --tokens \
     "$data/stories260k/reference_logits.safetensors" --attention full --out "$dir/x.png"
 fi
+
+# --- strings from data, file names and paths never run as gnuplot code ------------------------------
+# Every gnuplot metacharacter: backquotes (command substitution inside double quotes), both quotes,
+# backslash, $ and @ (macros), ; and # (command and comment separators), a line break, CR, tab,
+# NUL and enhanced-text markup. Each backquoted command would create a file in the working folder.
+pw=$dir/pw
+mkdir -p "$pw"
+cat >"$pw/evil.jsonl" <<'END'
+{"config":{"attention":"full`touch PWNED-log` \" \\ ' ; # @x $(touch PWNED-sh) {}^_ %s \n`touch PWNED-nl`\r\t\u0000 end","task":"mlm"},"metric":"bpc`touch PWNED-metric`'\"\n`touch PWNED-metric2`"}
+{"step":1,"loss":2.0}
+{"step":1,"eval_metric":1.5,"elapsed_s":1}
+END
+cat >"$pw/evil-bench.jsonl" <<'END'
+{"spec":"full`touch PWNED-bench`' \" \\ \n`touch PWNED-bench2` @x $1","n":64,"ms_median":1.0,"ms_min":0.9,"ms_max":1.3,"rss_mb":1,"mode":"fwd`touch PWNED-mode`"}
+{"spec":"full`touch PWNED-bench`' \" \\ \n`touch PWNED-bench2` @x $1","n":128,"ms_median":3.0,"ms_min":2.5,"ms_max":4.0,"rss_mb":2}
+END
+evil_name='r`touch PWNED-file`'"'"'"; #$x@y'
+evil_tmp='tmp`touch PWNED-tmpdir`'"'"'"'
+cp "$pw/evil.jsonl" "$pw/$evil_name.jsonl"
+cp "$dir/in.safetensors" "$pw/$evil_name.safetensors"
+mkdir -p "$pw/$evil_tmp"
+cd "$pw" || exit 1  # gnuplot runs in clattn's working folder: a command would create its file here
+expect_ok "plot --logs with metacharacters" "$bin" plot --logs evil.jsonl "$evil_name.jsonl" \
+  --label 'lab`touch PWNED-label`'"'" --label x --out "$pw/logs.png"
+expect_png "plot --logs with metacharacters" "$pw/logs.png" 1500 520
+expect_ok "plot --bench with metacharacters" "$bin" plot --bench evil-bench.jsonl --out "$pw/b.png"
+expect_png "plot --bench with metacharacters" "$pw/b.png" 1400 640
+expect_ok "inspect with metacharacters in the path" "$bin" inspect --input "$evil_name.safetensors" \
+  --attention clustered:clusters=4 --out "$pw/i.png"
+expect_ok "TMPDIR with metacharacters" env TMPDIR="$pw/$evil_tmp" "$bin" plot --logs evil.jsonl --out "$pw/t.png"
+if need_data "inspect on a model path with metacharacters" kwt1; then
+  evil_model='kwt`touch PWNED-model`'"'"'"; #@x'
+  ln -s "$data/kwt1" "$pw/$evil_model"
+  expect_ok "inspect --model with metacharacters" "$bin" inspect --model "$evil_model" \
+    --features "$data/kwt1/features_fsdd_test.safetensors" --attention improved-clustered:clusters=25 --out "$pw/m.png"
+fi
+cd - >/dev/null || exit 1
+pwned=$(find "$pw" -maxdepth 1 -name 'PWNED*')
+[ -z "$pwned" ] && ok || bad "gnuplot ran commands from data or paths: $pwned"
+
+# --- plot --bench refuses files that are not bench results, named for what they are ---------------
+printf '{"model":"m","results":[{"spec":"full","seeds":1,"agreement":1.0,"ms":3}]}\n' >"$dir/approx.json"
+expect_exit 1 "plot --bench on an approx result" "is an approx result" "$bin" plot --bench "$dir/approx.json" --out "$dir/x.png"
+printf '{"checkpoint":"c","task":"mlm","seq":64,"results":[{"attention":"full","eval_loss":1}]}\n' >"$dir/eval.json"
+expect_exit 1 "plot --bench on an eval result" "is an eval result" "$bin" plot --bench "$dir/eval.json" --out "$dir/x.png"
+printf '{"machine":{},"results":[{"attention":"full","mode":"forward","n":128,"ms_median":2}]}\n' >"$dir/bm.json"
+expect_exit 1 "plot --bench on a bench-model result" "bench-model result" "$bin" plot --bench "$dir/bm.json" --out "$dir/x.png"
+expect_exit 1 "plot --bench on a training log" "training log" "$bin" plot --bench "$dir/full.jsonl" --out "$dir/x.png"
+
+# --- bench pictures draw the spread: bars from ms_min to ms_max -------------------------------------
+expect_ok "plot --bench keeping its script" env CLATTN_PLOT_KEEP="$dir/keep" "$bin" plot --bench "$pw/evil-bench.jsonl" \
+  --out "$dir/spread.png"
+grep -q "using 1:2:4:5 with yerrorlines" "$dir/keep/spread/plot.gp" && ok || bad "no error bars: $(grep plot "$dir/keep/spread/plot.gp")"
+grep -q "^64 1 1 0.9 1.3$" "$dir/keep/spread/bench0.dat" && ok || bad "bench data without ms_min/ms_max: $(cat "$dir/keep/spread/bench0.dat")"
+
+# --- plot --logs: runs of different metrics on separate rows; runs named by file and spec ----------
+printf '{"config":{"attention":"full","task":"listops"},"metric":"accuracy"}\n{"step":1,"loss":2.3}\n{"step":1,"eval_metric":0.4,"metric":"accuracy","elapsed_s":2}\n' >"$dir/acc.jsonl"
+expect_ok "plot --logs, two metrics" env CLATTN_PLOT_KEEP="$dir/keep" "$bin" plot --logs "$dir/full.jsonl" "$dir/acc.jsonl" \
+  --out "$dir/two.png"
+expect_png "plot --logs, two metrics: two rows" "$dir/two.png" 1500 1040
+grep -q "2 metrics" "$dir/err" && ok || bad "plot --logs does not say it split the metrics: $(cat "$dir/err")"
+grep -q "layout 2,3" "$dir/keep/two/plot.gp" && ok || bad "two metrics share a row: $(grep layout "$dir/keep/two/plot.gp")"
+cp "$dir/full.jsonl" "$dir/again.jsonl"
+expect_ok "plot --logs, one spec twice" env CLATTN_PLOT_KEEP="$dir/keep" "$bin" plot --logs "$dir/full.jsonl" "$dir/again.jsonl" \
+  --out "$dir/same.png"
+grep -q "title 'full:clusters=8 (full.jsonl)'" "$dir/keep/same/plot.gp" && grep -q "title 'full:clusters=8 (again.jsonl)'" \
+  "$dir/keep/same/plot.gp" && ok || bad "two runs of one spec are not named by file: $(grep -o "title '[^']*'" "$dir/keep/same/plot.gp")"
+expect_ok "plot --logs --label" env CLATTN_PLOT_KEEP="$dir/keep" "$bin" plot --logs "$dir/full.jsonl" "$dir/again.jsonl" \
+  --label first --label second --out "$dir/lab.png"
+grep -q "title 'full:clusters=8 (second)'" "$dir/keep/lab/plot.gp" && ok || bad "--label not in the legend"
+expect_exit 2 "plot --label count" "once per --logs file" "$bin" plot --logs "$dir/full.jsonl" --label a --label b --out "$dir/x.png"
+
+# --- inspect: as many colours as clusters ---------------------------------------------------------
+expect_ok "inspect 25 clusters" env CLATTN_PLOT_KEEP="$dir/keep" "$bin" inspect --input "$dir/in.safetensors" --index 1 \
+  --attention clustered:clusters=25 --out "$dir/c25.png"
+clusters=$(awk '{print $2}' "$dir/keep/c25-clusters/groups.dat" | sort -u | wc -l)
+colours=$(awk '{print $3}' "$dir/keep/c25-clusters/groups.dat" | sort -u | wc -l)
+[ "$clusters" -ge 20 ] && [ "$colours" = "$clusters" ] && ok || bad "$clusters clusters drawn with $colours colours"
 
 finish "plot.sh: "

@@ -134,4 +134,62 @@ expect_exit 1 "eval of nothing" "holds no checkpoint" "$bin" eval --checkpoint "
 expect_exit 1 "eval with the wrong task" "head does not fit" "$bin" eval --checkpoint "$dir/lm" --task mlm --data "$text"
 expect_exit 2 "eval bad output" "-o must be" "$bin" eval --checkpoint "$dir/mlm" -o xml
 
+# --- the log is an output like every other: no symlink, no FIFO, never an input, every write checked.
+echo "precious" >"$dir/target.txt"
+ln -s "$dir/target.txt" "$dir/link.jsonl"
+expect_exit 1 "--log through a symlink" "symlink" "$bin" train --task mlm --data "$text" "${tiny[@]}" --steps 1 \
+  --log "$dir/link.jsonl"
+[ "$(cat "$dir/target.txt")" = precious ] && ok || bad "the symlink's target was overwritten"
+mkfifo "$dir/fifo.jsonl"
+expect_exit 1 "--log on a FIFO" "FIFO" timeout 60 "$bin" train --task mlm --data "$text" "${tiny[@]}" --steps 1 \
+  --log "$dir/fifo.jsonl"
+expect_exit 1 "eval --data on a FIFO" "FIFO" timeout 60 "$bin" eval --checkpoint "$dir/mlm" --data "$dir/fifo.jsonl"
+sum_before=$(cksum <"$text")
+expect_exit 1 "--log on the --data file" "input" "$bin" train --task mlm --data "$text" "${tiny[@]}" --steps 1 \
+  --log "$text"
+[ "$(cksum <"$text")" = "$sum_before" ] && ok || bad "the corpus was changed by a refused --log"
+ln "$text" "$dir/hardlink.txt"
+expect_exit 1 "--log on a hard link of the data" "input" "$bin" train --task mlm --data "$text" "${tiny[@]}" --steps 1 \
+  --log "$dir/hardlink.txt"
+[ "$(cksum <"$text")" = "$sum_before" ] && ok || bad "the corpus was changed through a hard link"
+# A write that fails (the file-size limit, as a full disk would): an error, never exit 0 with a torn log.
+expect_exit 1 "--log write error" "cannot write the log" bash -c 'trap "" XFSZ; ulimit -f 1; exec "$@"' _ "$bin" train \
+  --task mlm --data "$text" "${tiny[@]}" --steps 40 --eval-every 40 --log "$dir/small.jsonl"
+
+# --- one run per checkpoint folder: a second is refused and names the first's PID.
+"$bin" train --task mlm --data "$text" "${tiny[@]}" --steps 100000 --eval-every 100000 --checkpoint "$dir/busy" \
+  >/dev/null 2>&1 &
+busy=$!
+for _ in $(seq 1 3000); do [ -s "$dir/busy/.clattn-train.lock" ] && break; sleep 0.01; done
+expect_exit 1 "a second run on one folder" "in use by PID $busy" "$bin" train --task mlm --data "$text" "${tiny[@]}" \
+  --steps 2 --checkpoint "$dir/busy" --resume
+kill "$busy" 2>/dev/null
+wait "$busy" 2>/dev/null
+expect_ok "the folder is free once the run ended" "$bin" train --task mlm --data "$text" "${tiny[@]}" --steps 2 \
+  --eval-every 2 --checkpoint "$dir/busy" --resume
+
+# --- a diverging run stops with the divergence, before any checkpoint holds its weights.
+expect_exit 1 "--lr 1e20 diverges" "diverged at step" "$bin" train --task lm --data "$text" "${tiny[@]}" --steps 20 \
+  --eval-every 1 --lr 1e20 --checkpoint "$dir/div"
+grep -q "try a lower --lr" "$dir/err" && ok || bad "the divergence message does not suggest a lower --lr: $(cat "$dir/err")"
+if [ -f "$dir/div/latest/model.safetensors" ]; then
+  python3 - "$dir/div/latest/model.safetensors" <<'PY' && ok || bad "a checkpoint of the diverged run holds weights beyond 1e30"
+import json, struct, sys, math
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+vals = struct.unpack("<%df" % ((len(b) - 8 - n) // 4), b[8 + n: 8 + n + (len(b) - 8 - n) // 4 * 4])
+sys.exit(0 if all(math.isfinite(x) and abs(x) < 1e30 for x in vals) else 1)
+PY
+else ok; fi
+
+# --- train_state.json fields are checked, named with their file and range.
+cp -r "$dir/mlm" "$dir/badstate"
+sed -i 's/"step": 12/"step": "12"/' "$dir/badstate/latest/train_state.json"
+expect_exit 1 "train_state step as a string" '"step" must be an integer' "$bin" train --task mlm --data "$text" \
+  "${tiny[@]}" --steps 13 --eval-every 6 --checkpoint "$dir/badstate" --resume
+grep -q "train_state.json" "$dir/err" && ok || bad "the error does not name train_state.json: $(cat "$dir/err")"
+sed -i 's/"seq": 64/"seq": 1e30/' "$dir/badstate/latest/train_state.json"
+expect_exit 1 "eval with a float seq in train_state" '"seq" must be an integer' "$bin" eval --checkpoint "$dir/badstate/latest"
+grep -q -- "-9223372036854775808" "$dir/err" && bad "1e30 shown as INT64_MIN" || ok
+
 finish "train cli: "

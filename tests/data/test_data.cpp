@@ -232,7 +232,7 @@ TEST(ListOps, BadFilesNameFileAndLine) {
   EXPECT_THAT(err("\n\n"), HasSubstr("no examples"));
   EXPECT_THAT(err(""), HasSubstr("no examples"));
   EXPECT_THAT(error_of([&] { make_task({.kind = "listops", .data = tmp.path("none.tsv")}); }),
-              HasSubstr("none.tsv: cannot open"));
+              HasSubstr("none.tsv': cannot open: No such file or directory"));
   // LRA's own files: a Source/Target header, expression first; blank lines and CRLF are fine.
   const std::string lra = tmp.write("lra.tsv", "Source\tTarget\r\n( [MAX 2 9 ) ]\t9\r\n\r\n[SM 5 6 ]\t1\r\n");
   auto task = make_task({.kind = "listops", .data = lra});
@@ -365,11 +365,11 @@ TEST(Text, LmTargetsAreNextBytes) {
 TEST(Text, ErrorsNameTheFileAndTheNeed) {
   TempDir tmp;
   EXPECT_THAT(error_of([&] { make_task({.kind = "mlm", .data = tmp.path("missing.txt")}); }),
-              HasSubstr("missing.txt: cannot open"));
+              HasSubstr("missing.txt': cannot open: No such file or directory"));
   EXPECT_THAT(error_of([&] { make_task({.kind = "lm", .data = tmp.write("empty.txt", "")}); }),
               HasSubstr("empty.txt: empty file"));
   EXPECT_THAT(error_of([&] { make_task({.kind = "mlm", .data = fs::temp_directory_path().string()}); }),
-              HasSubstr("is a directory"));
+              HasSubstr("not a regular file (a directory)"));
   EXPECT_THAT(error_of([&] { make_task({.kind = "lm"}); }), HasSubstr("needs a text file"));
   EXPECT_THAT(error_of([&] { make_task({.kind = "listopz"}); }), HasSubstr("unknown task 'listopz'"));
   // 600 bytes: 540 for training, 60 held out. lm with T = 59 needs 60-byte windows: fits exactly.

@@ -149,6 +149,39 @@ TEST(Norms, RejectBadArguments) {
   EXPECT_THROW(rmsnorm_fwd(y.data(), x.data(), nullptr, 2, 4, 1e-5f), Error);
 }
 
+// Norms are scale invariant: rows of |x| ~ 1e20 .. 1e37, whose float Σx² overflows to inf, give
+// the outputs of the same rows at scale 1 (not 0 or NaN), and input gradients scaled by 1/s.
+TEST(Norms, HugeRowsAreScaleInvariant) {
+  const int64_t rows = 3;
+  for (const int64_t dim : {3, 17, 64}) {
+    const size_t n = sz(rows * dim);
+    const std::vector<float> x = randn(rows * dim, 40), w = randn(dim, 41, 0.5f, 1.f), b = randn(dim, 42),
+                             dy = randn(rows * dim, 43);
+    // Scale 1, eps 0: the reference (eps is negligible beside the huge rows' variance).
+    std::vector<float> y1(n), m1(sz(rows)), r1(sz(rows)), dx1(n), z1(n), q1(sz(rows)), dz1(n);
+    layernorm_fwd(y1.data(), x.data(), w.data(), b.data(), rows, dim, 0.f, m1.data(), r1.data());
+    layernorm_bwd(dx1.data(), nullptr, nullptr, dy.data(), x.data(), w.data(), m1.data(), r1.data(), rows, dim);
+    rmsnorm_fwd(z1.data(), x.data(), w.data(), rows, dim, 0.f, q1.data());
+    rmsnorm_bwd(dz1.data(), nullptr, dy.data(), x.data(), w.data(), q1.data(), rows, dim);
+    for (const float s : {1e20f, 1e30f, 1e37f}) {
+      SCOPED_TRACE(::testing::Message() << "dim " << dim << ", scale " << s);
+      std::vector<float> xs(n);
+      for (size_t i = 0; i < n; ++i) xs[i] = x[i] * s;
+      std::vector<float> y(n), m(sz(rows)), r(sz(rows)), dx(n), z(n), q(sz(rows)), dz(n);
+      layernorm_fwd(y.data(), xs.data(), w.data(), b.data(), rows, dim, 1e-5f, m.data(), r.data());
+      layernorm_bwd(dx.data(), nullptr, nullptr, dy.data(), xs.data(), w.data(), m.data(), r.data(), rows, dim);
+      rmsnorm_fwd(z.data(), xs.data(), w.data(), rows, dim, 1e-6f, q.data());
+      rmsnorm_bwd(dz.data(), nullptr, dy.data(), xs.data(), w.data(), q.data(), rows, dim);
+      for (size_t i = 0; i < n; ++i) {
+        EXPECT_NEAR(y[i], y1[i], 1e-4 * (1 + std::fabs(y1[i]))) << "layernorm at " << i;
+        EXPECT_NEAR(z[i], z1[i], 1e-4 * (1 + std::fabs(z1[i]))) << "rmsnorm at " << i;
+        EXPECT_NEAR(static_cast<double>(dx[i]) * s, dx1[i], 1e-3 * (1 + std::fabs(dx1[i]))) << "layernorm dx at " << i;
+        EXPECT_NEAR(static_cast<double>(dz[i]) * s, dz1[i], 1e-3 * (1 + std::fabs(dz1[i]))) << "rmsnorm dx at " << i;
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Elementwise: residual add, GELU, SwiGLU
 

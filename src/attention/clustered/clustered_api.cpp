@@ -40,35 +40,43 @@ class ClusteredAttention final : public Attention {
   const ClusteredParams& params() const { return p_; }
 
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
-    const AttentionDims d = validate_inputs(in, caps_, kind_);
+    Magnitudes mag;
+    const AttentionDims d = validate_inputs(in, caps_, kind_, mag);
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", kind_);
+    check_softmax_range(d, mag, softmax_scale(p_.scale, d.Dk), kind_);
+    check_member_range(d, mag, false, kind_);  // centroids sum their member queries
     ClusteredState& st = ctx.state<ClusteredState>();
     if (in.causal) {
       attn_causal_clustered_fwd(in, d, p_, in.step, out, st, ctx.scratch());
-      return;
+    } else {
+      st.causal = false;
+      attn_clustered_fwd(in, d, p_, in.step, out, st, ctx.scratch().get<ClusteredWorkspace>());
     }
-    st.causal = false;
-    attn_clustered_fwd(in, d, p_, in.step, out, st, ctx.scratch().get<ClusteredWorkspace>());
+    check_results_finite(d, mag, softmax_scale(p_.scale, d.Dk), {out}, kind_);
   }
 
   void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
                 View dk, View dv) const override {
-    const AttentionDims d = validate_inputs(in, caps_, kind_);
+    Magnitudes mag;
+    const AttentionDims d = validate_inputs(in, caps_, kind_, mag);
+    check_member_range(d, mag, false, kind_);
     const ClusteredState& st = ctx.saved<ClusteredState>();
     check(st.causal == in.causal, kind_, ": backward's causal flag differs from the forward's");
     if (in.causal) {
       check(st.cz.alpha.shape() == Shape{d.B * d.H, d.N} && st.cz.nb == (d.M + p_.block - 1) / p_.block,
             kind_, ": backward inputs have shapes other than the forward's (q is now ", in.q.shape, ")");
-      validate_backward(in, d, out, dout, dq, dk, dv, kind_);
+      validate_softmax_backward(in, d, mag, softmax_scale(p_.scale, d.Dk), out, dout, dq, dk, dv, kind_);
       attn_causal_clustered_bwd(in, d, p_, st, out, dout, dq, dk, dv, ctx.scratch());
+      check_results_finite(d, mag, softmax_scale(p_.scale, d.Dk), {dq, dk, dv}, kind_);
       return;
     }
     check(st.order.size() == static_cast<size_t>(d.B * d.H * d.N) &&
               st.qc.shape() == Shape{d.B, d.H, st.cmax, d.Dk},
           kind_, ": backward inputs have shapes other than the forward's (q is now ",
           in.q.shape, ")");
-    validate_backward(in, d, out, dout, dq, dk, dv, kind_);
+    validate_softmax_backward(in, d, mag, softmax_scale(p_.scale, d.Dk), out, dout, dq, dk, dv, kind_);
     attn_clustered_bwd(in, d, p_, st, dout, dq, dk, dv, ctx.scratch().get<ClusteredWorkspace>());
+    check_results_finite(d, mag, softmax_scale(p_.scale, d.Dk), {dq, dk, dv}, kind_);
   }
 
   size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {

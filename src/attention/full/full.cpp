@@ -417,11 +417,11 @@ class FullAttention final : public Attention {
   int64_t window() const { return window_; }
 
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
-    const AttentionDims d = validate_inputs(in, caps_, kind_);
+    Magnitudes mag;
+    const AttentionDims d = validate_inputs(in, caps_, kind_, mag);
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", kind_);
-    // A decode step over a KVCache skips it: its rows were checked on append, and the pass would
-    // double the step's reads.
-    if (!in.cache) check_softmax_range(in, d, scale_for(d), kind_);
+    // A decode step over a KVCache reads the magnitudes its append kept: no second pass.
+    check_softmax_range(d, mag, scale_for(d), kind_);
     FullState& st = ctx.state<FullState>();
     st.lse.resize(Shape{d.B, d.H, d.N});
     st.parts.resize(Shape{2, d.B, d.H, d.N});
@@ -431,13 +431,13 @@ class FullAttention final : public Attention {
 
   void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
                 View dk, View dv) const override {
-    const AttentionDims d = validate_inputs(in, caps_, kind_);
+    Magnitudes mag;
+    const AttentionDims d = validate_inputs(in, caps_, kind_, mag);
     const FullState& st = ctx.saved<FullState>();
     check(st.parts.shape() == Shape{2, d.B, d.H, d.N}, kind_, ": backward inputs have shapes ",
           "other than the forward's: forward saved lse ", st.lse.shape(), ", q is now ",
           in.q.shape);
-    validate_backward(in, d, out, dout, dq, dk, dv, kind_);
-    check_softmax_range(in, d, scale_for(d), kind_);
+    validate_softmax_backward(in, d, mag, scale_for(d), out, dout, dq, dk, dv, kind_);
     attn_full_bwd(in, d, scale_for(d), out, st.parts.data(), dout, dq, dk, dv,
                   ctx.scratch().get<FullWorkspace>(), Band{.window = window_});
   }

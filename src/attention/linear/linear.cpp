@@ -290,19 +290,21 @@ class LinearAttention final : public Attention {
   std::string name() const override { return "linear"; }
   const Capabilities& capabilities() const override { return caps_; }
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
-    const AttentionDims d = validate_inputs(in, caps_, "linear");
+    Magnitudes mag;
+    const AttentionDims d = validate_inputs(in, caps_, "linear", mag);
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "linear");
-    check_linear_range(in, d, "linear");
+    check_linear_range(d, mag, "linear");
     ctx.state<LinearState>().shape = in.q.shape;
     attn_linear_fwd(in, d, out, ctx.scratch().get<LinearWorkspace>());
   }
   void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
                 View dk, View dv) const override {
-    const AttentionDims d = validate_inputs(in, caps_, "linear");
+    Magnitudes mag;
+    const AttentionDims d = validate_inputs(in, caps_, "linear", mag);
     check(ctx.saved<LinearState>().shape == in.q.shape, "linear: backward inputs have shapes ",
           "other than the forward's (q is now ", in.q.shape, ")");
-    validate_backward(in, d, out, dout, dq, dk, dv, "linear");
-    check_linear_range(in, d, "linear");
+    const double mdo = validate_backward_max(in, d, out, dout, dq, dk, dv, "linear");
+    check_linear_grad_range(d, mag, mdo, "linear");
     attn_linear_bwd(in, d, dout, dq, dk, dv, ctx.scratch().get<LinearWorkspace>());
   }
   size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {

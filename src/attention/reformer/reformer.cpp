@@ -667,22 +667,31 @@ class ReformerAttention final : public Attention {
 
   // Shared QK: validate_inputs refuses a k that is not q itself (caps_.shared_qk).
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
-    const AttentionDims d = validate_inputs(in, caps_, "reformer");
+    Magnitudes mag;
+    const AttentionDims d = validate_inputs(in, caps_, "reformer", mag);
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "reformer");
+    check_member_range(d, mag, true, "reformer");  // unit keys: |q|² in float
+    // Logits q·k_unit with unit keys and no scale: |logit| <= |q| <= sqrt(Dk)·max|q|, the rule's
+    // scale·Dk·max|q|·max|k| with scale 1 and max|k| 1/sqrt(Dk).
+    mag.k = 1.0 / std::sqrt(static_cast<double>(d.Dk));
+    check_softmax_range(d, mag, 1.0, "reformer");
     ReformerState& st = ctx.state<ReformerState>();
     attn_reformer_fwd(in, d, p_, in.step, out, st, ctx.scratch().get<ReformerWorkspace>());
   }
 
   void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
                 View dk, View dv) const override {
-    const AttentionDims d = validate_inputs(in, caps_, "reformer");
+    Magnitudes mag;
+    const AttentionDims d = validate_inputs(in, caps_, "reformer", mag);
+    check_member_range(d, mag, true, "reformer");
+    mag.k = 1.0 / std::sqrt(static_cast<double>(d.Dk));
     const ReformerState& st = ctx.saved<ReformerState>();
     check(st.lse2.shape() == Shape{d.B, d.H, d.N} && st.causal == in.causal &&
               st.perm.size() == static_cast<size_t>(d.B * d.H * st.rounds * st.len) &&
               st.len == perm_len(d.N, st.buckets, st.chunk, in.causal),
           "reformer: backward inputs have shapes other than the forward's (q is now ",
           in.q.shape, ")");
-    validate_backward(in, d, out, dout, dq, dk, dv, "reformer");
+    validate_softmax_backward(in, d, mag, 1.0, out, dout, dq, dk, dv, "reformer");
     attn_reformer_bwd(in, d, st, out, dout, dq, dv, ctx.scratch().get<ReformerWorkspace>());
   }
 

@@ -598,8 +598,11 @@ class RoutingAttention final : public Attention {
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     check(!in.causal || p_.train, "routing: a causal mask needs fixed centroids (centroids=ema, layer state): ",
           "k-means over the sequence would let later positions move earlier positions' clusters");
-    const AttentionDims d = validate_inputs(in, caps_, "routing");
+    Magnitudes mag;
+    const AttentionDims d = validate_inputs(in, caps_, "routing", mag);
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "routing");
+    check_softmax_range(d, mag, softmax_scale(p_.scale, d.Dk), "routing");
+    check_member_range(d, mag, true, "routing");  // k-means: centroid sums and squared distances
     float* ema = p_.train ? centroids(*in.state, d).data() : nullptr;
     RoutingState& st = ctx.state<RoutingState>();
     st.causal = in.causal;
@@ -612,19 +615,21 @@ class RoutingAttention final : public Attention {
   }
   void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
                 View dk, View dv) const override {
-    const AttentionDims d = validate_inputs(in, caps_, "routing");
+    Magnitudes mag;
+    const AttentionDims d = validate_inputs(in, caps_, "routing", mag);
+    check_member_range(d, mag, true, "routing");
     const RoutingState& st = ctx.saved<RoutingState>();
     check(st.causal == in.causal, "routing: backward's causal flag differs from the forward's");
     if (in.causal) {
       check(st.bw.lse2.shape() == Shape{d.B, d.H, d.N} && st.bw.kb.size() == static_cast<size_t>(d.B * d.H * d.M),
             "routing: backward inputs have shapes other than the forward's (q is now ", in.q.shape, ")");
-      validate_backward(in, d, out, dout, dq, dk, dv, "routing");
+      validate_softmax_backward(in, d, mag, softmax_scale(p_.scale, d.Dk), out, dout, dq, dk, dv, "routing");
       attn_bucket_window_bwd(in, d, softmax_scale(p_.scale, d.Dk), st.bw, out, dout, dq, dk, dv, bucket_window_workspace(ctx.scratch()));
       return;
     }
     check(routing_state_fits(st, d, p_),
           "routing: backward inputs have shapes other than the forward's (q is now ", in.q.shape, ")");
-    validate_backward(in, d, out, dout, dq, dk, dv, "routing");
+    validate_softmax_backward(in, d, mag, softmax_scale(p_.scale, d.Dk), out, dout, dq, dk, dv, "routing");
     attn_routing_bwd(in, d, p_, st, dout, dq, dk, dv, ctx.scratch().get<RoutingWorkspace>());
   }
   // A cluster each query is a member of (the lowest index); causal: its bucket (nearest centroid).

@@ -504,8 +504,11 @@ class SmyrfAttention final : public Attention {
   const Capabilities& capabilities() const override { return caps_; }
 
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
-    const AttentionDims d = validate_inputs(in, caps_, "smyrf");
+    Magnitudes mag;
+    const AttentionDims d = validate_inputs(in, caps_, "smyrf", mag);
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "smyrf");
+    check_softmax_range(d, mag, softmax_scale(p_.scale, d.Dk), "smyrf");
+    check_member_range(d, mag, true, "smyrf");  // the asymmetric transform squares norms in float
     SmyrfState& st = ctx.state<SmyrfState>();
     st.causal = in.causal;
     if (in.causal) {
@@ -518,14 +521,16 @@ class SmyrfAttention final : public Attention {
 
   void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
                 View dk, View dv) const override {
-    const AttentionDims d = validate_inputs(in, caps_, "smyrf");
+    Magnitudes mag;
+    const AttentionDims d = validate_inputs(in, caps_, "smyrf", mag);
+    check_member_range(d, mag, true, "smyrf");
     const SmyrfState& st = ctx.saved<SmyrfState>();
     check(st.causal == in.causal, "smyrf: backward's causal flag differs from the forward's");
     if (in.causal) {
       check(st.bw.lse2.shape() == Shape{d.B, d.H, d.N} &&
                 st.bw.kb.size() == static_cast<size_t>(d.B * d.H * st.bw.rounds * d.M),
             "smyrf: backward inputs have shapes other than the forward's (q is now ", in.q.shape, ", k ", in.k.shape, ")");
-      validate_backward(in, d, out, dout, dq, dk, dv, "smyrf");
+      validate_softmax_backward(in, d, mag, softmax_scale(p_.scale, d.Dk), out, dout, dq, dk, dv, "smyrf");
       attn_bucket_window_bwd(in, d, softmax_scale(p_.scale, d.Dk), st.bw, out, dout, dq, dk, dv, bucket_window_workspace(ctx.scratch()));
       return;
     }
@@ -534,7 +539,7 @@ class SmyrfAttention final : public Attention {
               st.kperm.size() == heads * static_cast<size_t>(d.M),
           "smyrf: backward inputs have shapes other than the forward's (q is now ", in.q.shape,
           ", k ", in.k.shape, ")");
-    validate_backward(in, d, out, dout, dq, dk, dv, "smyrf");
+    validate_softmax_backward(in, d, mag, softmax_scale(p_.scale, d.Dk), out, dout, dq, dk, dv, "smyrf");
     attn_smyrf_bwd(in, d, p_, st, out, dout, dq, dk, dv, ctx.scratch().get<SmyrfWorkspace>());
   }
 

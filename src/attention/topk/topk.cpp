@@ -192,20 +192,21 @@ class TopkAttention final : public Attention {
   }
   const Capabilities& capabilities() const override { return caps_; }
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
-    const AttentionDims d = validate_inputs(in, caps_, "topk");
+    Magnitudes mag;
+    const AttentionDims d = validate_inputs(in, caps_, "topk", mag);
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "topk");
-    check_softmax_range(in, d, scale_for(d), "topk");
+    check_softmax_range(d, mag, scale_for(d), "topk");
     attn_topk_fwd(in, d, k_for(d), scale_for(d), out, ctx.state<TopkState>(),
                   ctx.scratch().get<TopkWorkspace>());
   }
   void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
                 View dk, View dv) const override {
-    const AttentionDims d = validate_inputs(in, caps_, "topk");
+    Magnitudes mag;
+    const AttentionDims d = validate_inputs(in, caps_, "topk", mag);
     const TopkState& st = ctx.saved<TopkState>();
     check(st.lse.shape() == Shape{d.B, d.H, d.N}, "topk: backward inputs have shapes other than ",
           "the forward's (q is now ", in.q.shape, ")");
-    validate_backward(in, d, out, dout, dq, dk, dv, "topk");
-    check_softmax_range(in, d, scale_for(d), "topk");
+    validate_softmax_backward(in, d, mag, scale_for(d), out, dout, dq, dk, dv, "topk");
     attn_topk_bwd(in, d, scale_for(d), st, dout, dq, dk, dv, ctx.scratch().get<TopkWorkspace>());
   }
   size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {
