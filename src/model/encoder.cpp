@@ -643,6 +643,7 @@ Tensor Encoder::forward_features(ConstView features) {
   check(features.contiguous(), "encoder: features must be contiguous");
   const int64_t B = features.dim(0), T = begin_split(c.num_patches + 1);
   check(B >= 1, "encoder: features hold no example");
+  const ThreadLimit threads(threads_for_flops(inference_flops(B * T, static_cast<double>(T))));
   for (int64_t i = 0; i < features.numel(); ++i)
     check(std::isfinite(features.data[i]), "encoder: features must be finite, found ", features.data[i], " at flat index ", i);
   carve(B, T, false, false);
