@@ -275,35 +275,30 @@ void run_generate(const GenerateOptions& o) {
   dec->set_attention(o.attention);
   const Tokenizer tok = Tokenizer::from_file((std::filesystem::path(o.model) / "tokenizer.json").string());
   std::vector<int32_t> prompt = tok.encode(o.prompt);
-  if (prompt.empty()) prompt.push_back(tok.bos_id() >= 0 ? tok.bos_id() : 0);
+  if (prompt.empty()) {
+    usage_check(tok.bos_id() >= 0, "generate: the tokenizer of '", o.model,
+                "' has no BOS token to start from (a byte-level model): give --prompt TEXT");
+    prompt.push_back(tok.bos_id());
+  }
   const int64_t cap = static_cast<int64_t>(prompt.size()) + o.tokens;
   check(dec->config().max_positions <= 0 || cap <= dec->config().max_positions, "generate: prompt (",
         prompt.size(), " tokens) + --tokens ", o.tokens, " exceed the model's context of ", dec->config().max_positions);
   SamplingOptions so{o.temperature, o.top_k, o.top_p, o.seed};
   check_memory(dec->forward_bytes(1, static_cast<int64_t>(prompt.size()), cap), "generate: " + o.model);
-  dec->start(cap);
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> logits = dec->prefill(prompt);
-  const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (size_t i = 0; i < prompt.size(); ++i)
     std::fputs(tok.decode_piece(i ? prompt[i - 1] : -1, prompt[i]).c_str(), stdout);
   std::fflush(stdout);
   int32_t prev = prompt.back();
-  int64_t made = 0;
-  const auto t1 = std::chrono::steady_clock::now();
-  for (; made < o.tokens; ++made) {
-    const int32_t next = sample_token(logits, so, static_cast<uint64_t>(made));
-    if (next == tok.eos_id()) break;
+  GenerateStats st;
+  const std::vector<int32_t> made = generate(*dec, prompt, o.tokens, so, tok.eos_id(), [&](int32_t next) {
     std::fputs(tok.decode_piece(prev, next).c_str(), stdout);
     std::fflush(stdout);
     prev = next;
-    if (made + 1 < o.tokens) logits = dec->step(next);
-  }
-  const double decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  }, &st);
   std::fputs("\n", stdout);
-  std::fprintf(stderr, "generate: %s; prefill %zu tokens at %.0f tokens/s, decode %lld tokens at %.0f tokens/s\n",
-               o.attention.c_str(), prompt.size(), static_cast<double>(prompt.size()) / std::max(prefill_s, 1e-9),
-               static_cast<long long>(made), static_cast<double>(made) / std::max(decode_s, 1e-9));
+  std::fprintf(stderr, "generate: %s; prefill %zu tokens at %.0f tokens/s, decode %zu tokens at %.0f tokens/s\n",
+               o.attention.c_str(), prompt.size(), static_cast<double>(prompt.size()) / std::max(st.prefill_s, 1e-9),
+               made.size(), static_cast<double>(made.size()) / std::max(st.decode_s, 1e-9));
 }
 
 }  // namespace
