@@ -1,5 +1,8 @@
 #include "cli_util.h"
 
+#include "clattn/attention.h"
+#include "clattn/spec.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -42,38 +45,9 @@ CLI::Option* add_threads_option(CLI::App* sub, int& threads, const char* cmd) {
 
 namespace {
 
-// Optimal string alignment distance: insertions, deletions, substitutions and transpositions of
-// neighbours each cost 1 ("--lenghts" is 1 from "--lengths").
-size_t edit_distance(const std::string& a, const std::string& b) {
-  const size_t n = a.size(), m = b.size();
-  std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
-  for (size_t i = 0; i <= n; ++i) d[i][0] = i;
-  for (size_t j = 0; j <= m; ++j) d[0][j] = j;
-  for (size_t i = 1; i <= n; ++i)
-    for (size_t j = 1; j <= m; ++j) {
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-    }
-  return d[n][m];
-}
-
-// The candidates nearest to `word`, if near enough to be a slip: within a third of the word's
-// length (at least 1, at most 3 edits).
+// The candidates nearest to `word`, if near enough to be a slip (the library's rule, spec.h).
 std::vector<std::string> nearest(const std::string& word, const std::vector<std::string>& candidates) {
-  const size_t letters = word.size() - std::min(word.find_first_not_of('-'), word.size());
-  const size_t limit = std::clamp<size_t>(letters / 3, 1, 3);
-  size_t best = limit + 1;
-  std::vector<std::string> out;
-  for (const std::string& c : candidates) {
-    const size_t d = edit_distance(word, c);
-    if (d < best) {
-      best = d;
-      out.clear();
-    }
-    if (d == best && std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
-  }
-  return out;
+  return nearest_names(word, candidates);
 }
 
 std::vector<std::string> option_names(const CLI::App& app) {
@@ -135,6 +109,37 @@ UsageHints usage_hints(CLI::App& app, int argc, const char* const* argv) {
     }
   }
   return hints;
+}
+
+CLI::Validator spec_validator() {
+  return CLI::Validator(
+      [](std::string& plan) -> std::string {
+        size_t start = 0;
+        while (start <= plan.size()) {
+          const size_t end = std::min(plan.find(';', start), plan.size());
+          const std::string spec = plan.substr(start, end - start);
+          if (!spec.empty() && spec != "all") {
+            try {
+              (void)make_attention(spec);
+            } catch (const Error& e) {
+              return e.what();
+            }
+          }
+          start = end + 1;
+        }
+        return {};
+      },
+      "SPEC");
+}
+
+CLI::Option* add_format_option(CLI::App* sub, std::string& format) {
+  CLI::Option* o = sub->add_option("-o,--format", format,
+                                   "what goes to stdout: text (a table), md (Markdown table), csv (a header row, "
+                                   "then one line per result), json (one document), jsonl (one object per result)")
+                       ->check(CLI::IsMember({"text", "md", "csv", "json", "jsonl"}))
+                       ->capture_default_str();
+  add_renamed_option(sub, "--output-format", "--format", format);
+  return o;
 }
 
 int checked_threads(int requested, const char* cmd) {

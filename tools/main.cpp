@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   clattn::cli::add_eval(app);
   clattn::cli::add_plot(app);
   clattn::cli::add_inspect(app);
+  clattn::cli::add_variants(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version: printed on stdout, exit 0
