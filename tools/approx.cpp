@@ -21,6 +21,7 @@
 #include "clattn/spec.h"
 #include "clattn/tokenizer.h"
 #include "commands.h"
+#include "progress.h"
 
 namespace clattn::cli {
 namespace {
@@ -194,10 +195,24 @@ void run_approx(const ApproxOptions& o) {
     }
     check_memory(2 * need, "approx: " + o.model);  // full's outputs are kept beside each plan's
   }
+  // Units: full attention, then each plan at each of its seeds.
+  std::vector<int64_t> seeds_of;
+  int64_t units = 1;
+  for (const std::string& plan : o.attention) {
+    bool stochastic = false;
+    (void)with_seed(plan, 0, stochastic);
+    seeds_of.push_back(stochastic ? o.seeds : 1);
+    units += seeds_of.back();
+  }
+  Progress progress("approx", units);
+  int64_t done = 0;
   set_plan("full");
   Outputs full;
+  progress.set(done, "full attention (reference), warm-up");
   timed(full);  // warm-up: first touch of activations and workspace
+  progress.set(done, "full attention (reference)");
   timed(full);
+  ++done;
   if (!labels.empty())
     check(static_cast<int64_t>(labels.size()) == full.logits.dim(0), "approx: ", labels.size(), " labels for ",
           full.logits.dim(0), " predictions");
@@ -232,23 +247,25 @@ void run_approx(const ApproxOptions& o) {
                        {"accuracy", acc < 0 ? nlohmann::json(nullptr) : nlohmann::json(acc)}, {"kl", kl},
                        {"max_abs_logit_diff", md}, {"ms", t}, {"ratio_to_full", t / full.ms}});
   };
-  for (const std::string& plan : o.attention) {
-    bool stochastic = false;
-    (void)with_seed(plan, 0, stochastic);
-    const int64_t seeds = stochastic ? o.seeds : 1;
+  for (size_t pi = 0; pi < o.attention.size(); ++pi) {
+    const std::string& plan = o.attention[pi];
+    const int64_t seeds = seeds_of[pi];
     std::vector<Metrics> ms;
     for (int64_t s = 0; s < seeds; ++s) {
       bool st = false;
       set_plan(seeds > 1 ? with_seed(plan, s, st) : plan);
       Outputs out;
+      progress.set(done, seeds > 1 ? detail::concat(plan, ", seed ", s, "/", seeds) : plan);
       timed(out);  // warm-up
       timed(out);
+      ++done;
       Metrics m = compare(full.logits, out.logits, labels);
       m.ms = out.ms;
       ms.push_back(m);
     }
-    row(plan, seeds, ms);
+    progress.above([&] { row(plan, seeds, ms); });
   }
+  progress.finish();
   if (!o.json_out.empty()) {
     const nlohmann::json doc = {{"model", o.model}, {"results", results}};
     write_file_atomic(o.json_out, doc.dump(2) + "\n");

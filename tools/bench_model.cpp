@@ -31,6 +31,7 @@
 #include "clattn/seq_parallel.h"
 #include "commands.h"
 #include "result_table.h"
+#include "progress.h"
 #include "version.h"
 
 namespace clattn::cli {
@@ -109,6 +110,7 @@ void run_bench_model(const BenchModelOptions& o) {
     std::fprintf(pre, "sgemm 2048: %.1f GFLOP/s, %d threads\n", peak, max_threads());
     if (o.sequence_parallel)
       std::fprintf(pre, "sequence parallel: %s; each sequence split over %d ranks\n", comm.name().c_str(), R);
+    std::fflush(pre);  // before the long work, also when stdout is a pipe
   }
   ordered_json doc = {{"machine",
                        {{"cpu", bench::cpu_model()},
@@ -124,6 +126,13 @@ void run_bench_model(const BenchModelOptions& o) {
   };
   write_json();  // an unwritable path fails before the first case
   if (lead) table.header();
+  // Units: each (length, plan) forward or prefill, and each decode sweep.
+  const bool llama = !o.random_bert && model_kind(o.model) == ModelKind::llama;
+  const int64_t units = static_cast<int64_t>((o.random_bert || llama ? lengths_given.size() : 1) * o.attention.size()) *
+                        (llama && o.decode > 0 && !(o.sequence_parallel && R > 1) ? 2 : 1);
+  Progress progress("bench-model", units, lead);
+  int64_t done = 0;
+  std::string current;  // the case running now
 
   // One row: times are the slowest rank's, memory the largest rank's (one rank: its own).
   auto report = [&](const std::string& plan, const char* mode, int64_t n, int64_t B, std::vector<double> ms,
@@ -158,8 +167,9 @@ void run_bench_model(const BenchModelOptions& o) {
                       {"bytes_per_layer", o.sequence_parallel ? ordered_json(worst[2]) : ordered_json(nullptr)},
                       {"comm_wait_ms", o.sequence_parallel ? ordered_json(worst[3]) : ordered_json(nullptr)},
                       {"ring_hidden_percent", hidden ? ordered_json(*hidden) : ordered_json(nullptr)}};
+    ++done;
     if (!lead) return;
-    table.row(r);
+    progress.above([&] { table.row(r); });
     doc["results"].push_back(std::move(r));
     write_json();
   };
@@ -175,10 +185,12 @@ void run_bench_model(const BenchModelOptions& o) {
     Timing t;
     bench::reset_peak_rss();
     const int64_t before = bench::read_status_kib("VmRSS");
+    progress.set(done, current + ", warm-up");
     fn();  // warm-up: sizes the activations and workspaces, as a first real call would
     reset_sequence_parallel_traffic();
     double attn_sum = 0;
     for (int r = 0; r < o.repeat; ++r) {
+      progress.set(done, detail::concat(current, ", call ", r + 1, "/", o.repeat));
       comm.barrier();
       const double t0 = now_ms();
       fn();
@@ -230,6 +242,7 @@ void run_bench_model(const BenchModelOptions& o) {
       for (const std::string& plan : o.attention) {
         enc->set_attention(plan);
         check_memory(enc->forward_bytes(B, n), detail::concat("bench-model: ", plan, " at N = ", n));
+        current = detail::concat(plan, " N=", n, " B=", B);
         double run_attn = 0;  // attention time of the latest pass
         Timing t = timed([&] {
           run_attn = 0;
@@ -253,6 +266,7 @@ void run_bench_model(const BenchModelOptions& o) {
                c.layers, t.bytes_per_call / static_cast<double>(c.layers), t.wait_ms, all_ring(*enc));
       }
     }
+    progress.finish();
     table.end(doc);
     return;
   }
@@ -272,6 +286,7 @@ void run_bench_model(const BenchModelOptions& o) {
     const double per_token = 2.0 * c.layers * (2.0 * c.hidden * c.heads * c.head_dim + 2.0 * c.hidden * c.kv_heads * c.head_dim + 3.0 * c.hidden * c.ffn);
     for (const std::string& plan : o.attention) {
       dec->set_attention(plan);
+      current = detail::concat(plan, " prefill N=", n);
       Timing t = timed([&] {
         dec->start(n + o.decode);
         (void)dec->prefill(ids);
@@ -282,6 +297,8 @@ void run_bench_model(const BenchModelOptions& o) {
       std::vector<double> dms;
       double dattn = 0;
       for (int r = 0; r < o.repeat + 1; ++r) {
+        progress.set(done, r == 0 ? detail::concat(plan, " decode ", o.decode, " tokens, warm-up")
+                                  : detail::concat(plan, " decode ", o.decode, " tokens, run ", r, "/", o.repeat));
         dec->start(n + o.decode);
         std::vector<float> l = dec->prefill(ids);
         double a = 0;
@@ -298,6 +315,7 @@ void run_bench_model(const BenchModelOptions& o) {
       report(plan, "decode", 1, 1, std::move(dms), dattn, per_token + 2.0 * c.hidden * c.vocab, 0, c.layers, 0, 0, false);
     }
   }
+  progress.finish();
   table.end(doc);
 }
 

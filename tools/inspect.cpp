@@ -37,6 +37,7 @@
 #include "clattn/safetensors.h"
 #include "clattn/spec.h"
 #include "commands.h"
+#include "progress.h"
 #include "plot_util.h"
 
 namespace clattn::cli {
@@ -417,6 +418,8 @@ void run_inspect(const InspectOptions& o) {
     usage_fail("inspect: --attention: ", e.what());
   }
   plot::find_gnuplot();  // before the model runs
+  Progress progress("inspect", 3);
+  progress.set(0, o.model.empty() ? "reading " + o.input : "forward of " + o.model + " with full attention");
   Problem p = o.model.empty() ? from_input(o) : from_model(o);
   const int64_t H = p.q.dim(1), Hkv = p.k.dim(1), N = p.q.dim(2), M = p.k.dim(2);
   check(N <= kMaxInspect && M <= kMaxInspect, "inspect: N = ", N, ", M = ", M, ": the pictures are N x M, so ",
@@ -428,11 +431,14 @@ void run_inspect(const InspectOptions& o) {
   } else if (att->capabilities().shared_qk) {
     check(H == Hkv, "inspect: ", o.attention, " shares queries and keys (k = q), so q and v need the same heads; got ",
           H, " query heads and ", Hkv, " kv heads");
-    std::fprintf(stderr, "inspect: note: %s shares queries and keys: k = q\n", o.attention.c_str());
+    progress.above([&] { std::fprintf(stderr, "inspect: note: %s shares queries and keys: k = q\n", o.attention.c_str()); });
     p.k = Tensor::from(p.q.view());
   }
+  progress.set(1, detail::concat("exact matrix, ", N, " x ", M));
   const std::vector<float> F = exact_matrix(p, o.head);
+  progress.set(2, detail::concat(att->name(), " matrix, ", N, " x ", M));
   Approx a = approx_matrix(p, *att, o.head);
+  progress.finish();
   const double r2 = a.group.empty() ? 0 : renumber_by_position(a.group);
   const double rel = a.check_err / std::max(a.check_scale, 1e-30);
   std::fprintf(stderr, "inspect: %s, head %lld: reconstruction check max |A·V - attention(q, k, v)| = %.2e (%.1e of max |O|)\n",

@@ -23,6 +23,7 @@
 #include "clattn/parallel.h"
 #include "clattn/train.h"
 #include "commands.h"
+#include "progress.h"
 #include "version.h"
 
 namespace clattn::cli {
@@ -250,18 +251,23 @@ void run_eval(EvalArgs o) {
     std::printf("checkpoint %s, task %s, seq %lld\n", folder.c_str(), o.task.c_str(), static_cast<long long>(o.seq));
     std::printf("%-50s %10s %14s %9s %10s\n", "attention", "loss", metric.c_str(), "examples", "s");
   }
-  for (const std::string& plan : o.attention) {
+  Progress progress("eval", static_cast<int64_t>(o.attention.size()));
+  for (size_t i = 0; i < o.attention.size(); ++i) {
+    const std::string& plan = o.attention[i];
     model->set_attention(plan);
     check_memory(model->train_bytes(o.batch, o.seq), "eval: " + plan);
+    progress.set(static_cast<int64_t>(i), detail::concat(plan, ", ", batches.size(), " batches of ", o.batch));
     const EvalResult e = evaluate(*model, batches, head == TaskKind::classify);
     results.push_back({{"attention", plan}, {"eval_loss", e.loss}, {"eval_metric", e.metric}, {"metric", metric},
                        {"examples", e.examples}, {"targets", e.targets}, {"seconds", e.seconds}});
-    if (o.output == "text") {
-      std::printf("%-50s %10.4f %14.4f %9lld %10.2f\n", plan.c_str(), e.loss, e.metric,
-                  static_cast<long long>(e.examples), e.seconds);
-      std::fflush(stdout);
-    }
+    if (o.output == "text")
+      progress.above([&] {
+        std::printf("%-50s %10.4f %14.4f %9lld %10.2f\n", plan.c_str(), e.loss, e.metric,
+                    static_cast<long long>(e.examples), e.seconds);
+        std::fflush(stdout);
+      });
   }
+  progress.finish();
   if (o.output == "json") {
     const json doc = {{"checkpoint", folder.string()}, {"task", o.task}, {"seq", o.seq}, {"results", results}};
     std::printf("%s\n", doc.dump(2).c_str());
