@@ -121,7 +121,7 @@ void run_approx(const ApproxOptions& o) {
   set_threads(checked_threads(o.threads, "approx"));
   check_size(o.seeds, 1, kMaxCount, "approx: --seeds");
   const int given = !o.features.empty() + !o.tokens.empty() + !o.text.empty();
-  usage_check(given == 1, "approx: give exactly one of --features, --tokens, --text");
+  usage_check(given == 1, "approx: give exactly one of --features, --token-file, --text");
   usage_check(!o.attention.empty(), "approx: give at least one --attention plan");
   const ModelKind kind = model_kind(o.model);
   LoadOptions lo;
@@ -168,8 +168,8 @@ void run_approx(const ApproxOptions& o) {
       if (f.has("labels")) labels = f.get_i32("labels");
       run = [&] { return enc->forward_features(features.view()); };
     } else {
-      // BERT-style classifier: --tokens holds ids [T] or [B, T] (and optional 'labels' [B]).
-      check(!o.tokens.empty(), "approx: a BERT-style encoder takes --tokens");
+      // BERT-style classifier: --token-file holds ids [T] or [B, T] (and optional 'labels' [B]).
+      check(!o.tokens.empty(), "approx: a BERT-style encoder takes --token-file");
       read_tokens(o.tokens, "labels", ids, B, T, labels);
       check(enc->config().num_labels >= 1, "approx: this encoder has no classifier to compare predictions of");
       run = [&] { return enc->forward_tokens(ids, B, T); };
@@ -328,12 +328,16 @@ void add_approx(CLI::App& app) {
       "with full attention, accuracy, KL(full || approx), max |dlogit| and time");
   sub->add_option("--model", o->model, "model folder (config.json + safetensors)")->required();
   sub->add_option("--features", o->features, "KWT feature set (.safetensors with features [n, 98, 40], labels)");
-  sub->add_option("--tokens", o->tokens, "decoder input: .safetensors with integer 'tokens' [T] or [B, T] (and 'targets')");
+  sub->add_option("--token-file", o->tokens,
+                  "token input: .safetensors with integer 'tokens' [T] or [B, T] (and 'targets' for a decoder, "
+                  "'labels' for a classifier)");
+  add_renamed_option(sub, "--tokens", "--token-file", o->tokens);
   sub->add_option("--text", o->text, "decoder input: a UTF-8 text file, tokenized with the model's tokenizer.json");
   sub->add_option("--attention", o->attention,
                   "attention plan, repeatable: one spec for every layer, or 'spec0;spec1;...' per layer "
-                  "(the last repeats)")->required();
-  sub->add_option("--seeds", o->seeds, "run randomized variants with seeds 0..S-1; report mean [min-max]");
+                  "(the last repeats)")->required()->check(spec_validator());
+  sub->add_option("--seeds", o->seeds, "run randomized variants with seeds 0..S-1; report mean [min-max]")
+      ->capture_default_str();
   sub->add_option("--json", o->json_out, "also write {\"model\", \"results\": [...]} to this file");
   add_threads_option(sub, o->threads, "approx");
   sub->add_flag("--verbose", o->verbose, "list checkpoint tensors the model does not use");
@@ -345,12 +349,14 @@ void add_generate(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("generate", "Stream text from a decoder model (LLaMA family)");
   sub->add_option("--model", o->model, "model folder (config.json, safetensors, tokenizer.json)")->required();
   sub->add_option("--prompt", o->prompt, "prompt text (empty: start from BOS)");
-  sub->add_option("--tokens", o->tokens, "tokens to generate (default 128)");
-  sub->add_option("--attention", o->attention, "attention plan (default full); must honour a causal mask");
-  sub->add_option("--temperature", o->temperature, "0 = greedy (default)");
-  sub->add_option("--top-k", o->top_k, "keep the k most likely tokens (0 = all)");
-  sub->add_option("--top-p", o->top_p, "nucleus: keep the smallest set with this mass (1 = all)");
-  sub->add_option("--seed", o->seed, "sampling seed");
+  sub->add_option("--tokens", o->tokens, "tokens to generate")->capture_default_str();
+  sub->add_option("--attention", o->attention, "attention plan; must honour a causal mask")
+      ->check(spec_validator())
+      ->capture_default_str();
+  sub->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
+  sub->add_option("--top-k", o->top_k, "keep the k most likely tokens (0 = all)")->capture_default_str();
+  sub->add_option("--top-p", o->top_p, "nucleus: keep the smallest set with this mass (1 = all)")->capture_default_str();
+  sub->add_option("--seed", o->seed, "sampling seed")->capture_default_str();
   add_threads_option(sub, o->threads, "generate");
   sub->callback([o] { run_generate(*o); });
 }

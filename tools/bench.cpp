@@ -491,6 +491,7 @@ void add_bench(CLI::App& app) {
   sub->add_option("--attention", o->attention,
                   "Spec strings separated by ';', e.g. 'full;improved-clustered:clusters=100'; "
                   "'all' is every registered variant with its example parameters")
+      ->check(spec_validator())
       ->capture_default_str();
   sub->add_option("--lengths", o->lengths, "Sequence lengths N (= M), comma-separated")
       ->capture_default_str();
@@ -508,11 +509,7 @@ void add_bench(CLI::App& app) {
   sub->add_option("--plot", o->plot,
                   "Also draw time and peak memory against N (log-log, one line per spec) to this PNG "
                   "with gnuplot (Debian gnuplot-nox)");
-  sub->add_option("-o,--output-format", o->format,
-                  "Result format on stdout: text (table), md (Markdown table), csv (with a header "
-                  "row), json (the --json document), jsonl (one JSON object per result)")
-      ->check(CLI::IsMember({"text", "md", "csv", "json", "jsonl"}))
-      ->capture_default_str();
+  add_format_option(sub, o->format);
   sub->add_option("--seed", o->seed, "Seed of the inputs")->capture_default_str();
   sub->add_flag("--no-error", o->no_error,
                 "Skip rel_err and cos (otherwise computed against full attention for n <= 16384)");

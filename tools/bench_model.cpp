@@ -329,23 +329,21 @@ void add_bench_model(CLI::App& app) {
   sub->add_option("--model", o->model, "model folder (KWT with --features, or LLaMA: prefill + decode)");
   sub->add_flag("--random-bert", o->random_bert, "a BERT-shaped encoder with random weights (sizes below)");
   sub->add_option("--features", o->features, "KWT feature set: all its clips are one batch");
-  sub->add_option("--lengths", o->lengths, "sequence lengths (random BERT) or prompt lengths (decoder), comma-separated");
-  sub->add_option("--layers", o->layers, "random BERT: layers (4)");
-  sub->add_option("--hidden", o->hidden, "random BERT: hidden size (256)");
-  sub->add_option("--heads", o->heads, "random BERT: heads (4)");
-  sub->add_option("--ffn", o->ffn, "random BERT: feed-forward size (1024)");
-  sub->add_option("--batch", o->batch, "random BERT: batch (1); KWT: clips per forward (default all)");
-  sub->add_option("--decode", o->decode, "decoder: tokens decoded after the prefill (128)");
-  sub->add_option("--attention", o->attention, "attention plan, repeatable (default full)");
-  sub->add_option("--repeat", o->repeat, "timed runs after one warm-up (3)");
+  sub->add_option("--lengths", o->lengths, "sequence lengths (random BERT) or prompt lengths (decoder), comma-separated")
+      ->capture_default_str();
+  sub->add_option("--layers", o->layers, "random BERT: layers")->capture_default_str();
+  sub->add_option("--hidden", o->hidden, "random BERT: hidden size")->capture_default_str();
+  sub->add_option("--heads", o->heads, "random BERT: heads")->capture_default_str();
+  sub->add_option("--ffn", o->ffn, "random BERT: feed-forward size")->capture_default_str();
+  sub->add_option("--batch", o->batch, "random BERT: batch (0 = 1); KWT: clips per forward (0 = all)")->capture_default_str();
+  sub->add_option("--decode", o->decode, "decoder: tokens decoded after the prefill")->capture_default_str();
+  sub->add_option("--attention", o->attention, "attention plan, repeatable")->check(spec_validator())->capture_default_str();
+  sub->add_option("--repeat", o->repeat, "timed runs after one warm-up")->capture_default_str();
   sub->add_flag("--sequence-parallel", o->sequence_parallel,
                 "under mpirun, split every sequence across the ranks (encoder forward, decoder prefill); rows "
                 "add the ranks, each rank's peak memory and the bytes one rank sends per layer");
   sub->add_option("--json", o->json, "also write the results as JSON to this file (atomically)");
-  sub->add_option("-o,--output-format", o->format,
-                  "result format on stdout: text (table), md (Markdown table), csv (with a header row), json "
-                  "(the --json document), jsonl (one JSON object per result)")
-      ->check(CLI::IsMember({"text", "md", "csv", "json", "jsonl"}));
+  add_format_option(sub, o->format);
   add_threads_option(sub, o->threads, "bench-model");
   sub->callback([o] { run_bench_model(*o); });
 }

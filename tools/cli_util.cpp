@@ -75,6 +75,22 @@ std::string joined(const std::vector<std::string>& names) {
 
 }  // namespace
 
+// The subcommands that have an option named `name`, and whether it takes a value there.
+std::vector<std::string> commands_with_option(CLI::App& app, const std::string& name, bool& takes_value) {
+  std::vector<std::string> out;
+  takes_value = false;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+    for (const CLI::Option* opt : sub->get_options()) {
+      bool match = false;
+      for (const std::string& l : opt->get_lnames()) match = match || "--" + l == name;
+      for (const std::string& s : opt->get_snames()) match = match || "-" + s == name;
+      if (!match || opt->get_group().empty()) continue;
+      out.push_back(sub->get_name());
+      takes_value = takes_value || opt->get_items_expected_min() > 0;
+    }
+  return out;
+}
+
 UsageHints usage_hints(CLI::App& app, int argc, const char* const* argv) {
   UsageHints hints;
   std::vector<std::string> commands;
@@ -82,18 +98,33 @@ UsageHints usage_hints(CLI::App& app, int argc, const char* const* argv) {
     commands.push_back(sub->get_name());
   const CLI::App* context = &app;
   std::vector<std::string> known = option_names(app);
-  bool saw_command = false;
+  bool saw_command = false, skip_value = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--") break;  // the rest are values
     if (arg.size() > 1 && arg[0] == '-' && !is_number(arg)) {
+      skip_value = false;
       const std::string name = arg.substr(0, arg.find('='));
       if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+      if (!saw_command) {
+        // An option of a command written before the command ("clattn --attention full").
+        bool takes_value = false;
+        const std::vector<std::string> owners = commands_with_option(app, name, takes_value);
+        if (!owners.empty()) {
+          hints.lines.push_back("'" + name + "' is an option of a command (" + joined(owners) +
+                                "), not of clattn itself: put the command first, e.g. 'clattn " + owners.front() +
+                                " " + name + (takes_value ? " ..." : "") + "'");
+          skip_value = takes_value && arg.find('=') == std::string::npos;
+          continue;
+        }
+      }
       const auto near = nearest(name, known);
       if (!near.empty())
         hints.lines.push_back("unknown option '" + name + "'" +
                               (context == &app ? "" : " of " + context->get_name()) +
                               ": did you mean " + joined(near) + "?");
+    } else if (skip_value) {
+      skip_value = false;
     } else if (!saw_command) {  // the first word is the subcommand
       saw_command = true;
       if (std::find(commands.begin(), commands.end(), arg) != commands.end()) {
@@ -107,6 +138,10 @@ UsageHints usage_hints(CLI::App& app, int argc, const char* const* argv) {
                                                     : ": did you mean " + joined(near) + "?"));
       }
     }
+  }
+  if (!saw_command && hints.lines.empty()) {
+    hints.no_command = true;
+    hints.lines.push_back("give a command: " + joined(commands) + " ('clattn --help' says what each does)");
   }
   return hints;
 }

@@ -103,6 +103,7 @@ CLI::Option* add_renamed_option(CLI::App* sub, const std::string& old_name, cons
 struct UsageHints {
   std::vector<std::string> lines;
   std::string command;
+  bool no_command = false;  // no subcommand was given at all
 };
 UsageHints usage_hints(CLI::App& app, int argc, const char* const* argv);
 
