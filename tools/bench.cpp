@@ -395,7 +395,7 @@ void run_bench(BenchOptions o) {
                           {"cores", available_processors()},
                           {"sgemm_gflops", sgemm},
                           {"threads", o.threads},
-                          {"clattn", {{"version", CLATTN_VERSION}, {"commit", CLATTN_COMMIT}}},
+                          {"clattn", {{"version", kVersion}, {"commit", kCommit}}},
                           {"date", bench::utc_now_iso8601()}};
   ordered_json doc = {{"machine", std::move(machine)}, {"results", ordered_json::array()}};
   // Written now too, so an unwritable path fails before the sweep rather than after its first case.

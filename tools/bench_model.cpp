@@ -118,7 +118,7 @@ void run_bench_model(const BenchModelOptions& o) {
                         {"sgemm_gflops", peak},
                         {"threads", max_threads()},
                         {"ranks", R},
-                        {"clattn", {{"version", CLATTN_VERSION}, {"commit", CLATTN_COMMIT}}},
+                        {"clattn", {{"version", kVersion}, {"commit", kCommit}}},
                         {"date", bench::utc_now_iso8601()}}},
                       {"results", ordered_json::array()}};
   auto write_json = [&] {

@@ -41,7 +41,8 @@ int usage_error(CLI::App& app, const std::string& message, bool ours, int argc, 
 int main(int argc, char** argv) {
   CLI::App app{"clattn: clustered attention and its rivals, fast on the CPU"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("clattn " CLATTN_VERSION " (commit " CLATTN_COMMIT ")"),
+  app.set_version_flag("--version",
+                       std::string("clattn ") + clattn::cli::kVersion + " (commit " + clattn::cli::kCommit + ")",
                        "Print the version and exit");
   app.footer(kExitCodes);
   clattn::cli::add_approx(app);

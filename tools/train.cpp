@@ -122,8 +122,8 @@ void run_train(TrainCli cl) {
   set_threads(threads);
   a.threads = threads;
   a.task.kind = cl.task;
-  a.version = CLATTN_VERSION;
-  a.commit = CLATTN_COMMIT;
+  a.version = kVersion;
+  a.commit = kCommit;
   if (lead && a.resume && !a.checkpoint.empty() && !fs::exists(fs::path(a.checkpoint) / "latest" / "train_state.json"))
     std::fprintf(stderr, "train: no checkpoint in %s yet; starting from step 0\n", (fs::path(a.checkpoint) / "latest").c_str());
   Trainer tr(a);
