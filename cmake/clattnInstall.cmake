@@ -3,6 +3,7 @@
 #   lib/cmake/clattn/  clattnConfig.cmake, clattnConfigVersion.cmake, clattnTargets*.cmake
 #                      -> find_package(clattn) gives clattn::clattn
 #   lib/pkgconfig/clattn.pc
+#   share/doc/clattn/LICENSE (MIT; also clattn_LICENSE in the CMake package)
 # (lib is CMAKE_INSTALL_LIBDIR from GNUInstallDirs: lib/<multiarch> under /usr on Debian.)
 # Both the CMake package and clattn.pc are relocatable, so `cmake --install build --prefix P`
 # gives a working package in P whatever CMAKE_INSTALL_PREFIX was at configure time.
@@ -17,6 +18,7 @@ if(TARGET clattn_cli)
 endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/clattn DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
         FILES_MATCHING PATTERN "*.h")
+install(FILES ${PROJECT_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR})
 
 install(EXPORT clattnTargets NAMESPACE clattn:: DESTINATION ${CLATTN_CMAKE_DIR}
         FILE clattnTargets.cmake)

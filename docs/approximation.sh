@@ -53,7 +53,7 @@ causal=(
   --attention 'routing:clusters=8,centroids=ema'
   --attention 'linear'
 )
-OMP_NUM_THREADS=1 "$bin" approx --model "$data/stories260k" --tokens "$data/stories260k/reference_logits.safetensors" \
+OMP_NUM_THREADS=1 "$bin" approx --model "$data/stories260k" --token-file "$data/stories260k/reference_logits.safetensors" \
   --seeds 5 "${causal[@]}" --json "$out/stories260k.json"
 # 512 positions the model wrote itself (greedy, full attention), read back through the tokenizer.
 OMP_NUM_THREADS=1 "$bin" generate --model "$data/stories260k" --tokens 511 > "$out/stories260k_generated.txt"
@@ -83,7 +83,7 @@ h = json.dumps(header).encode()
 h += b" " * (-len(h) % 8)
 open(sys.argv[2], "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 PY
-  OMP_NUM_THREADS=2 "$bin" approx --model "$runs/lm-full/best" --tokens "$runs/shakespeare_heldout_2048.safetensors" --seeds 3 \
+  OMP_NUM_THREADS=2 "$bin" approx --model "$runs/lm-full/best" --token-file "$runs/shakespeare_heldout_2048.safetensors" --seeds 3 \
     --attention 'improved-clustered:clusters=25,topk=32' \
     --attention 'improved-clustered:clusters=25,topk=32,block=256' \
     --attention 'improved-clustered:clusters=25,topk=32,block=128' \

@@ -69,6 +69,6 @@ run listops-improved "${lo[@]}" --attention "$ic" &
 wait
 
 echo "== figures"
-"$bin" plot --logs "$out"/mlm-*.jsonl --out docs/images/training_mlm.png
-"$bin" plot --logs "$out"/lm-*.jsonl --out docs/images/training_lm.png
-"$bin" plot --logs "$out"/listops-*.jsonl --out docs/images/training_listops.png
+"$bin" plot --logs "$out"/mlm-*.jsonl --output docs/images/training_mlm.png
+"$bin" plot --logs "$out"/lm-*.jsonl --output docs/images/training_lm.png
+"$bin" plot --logs "$out"/listops-*.jsonl --output docs/images/training_listops.png

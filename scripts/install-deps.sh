@@ -19,6 +19,9 @@ set -euo pipefail
 #   python3-numpy, python3-pytest
 #   python3-torch                the clattn.torch adapter and its tests against PyTorch's autograd
 #                                (about 30 s to install, so CI tests it)
+#   python3-setuptools,          `pip install .` and `python3 -m build --wheel --no-isolation`
+#   python3-wheel, python3-pip,  (pyproject.toml: setuptools drives CMake; no package index is
+#   python3-build, python3-venv  reached), and the test that installs the package into a venv
 #   clang, libomp-dev,           libFuzzer targets and the ThreadSanitizer build (TSan understands
 #   libclang-rt-14-dev           LLVM's libomp, not libgomp)
 #   libopenmpi-dev, openmpi-bin  Open MPI: data-parallel training and sequence-parallel attention
@@ -26,7 +29,8 @@ set -euo pipefail
 packages=(cmake ninja-build g++ libopenblas-dev libopenblas0-openmp nlohmann-json3-dev
           libcli11-dev libgtest-dev libbenchmark-dev pkg-config
           gnuplot-nox python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest
-          python3-torch clang libomp-dev libclang-rt-14-dev libopenmpi-dev openmpi-bin)
+          python3-torch python3-setuptools python3-wheel python3-pip python3-build python3-venv
+          clang libomp-dev libclang-rt-14-dev libopenmpi-dev openmpi-bin)
 
 missing=()
 for p in "${packages[@]}"; do

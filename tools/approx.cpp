@@ -22,6 +22,7 @@
 #include "clattn/spec.h"
 #include "clattn/tokenizer.h"
 #include "commands.h"
+#include "progress.h"
 
 namespace clattn::cli {
 namespace {
@@ -145,7 +146,7 @@ void run_approx(const ApproxOptions& o) {
   set_threads(checked_threads(o.threads, "approx"));
   check_size(o.seeds, 1, kMaxCount, "approx: --seeds");
   const int given = !o.features.empty() + !o.tokens.empty() + !o.text.empty();
-  usage_check(given == 1, "approx: give exactly one of --features, --tokens, --text");
+  usage_check(given == 1, "approx: give exactly one of --features, --token-file, --text");
   usage_check(!o.attention.empty(), "approx: give at least one --attention plan");
   const ModelKind kind = model_kind(o.model);
   LoadOptions lo;
@@ -196,8 +197,8 @@ void run_approx(const ApproxOptions& o) {
       if (f.has("labels")) labels = f.get_i32("labels");
       run = [&] { return enc->forward_features(features.view()); };
     } else {
-      // BERT-style classifier: --tokens holds ids [T] or [B, T] (and optional 'labels' [B]).
-      check(!o.tokens.empty(), "approx: a BERT-style encoder takes --tokens");
+      // BERT-style classifier: --token-file holds ids [T] or [B, T] (and optional 'labels' [B]).
+      check(!o.tokens.empty(), "approx: a BERT-style encoder takes --token-file");
       read_tokens(o.tokens, "labels", ids, B, T, labels);
       check_context(T, enc->config().max_positions, "approx: '" + o.tokens + "'");
       check(enc->config().num_labels >= 1, "approx: this encoder has no classifier to compare predictions of");
@@ -224,10 +225,24 @@ void run_approx(const ApproxOptions& o) {
     }
     check_memory(2 * need, "approx: " + o.model);  // full's outputs are kept beside each plan's
   }
+  // Units: full attention, then each plan at each of its seeds.
+  std::vector<int64_t> seeds_of;
+  int64_t units = 1;
+  for (const std::string& plan : o.attention) {
+    bool stochastic = false;
+    (void)with_seed(plan, 0, stochastic);
+    seeds_of.push_back(stochastic ? o.seeds : 1);
+    units += seeds_of.back();
+  }
+  Progress progress("approx", units);
+  int64_t done = 0;
   set_plan("full");
   Outputs full;
+  progress.set(done, "full attention (reference), warm-up");
   timed(full);  // warm-up: first touch of activations and workspace
+  progress.set(done, "full attention (reference)");
   timed(full);
+  ++done;
   if (!labels.empty())
     check(static_cast<int64_t>(labels.size()) == full.logits.dim(0), "approx: ", labels.size(), " labels for ",
           full.logits.dim(0), " predictions");
@@ -264,31 +279,33 @@ void run_approx(const ApproxOptions& o) {
   };
   // Full attention's own figures first: the baseline every row is measured against (its accuracy
   // is the one the approximations should keep).
-  {
+  progress.above([&] {
     const Metrics self = compare(full.logits, full.logits, labels);
     char accs[16] = "-";
     if (self.accuracy >= 0) std::snprintf(accs, sizeof accs, "%.4f", self.accuracy);
     std::printf("%-60s %6d %20s %10s %12.3e %10.4f %10.1f %8.3f\n", "full (baseline)", 1, "1.0000", accs, 0.0, 0.0,
                 full.ms, 1.0);
-  }
-  for (const std::string& plan : o.attention) {
-    if (dec) note_inactive_causal(plan, T);
-    bool stochastic = false;
-    (void)with_seed(plan, 0, stochastic);
-    const int64_t seeds = stochastic ? o.seeds : 1;
+  });
+  for (size_t pi = 0; pi < o.attention.size(); ++pi) {
+    const std::string& plan = o.attention[pi];
+    if (dec) progress.above([&] { note_inactive_causal(plan, T); });
+    const int64_t seeds = seeds_of[pi];
     std::vector<Metrics> ms;
     for (int64_t s = 0; s < seeds; ++s) {
       bool st = false;
       set_plan(seeds > 1 ? with_seed(plan, s, st) : plan);
       Outputs out;
+      progress.set(done, seeds > 1 ? detail::concat(plan, ", seed ", s, "/", seeds) : plan);
       timed(out);  // warm-up
       timed(out);
+      ++done;
       Metrics m = compare(full.logits, out.logits, labels);
       m.ms = out.ms;
       ms.push_back(m);
     }
-    row(plan, seeds, ms);
+    progress.above([&] { row(plan, seeds, ms); });
   }
+  progress.finish();
   if (!o.json_out.empty()) {
     const double full_acc = compare(full.logits, full.logits, labels).accuracy;
     const nlohmann::json baseline = {{"spec", "full"}, {"accuracy", full_acc < 0 ? nlohmann::json(nullptr) : nlohmann::json(full_acc)},
@@ -318,35 +335,30 @@ void run_generate(const GenerateOptions& o) {
   dec->set_attention(o.attention);
   const Tokenizer tok = Tokenizer::from_file((std::filesystem::path(o.model) / "tokenizer.json").string());
   std::vector<int32_t> prompt = tok.encode(o.prompt);
-  if (prompt.empty()) prompt.push_back(tok.bos_id() >= 0 ? tok.bos_id() : 0);
+  if (prompt.empty()) {
+    usage_check(tok.bos_id() >= 0, "generate: the tokenizer of '", o.model,
+                "' has no BOS token to start from (a byte-level model): give --prompt TEXT");
+    prompt.push_back(tok.bos_id());
+  }
   const int64_t cap = static_cast<int64_t>(prompt.size()) + o.tokens;
   check(dec->config().max_positions <= 0 || cap <= dec->config().max_positions, "generate: prompt (",
         prompt.size(), " tokens) + --tokens ", o.tokens, " exceed the model's context of ", dec->config().max_positions);
   SamplingOptions so{o.temperature, o.top_k, o.top_p, o.seed};
   check_memory(dec->forward_bytes(1, static_cast<int64_t>(prompt.size()), cap), "generate: " + o.model);
-  dec->start(cap);
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> logits = dec->prefill(prompt);
-  const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (size_t i = 0; i < prompt.size(); ++i)
     std::fputs(tok.decode_piece(i ? prompt[i - 1] : -1, prompt[i]).c_str(), stdout);
   std::fflush(stdout);
   int32_t prev = prompt.back();
-  int64_t made = 0;
-  const auto t1 = std::chrono::steady_clock::now();
-  for (; made < o.tokens; ++made) {
-    const int32_t next = sample_token(logits, so, static_cast<uint64_t>(made));
-    if (next == tok.eos_id()) break;
+  GenerateStats st;
+  const std::vector<int32_t> made = generate(*dec, prompt, o.tokens, so, tok.eos_id(), [&](int32_t next) {
     std::fputs(tok.decode_piece(prev, next).c_str(), stdout);
     std::fflush(stdout);
     prev = next;
-    if (made + 1 < o.tokens) logits = dec->step(next);
-  }
-  const double decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  }, &st);
   std::fputs("\n", stdout);
-  std::fprintf(stderr, "generate: %s; prefill %zu tokens at %.0f tokens/s, decode %lld tokens at %.0f tokens/s\n",
-               o.attention.c_str(), prompt.size(), static_cast<double>(prompt.size()) / std::max(prefill_s, 1e-9),
-               static_cast<long long>(made), static_cast<double>(made) / std::max(decode_s, 1e-9));
+  std::fprintf(stderr, "generate: %s; prefill %zu tokens at %.0f tokens/s, decode %zu tokens at %.0f tokens/s\n",
+               o.attention.c_str(), prompt.size(), static_cast<double>(prompt.size()) / std::max(st.prefill_s, 1e-9),
+               made.size(), static_cast<double>(made.size()) / std::max(st.decode_s, 1e-9));
 }
 
 }  // namespace
@@ -359,12 +371,16 @@ void add_approx(CLI::App& app) {
       "with full attention, accuracy, KL(full || approx), max |dlogit| and time");
   sub->add_option("--model", o->model, "model folder (config.json + safetensors)")->required();
   sub->add_option("--features", o->features, "KWT feature set (.safetensors with features [n, 98, 40], labels)");
-  sub->add_option("--tokens", o->tokens, "decoder input: .safetensors with integer 'tokens' [T] or [B, T] (and 'targets')");
+  sub->add_option("--token-file", o->tokens,
+                  "token input: .safetensors with integer 'tokens' [T] or [B, T] (and 'targets' for a decoder, "
+                  "'labels' for a classifier)");
+  add_renamed_option(sub, "--tokens", "--token-file", o->tokens);
   sub->add_option("--text", o->text, "decoder input: a UTF-8 text file, tokenized with the model's tokenizer.json");
   sub->add_option("--attention", o->attention,
                   "attention plan, repeatable: one spec for every layer, or 'spec0;spec1;...' per layer "
-                  "(the last repeats)")->required();
-  sub->add_option("--seeds", o->seeds, "run randomized variants with seeds 0..S-1; report mean [min-max]");
+                  "(the last repeats)")->required()->check(spec_validator());
+  sub->add_option("--seeds", o->seeds, "run randomized variants with seeds 0..S-1; report mean [min-max]")
+      ->capture_default_str();
   sub->add_option("--json", o->json_out, "also write {\"model\", \"results\": [...]} to this file");
   add_threads_option(sub, o->threads, "approx");
   sub->add_flag("--verbose", o->verbose, "list checkpoint tensors the model does not use");
@@ -376,12 +392,14 @@ void add_generate(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("generate", "Stream text from a decoder model (LLaMA family)");
   sub->add_option("--model", o->model, "model folder (config.json, safetensors, tokenizer.json)")->required();
   sub->add_option("--prompt", o->prompt, "prompt text (empty: start from BOS)");
-  sub->add_option("--tokens", o->tokens, "tokens to generate (default 128)");
-  sub->add_option("--attention", o->attention, "attention plan (default full); must honour a causal mask");
-  sub->add_option("--temperature", o->temperature, "0 = greedy (default)");
-  sub->add_option("--top-k", o->top_k, "keep the k most likely tokens (0 = all)");
-  sub->add_option("--top-p", o->top_p, "nucleus: keep the smallest set with this mass (1 = all)");
-  sub->add_option("--seed", o->seed, "sampling seed");
+  sub->add_option("--tokens", o->tokens, "tokens to generate")->capture_default_str();
+  sub->add_option("--attention", o->attention, "attention plan; must honour a causal mask")
+      ->check(spec_validator())
+      ->capture_default_str();
+  sub->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
+  sub->add_option("--top-k", o->top_k, "keep the k most likely tokens (0 = all)")->capture_default_str();
+  sub->add_option("--top-p", o->top_p, "nucleus: keep the smallest set with this mass (1 = all)")->capture_default_str();
+  sub->add_option("--seed", o->seed, "sampling seed")->capture_default_str();
   add_threads_option(sub, o->threads, "generate");
   sub->callback([o] { run_generate(*o); });
 }

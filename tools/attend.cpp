@@ -329,14 +329,15 @@ void add_attend(CLI::App& app) {
       "v (B,Hkv,M,Dv), optional query_lengths/key_lengths (I32 [B]), bias (N,M) and do "
       "(B,H,N,Dv); k may be absent for shared-QK attention (reformer), which uses q. Writes o, "
       "and dq, dk, dv when do is given.");
-  sub->add_option("--spec", opts->spec, "attention spec, e.g. full or full:scale=0.125")->required();
+  sub->add_option("--spec", opts->spec, "attention spec, e.g. full or full:scale=0.125")->required()->check(spec_validator());
   sub->add_option("--input", opts->input, "input .safetensors")->required();
   sub->add_option("--output", opts->output, "output .safetensors (written atomically; not the input)")
       ->required();
   sub->add_flag("--causal", opts->causal, "causal mask (query i sees keys j <= i + M - N)");
   add_threads_option(sub, opts->threads, "attend");
   sub->add_option("--step", opts->step,
-                  "random step of stochastic variants: same spec, inputs and step give the same output");
+                  "random step of stochastic variants: same spec, inputs and step give the same output")
+      ->capture_default_str();
   sub->add_flag("--train", opts->train, "a training call (routing centroids=ema updates its state)");
   sub->add_flag("--sequence-parallel", opts->sequence_parallel,
                 "under mpirun, split the sequence across the ranks (full: ring; clustered variants: "
@@ -349,13 +350,13 @@ void add_make_inputs(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "make-inputs", "Write random q, k, v (and do, bias, lengths if asked) for `clattn attend`.");
   sub->add_option("--output", opts->output, "output .safetensors")->required();
-  sub->add_option("--batch", opts->batch, "B");
-  sub->add_option("--heads", opts->heads, "H");
+  sub->add_option("--batch", opts->batch, "B")->capture_default_str();
+  sub->add_option("--heads", opts->heads, "H")->capture_default_str();
   sub->add_option("--kv-heads", opts->kv_heads, "Hkv (default H)");
-  sub->add_option("--n", opts->n, "N queries");
+  sub->add_option("--n", opts->n, "N queries")->capture_default_str();
   sub->add_option("--m", opts->m, "M keys (default N)");
-  sub->add_option("--dim", opts->dim, "head dim D");
-  sub->add_option("--seed", opts->seed, "rng seed");
+  sub->add_option("--dim", opts->dim, "head dim D")->capture_default_str();
+  sub->add_option("--seed", opts->seed, "rng seed")->capture_default_str();
   sub->add_flag("--with-grad", opts->with_grad, "also write do (B,H,N,D)");
   sub->add_flag("--with-bias", opts->with_bias, "also write an additive bias (N,M) (full only)");
   sub->add_flag("--shared-qk", opts->shared_qk,

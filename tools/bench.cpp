@@ -28,6 +28,7 @@
 #include "clattn/spec.h"
 #include "commands.h"
 #include "plot_util.h"
+#include "progress.h"
 #include "version.h"
 
 namespace clattn::cli {
@@ -124,7 +125,8 @@ bool shares_qk(const std::string& spec) { return make_attention(spec)->capabilit
 
 // Runs one (spec, n) case on prepared inputs; a variant that throws yields an error row.
 CaseResult run_case(const std::string& spec, const AttentionInputs& in_given, const ConstView& dout,
-                    Buffers& buf, const BenchOptions& o, MemoryProbe& mem, double flops) {
+                    Buffers& buf, const BenchOptions& o, MemoryProbe& mem, double flops, Progress& progress,
+                    int64_t done) {
   CaseResult r;
   r.spec = spec;
   r.n = in_given.q.dim(2);
@@ -143,11 +145,13 @@ CaseResult run_case(const std::string& spec, const AttentionInputs& in_given, co
       att->forward(in, buf.out, ctx);
       if (o.backward) att->backward(in, buf.out, ctx, dout, buf.dq, buf.dk, buf.dv);
     };
+    const std::string what = detail::concat(spec, " N=", r.n, " ", o.backward ? "fwdbwd" : "fwd");
+    progress.set(done, what + ", warm-up");
     const auto w0 = std::chrono::steady_clock::now();
     call();  // warm-up: pays first touches of workspace and context, as a first real call would
     const double warm_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
-    if (warm_s > kProgressSeconds) {
+    if (warm_s > kProgressSeconds && !progress.enabled()) {  // the status line says it when shown
       std::fprintf(stderr, "bench: %s N=%lld %s ... (running, %.0f s so far; %d timed calls to go)\n",
                    spec.c_str(), static_cast<long long>(r.n), o.backward ? "fwdbwd" : "fwd", warm_s,
                    o.repeat);
@@ -155,6 +159,7 @@ CaseResult run_case(const std::string& spec, const AttentionInputs& in_given, co
     }
     std::vector<double> ms;
     for (int i = 0; i < o.repeat; ++i) {
+      progress.set(done, detail::concat(what, ", call ", i + 1, "/", o.repeat));
       const auto t0 = std::chrono::steady_clock::now();
       call();
       const auto t1 = std::chrono::steady_clock::now();
@@ -390,7 +395,7 @@ void run_bench(BenchOptions o) {
                           {"cores", available_processors()},
                           {"sgemm_gflops", sgemm},
                           {"threads", o.threads},
-                          {"clattn", {{"version", CLATTN_VERSION}, {"commit", CLATTN_COMMIT}}},
+                          {"clattn", {{"version", kVersion}, {"commit", kCommit}}},
                           {"date", bench::utc_now_iso8601()}};
   ordered_json doc = {{"machine", std::move(machine)}, {"results", ordered_json::array()}};
   // Written now too, so an unwritable path fails before the sweep rather than after its first case.
@@ -399,6 +404,7 @@ void run_bench(BenchOptions o) {
   };
   write_json();
   int failed = 0, total = 0;
+  Progress progress("bench", static_cast<int64_t>(lengths.size() * order.size()));
   for (const int64_t n : lengths) {
     const int64_t B = o.batch, H = o.heads, Hkv = o.kv_heads, D = o.dim;
     bench::Inputs inputs = bench::make_inputs({B, H, Hkv, n, D}, o.seed);
@@ -438,7 +444,7 @@ void run_bench(BenchOptions o) {
         buf.dk = bench::make_zeros(Shape{B, Hkv, n, D});
         buf.dv = bench::make_zeros(Shape{B, Hkv, n, D});
       }
-      CaseResult r = run_case(specs[si], in, dout.cview(), buf, o, mem, flops);
+      CaseResult r = run_case(specs[si], in, dout.cview(), buf, o, mem, flops, progress, total);
       ++total;
       const bool is_baseline = baseline && si == *baseline;
       if (r.error) {
@@ -459,11 +465,12 @@ void run_bench(BenchOptions o) {
       }
       if (want_error && is_baseline && !reference.defined()) compute_reference();  // it failed
       ordered_json j = to_json(r, o, mode);
-      table.row(r, mode, j);
+      progress.above([&] { table.row(r, mode, j); });
       doc["results"].push_back(std::move(j));
       write_json();  // after every row: an interrupted sweep keeps what it measured
     }
   }
+  progress.finish();
   table.end(doc);
   if (!o.plot.empty()) {  // drawn from the rows the JSON holds, as `clattn plot --bench` would
     const nlohmann::json d = nlohmann::json::parse(doc.dump());
@@ -484,6 +491,7 @@ void add_bench(CLI::App& app) {
   sub->add_option("--attention", o->attention,
                   "Spec strings separated by ';', e.g. 'full;improved-clustered:clusters=100'; "
                   "'all' is every registered variant with its example parameters")
+      ->check(spec_validator())
       ->capture_default_str();
   sub->add_option("--lengths", o->lengths, "Sequence lengths N (= M), comma-separated")
       ->capture_default_str();
@@ -501,11 +509,7 @@ void add_bench(CLI::App& app) {
   sub->add_option("--plot", o->plot,
                   "Also draw time and peak memory against N (log-log, one line per spec) to this PNG "
                   "with gnuplot (Debian gnuplot-nox)");
-  sub->add_option("-o,--output-format", o->format,
-                  "Result format on stdout: text (table), md (Markdown table), csv (with a header "
-                  "row), json (the --json document), jsonl (one JSON object per result)")
-      ->check(CLI::IsMember({"text", "md", "csv", "json", "jsonl"}))
-      ->capture_default_str();
+  add_format_option(sub, o->format);
   sub->add_option("--seed", o->seed, "Seed of the inputs")->capture_default_str();
   sub->add_flag("--no-error", o->no_error,
                 "Skip rel_err and cos (otherwise computed against full attention for n <= 16384)");

@@ -31,6 +31,7 @@
 #include "clattn/seq_parallel.h"
 #include "commands.h"
 #include "result_table.h"
+#include "progress.h"
 #include "version.h"
 
 namespace clattn::cli {
@@ -109,6 +110,7 @@ void run_bench_model(const BenchModelOptions& o) {
     std::fprintf(pre, "sgemm 2048: %.1f GFLOP/s, %d threads\n", peak, max_threads());
     if (o.sequence_parallel)
       std::fprintf(pre, "sequence parallel: %s; each sequence split over %d ranks\n", comm.name().c_str(), R);
+    std::fflush(pre);  // before the long work, also when stdout is a pipe
   }
   ordered_json doc = {{"machine",
                        {{"cpu", bench::cpu_model()},
@@ -116,7 +118,7 @@ void run_bench_model(const BenchModelOptions& o) {
                         {"sgemm_gflops", peak},
                         {"threads", max_threads()},
                         {"ranks", R},
-                        {"clattn", {{"version", CLATTN_VERSION}, {"commit", CLATTN_COMMIT}}},
+                        {"clattn", {{"version", kVersion}, {"commit", kCommit}}},
                         {"date", bench::utc_now_iso8601()}}},
                       {"results", ordered_json::array()}};
   auto write_json = [&] {
@@ -124,6 +126,13 @@ void run_bench_model(const BenchModelOptions& o) {
   };
   write_json();  // an unwritable path fails before the first case
   if (lead) table.header();
+  // Units: each (length, plan) forward or prefill, and each decode sweep.
+  const bool llama = !o.random_bert && model_kind(o.model) == ModelKind::llama;
+  const int64_t units = static_cast<int64_t>((o.random_bert || llama ? lengths_given.size() : 1) * o.attention.size()) *
+                        (llama && o.decode > 0 && !(o.sequence_parallel && R > 1) ? 2 : 1);
+  Progress progress("bench-model", units, lead);
+  int64_t done = 0;
+  std::string current;  // the case running now
 
   // One row: times are the slowest rank's, memory the largest rank's (one rank: its own).
   auto report = [&](const std::string& plan, const char* mode, int64_t n, int64_t B, std::vector<double> ms,
@@ -158,8 +167,9 @@ void run_bench_model(const BenchModelOptions& o) {
                       {"bytes_per_layer", o.sequence_parallel ? ordered_json(worst[2]) : ordered_json(nullptr)},
                       {"comm_wait_ms", o.sequence_parallel ? ordered_json(worst[3]) : ordered_json(nullptr)},
                       {"ring_hidden_percent", hidden ? ordered_json(*hidden) : ordered_json(nullptr)}};
+    ++done;
     if (!lead) return;
-    table.row(r);
+    progress.above([&] { table.row(r); });
     doc["results"].push_back(std::move(r));
     write_json();
   };
@@ -175,10 +185,12 @@ void run_bench_model(const BenchModelOptions& o) {
     Timing t;
     bench::reset_peak_rss();
     const int64_t before = bench::read_status_kib("VmRSS");
+    progress.set(done, current + ", warm-up");
     fn();  // warm-up: sizes the activations and workspaces, as a first real call would
     reset_sequence_parallel_traffic();
     double attn_sum = 0;
     for (int r = 0; r < o.repeat; ++r) {
+      progress.set(done, detail::concat(current, ", call ", r + 1, "/", o.repeat));
       comm.barrier();
       const double t0 = now_ms();
       fn();
@@ -238,6 +250,7 @@ void run_bench_model(const BenchModelOptions& o) {
       for (const std::string& plan : o.attention) {
         enc->set_attention(plan);
         check_memory(enc->forward_bytes(B, n), detail::concat("bench-model: ", plan, " at N = ", n));
+        current = detail::concat(plan, " N=", n, " B=", B);
         double run_attn = 0;  // attention time of the latest pass
         Timing t = timed([&] {
           run_attn = 0;
@@ -261,6 +274,7 @@ void run_bench_model(const BenchModelOptions& o) {
                c.layers, t.bytes_per_call / static_cast<double>(c.layers), t.wait_ms, all_ring(*enc));
       }
     }
+    progress.finish();
     table.end(doc);
     return;
   }
@@ -280,6 +294,7 @@ void run_bench_model(const BenchModelOptions& o) {
     const double per_token = 2.0 * c.layers * (2.0 * c.hidden * c.heads * c.head_dim + 2.0 * c.hidden * c.kv_heads * c.head_dim + 3.0 * c.hidden * c.ffn);
     for (const std::string& plan : o.attention) {
       dec->set_attention(plan);
+      current = detail::concat(plan, " prefill N=", n);
       Timing t = timed([&] {
         dec->start(n + o.decode);
         (void)dec->prefill(ids);
@@ -290,6 +305,8 @@ void run_bench_model(const BenchModelOptions& o) {
       std::vector<double> dms;
       double dattn = 0;
       for (int r = 0; r < o.repeat + 1; ++r) {
+        progress.set(done, r == 0 ? detail::concat(plan, " decode ", o.decode, " tokens, warm-up")
+                                  : detail::concat(plan, " decode ", o.decode, " tokens, run ", r, "/", o.repeat));
         dec->start(n + o.decode);
         std::vector<float> l = dec->prefill(ids);
         double a = 0;
@@ -306,6 +323,7 @@ void run_bench_model(const BenchModelOptions& o) {
       report(plan, "decode", 1, 1, std::move(dms), dattn, per_token + 2.0 * c.hidden * c.vocab, 0, c.layers, 0, 0, false);
     }
   }
+  progress.finish();
   table.end(doc);
 }
 
@@ -319,23 +337,21 @@ void add_bench_model(CLI::App& app) {
   sub->add_option("--model", o->model, "model folder (KWT with --features, or LLaMA: prefill + decode)");
   sub->add_flag("--random-bert", o->random_bert, "a BERT-shaped encoder with random weights (sizes below)");
   sub->add_option("--features", o->features, "KWT feature set: all its clips are one batch");
-  sub->add_option("--lengths", o->lengths, "sequence lengths (random BERT) or prompt lengths (decoder), comma-separated");
-  sub->add_option("--layers", o->layers, "random BERT: layers (4)");
-  sub->add_option("--hidden", o->hidden, "random BERT: hidden size (256)");
-  sub->add_option("--heads", o->heads, "random BERT: heads (4)");
-  sub->add_option("--ffn", o->ffn, "random BERT: feed-forward size (1024)");
-  sub->add_option("--batch", o->batch, "random BERT: batch (1); KWT: clips per forward (default all)");
-  sub->add_option("--decode", o->decode, "decoder: tokens decoded after the prefill (128)");
-  sub->add_option("--attention", o->attention, "attention plan, repeatable (default full)");
-  sub->add_option("--repeat", o->repeat, "timed runs after one warm-up (3)");
+  sub->add_option("--lengths", o->lengths, "sequence lengths (random BERT) or prompt lengths (decoder), comma-separated")
+      ->capture_default_str();
+  sub->add_option("--layers", o->layers, "random BERT: layers")->capture_default_str();
+  sub->add_option("--hidden", o->hidden, "random BERT: hidden size")->capture_default_str();
+  sub->add_option("--heads", o->heads, "random BERT: heads")->capture_default_str();
+  sub->add_option("--ffn", o->ffn, "random BERT: feed-forward size")->capture_default_str();
+  sub->add_option("--batch", o->batch, "random BERT: batch (0 = 1); KWT: clips per forward (0 = all)")->capture_default_str();
+  sub->add_option("--decode", o->decode, "decoder: tokens decoded after the prefill")->capture_default_str();
+  sub->add_option("--attention", o->attention, "attention plan, repeatable")->check(spec_validator())->capture_default_str();
+  sub->add_option("--repeat", o->repeat, "timed runs after one warm-up")->capture_default_str();
   sub->add_flag("--sequence-parallel", o->sequence_parallel,
                 "under mpirun, split every sequence across the ranks (encoder forward, decoder prefill); rows "
                 "add the ranks, each rank's peak memory and the bytes one rank sends per layer");
   sub->add_option("--json", o->json, "also write the results as JSON to this file (atomically)");
-  sub->add_option("-o,--output-format", o->format,
-                  "result format on stdout: text (table), md (Markdown table), csv (with a header row), json "
-                  "(the --json document), jsonl (one JSON object per result)")
-      ->check(CLI::IsMember({"text", "md", "csv", "json", "jsonl"}));
+  add_format_option(sub, o->format);
   add_threads_option(sub, o->threads, "bench-model");
   sub->callback([o] { run_bench_model(*o); });
 }

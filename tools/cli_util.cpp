@@ -1,5 +1,8 @@
 #include "cli_util.h"
 
+#include "clattn/attention.h"
+#include "clattn/spec.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -42,38 +45,9 @@ CLI::Option* add_threads_option(CLI::App* sub, int& threads, const char* cmd) {
 
 namespace {
 
-// Optimal string alignment distance: insertions, deletions, substitutions and transpositions of
-// neighbours each cost 1 ("--lenghts" is 1 from "--lengths").
-size_t edit_distance(const std::string& a, const std::string& b) {
-  const size_t n = a.size(), m = b.size();
-  std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
-  for (size_t i = 0; i <= n; ++i) d[i][0] = i;
-  for (size_t j = 0; j <= m; ++j) d[0][j] = j;
-  for (size_t i = 1; i <= n; ++i)
-    for (size_t j = 1; j <= m; ++j) {
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-    }
-  return d[n][m];
-}
-
-// The candidates nearest to `word`, if near enough to be a slip: within a third of the word's
-// length (at least 1, at most 3 edits).
+// The candidates nearest to `word`, if near enough to be a slip (the library's rule, spec.h).
 std::vector<std::string> nearest(const std::string& word, const std::vector<std::string>& candidates) {
-  const size_t letters = word.size() - std::min(word.find_first_not_of('-'), word.size());
-  const size_t limit = std::clamp<size_t>(letters / 3, 1, 3);
-  size_t best = limit + 1;
-  std::vector<std::string> out;
-  for (const std::string& c : candidates) {
-    const size_t d = edit_distance(word, c);
-    if (d < best) {
-      best = d;
-      out.clear();
-    }
-    if (d == best && std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
-  }
-  return out;
+  return nearest_names(word, candidates);
 }
 
 std::vector<std::string> option_names(const CLI::App& app) {
@@ -101,6 +75,22 @@ std::string joined(const std::vector<std::string>& names) {
 
 }  // namespace
 
+// The subcommands that have an option named `name`, and whether it takes a value there.
+std::vector<std::string> commands_with_option(CLI::App& app, const std::string& name, bool& takes_value) {
+  std::vector<std::string> out;
+  takes_value = false;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+    for (const CLI::Option* opt : sub->get_options()) {
+      bool match = false;
+      for (const std::string& l : opt->get_lnames()) match = match || "--" + l == name;
+      for (const std::string& s : opt->get_snames()) match = match || "-" + s == name;
+      if (!match || opt->get_group().empty()) continue;
+      out.push_back(sub->get_name());
+      takes_value = takes_value || opt->get_items_expected_min() > 0;
+    }
+  return out;
+}
+
 UsageHints usage_hints(CLI::App& app, int argc, const char* const* argv) {
   UsageHints hints;
   std::vector<std::string> commands;
@@ -108,18 +98,33 @@ UsageHints usage_hints(CLI::App& app, int argc, const char* const* argv) {
     commands.push_back(sub->get_name());
   const CLI::App* context = &app;
   std::vector<std::string> known = option_names(app);
-  bool saw_command = false;
+  bool saw_command = false, skip_value = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--") break;  // the rest are values
     if (arg.size() > 1 && arg[0] == '-' && !is_number(arg)) {
+      skip_value = false;
       const std::string name = arg.substr(0, arg.find('='));
       if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+      if (!saw_command) {
+        // An option of a command written before the command ("clattn --attention full").
+        bool takes_value = false;
+        const std::vector<std::string> owners = commands_with_option(app, name, takes_value);
+        if (!owners.empty()) {
+          hints.lines.push_back("'" + name + "' is an option of a command (" + joined(owners) +
+                                "), not of clattn itself: put the command first, e.g. 'clattn " + owners.front() +
+                                " " + name + (takes_value ? " ..." : "") + "'");
+          skip_value = takes_value && arg.find('=') == std::string::npos;
+          continue;
+        }
+      }
       const auto near = nearest(name, known);
       if (!near.empty())
         hints.lines.push_back("unknown option '" + name + "'" +
                               (context == &app ? "" : " of " + context->get_name()) +
                               ": did you mean " + joined(near) + "?");
+    } else if (skip_value) {
+      skip_value = false;
     } else if (!saw_command) {  // the first word is the subcommand
       saw_command = true;
       if (std::find(commands.begin(), commands.end(), arg) != commands.end()) {
@@ -134,7 +139,42 @@ UsageHints usage_hints(CLI::App& app, int argc, const char* const* argv) {
       }
     }
   }
+  if (!saw_command && hints.lines.empty()) {
+    hints.no_command = true;
+    hints.lines.push_back("give a command: " + joined(commands) + " ('clattn --help' says what each does)");
+  }
   return hints;
+}
+
+CLI::Validator spec_validator() {
+  return CLI::Validator(
+      [](std::string& plan) -> std::string {
+        size_t start = 0;
+        while (start <= plan.size()) {
+          const size_t end = std::min(plan.find(';', start), plan.size());
+          const std::string spec = plan.substr(start, end - start);
+          if (!spec.empty() && spec != "all") {
+            try {
+              (void)make_attention(spec);
+            } catch (const Error& e) {
+              return e.what();
+            }
+          }
+          start = end + 1;
+        }
+        return {};
+      },
+      "SPEC");
+}
+
+CLI::Option* add_format_option(CLI::App* sub, std::string& format) {
+  CLI::Option* o = sub->add_option("-o,--format", format,
+                                   "what goes to stdout: text (a table), md (Markdown table), csv (a header row, "
+                                   "then one line per result), json (one document), jsonl (one object per result)")
+                       ->check(CLI::IsMember({"text", "md", "csv", "json", "jsonl"}))
+                       ->capture_default_str();
+  add_renamed_option(sub, "--output-format", "--format", format);
+  return o;
 }
 
 int checked_threads(int requested, const char* cmd) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -73,12 +74,41 @@ CLI::Option* add_threads_option(CLI::App* sub, int& threads, const char* cmd);
 // with a note on stderr. Does not change the OpenMP setting: callers pass the result to set_threads.
 int checked_threads(int requested, const char* cmd);
 
+// Checks a spec, or a plan of ';'-separated specs, as the option is parsed: one the registry
+// refuses (unknown variant or parameter — with the nearest name —, a bad value) is a usage error
+// (exit 2) whose first line is the registry's message. Empty items and bench's `all` are left to
+// the command's own checks. Use as sub->add_option(...)->check(spec_validator()).
+CLI::Validator spec_validator();
+
+// `-o,--format`: what goes to stdout — text (the default), md, csv, json or jsonl (result_table.h).
+// The old spelling `--output-format` still works, with a note naming the new one.
+CLI::Option* add_format_option(CLI::App* sub, std::string& format);
+
+// An option's old name kept working after a rename (one vocabulary across commands: a file is
+// --input / --output / --token-file, a count is --tokens): sets the same variable, and says on
+// stderr which name to use. Hidden from --help; docs/cli.md lists the old names.
+template <class T>
+CLI::Option* add_renamed_option(CLI::App* sub, const std::string& old_name, const std::string& new_name, T& target) {
+  const std::string cmd = sub->get_name();
+  return sub
+      ->add_option_function<T>(
+          old_name,
+          [&target, cmd, old_name, new_name](const T& v) {
+            std::fprintf(stderr, "clattn %s: note: %s is now %s (the old name still works)\n", cmd.c_str(),
+                         old_name.c_str(), new_name.c_str());
+            target = v;
+          },
+          "old name of " + new_name)
+      ->group("");
+}
+
 // What to add to a parse error: for each argument that names no option of its command (or no
 // subcommand), the closest known names by edit distance ("unknown option '--lenghts': did you mean
 // --lengths?"), and the subcommand the arguments were for ("" for the top level).
 struct UsageHints {
   std::vector<std::string> lines;
   std::string command;
+  bool no_command = false;  // no subcommand was given at all
 };
 UsageHints usage_hints(CLI::App& app, int argc, const char* const* argv);
 

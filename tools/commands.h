@@ -15,5 +15,6 @@ void add_train(CLI::App& app);
 void add_eval(CLI::App& app);
 void add_plot(CLI::App& app);
 void add_inspect(CLI::App& app);
+void add_variants(CLI::App& app);
 
 }  // namespace clattn::cli

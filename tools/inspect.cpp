@@ -37,6 +37,7 @@
 #include "clattn/safetensors.h"
 #include "clattn/spec.h"
 #include "commands.h"
+#include "progress.h"
 #include "plot_util.h"
 
 namespace clattn::cli {
@@ -73,7 +74,7 @@ Tensor batch_row(const Tensor& t, int64_t b) {  // (B, ...) -> (1, ...)
 
 Problem from_model(const InspectOptions& o) {
   const int given = !o.features.empty() + !o.tokens.empty();
-  usage_check(given == 1, "inspect: with --model give exactly one of --features FILE or --tokens FILE");
+  usage_check(given == 1, "inspect: with --model give exactly one of --features FILE or --token-file FILE");
   const ModelKind kind = model_kind(o.model);
   AttentionCapture cap;
   cap.layer = o.layer;
@@ -100,7 +101,7 @@ Problem from_model(const InspectOptions& o) {
     p.source = std::filesystem::path(o.model).filename().string() + " on " +
                std::filesystem::path(o.features).filename().string() + " #" + std::to_string(o.index);
   } else {
-    usage_check(!o.tokens.empty(), "inspect: a token model takes --tokens FILE (integer 'tokens' [T] or [B, T])");
+    usage_check(!o.tokens.empty(), "inspect: a token model takes --token-file FILE (integer 'tokens' [T] or [B, T])");
     // The token files of `clattn approx`: integer 'tokens' [T] or [B, T]; --index picks the row.
     const SafetensorsFile f = SafetensorsFile::open(o.tokens);
     check(f.has("tokens"), "inspect: '", o.tokens, "' has no integer tensor 'tokens' ([T] or [B, T])");
@@ -427,8 +428,9 @@ void draw(const Problem& p, const std::string& spec, int64_t h, const std::vecto
 void run_inspect(const InspectOptions& o) {
   set_threads(checked_threads(o.threads, "inspect"));
   usage_check(o.model.empty() != o.input.empty(), "inspect: give exactly one of --model DIR or --input FILE");
+  usage_check(!o.out.empty(), "inspect: --output PNG is required");
   usage_check(o.input.empty() || (o.features.empty() && o.tokens.empty()),
-              "inspect: --features and --tokens go with --model, not --input");
+              "inspect: --features and --token-file go with --model, not --input");
   usage_check(o.model.empty() || !o.causal, "inspect: --causal is for --input (a model sets its own mask)");
   check_size(o.index, 0, kMaxCount, "inspect: --index");
   check_size(o.layer, 0, kMaxCount, "inspect: --layer");
@@ -445,6 +447,8 @@ void run_inspect(const InspectOptions& o) {
     usage_fail("inspect: --attention: ", e.what());
   }
   plot::find_gnuplot();  // before the model runs
+  Progress progress("inspect", 3);
+  progress.set(0, o.model.empty() ? "reading " + o.input : "forward of " + o.model + " with full attention");
   Problem p = o.model.empty() ? from_input(o) : from_model(o);
   const int64_t H = p.q.dim(1), Hkv = p.k.dim(1), N = p.q.dim(2), M = p.k.dim(2);
   check(N <= kMaxInspect && M <= kMaxInspect, "inspect: N = ", N, ", M = ", M, ": the pictures are N x M, so ",
@@ -456,11 +460,14 @@ void run_inspect(const InspectOptions& o) {
   } else if (att->capabilities().shared_qk) {
     check(H == Hkv, "inspect: ", o.attention, " shares queries and keys (k = q), so q and v need the same heads; got ",
           H, " query heads and ", Hkv, " kv heads");
-    std::fprintf(stderr, "inspect: note: %s shares queries and keys: k = q\n", o.attention.c_str());
+    progress.above([&] { std::fprintf(stderr, "inspect: note: %s shares queries and keys: k = q\n", o.attention.c_str()); });
     p.k = Tensor::from(p.q.view());
   }
+  progress.set(1, detail::concat("exact matrix, ", N, " x ", M));
   const std::vector<float> F = exact_matrix(p, o.head);
+  progress.set(2, detail::concat(att->name(), " matrix, ", N, " x ", M));
   Approx a = approx_matrix(p, *att, o.head);
+  progress.finish();
   const double r2 = a.group.empty() ? 0 : renumber_by_position(a.group);
   const double rel = a.check_err / std::max(a.check_scale, 1e-30);
   std::fprintf(stderr, "inspect: %s, head %lld: reconstruction check max |A·V - attention(q, k, v)| = %.2e (%.1e of max |O|)\n",
@@ -491,16 +498,21 @@ void add_inspect(CLI::App& app) {
                  "clusters of the queries (gnuplot; N <= 2048)");
   sub->add_option("--model", o->model, "model folder: q and k of --layer, from a forward with full attention");
   sub->add_option("--features", o->features, "KWT feature set (.safetensors 'features' [n, 98, 40]); see --index");
-  sub->add_option("--tokens", o->tokens, "token model input: .safetensors with integer 'tokens' [T] or [B, T]");
+  sub->add_option("--token-file", o->tokens, "token model input: .safetensors with integer 'tokens' [T] or [B, T]");
+  add_renamed_option(sub, "--tokens", "--token-file", o->tokens);
   sub->add_option("--input", o->input, "an attend input file (clattn make-inputs) instead of a model");
   sub->add_option("--index", o->index, "example (row) of the features, tokens or input file")->capture_default_str();
   sub->add_option("--layer", o->layer, "layer of the model")->capture_default_str();
   sub->add_option("--head", o->head, "query head")->capture_default_str();
-  sub->add_option("--attention", o->attention, "the approximation to draw beside full attention")->required();
+  sub->add_option("--attention", o->attention, "the approximation to draw beside full attention")
+      ->required()
+      ->check(spec_validator());
   sub->add_flag("--causal", o->causal, "--input: causal mask");
-  sub->add_option("--out", o->out, "the heatmaps (PNG)")->required();
-  sub->add_option("--clusters-out", o->clusters_out,
-                  "cluster against position (PNG; default: the --out name with -clusters)");
+  sub->add_option("--output", o->out, "the heatmaps (PNG, required)");
+  add_renamed_option(sub, "--out", "--output", o->out);
+  sub->add_option("--clusters-output", o->clusters_out,
+                  "cluster against position (PNG; default: the --output name with -clusters)");
+  add_renamed_option(sub, "--clusters-out", "--clusters-output", o->clusters_out);
   add_threads_option(sub, o->threads, "inspect");
   sub->footer("Pictures are drawn by gnuplot with the pngcairo terminal ($CLATTN_GNUPLOT, else gnuplot on\n"
               "PATH); without it the command fails and names the package: gnuplot-nox.");

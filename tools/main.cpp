@@ -6,6 +6,7 @@
 #include <exception>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "cli_util.h"
 #include "clattn/comm.h"
@@ -19,10 +20,17 @@ constexpr const char* kExitCodes =
     "Exit codes: 0 success; 1 runtime error (an input that cannot be read or is refused, a failed\n"
     "run); 2 usage error (an unknown or misspelt option or command, a missing or out-of-range value).";
 
-int usage_error(CLI::App& app, const char* message, int argc, char** argv) {
+// The useful line first: for a UsageError its own message; for a parse error CLI11 could not
+// explain (an unknown or misplaced option or command), clattn's hints, then CLI11's own line
+// ("The following arguments were not expected: ..."), which a missing command replaces.
+int usage_error(CLI::App& app, const std::string& message, bool ours, int argc, char** argv) {
   const clattn::cli::UsageHints hints = clattn::cli::usage_hints(app, argc, argv);
-  std::fprintf(stderr, "clattn: usage error: %s\n", message);
-  for (const std::string& line : hints.lines) std::fprintf(stderr, "clattn: %s\n", line.c_str());
+  std::vector<std::string> lines;
+  if (ours) lines.push_back(message);
+  lines.insert(lines.end(), hints.lines.begin(), hints.lines.end());
+  if (!ours && !hints.no_command) lines.push_back(message);
+  for (size_t i = 0; i < lines.size(); ++i)
+    std::fprintf(stderr, "clattn: %s%s\n", i == 0 ? "usage error: " : "", lines[i].c_str());
   std::fprintf(stderr, "Run 'clattn%s%s --help' for the options.\n", hints.command.empty() ? "" : " ",
                hints.command.c_str());
   return clattn::cli::kExitUsage;
@@ -33,7 +41,8 @@ int usage_error(CLI::App& app, const char* message, int argc, char** argv) {
 int main(int argc, char** argv) {
   CLI::App app{"clattn: clustered attention and its rivals, fast on the CPU"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("clattn " CLATTN_VERSION " (commit " CLATTN_COMMIT ")"),
+  app.set_version_flag("--version",
+                       std::string("clattn ") + clattn::cli::kVersion + " (commit " + clattn::cli::kCommit + ")",
                        "Print the version and exit");
   app.footer(kExitCodes);
   clattn::cli::add_approx(app);
@@ -46,14 +55,15 @@ int main(int argc, char** argv) {
   clattn::cli::add_eval(app);
   clattn::cli::add_plot(app);
   clattn::cli::add_inspect(app);
+  clattn::cli::add_variants(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version: printed on stdout, exit 0
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    return usage_error(app, e.what(), argc, argv);
+    return usage_error(app, e.what(), false, argc, argv);
   } catch (const clattn::cli::UsageError& e) {
-    return usage_error(app, e.what(), argc, argv);
+    return usage_error(app, e.what(), true, argc, argv);
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "clattn: error: out of memory (std::bad_alloc): try smaller sizes\n");
     return clattn::cli::kExitRuntime;

@@ -30,6 +30,7 @@
 #include "clattn/input_file.h"
 #include "commands.h"
 #include "plot_util.h"
+#include "progress.h"
 
 namespace clattn::cli {
 namespace plot {
@@ -328,8 +329,11 @@ struct PlotOptions {
 void run_plot(const PlotOptions& o) {
   usage_check(o.bench.empty() != o.logs.empty(), "plot: give exactly one of --bench FILE... or --logs FILE...");
   usage_check(o.labels.empty() || !o.logs.empty(), "plot: --label names --logs runs (bench files are named by file)");
+  usage_check(!o.out.empty(), "plot: --output PNG is required");
   const std::string ext = std::filesystem::path(o.out).extension().string();
-  usage_check(ext == ".png" || ext == ".PNG", "plot: --out must name a .png file, got '", o.out, "'");
+  usage_check(ext == ".png" || ext == ".PNG", "plot: --output must name a .png file, got '", o.out, "'");
+  Progress progress("plot", 0);
+  progress.set(0, "drawing " + o.out + " with gnuplot");
   if (!o.bench.empty()) {
     std::vector<BenchRun> runs;
     for (const std::string& p : o.bench) runs.push_back(read_bench_file(p));
@@ -355,7 +359,8 @@ void add_plot(CLI::App& app) {
   sub->add_option("--logs", o->logs, "`clattn train --log` files (JSON lines), one line per run");
   sub->add_option("--label", o->labels,
                   "legend name of each --logs run, in order (default: its file name), shown beside its spec");
-  sub->add_option("--out", o->out, "the PNG to write")->required();
+  sub->add_option("--output", o->out, "the PNG to write (required)");
+  add_renamed_option(sub, "--out", "--output", o->out);
   sub->footer("The picture is drawn by gnuplot with the pngcairo terminal ($CLATTN_GNUPLOT, else gnuplot\n"
               "on PATH); without it the command fails and names the package: gnuplot-nox.");
   sub->callback([o] { plot::run_plot(*o); });

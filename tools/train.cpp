@@ -24,6 +24,7 @@
 #include "clattn/parallel.h"
 #include "clattn/train.h"
 #include "commands.h"
+#include "progress.h"
 #include "version.h"
 
 namespace clattn::cli {
@@ -122,8 +123,8 @@ void run_train(TrainCli cl) {
   set_threads(threads);
   a.threads = threads;
   a.task.kind = cl.task;
-  a.version = CLATTN_VERSION;
-  a.commit = CLATTN_COMMIT;
+  a.version = kVersion;
+  a.commit = kCommit;
   if (lead && a.resume && !a.checkpoint.empty() && !fs::exists(fs::path(a.checkpoint) / "latest" / "train_state.json"))
     std::fprintf(stderr, "train: no checkpoint in %s yet; starting from step 0\n", (fs::path(a.checkpoint) / "latest").c_str());
   Trainer tr(a);
@@ -206,7 +207,7 @@ fs::path model_folder(const std::string& dir) {
 
 void run_eval(EvalArgs o) {
   set_threads(checked_threads(o.threads, "eval"));
-  usage_check(o.output == "text" || o.output == "json", "eval: -o must be text or json, got '", o.output, "'");
+  usage_check(o.output == "text" || o.output == "json", "eval: -o/--format must be text or json, got '", o.output, "'");
   check_size(o.batch, 1, 1 << 20, "eval: --batch");
   check_size(o.eval_examples, 0, kMaxCount, "eval: --eval-examples (0: the whole held-out set)");
   const fs::path folder = model_folder(o.checkpoint);
@@ -278,18 +279,23 @@ void run_eval(EvalArgs o) {
     std::printf("checkpoint %s, task %s, seq %lld\n", folder.c_str(), o.task.c_str(), static_cast<long long>(o.seq));
     std::printf("%-50s %10s %14s %9s %10s\n", "attention", "loss", metric.c_str(), "examples", "s");
   }
-  for (const std::string& plan : o.attention) {
+  Progress progress("eval", static_cast<int64_t>(o.attention.size()));
+  for (size_t i = 0; i < o.attention.size(); ++i) {
+    const std::string& plan = o.attention[i];
     model->set_attention(plan);
     check_memory(model->train_bytes(o.batch, o.seq), "eval: " + plan);
+    progress.set(static_cast<int64_t>(i), detail::concat(plan, ", ", batches.size(), " batches of ", o.batch));
     const EvalResult e = evaluate(*model, batches, head == TaskKind::classify);
     results.push_back({{"attention", plan}, {"eval_loss", e.loss}, {"eval_metric", e.metric}, {"metric", metric},
                        {"examples", e.examples}, {"targets", e.targets}, {"seconds", e.seconds}});
-    if (o.output == "text") {
-      std::printf("%-50s %10.4f %14.4f %9lld %10.2f\n", plan.c_str(), e.loss, e.metric,
-                  static_cast<long long>(e.examples), e.seconds);
-      std::fflush(stdout);
-    }
+    if (o.output == "text")
+      progress.above([&] {
+        std::printf("%-50s %10.4f %14.4f %9lld %10.2f\n", plan.c_str(), e.loss, e.metric,
+                    static_cast<long long>(e.examples), e.seconds);
+        std::fflush(stdout);
+      });
   }
+  progress.finish();
   if (o.output == "json") {
     const json doc = {{"checkpoint", folder.string()}, {"task", o.task}, {"seq", o.seq}, {"results", results}};
     std::printf("%s\n", doc.dump(2).c_str());
@@ -315,37 +321,38 @@ void add_train(CLI::App& app) {
   sub->add_option("--init", a.init,
                   "start from this checkpoint (a Hugging Face folder or a run's best/), keeping its architecture; "
                   "lm reads its tokenizer.json when it has one");
-  sub->add_option("--attention", a.attention, "attention plan: a spec, or 'spec0;spec1;...' per layer (default full)");
+  sub->add_option("--attention", a.attention, "attention plan: a spec, or 'spec0;spec1;...' per layer (default full)")
+      ->check(spec_validator());
   CLI::Option* sizes[] = {
-      sub->add_option("--layers", a.layers, "layers of a fresh model (default 2)"),
-      sub->add_option("--dim", a.dim, "hidden size of a fresh model (default 128)"),
-      sub->add_option("--heads", a.heads, "attention heads of a fresh model, dividing --dim (default 2)"),
+      sub->add_option("--layers", a.layers, "layers of a fresh model")->capture_default_str(),
+      sub->add_option("--dim", a.dim, "hidden size of a fresh model")->capture_default_str(),
+      sub->add_option("--heads", a.heads, "attention heads of a fresh model, dividing --dim")->capture_default_str(),
       sub->add_option("--ff", a.ff, "feed-forward size of a fresh model (default 2 x dim)")};
   CLI::Option* seq = sub->add_option("--seq", a.seq,
                                      "sequence length (default 512; with --init the checkpoint's context up to 512; "
                                      "features: the set's frames)");
-  sub->add_option("--batch", a.batch, "sequences per step (default 8)");
-  sub->add_option("--steps", a.steps, "optimizer steps (default 1000; the schedule's length)");
-  sub->add_option("--lr", a.lr, "peak learning rate (default 1e-3)");
+  sub->add_option("--batch", a.batch, "sequences per step")->capture_default_str();
+  sub->add_option("--steps", a.steps, "optimizer steps (the schedule's length)")->capture_default_str();
+  sub->add_option("--lr", a.lr, "peak learning rate")->capture_default_str();
   sub->add_option("--min-lr", a.min_lr, "final learning rate of the cosine (default lr / 10)");
-  sub->add_option("--warmup", a.warmup, "linear warm-up steps (default 100)");
-  sub->add_option("--clip", a.clip, "global gradient-norm clip (default 1; 0 = off)");
-  sub->add_option("--weight-decay", a.weight_decay, "AdamW decoupled weight decay (default 0.01)");
-  sub->add_option("--dropout", a.dropout, "dropout on the residual branches (default 0)");
-  sub->add_option("--eval-every", a.eval_every, "evaluate (and checkpoint) every N steps (default 100)");
-  sub->add_option("--eval-examples", a.eval_examples, "held-out examples per evaluation (default 256; 0 = all)");
-  sub->add_option("--min-length", a.task.min_length, "listops: shortest generated expression (default 500 tokens)");
-  sub->add_option("--max-length", a.task.max_length, "listops: longest generated expression (default 2000, capped at --seq)");
-  sub->add_option("--mask-prob", a.task.mask_prob, "mlm: share of positions predicted (default 0.15)");
+  sub->add_option("--warmup", a.warmup, "linear warm-up steps")->capture_default_str();
+  sub->add_option("--clip", a.clip, "global gradient-norm clip (0 = off)")->capture_default_str();
+  sub->add_option("--weight-decay", a.weight_decay, "AdamW decoupled weight decay")->capture_default_str();
+  sub->add_option("--dropout", a.dropout, "dropout on the residual branches")->capture_default_str();
+  sub->add_option("--eval-every", a.eval_every, "evaluate (and checkpoint) every N steps")->capture_default_str();
+  sub->add_option("--eval-examples", a.eval_examples, "held-out examples per evaluation (0 = all)")->capture_default_str();
+  sub->add_option("--min-length", a.task.min_length, "listops: shortest generated expression (tokens)")->capture_default_str();
+  sub->add_option("--max-length", a.task.max_length, "listops: longest generated expression (capped at --seq)")->capture_default_str();
+  sub->add_option("--mask-prob", a.task.mask_prob, "mlm: share of positions predicted")->capture_default_str();
   sub->add_option("--checkpoint", a.checkpoint, "folder for latest/ and best/ checkpoints");
   sub->add_flag("--resume", a.resume, "continue the run saved in --checkpoint DIR/latest (same options)");
-  sub->add_option("--time-budget", a.time_budget, "stop after this many seconds of training, then evaluate (0 = none)");
-  sub->add_option("--seed", a.task.seed, "seed of the initialisation, the data and the attention draws (default 0)");
+  sub->add_option("--time-budget", a.time_budget, "stop after this many seconds of training, then evaluate (0 = none)")->capture_default_str();
+  sub->add_option("--seed", a.task.seed, "seed of the initialisation, the data and the attention draws")->capture_default_str();
   sub->add_option("--log", a.log, "JSON-lines log (appended to on --resume)");
   sub->add_flag("--reproducible,!--no-reproducible", a.reproducible,
                 "sum the gradient in one fixed tree over the batch's sequences: the same bits for any number of "
                 "ranks and any --accum (default off: each rank's share in --accum micro-batches, all-reduced)");
-  sub->add_option("--accum", a.accum, "micro-batches per rank and step without --reproducible (default 1)");
+  sub->add_option("--accum", a.accum, "micro-batches per rank and step without --reproducible")->capture_default_str();
   sub->add_flag("!--no-overlap", a.overlap,
                 "exchange the gradient after the backward instead of layer by layer during it (for measuring the overlap)");
   sub->add_flag("--shard-optimizer", a.shard_optimizer,
@@ -370,7 +377,8 @@ void add_eval(CLI::App& app) {
       "eval", "Evaluate a checkpoint of clattn train on its held-out data with any attention plans");
   sub->add_option("--checkpoint", o->checkpoint, "a checkpoint folder, or a train --checkpoint DIR (its best/, else latest/)")
       ->required();
-  sub->add_option("--attention", o->attention, "attention plan, repeatable (default: the one it was trained with)");
+  sub->add_option("--attention", o->attention, "attention plan, repeatable (default: the one it was trained with)")
+      ->check(spec_validator());
   sub->add_option_function<std::string>("--task", [o](const std::string& v) { o->task = v; o->has_task = true; },
                                         "listops, mlm or lm (default: the training run's)");
   sub->add_option_function<std::string>("--data", [o](const std::string& v) { o->data = v; o->has_data = true; },
@@ -387,8 +395,9 @@ void add_eval(CLI::App& app) {
                                   "mlm: share of positions predicted");
   sub->add_option_function<int64_t>("--batch", [o](const int64_t& v) { o->batch = v; o->has_batch = true; },
                                     "sequences per forward (default: the training run's, else 8)");
-  sub->add_option("--eval-examples", o->eval_examples, "held-out examples (default 0 = all)");
-  sub->add_option("-o,--output", o->output, "text (default) or json on stdout");
+  sub->add_option("--eval-examples", o->eval_examples, "held-out examples (0 = all)")->capture_default_str();
+  sub->add_option("-o,--format", o->output, "what goes to stdout: text or json")->capture_default_str();
+  add_renamed_option(sub, "--output", "--format", o->output);
   add_threads_option(sub, o->threads, "eval");
   sub->callback([o] { run_eval(*o); });
 }

@@ -13,6 +13,7 @@
 
 #include "clattn/error.h"
 #include "clattn/scratch.h"
+#include "clattn/spec.h"
 #include "clattn/tensor.h"
 
 namespace clattn {
@@ -197,6 +198,10 @@ struct VariantInfo {
   std::string params;  // "scale=<float>" style summary of accepted parameters
   std::string summary;
   std::string example;  // a complete spec string, e.g. "local:window=256"
+  // Every parameter as the factory reads it (type, default, range), in reading order, and the
+  // capabilities of the example spec's object (wrappers: of the example's inner variant).
+  std::vector<SpecParam> parameters;
+  Capabilities capabilities;
 };
 std::vector<VariantInfo> registered_attentions();
 

@@ -32,6 +32,8 @@
 //   Held-out text: the last 10 % of the file (floor(size/10) bytes), never touched by a training
 //   window; evaluation windows tile it from its start with stride T (mlm: T bytes, lm: T + 1),
 //   masks drawn once from the seed.
+//   Byte-level checkpoints carry Tokenizer::byte_tokenizer_json() as their tokenizer.json (ids =
+//            bytes, 256 pad, 257 mask, nothing added); reading it back keeps the byte mode.
 //   lm with a tokenizer: the same split (moved forward to a UTF-8 character boundary), each part
 //            tokenized without BOS/EOS; windows of token ids as above; metric bits per token.
 //   features classification of feature frames (a KWT feature set: features [n, T, dim], labels

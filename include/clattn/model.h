@@ -270,6 +270,11 @@ class Model {
   void layer_grads_ready(int64_t begin, int64_t end) const;
   void other_grads_ready(int64_t layers_begin, int64_t layers_end) const;
   int64_t param_rows(int64_t off) const;  // first dim of the parameter at offset off
+  // FLOPs of an inference call over `rows` tokens that each attend `keys` keys: 2 per parameter
+  // and row (the linear layers), plus the attention's 4·heads·head_dim·keys per row and layer.
+  // Inference entry points run on threads_for_flops() of it (parallel.h): a decode step or a
+  // short prefill stays on one thread rather than paying a team's barriers.
+  double inference_flops(int64_t rows, double keys) const;
 
   ModelConfig cfg_;
   std::optional<TaskKind> head_;
@@ -308,6 +313,9 @@ class Encoder final : public Model {
   // (B, T, hidden).
   Tensor forward_tokens(std::span<const int32_t> ids, int64_t B, int64_t T,
                         std::span<const int32_t> lengths = {}, std::span<const int32_t> types = {});
+  // A masked-token model (the mlm head): logits (B, T, vocab) at every position, through the
+  // output layer tied to the word embeddings — read them at the masked positions.
+  Tensor forward_mlm(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths = {});
   // KWT: features (B, num_patches, input_dim). Returns logits (B, num_labels).
   Tensor forward_features(ConstView features);
   StepResult forward_backward(const Batch& b, bool train, uint64_t step, double divisor = 0) override;
@@ -331,6 +339,10 @@ class Encoder final : public Model {
   // Embeddings of a token batch (types may be null) or a feature batch into the first layer's x.
   void embed_tokens(const int32_t* ids, const int32_t* types, int64_t B, int64_t T);
   void embed_features(const float* feats, int64_t B);
+  // forward_tokens / forward_mlm up to the final norm (b_->xf); returns the rows per sequence
+  // held here (T, or this rank's share when the sequence is split).
+  int64_t encode_tokens(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths,
+                        std::span<const int32_t> types);
   void forward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, bool train, uint64_t step,
                       int64_t first);
   void final_norm(int64_t rows);
@@ -409,5 +421,16 @@ class Decoder final : public Model {
   int64_t B_ = -1, T_ = -1, pos_ = 0;
   bool train_layout_ = false, head_layout_ = false, split_prefill_ = false;
 };
+
+// Generation through the KV cache (batch 1): start(prompt + max_tokens), prefill of `prompt`
+// (not empty), then up to max_tokens tokens, draw i by sample_token(logits, opt, i), stopping
+// before `eos` (when >= 0; it is not returned). on_token(id) sees each token as it is drawn (for
+// streaming). Returns the new tokens; `stats` (optional) gets the prefill and decode seconds.
+struct GenerateStats {
+  double prefill_s = 0, decode_s = 0;
+};
+std::vector<int32_t> generate(Decoder& dec, std::span<const int32_t> prompt, int64_t max_tokens,
+                              const SamplingOptions& opt, int32_t eos,
+                              const std::function<void(int32_t)>& on_token = {}, GenerateStats* stats = nullptr);
 
 }  // namespace clattn

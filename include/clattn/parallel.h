@@ -13,6 +13,28 @@ void set_threads(int n);       // omp_set_num_threads(n), n >= 1
 int thread_id();               // omp_get_thread_num() inside a region, 0 outside
 int team_size();               // omp_get_num_threads(): 1 outside a region
 
+// Threads for a call of `flops` floating-point operations (a model's decode step, a short
+// prefill, a small batch): 1 below serial_flops(), where a parallel region's fork and barriers
+// cost more than the work they split — and on a busy machine every barrier waits for the team's
+// slowest, descheduled thread — else one thread per serial_flops() of work, at most
+// max_threads(). serial_flops() is 4 MFLOP unless CLATTN_SERIAL_FLOPS sets it (0: always the
+// whole team, as before this rule; for measurements).
+int threads_for_flops(double flops);
+double serial_flops();
+
+// Caps OpenMP's team, and with it OpenBLAS's threads (its OpenMP build follows
+// omp_get_max_threads), at n for the calling thread until the end of the scope; never raises it.
+class ThreadLimit {
+ public:
+  explicit ThreadLimit(int n);
+  ~ThreadLimit();
+  ThreadLimit(const ThreadLimit&) = delete;
+  ThreadLimit& operator=(const ThreadLimit&) = delete;
+
+ private:
+  int saved_;
+};
+
 // An exception must never leave an OpenMP region (that is std::terminate): the helpers below catch
 // the first one thrown by any task, let the region finish, and rethrow it on the calling thread.
 class FirstError {

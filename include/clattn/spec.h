@@ -23,4 +23,22 @@ struct Spec {
 // for every variant but a wrapper, so a forgotten '=' is still an error).
 Spec parse_spec(std::string_view text);
 
+// The candidates nearest to `word` by edit distance (insertions, deletions, substitutions and
+// swaps of neighbours), if near enough to be a slip: within a third of its letters (leading '-'
+// not counted; at least 1, at most 3 edits). Several at the same distance are all returned, in
+// the candidates' order; none when nothing is that near. Spec errors and the CLI's "did you mean"
+// both use it.
+std::vector<std::string> nearest_names(const std::string& word, const std::vector<std::string>& candidates);
+// " (did you mean 'a'?)", " (did you mean 'a' or 'b'?)", or "" when nothing is near.
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates);
+
+// One parameter a variant accepts, as its factory reads it (registered_attentions() lists them).
+struct SpecParam {
+  std::string key;
+  std::string type;            // "int", "float", "bool" or "choice"
+  std::string default_value;   // as text ("63", "true", "lsh", "1/sqrt(Dk)"); "" when required
+  std::string range;           // "[1, 64]", "lsh|positional", "" for bool
+  bool required = false;
+};
+
 }  // namespace clattn

@@ -19,6 +19,15 @@
 //   true, add_eos_token default false, bos_token / eos_token), as transformers' LlamaTokenizerFast
 //   rebuilds its post-processor from it; otherwise the TemplateProcessing post-processor's special
 //   tokens before / after $A; otherwise BOS only.
+//
+// Byte-level models (`clattn train --task lm` or `mlm` on a text file: include/clattn/data.h) save
+// byte_tokenizer_json() beside their weights: a BPE model without merges whose vocabulary is the
+// 256 byte tokens "<0x00>".."<0xFF>" at ids 0..255 (id = byte value) with byte_fallback, plus
+// "<pad>" (256) and "<mask>" (257) as special added tokens; a post-processor of "$A" alone, so
+// neither BOS nor EOS is added (the tasks train on raw bytes); a ByteFallback + Fuse decoder. So
+// encode() of any UTF-8 text gives exactly its bytes, decode() gives them back, and the
+// `tokenizers` library reads the file the same way. is_bytes() recognises such a tokenizer, so
+// the text tasks keep their byte mode (bits per character, any bytes) for it.
 // Unsupported pipeline parts (pre-tokenizers, Regex patterns, other models or decoders, dropout,
 // subword prefixes) are refused at load with an Error naming them, rather than half-honoured.
 #pragma once
@@ -54,6 +63,12 @@ class Tokenizer {
   // BOS. Concatenating the pieces of a sequence equals decode() of it, except that decode() strips
   // only once while a BOS in mid-stream strips again here (the llama2.c rule).
   std::string decode_piece(int32_t prev, int32_t id) const;
+
+  // The byte-level tokenizer (see above), its tokenizer.json text, and whether this tokenizer maps
+  // ids 0..255 to the bytes with nothing added around them (encode(text) == text's bytes).
+  static Tokenizer bytes();
+  static std::string byte_tokenizer_json();
+  bool is_bytes() const;
 
   int32_t bos_id() const;  // -1 if the tokenizer has none
   int32_t eos_id() const;  // -1 if the tokenizer has none

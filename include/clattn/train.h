@@ -8,7 +8,9 @@
 // accepts (`init`: a Hugging Face folder, a run's own best/), keeping its architecture.
 //
 // Checkpoint folder DIR: DIR/latest/ (model.safetensors + config.json in Hugging Face naming,
-// optimizer.safetensors, train_state.json, and the tokenizer files of a tokenized task) written
+// optimizer.safetensors, train_state.json, and tokenizer.json: the task's tokenizer files, or
+// for byte-level text (mlm, lm) Tokenizer::byte_tokenizer_json(), so every language model can
+// be sampled and evaluated from its folder alone) written
 // at every evaluation and at the end; DIR/best/ the same when the held-out metric improved. A
 // checkpoint is written whole into DIR/.tmp-NAME/ and swapped in by two renames (NAME ->
 // .old-NAME, .tmp-NAME -> NAME; a run killed between them is recovered from .old-NAME), so a
@@ -187,6 +189,9 @@ class Trainer {
 
   Model& model() { return *model_; }
   const Task& task() const { return *task_; }
+  // The model as a folder any loader reads (Model::save) with the tokenizer of its task, as the
+  // checkpoints have it: a tokenized task's files, or the byte-level tokenizer.json of mlm / lm.
+  void save_model(const std::string& dir) const;
   const TrainOptions& options() const { return opt_; }
   int64_t steps_done() const { return step_; }
   int64_t start_step() const { return start_; }  // the step this process started at
@@ -205,6 +210,7 @@ class Trainer {
   class Files;  // the checkpoint folder and the log
   void begin();
   void checkpoint(const std::string& name, const char* why);
+  void write_tokenizer(const std::string& dir) const;
   // One step's gradient, reduced over the ranks into the model's grads; returns the step's
   // summed loss and counts (identical on every rank) and the exchange's wait.
   StepResult reproducible_gradient(const Batch& batch, double& comm_ms);

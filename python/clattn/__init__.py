@@ -15,6 +15,7 @@ from ._clattn import (  # noqa: F401
     Call,
     Decoder,
     Encoder,
+    Tokenizer,
     Trainer,
     __version__,
     get_num_threads,
@@ -26,6 +27,6 @@ from ._clattn import (  # noqa: F401
 )
 
 __all__ = [
-    "Attention", "Call", "Decoder", "Encoder", "Trainer", "__version__", "get_num_threads", "load_model",
+    "Attention", "Call", "Decoder", "Encoder", "Tokenizer", "Trainer", "__version__", "get_num_threads", "load_model",
     "read_safetensors", "set_num_threads", "variants", "write_safetensors",
 ]

@@ -25,7 +25,8 @@ from torch.autograd.function import once_differentiable
 
 from . import _clattn
 
-__all__ = ["Attention", "AttentionFunction", "attention"]
+__all__ = ["Attention", "AttentionFunction", "MultiheadAttention", "attention", "scaled_dot_product_attention",
+           "set_step"]
 
 
 def _as_numpy_f32(t, name):
@@ -157,3 +158,8 @@ class Attention(torch.nn.Module):
 
     def extra_repr(self):
         return repr(self.attention.spec)
+
+
+# PyTorch's own entry points (torch.nn.functional.scaled_dot_product_attention,
+# torch.nn.MultiheadAttention) with clattn inside: _torch_nn.py.
+from ._torch_nn import MultiheadAttention, scaled_dot_product_attention, set_step  # noqa: E402

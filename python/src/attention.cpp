@@ -401,12 +401,24 @@ void bind_attention(pb::module_& m) {
           d["params"] = v.params;
           d["summary"] = v.summary;
           d["example"] = v.example;
-          d["capabilities"] = capabilities_dict(make_attention(v.example)->capabilities());
+          d["capabilities"] = capabilities_dict(v.capabilities);
+          pb::list params;
+          for (const SpecParam& p : v.parameters) {
+            pb::dict q;
+            q["key"] = p.key;
+            q["type"] = p.type;
+            q["default"] = p.required ? pb::object(pb::none()) : pb::object(pb::str(p.default_value));
+            q["range"] = p.range;
+            q["required"] = p.required;
+            params.append(q);
+          }
+          d["parameters"] = params;
           out.append(d);
         }
         return out;
       },
-      "The registered attention variants: name, params, summary, example spec, capabilities");
+      "The registered attention variants: name, params, summary, example spec, capabilities, parameters "
+      "(key, type, default, range, required)");
 }
 
 }  // namespace clattn::py

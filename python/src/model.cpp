@@ -8,6 +8,7 @@
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
+#include <cmath>
 #include <filesystem>
 #include <functional>
 
@@ -17,9 +18,13 @@
 
 #include "clattn/error.h"
 #include "clattn/model.h"
+#include "clattn/tokenizer.h"
 #include "common.h"
 
 namespace clattn::py {
+
+pb::object tokenizer_of_folder(const std::string& dir);  // tokenizer.cpp
+
 namespace {
 
 const char* kind_name(ModelKind k) {
@@ -116,14 +121,27 @@ std::unique_ptr<M> load(const std::filesystem::path& dir) {
   return M::load(dir.string());
 }
 
+// tokenizer: the folder's tokenizer.json as a clattn.Tokenizer, or None.
 struct PyDecoder {
   std::unique_ptr<Decoder> m;
   std::mutex mu;
+  pb::object tokenizer = pb::none();
 };
 struct PyEncoder {
   std::unique_ptr<Encoder> m;
   std::mutex mu;
+  pb::object tokenizer = pb::none();
 };
+
+template <class P, class M>
+std::unique_ptr<P> load_with_tokenizer(const std::filesystem::path& dir) {
+  auto p = std::make_unique<P>();
+  p->m = load<M>(dir);
+  p->tokenizer = tokenizer_of_folder(dir.string());
+  return p;
+}
+
+const char* head_name(const Model& m) { return m.has_head() ? task_kind_name(m.head()) : nullptr; }
 
 // Runs f with the GIL released and the model's mutex held.
 template <class P, class F>
@@ -138,13 +156,61 @@ auto run_locked(P& p, F&& f) {
 
 void bind_model(pb::module_& m) {
   pb::class_<PyDecoder>(m, "Decoder", "A LLaMA-family decoder loaded from a Hugging Face folder")
-      .def(pb::init([](const std::filesystem::path& dir) {
-             auto p = std::make_unique<PyDecoder>();
-             p->m = load<Decoder>(dir);
-             return p;
-           }),
+      .def(pb::init([](const std::filesystem::path& dir) { return load_with_tokenizer<PyDecoder, Decoder>(dir); }),
            pb::arg("path"))
       .def_property_readonly("config", [](PyDecoder& p) { return config_dict(p.m->config()); })
+      .def_property_readonly("tokenizer", [](PyDecoder& p) { return p.tokenizer; },
+                             "The folder's tokenizer.json as a clattn.Tokenizer (None without one)")
+      .def("generate", [](PyDecoder& p, pb::handle prompt, int64_t max_tokens, float temperature, int64_t top_k,
+                          float top_p, uint64_t seed, bool stop_at_eos) -> pb::object {
+             if (max_tokens < 0) throw pb::value_error("max_tokens must be >= 0, got " + std::to_string(max_tokens));
+             if (!(temperature >= 0) || !std::isfinite(temperature))
+               throw pb::value_error("temperature must be >= 0, got " + std::to_string(temperature));
+             if (top_k < 0) throw pb::value_error("top_k must be >= 0 (0: all), got " + std::to_string(top_k));
+             if (!(top_p > 0 && top_p <= 1)) throw pb::value_error("top_p must be in (0, 1], got " + std::to_string(top_p));
+             const bool text = pb::isinstance<pb::str>(prompt);
+             const Tokenizer* tok = p.tokenizer.is_none() ? nullptr : &p.tokenizer.cast<const Tokenizer&>();
+             std::vector<int32_t> ids;
+             if (text) {
+               if (!tok)
+                 throw pb::value_error("generate: this model's folder has no tokenizer.json; pass the prompt as token ids");
+               ids = tok->encode(prompt.cast<std::string>());
+               if (ids.empty()) {
+                 if (tok->bos_id() < 0)
+                   throw pb::value_error("generate: the prompt is empty and the tokenizer has no BOS token to start from");
+                 ids.push_back(tok->bos_id());
+               }
+             } else {
+               const Ids in = ids_arg(prompt, p.m->config().vocab, "prompt");
+               if (in.batched) throw pb::value_error("generate: the prompt is one sequence (T,), got a batch");
+               ids.assign(in.ids.data(), in.ids.data() + in.ids.size());
+             }
+             const int64_t ctx = p.m->config().max_positions;
+             if (ctx > 0 && static_cast<int64_t>(ids.size()) + max_tokens > ctx)
+               throw pb::value_error("generate: the prompt (" + std::to_string(ids.size()) + " tokens) and " +
+                                     std::to_string(max_tokens) + " new tokens exceed the model's context of " +
+                                     std::to_string(ctx));
+             const int32_t eos = stop_at_eos ? (tok ? tok->eos_id() : p.m->config().eos) : -1;
+             const SamplingOptions so{temperature, top_k, top_p, seed};
+             const std::vector<int32_t> out = run_locked(p, [&] {
+               return generate(*p.m, ids, max_tokens, so, eos);
+             });
+             if (!text) return pb::array_t<int32_t>(static_cast<pb::ssize_t>(out.size()), out.data());
+             // The continuation alone, as the streamed pieces after the prompt give it.
+             std::string s;
+             int32_t prev = ids.back();
+             for (const int32_t id : out) {
+               s += tok->decode_piece(prev, id);
+               prev = id;
+             }
+             PyObject* str = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
+             if (!str) throw pb::error_already_set();
+             return pb::reinterpret_steal<pb::str>(str);
+           }, pb::arg("prompt"), pb::arg("max_tokens") = 128, pb::kw_only(), pb::arg("temperature") = 0.0f,
+           pb::arg("top_k") = 0, pb::arg("top_p") = 1.0f, pb::arg("seed") = 0, pb::arg("stop_at_eos") = true,
+           "Continue a prompt through the KV cache: a str prompt (through the folder's tokenizer) gives the "
+           "continuation's text; token ids give the new ids. temperature 0 is greedy; top_k, top_p, seed as "
+           "`clattn generate`")
       .def("set_attention", [](PyDecoder& p, const std::string& plan) {
              set_plan([&] { run_locked(p, [&] { p.m->set_attention(plan); }); });
            }, pb::arg("plan"),
@@ -182,13 +248,29 @@ void bind_model(pb::module_& m) {
       .def("__repr__", [](PyDecoder& p) { return "clattn.Decoder(" + p.m->config().model_type + ")"; });
 
   pb::class_<PyEncoder>(m, "Encoder", "A BERT-style or KWT encoder loaded from a Hugging Face folder")
-      .def(pb::init([](const std::filesystem::path& dir) {
-             auto p = std::make_unique<PyEncoder>();
-             p->m = load<Encoder>(dir);
-             return p;
-           }),
+      .def(pb::init([](const std::filesystem::path& dir) { return load_with_tokenizer<PyEncoder, Encoder>(dir); }),
            pb::arg("path"))
       .def_property_readonly("config", [](PyEncoder& p) { return config_dict(p.m->config()); })
+      .def_property_readonly("tokenizer", [](PyEncoder& p) { return p.tokenizer; },
+                             "The folder's tokenizer.json as a clattn.Tokenizer (None without one)")
+      .def_property_readonly("head", [](PyEncoder& p) -> pb::object {
+             const char* h = head_name(*p.m);
+             return h ? pb::object(pb::str(h)) : pb::object(pb::none());
+           }, "The task head: 'classify', 'mlm' (masked tokens) or None")
+      .def("forward_mlm", [](PyEncoder& p, pb::handle ids_obj, pb::handle lengths) {
+             if (!p.m->has_head() || p.m->head() != TaskKind::mlm)  // before the ids, read against a vocabulary
+               throw pb::value_error(std::string("forward_mlm needs the masked-token head (a model trained with "
+                                                 "--task mlm); this model has ") +
+                                     (head_name(*p.m) ? head_name(*p.m) : "no head"));
+             const Ids ids = ids_arg(ids_obj, p.m->config().vocab, "ids");
+             const auto len = lengths_arg(lengths, ids, 1);
+             Tensor out = run_locked(p, [&] {
+               return p.m->forward_mlm({ids.ids.data(), static_cast<size_t>(ids.ids.size())}, ids.B, ids.T, span_of(len));
+             });
+             return unbatch(to_numpy(std::move(out)), ids.batched);
+           }, pb::arg("ids"), pb::kw_only(), pb::arg("lengths") = pb::none(),
+           "Masked-token model (trained with --task mlm): logits (B, T, vocab) for ids (B, T), or (T, vocab) for (T,); "
+           "read them at the masked positions")
       .def("set_attention", [](PyEncoder& p, const std::string& plan) {
              set_plan([&] { run_locked(p, [&] { p.m->set_attention(plan); }); });
            }, pb::arg("plan"), "Attention of every layer: one spec, or ';'-separated specs per layer")
@@ -231,14 +313,8 @@ void bind_model(pb::module_& m) {
             pb::gil_scoped_release nogil;
             kind = model_kind(dir.string());
           }
-          if (kind == ModelKind::llama) {
-            auto p = std::make_unique<PyDecoder>();
-            p->m = load<Decoder>(dir);
-            return pb::cast(std::move(p));
-          }
-          auto p = std::make_unique<PyEncoder>();
-          p->m = load<Encoder>(dir);
-          return pb::cast(std::move(p));
+          if (kind == ModelKind::llama) return pb::cast(load_with_tokenizer<PyDecoder, Decoder>(dir));
+          return pb::cast(load_with_tokenizer<PyEncoder, Encoder>(dir));
         }, pb::arg("path"), "A Decoder (llama) or Encoder (bert, kwt) from a Hugging Face folder, by its config.json");
 }
 

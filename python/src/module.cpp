@@ -17,6 +17,7 @@ namespace clattn::py {
 void bind_attention(pb::module_& m);
 void bind_model(pb::module_& m);
 void bind_train(pb::module_& m);
+void bind_tokenizer(pb::module_& m);
 std::string blas_library();  // blas.cpp
 
 namespace {
@@ -93,6 +94,7 @@ PYBIND11_MODULE(_clattn, m) {
   m.doc() = "clattn: clustered and other efficient attention on NumPy arrays (C++ library binding)";
   m.attr("__version__") = CLATTN_VERSION;
   bind_attention(m);
+  bind_tokenizer(m);
   bind_model(m);
   bind_train(m);
 

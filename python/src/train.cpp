@@ -143,8 +143,10 @@ void bind_train(pb::module_& m) {
              return eval_dict(r, p.t->metric());
            }, "Held-out evaluation (logged, checkpointed): {'step', 'loss', 'metric', 'value', 'improved', ...}")
       .def("save_model", [](PyTrainer& p, const std::string& dir) {
-             run_locked(p, [&] { p.t->model().save(dir); });
-           }, pb::arg("dir"), "The model as a checkpoint folder (config.json + model.safetensors), loadable by load_model")
+             run_locked(p, [&] { p.t->save_model(dir); });
+           }, pb::arg("dir"),
+           "The model as a folder (config.json, model.safetensors and, for text tasks, tokenizer.json), loadable "
+           "by load_model")
       .def_readwrite("on_step", &PyTrainer::on_step, "Called with each step's dict (or None)")
       .def_readwrite("on_eval", &PyTrainer::on_eval, "Called with each evaluation's dict (or None)")
       .def_property_readonly("steps_done", [](PyTrainer& p) { return p.t->steps_done(); })

@@ -10,11 +10,13 @@ from conftest import randn
 
 
 def cli_message(r):
-    """The message of `clattn: error: <message>` on the CLI's stderr."""
+    """The message of `clattn: error: <message>` on the CLI's stderr, or of a spec the CLI refused
+    while parsing its options (`clattn: usage error: --spec: <message>`)."""
     assert r.returncode != 0
-    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("clattn: error: ")]
+    prefixes = ("clattn: error: ", "clattn: usage error: --spec: ")
+    lines = [ln[len(p):] for ln in r.stderr.splitlines() for p in prefixes if ln.startswith(p)]
     assert lines, r.stderr
-    return lines[-1][len("clattn: error: "):]
+    return lines[-1]
 
 
 @pytest.mark.parametrize("spec", ["bogus", "full:scale=-1", "clustered", "local:window=4,window=5",
@@ -23,6 +25,7 @@ def test_bad_spec_is_value_error_with_the_cli_message(spec, cli, tmp_path):
     with pytest.raises(ValueError) as e:
         clattn.Attention(spec)
     r = cli("attend", "--spec", spec, "--input", tmp_path / "none.safetensors", "--output", tmp_path / "o.safetensors")
+    assert r.returncode == 2, r.stderr  # a usage error, refused before the input is read
     assert str(e.value) == cli_message(r)
 
 

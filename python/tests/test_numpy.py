@@ -83,7 +83,7 @@ def test_registry_covered():
     assert names == {s.split(":")[0] for s in SPECS}
     for v in clattn.variants():
         assert clattn.Attention(v["example"]).spec.startswith(v["name"])
-        assert set(v) == {"name", "params", "summary", "example", "capabilities"}
+        assert set(v) == {"name", "params", "summary", "example", "capabilities", "parameters"}
 
 
 def test_float32_used_in_place_by_pointer():

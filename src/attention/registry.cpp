@@ -49,15 +49,19 @@ const std::vector<Registration>& registrations() {
 std::unique_ptr<Attention> make_attention(std::string_view text) {
   const Spec spec = parse_spec(text);
   std::ostringstream names;
-  for (const Registration& r : registrations()) names << (names.tellp() > 0 ? ", " : "") << r.name;
+  std::vector<std::string> all;
+  for (const Registration& r : registrations()) {
+    names << (names.tellp() > 0 ? ", " : "") << r.name;
+    all.push_back(r.name);
+  }
   auto find = [](const std::string& name) -> const Registration* {
     for (const Registration& r : registrations())
       if (r.name == name) return &r;
     return nullptr;
   };
   const Registration* r = find(spec.name);
-  check(r != nullptr, "unknown attention '", spec.name, "' in spec '", spec.text,
-        "'; registered: ", names.str());
+  check(r != nullptr, "unknown attention '", spec.name, "' in spec '", spec.text, "'",
+        did_you_mean(spec.name, all), "; registered: ", names.str());
   if (!spec.inner.empty()) {
     check(r->name == "conditional-full", "spec '", spec.text, "': '", spec.inner,
           "' is not a key=value parameter (", r->name, " takes no inner spec)");
@@ -66,14 +70,20 @@ std::unique_ptr<Attention> make_attention(std::string_view text) {
     const std::string inner_name = parse_spec(spec.inner).name;
     check(find(inner_name) != nullptr, "spec '", spec.text, "': '", spec.inner,
           "' is neither a key=value parameter nor an inner spec (unknown attention '", inner_name,
-          "'; registered: ", names.str(), ")");
+          "'", did_you_mean(inner_name, all), "; registered: ", names.str(), ")");
   }
   return r->make(spec);
 }
 
 std::vector<VariantInfo> registered_attentions() {
   std::vector<VariantInfo> out;
-  for (const Registration& r : registrations()) out.push_back({r.name, r.params, r.summary, r.example});
+  for (const Registration& r : registrations()) {
+    VariantInfo v{r.name, r.params, r.summary, r.example, {}, {}};
+    std::unique_ptr<Attention> a;
+    v.parameters = describe_parameters(r.make, parse_spec(r.example), &a);
+    v.capabilities = a->capabilities();
+    out.push_back(std::move(v));
+  }
   return out;
 }
 

@@ -15,27 +15,46 @@
 namespace clattn {
 
 // Reads typed parameters of one spec; finish() rejects any parameter nobody asked for.
+// `shown` is the default as the documentation states it when the number is a placeholder
+// ("1/sqrt(Dk)" for scale 0, "auto"); empty shows the number.
 class SpecReader {
  public:
   explicit SpecReader(const Spec& spec);
-  double get_float(const std::string& key, double dflt, double lo, double hi);
-  int64_t get_int(const std::string& key, int64_t dflt, int64_t lo, int64_t hi);
+  ~SpecReader();
+  SpecReader(const SpecReader&) = delete;
+  SpecReader& operator=(const SpecReader&) = delete;
+  double get_float(const std::string& key, double dflt, double lo, double hi, const std::string& shown = {});
+  int64_t get_int(const std::string& key, int64_t dflt, int64_t lo, int64_t hi, const std::string& shown = {});
   bool get_bool(const std::string& key, bool dflt);
   // One of `choices` (error listing them otherwise).
   std::string get_choice(const std::string& key, const std::string& dflt,
                          const std::vector<std::string>& choices);
+  // Marks `key` as required; its absence is reported by finish(), after any unknown parameter
+  // (a misspelt required key is named as such, not as missing). Read it with get_* as usual.
+  void require(const std::string& key, const std::string& example);
   bool has(const std::string& key) const;
-  void finish() const;  // throws if parameters remain that no get_* consumed
+  // Throws if parameters remain that no get_* consumed (naming the nearest accepted one), then
+  // if a required one is missing.
+  void finish() const;
 
  private:
   const std::string* find(const std::string& key) const;
+  void note(const std::string& key, const char* type, std::string dflt, std::string range);
   const Spec& spec_;
   std::vector<std::string> accepted_;
+  std::vector<std::pair<std::string, std::string>> required_;  // key, example spec
   std::set<std::string> used_;
+  std::vector<SpecParam>* record_ = nullptr;  // describe_parameters() collects here
 };
+
 
 // Variants register a factory under their name (see src/attention/registry.cpp).
 using AttentionFactory = std::function<std::unique_ptr<Attention>(const Spec&)>;
+
+// The parameters `make` reads while building `example` (from the first SpecReader it creates: a
+// wrapper's own, not its inner spec's), and the object it built.
+std::vector<SpecParam> describe_parameters(const AttentionFactory& make, const Spec& example,
+                                           std::unique_ptr<Attention>* built = nullptr);
 struct Registration {
   std::string name, params, summary;
   std::string example;  // a complete spec that builds this variant

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
+#include <vector>
 
 #include "clattn/error.h"
 
@@ -58,14 +59,89 @@ Spec parse_spec(std::string_view text) {
 
 namespace {
 
-// A factory may read a key twice (e.g. once to decide a default); list it once in errors.
-void note_accepted(std::vector<std::string>& accepted, const std::string& key) {
-  if (std::find(accepted.begin(), accepted.end(), key) == accepted.end()) accepted.push_back(key);
+// Optimal string alignment distance: insertions, deletions, substitutions and transpositions of
+// neighbours each cost 1 ("clusterd" is 1 from "clustered").
+size_t edit_distance(const std::string& a, const std::string& b) {
+  const size_t n = a.size(), m = b.size();
+  std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
+  for (size_t i = 0; i <= n; ++i) d[i][0] = i;
+  for (size_t j = 0; j <= m; ++j) d[0][j] = j;
+  for (size_t i = 1; i <= n; ++i)
+    for (size_t j = 1; j <= m; ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[n][m];
+}
+
+// describe_parameters(): the parameter list of the first SpecReader made on this thread while it
+// runs. Readers made later in the same call (a wrapper's inner spec) record nothing.
+thread_local std::vector<SpecParam>* g_record = nullptr;
+
+std::string number_text(double x) {
+  std::ostringstream os;
+  os << x;
+  return os.str();
+}
+
+// "[lo, hi]" (a stream: GCC 12 warns falsely on string concatenation here).
+template <class T>
+std::string range_text(T lo, T hi) {
+  std::ostringstream os;
+  os << "[" << lo << ", " << hi << "]";
+  return os.str();
 }
 
 }  // namespace
 
-SpecReader::SpecReader(const Spec& spec) : spec_(spec) {}
+std::vector<std::string> nearest_names(const std::string& word, const std::vector<std::string>& candidates) {
+  const size_t letters = word.size() - std::min(word.find_first_not_of('-'), word.size());
+  const size_t limit = std::clamp<size_t>(letters / 3, 1, 3);
+  size_t best = limit + 1;
+  std::vector<std::string> out;
+  for (const std::string& c : candidates) {
+    const size_t d = edit_distance(word, c);
+    if (d > limit) continue;  // too far to be a slip (best starts one beyond the limit)
+    if (d < best) {
+      best = d;
+      out.clear();
+    }
+    if (d == best && std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+  }
+  return out;
+}
+
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
+  const std::vector<std::string> near = nearest_names(word, candidates);
+  if (near.empty()) return "";
+  std::string s = " (did you mean ";
+  for (size_t i = 0; i < near.size(); ++i)
+    s += (i == 0 ? "'" : i + 1 == near.size() ? " or '" : ", '") + near[i] + "'";
+  return s + "?)";
+}
+
+SpecReader::SpecReader(const Spec& spec) : spec_(spec) {
+  if (g_record) {
+    record_ = g_record;
+    g_record = nullptr;
+  }
+}
+
+SpecReader::~SpecReader() = default;
+
+void SpecReader::note(const std::string& key, const char* type, std::string dflt, std::string range) {
+  if (std::find(accepted_.begin(), accepted_.end(), key) != accepted_.end()) return;  // read twice: once
+  accepted_.push_back(key);
+  if (!record_) return;
+  SpecParam p{key, type, std::move(dflt), std::move(range), false};
+  for (const auto& [k, example] : required_)
+    if (k == key) {
+      p.required = true;
+      p.default_value.clear();
+    }
+  record_->push_back(std::move(p));
+}
 
 const std::string* SpecReader::find(const std::string& key) const {
   for (const auto& [k, v] : spec_.params)
@@ -75,10 +151,14 @@ const std::string* SpecReader::find(const std::string& key) const {
 
 bool SpecReader::has(const std::string& key) const { return find(key) != nullptr; }
 
+void SpecReader::require(const std::string& key, const std::string& example) {
+  required_.emplace_back(key, example);
+}
+
 // The whole value must parse (strtod's syntax: "0.125", "1e-3"; not "1.5x", "nan", "inf").
 // Overflow and underflow ("1e400", "1e-400") are numbers, reported as out of range.
-double SpecReader::get_float(const std::string& key, double dflt, double lo, double hi) {
-  note_accepted(accepted_, key);
+double SpecReader::get_float(const std::string& key, double dflt, double lo, double hi, const std::string& shown) {
+  note(key, "float", shown.empty() ? number_text(dflt) : shown, range_text(lo, hi));
   const std::string* v = find(key);
   if (!v) return dflt;
   used_.insert(key);
@@ -95,8 +175,8 @@ double SpecReader::get_float(const std::string& key, double dflt, double lo, dou
 
 // Decimal digits with an optional sign only: "1.5", "1e3" and "0x10" are errors; values beyond
 // int64 are reported as out of range.
-int64_t SpecReader::get_int(const std::string& key, int64_t dflt, int64_t lo, int64_t hi) {
-  note_accepted(accepted_, key);
+int64_t SpecReader::get_int(const std::string& key, int64_t dflt, int64_t lo, int64_t hi, const std::string& shown) {
+  note(key, "int", shown.empty() ? std::to_string(dflt) : shown, range_text(lo, hi));
   const std::string* v = find(key);
   if (!v) return dflt;
   used_.insert(key);
@@ -112,7 +192,7 @@ int64_t SpecReader::get_int(const std::string& key, int64_t dflt, int64_t lo, in
 }
 
 bool SpecReader::get_bool(const std::string& key, bool dflt) {
-  note_accepted(accepted_, key);
+  note(key, "bool", dflt ? "true" : "false", "");
   const std::string* v = find(key);
   if (!v) return dflt;
   used_.insert(key);
@@ -123,25 +203,50 @@ bool SpecReader::get_bool(const std::string& key, bool dflt) {
 
 std::string SpecReader::get_choice(const std::string& key, const std::string& dflt,
                                    const std::vector<std::string>& choices) {
-  note_accepted(accepted_, key);
+  std::ostringstream os;
+  for (size_t i = 0; i < choices.size(); ++i) os << (i ? "|" : "") << choices[i];
+  note(key, "choice", dflt, os.str());
   const std::string* v = find(key);
   if (!v) return dflt;
   used_.insert(key);
   if (std::find(choices.begin(), choices.end(), *v) != choices.end()) return *v;
-  std::ostringstream os;
-  for (size_t i = 0; i < choices.size(); ++i) os << (i ? ", " : "") << choices[i];
-  fail("spec '", spec_.text, "': ", key, " must be one of ", os.str(), ", got '", *v, "'");
+  std::ostringstream list;
+  for (size_t i = 0; i < choices.size(); ++i) list << (i ? ", " : "") << choices[i];
+  fail("spec '", spec_.text, "': ", key, " must be one of ", list.str(), ", got '", *v, "'",
+       did_you_mean(*v, choices));
 }
 
 void SpecReader::finish() const {
   std::ostringstream unknown, accepted;
   int n = 0;
+  std::string hint;
   for (const auto& [k, v] : spec_.params)
-    if (!used_.count(k)) unknown << (n++ ? "', '" : "'") << k;
-  if (n == 0) return;
-  for (size_t i = 0; i < accepted_.size(); ++i) accepted << (i ? ", " : "") << accepted_[i];
-  fail("spec '", spec_.text, "': unknown parameter", n > 1 ? "s " : " ", unknown.str(), "'; ",
-       spec_.name, " accepts: ", accepted_.empty() ? std::string("no parameters") : accepted.str());
+    if (!used_.count(k)) {
+      unknown << (n++ ? "', '" : "'") << k;
+      if (hint.empty()) hint = did_you_mean(k, accepted_);
+    }
+  if (n > 0) {
+    for (size_t i = 0; i < accepted_.size(); ++i) accepted << (i ? ", " : "") << accepted_[i];
+    fail("spec '", spec_.text, "': unknown parameter", n > 1 ? "s " : " ", unknown.str(), "'", hint, "; ",
+         spec_.name, " accepts: ", accepted_.empty() ? std::string("no parameters") : accepted.str());
+  }
+  for (const auto& [key, example] : required_)
+    check(has(key), "spec '", spec_.text, "': ", key, " is required (e.g. ", example, ")");
+}
+
+std::vector<SpecParam> describe_parameters(const AttentionFactory& make, const Spec& example,
+                                           std::unique_ptr<Attention>* built) {
+  std::vector<SpecParam> params;
+  g_record = &params;
+  try {
+    std::unique_ptr<Attention> a = make(example);
+    g_record = nullptr;
+    if (built) *built = std::move(a);
+  } catch (...) {
+    g_record = nullptr;
+    throw;
+  }
+  return params;
 }
 
 }  // namespace clattn

@@ -4,6 +4,7 @@
 // (k = 0 the window start, then the mask draws); held-out window w from stream 2^63 + w.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "clattn/error.h"
@@ -31,9 +32,16 @@ class TextTask final : public Task {
           "mlm: the mask probability must be in (0, 1], got ", opt.mask_prob);
     held_ = static_cast<int64_t>(bytes_.size()) / 10;
     train_ = static_cast<int64_t>(bytes_.size()) - held_;
+    // A byte-level model's own tokenizer.json (Tokenizer::is_bytes) is the byte mode itself: the
+    // task stays byte-level (any bytes, bits per character) when a run or evaluation reads it.
+    std::optional<Tokenizer> tok;
     if (!opt.tokenizer.empty()) {
+      tok = Tokenizer::from_file(opt.tokenizer);
+      if (tok->is_bytes()) tok.reset();
+    }
+    if (tok) {
       check(kind == TaskKind::lm, "mlm: a tokenizer applies to the lm task only");
-      tok_ = std::make_unique<Tokenizer>(Tokenizer::from_file(opt.tokenizer));
+      tok_ = std::make_unique<Tokenizer>(std::move(*tok));
       // Split at a character boundary, then each part on its own: no token spans the two.
       int64_t cut = train_;
       while (cut < static_cast<int64_t>(bytes_.size()) && (static_cast<unsigned char>(bytes_[static_cast<size_t>(cut)]) & 0xC0) == 0x80)

@@ -338,6 +338,7 @@ Tensor Decoder::forward(std::span<const int32_t> ids, int64_t B, int64_t T, std:
     take_local(ids, B, local_ids);
     ids = local_ids;
   }
+  const ThreadLimit threads(threads_for_flops(inference_flops(B * T, 0.5 * static_cast<double>(T))));
   carve(B, T, false, false);
   att_->ms = dense_ms_ = 0;
   nn::embedding_fwd(b_->S[0].x, ids.data(), p(L_->embed), B * T, c.hidden, c.vocab);
@@ -378,6 +379,8 @@ std::vector<float> Decoder::prefill(std::span<const int32_t> ids) {
         "the KV cache spread over them; decoding after it is not supported (start() again, or prefill in one process)");
   if (split_on()) return split_prefill(ids);
   check(pos_ + T <= cache_[0].capacity(), "decoder: ", pos_ + T, " positions exceed the cache capacity ", cache_[0].capacity());
+  // A decode step (T = 1) or a short prompt: on one thread, or as many as the work pays for.
+  const ThreadLimit threads(threads_for_flops(inference_flops(T, static_cast<double>(pos_) + 0.5 * static_cast<double>(T))));
   carve(1, T, false, false);
   att_->ms = dense_ms_ = 0;
   nn::embedding_fwd(b_->S[0].x, ids.data(), p(L_->embed), T, cfg_.hidden, cfg_.vocab);

@@ -596,7 +596,7 @@ StepResult Encoder::forward_backward(const Batch& bt, bool train, uint64_t step,
   return timed(res, t0);
 }
 
-Tensor Encoder::forward_tokens(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths,
+int64_t Encoder::encode_tokens(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths,
                                std::span<const int32_t> types) {
   const ModelConfig& c = cfg_;
   check(c.kind == ModelKind::bert, "encoder: forward_tokens needs a token model (bert); this is ", c.model_type,
@@ -624,6 +624,14 @@ Tensor Encoder::forward_tokens(std::span<const int32_t> ids, int64_t B, int64_t 
   embed_tokens(ids.data(), types.empty() ? nullptr : types.data(), B, T);
   forward_layers(B, T, lengths, false, 0, 0);
   final_norm(B * T);
+  return T;
+}
+
+Tensor Encoder::forward_tokens(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths,
+                               std::span<const int32_t> types) {
+  const ModelConfig& c = cfg_;
+  const ThreadLimit threads(threads_for_flops(inference_flops(B * T, static_cast<double>(T))));
+  T = encode_tokens(ids, B, T, lengths, types);
   if (L_->cls_w < 0) {
     Tensor out(Shape{B, T, c.hidden});  // (B, n, hidden): this rank's positions when split
     std::memcpy(out.data(), b_->xf, sizeof(float) * static_cast<size_t>(B * T * c.hidden));
@@ -635,6 +643,18 @@ Tensor Encoder::forward_tokens(std::span<const int32_t> ids, int64_t B, int64_t 
   return logits;
 }
 
+Tensor Encoder::forward_mlm(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths) {
+  const ModelConfig& c = cfg_;
+  check(head_ && *head_ == TaskKind::mlm, "encoder: forward_mlm needs the masked-token head (a model trained with ",
+        "--task mlm: cls.predictions.bias); this model has ", head_ ? task_kind_name(*head_) : "no head");
+  const ThreadLimit threads(threads_for_flops(inference_flops(B * T, static_cast<double>(T))));
+  T = encode_tokens(ids, B, T, lengths, {});
+  // The output layer is tied to the word embeddings: logits = xf · Wordᵀ + bias.
+  Tensor logits(Shape{B, T, c.vocab});  // (B, n, vocab): this rank's positions when split
+  lin(logits.data(), c.vocab, b_->xf, c.hidden, p(L_->word), p(L_->mlm_b), B * T, c.hidden, c.vocab);
+  return logits;
+}
+
 Tensor Encoder::forward_features(ConstView features) {
   const ModelConfig& c = cfg_;
   check(c.kind == ModelKind::kwt, "encoder: forward_features needs a KWT model; this is ", c.model_type);
@@ -643,6 +663,7 @@ Tensor Encoder::forward_features(ConstView features) {
   check(features.contiguous(), "encoder: features must be contiguous");
   const int64_t B = features.dim(0), T = begin_split(c.num_patches + 1);
   check(B >= 1, "encoder: features hold no example");
+  const ThreadLimit threads(threads_for_flops(inference_flops(B * T, static_cast<double>(T))));
   for (int64_t i = 0; i < features.numel(); ++i)
     check(std::isfinite(features.data[i]), "encoder: features must be finite, found ", features.data[i], " at flat index ", i);
   carve(B, T, false, false);

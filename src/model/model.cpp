@@ -107,6 +107,14 @@ Batch Model::local_batch(const Batch& b) const {
 
 ConstView Model::last_hidden() const { return make_view(xf_, Shape{rows_xf_, cfg_.hidden}); }
 
+double Model::inference_flops(int64_t rows, double keys) const {
+  const double r = static_cast<double>(rows);
+  const double head_dim = cfg_.head_dim > 0 ? static_cast<double>(cfg_.head_dim)
+                                            : static_cast<double>(cfg_.hidden) / static_cast<double>(std::max<int64_t>(cfg_.heads, 1));
+  return 2.0 * static_cast<double>(params_.size()) * r +
+         4.0 * static_cast<double>(cfg_.layers * cfg_.heads) * head_dim * keys * r;
+}
+
 double Model::train_bytes(int64_t B, int64_t T) const {
   if (split_on()) T = sequence_split(T).local_rows(sp_->rank());
   const AttentionDims d{B, cfg_.heads, cfg_.kv_heads, T, T, cfg_.head_dim, cfg_.head_dim};

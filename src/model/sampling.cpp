@@ -1,5 +1,6 @@
 // Token sampling for generation (model.h): greedy, temperature, top-k, top-p, reproducible draws.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -50,4 +51,33 @@ int32_t sample_token(std::span<const float> logits, const SamplingOptions& opt, 
   }
   return idx[static_cast<size_t>(keep - 1)];
 }
+std::vector<int32_t> generate(Decoder& dec, std::span<const int32_t> prompt, int64_t max_tokens,
+                              const SamplingOptions& opt, int32_t eos, const std::function<void(int32_t)>& on_token,
+                              GenerateStats* stats) {
+  using Clock = std::chrono::steady_clock;
+  check(!prompt.empty(), "generate: the prompt holds no token");
+  check(max_tokens >= 0, "generate: max_tokens must be >= 0, got ", max_tokens);
+  const int64_t cap = static_cast<int64_t>(prompt.size()) + max_tokens;
+  const int64_t ctx = dec.config().max_positions;
+  check(ctx <= 0 || cap <= ctx, "generate: the prompt (", prompt.size(), " tokens) and ", max_tokens,
+        " new tokens exceed the model's context of ", ctx);
+  dec.start(cap);
+  const auto t0 = Clock::now();
+  std::vector<float> logits = dec.prefill(prompt);
+  const auto t1 = Clock::now();
+  std::vector<int32_t> out;
+  for (int64_t made = 0; made < max_tokens; ++made) {
+    const int32_t next = sample_token(logits, opt, static_cast<uint64_t>(made));
+    if (next == eos && eos >= 0) break;
+    out.push_back(next);
+    if (on_token) on_token(next);
+    if (made + 1 < max_tokens) logits = dec.step(next);
+  }
+  if (stats) {
+    stats->prefill_s = std::chrono::duration<double>(t1 - t0).count();
+    stats->decode_s = std::chrono::duration<double>(Clock::now() - t1).count();
+  }
+  return out;
+}
+
 }  // namespace clattn

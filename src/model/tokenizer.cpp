@@ -729,6 +729,58 @@ std::string Tokenizer::decode_piece(int32_t prev, int32_t id) const {
   return piece;
 }
 
+std::string Tokenizer::byte_tokenizer_json() {
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) {
+    char t[8];
+    std::snprintf(t, sizeof t, "<0x%02X>", b);
+    vocab[t] = b;
+  }
+  const auto added = [](int id, const char* content) {
+    return json{{"id", id},          {"content", content}, {"single_word", false}, {"lstrip", false},
+                {"rstrip", false},   {"normalized", false}, {"special", true}};
+  };
+  const json single = json::array({json{{"Sequence", {{"id", "A"}, {"type_id", 0}}}}});
+  const json pair = json::array({json{{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+                                 json{{"Sequence", {{"id", "B"}, {"type_id", 1}}}}});
+  json root = {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", json::array({added(256, "<pad>"), added(257, "<mask>")})},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", nullptr},
+      {"post_processor", {{"type", "TemplateProcessing"}, {"single", single}, {"pair", pair}, {"special_tokens", json::object()}}},
+      {"decoder", {{"type", "Sequence"}, {"decoders", json::array({json{{"type", "ByteFallback"}}, json{{"type", "Fuse"}}})}}},
+      {"model", {{"type", "BPE"},
+                 {"dropout", nullptr},
+                 {"unk_token", nullptr},
+                 {"continuing_subword_prefix", nullptr},
+                 {"end_of_word_suffix", nullptr},
+                 {"fuse_unk", false},
+                 {"byte_fallback", true},
+                 {"ignore_merges", false},
+                 {"vocab", vocab},
+                 {"merges", json::array()}}},
+  };
+  return root.dump(2) + "\n";
+}
+
+Tokenizer Tokenizer::bytes() { return from_json(byte_tokenizer_json(), "bytes (tokenizer.json of a byte-level model)"); }
+
+bool Tokenizer::is_bytes() const {
+  const Impl& t = *impl_;
+  if (!t.byte_fallback || !t.merges.empty() || !t.normalizer.empty() || !t.prefix.empty() || !t.suffix.empty() ||
+      t.n_model < 256)
+    return false;
+  for (int b = 0; b < 256; ++b)
+    if (t.byte_token[static_cast<size_t>(b)] != b) return false;
+  // No other model token may match text first (a one-character token "a" would win over <0x61>).
+  for (int32_t id = 256; id < t.n_model; ++id)
+    if (utf8_len(t.tokens[static_cast<size_t>(id)], 0) == t.tokens[static_cast<size_t>(id)].size()) return false;
+  return true;
+}
+
 int32_t Tokenizer::bos_id() const { return impl_->bos; }
 int32_t Tokenizer::eos_id() const { return impl_->eos; }
 int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->tokens.size()); }

@@ -12,6 +12,7 @@
 #include "clattn/error.h"
 #include "clattn/input_file.h"
 #include "clattn/nn.h"
+#include "clattn/tokenizer.h"
 #include "clattn/train.h"
 #include "train/grad_reduce.h"
 #include "train/run_files.h"
@@ -382,10 +383,25 @@ void Trainer::checkpoint(const std::string& name, const char* why) {
   train::write_checkpoint(files_->root, name, [&](const fs::path& tmp) {
     model_->save(tmp.string());
     optim_->save((tmp / "optimizer.safetensors").string());
-    copy_tokenizer(tokenizer_, tmp);
+    write_tokenizer(tmp.string());
     write_file_atomic((tmp / "train_state.json").string(), st.dump(2) + "\n");
   });
   comm_->barrier();
+}
+
+void Trainer::write_tokenizer(const std::string& dir) const {
+  if (!tokenizer_.empty()) {
+    copy_tokenizer(tokenizer_, dir);
+  } else if (task_->kind() != TaskKind::classify) {
+    // Byte-level text (mlm, lm): the tokenizer of ids = bytes, so generate, approx --text and the
+    // Python API read the checkpoint as they read any Hugging Face model.
+    write_file_atomic((fs::path(dir) / "tokenizer.json").string(), Tokenizer::byte_tokenizer_json());
+  }
+}
+
+void Trainer::save_model(const std::string& dir) const {
+  model_->save(dir);
+  write_tokenizer(dir);
 }
 
 namespace {

@@ -159,6 +159,46 @@ TEST(Registry, ErrorsListWhatIsAccepted) {
   EXPECT_HAS(error_of("conditional-full:length_limit=4,full:foo=1"), "unknown parameter 'foo'");
 }
 
+// A slip names the nearest valid name; a misspelt required key is named as misspelt, not missing.
+TEST(Registry, ErrorsNameTheNearestVariantOrParameter) {
+  EXPECT_HAS(error_of("clustered:cluster=10"), "unknown parameter 'cluster' (did you mean 'clusters'?)");
+  EXPECT_EQ(error_of("clustered:cluster=10").find("is required"), std::string::npos);
+  EXPECT_HAS(error_of("clusterd"), "unknown attention 'clusterd' in spec 'clusterd' (did you mean 'clustered'?)");
+  EXPECT_HAS(error_of("conditional-full:length_limit=4,ful"), "(did you mean 'full'?");
+  EXPECT_HAS(error_of("clustered:clusters=4,clustering=lhs"), "got 'lhs' (did you mean 'lsh'?)");
+  EXPECT_HAS(error_of("clustered:bits=8"), "clusters is required (e.g. clustered:clusters=100)");
+  EXPECT_EQ(did_you_mean("xyzzy", {"full", "local"}), "");
+  EXPECT_EQ(did_you_mean("topk", {"topk", "topq"}), " (did you mean 'topk'?)");
+  EXPECT_EQ(nearest_names("--lenghts", {"--lengths", "--heads"}), std::vector<std::string>{"--lengths"});
+  // One edit beyond the limit is not a slip: "bar" is 2 from "a", and 3 letters allow 1.
+  EXPECT_TRUE(nearest_names("bar", {"a", "flag"}).empty());
+}
+
+// registered_attentions() lists each parameter as its factory reads it.
+TEST(Registry, ListsParametersWithDefaultsAndRanges) {
+  for (const VariantInfo& v : registered_attentions()) {
+    if (v.name == "clustered") {
+      ASSERT_GE(v.parameters.size(), 3u);
+      EXPECT_EQ(v.parameters[0].key, "clusters");
+      EXPECT_TRUE(v.parameters[0].required);
+      EXPECT_EQ(v.parameters[0].default_value, "");
+      const SpecParam& bits = v.parameters[1];
+      EXPECT_EQ(bits.key, "bits");
+      EXPECT_EQ(bits.type, "int");
+      EXPECT_EQ(bits.default_value, "63");
+      EXPECT_EQ(bits.range, "[1, 64]");
+      EXPECT_TRUE(v.capabilities.causal);
+    }
+    if (v.name == "linear") {
+      EXPECT_TRUE(v.parameters.empty());
+    }
+    if (v.name == "full") {
+      ASSERT_EQ(v.parameters.size(), 1u);
+      EXPECT_EQ(v.parameters[0].default_value, "1/sqrt(Dk)");
+    }
+  }
+}
+
 TEST(Registry, BuildsEveryVariant) {
   EXPECT_EQ(make_attention("full")->name(), "full");
   EXPECT_NE(make_attention("full:scale=0.125")->name().find("scale=0.125"), std::string::npos);

@@ -123,7 +123,7 @@ expect_exit 2 "seq 0" "--seq must be" "$bin" train --task mlm --data "$text" --s
 expect_exit 2 "dim not a multiple of heads" "multiple of --heads" "$bin" train --task mlm --data "$text" --dim 10 --heads 3
 expect_exit 2 "negative lr" "--lr must be" "$bin" train --task mlm --data "$text" --lr -1
 expect_exit 2 "resume without checkpoint" "needs --checkpoint" "$bin" train --task mlm --data "$text" --resume
-expect_exit 1 "bad spec" "clustred" "$bin" train --task mlm --data "$text" "${tiny[@]}" --attention clustred --steps 1
+expect_exit 2 "bad spec" "clustred" "$bin" train --task mlm --data "$text" "${tiny[@]}" --attention clustred --steps 1
 expect_exit 1 "file shorter than a window" "held-out part" "$bin" train --task lm --data "$text" "${model[@]}" --seq 20000
 expect_exit 1 "listops window above seq" "minimum expression length" "$bin" train --task listops "${tiny[@]}"
 expect_exit 1 "run folder in use" "already holds a run" "$bin" train --task mlm --data "$text" "${tiny[@]}" --steps 2 \
@@ -132,7 +132,7 @@ expect_exit 1 "resume with other options" "differ" "$bin" train --task mlm --dat
   --eval-every 6 --checkpoint "$dir/mlm" --resume
 expect_exit 1 "eval of nothing" "holds no checkpoint" "$bin" eval --checkpoint "$dir/none"
 expect_exit 1 "eval with the wrong task" "head does not fit" "$bin" eval --checkpoint "$dir/lm" --task mlm --data "$text"
-expect_exit 2 "eval bad output" "-o must be" "$bin" eval --checkpoint "$dir/mlm" -o xml
+expect_exit 2 "eval bad output" "--format must be" "$bin" eval --checkpoint "$dir/mlm" -o xml
 
 # --- the log is an output like every other: no symlink, no FIFO, never an input, every write checked.
 echo "precious" >"$dir/target.txt"

@@ -198,5 +198,33 @@ TEST(Parallel, ExceptionsLeaveRegionsOnTheCallingThread) {
   EXPECT_THROW(parallel_team([](int t, int) { if (t == 0) throw Error("team"); }), Error);
 }
 
+// Small calls run on one thread (a region's fork and barriers cost more than they split, and on a
+// busy machine every barrier waits for a descheduled thread); large ones on the whole team.
+TEST(Parallel, ThreadsForFlopsAndThreadLimit) {
+  const int saved = max_threads();
+  set_threads(2);
+  const double unit = serial_flops();
+  ASSERT_GT(unit, 0) << "CLATTN_SERIAL_FLOPS=0 turns the rule off";
+  EXPECT_EQ(threads_for_flops(0), 1);
+  EXPECT_EQ(threads_for_flops(0.5 * unit), 1);
+  EXPECT_EQ(threads_for_flops(1.5 * unit), 1);
+  EXPECT_EQ(threads_for_flops(2.0 * unit), 2);
+  EXPECT_EQ(threads_for_flops(1e6 * unit), 2);  // never above the team
+  {
+    const ThreadLimit one(1);
+    EXPECT_EQ(max_threads(), 1);
+    int team = 0;
+    parallel_team([&](int, int n) { team = n; });
+    EXPECT_EQ(team, 1);
+    {
+      const ThreadLimit more(8);  // never raises
+      EXPECT_EQ(max_threads(), 1);
+    }
+    EXPECT_EQ(max_threads(), 1);
+  }
+  EXPECT_EQ(max_threads(), 2);  // restored at the end of the scope
+  set_threads(saved);
+}
+
 }  // namespace
 }  // namespace clattn

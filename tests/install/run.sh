@@ -57,7 +57,7 @@ libdir=$(sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$work/build/CMakeCache.txt")
 echo "      libdir: $libdir"
 for f in "$libdir/libclattn.a" include/clattn/attention.h include/clattn/parallel.h bin/clattn \
          "$libdir/cmake/clattn/clattnConfig.cmake" "$libdir/cmake/clattn/clattnConfigVersion.cmake" \
-         "$libdir/cmake/clattn/clattnTargets.cmake" "$libdir/pkgconfig/clattn.pc"; do
+         "$libdir/cmake/clattn/clattnTargets.cmake" "$libdir/pkgconfig/clattn.pc" share/doc/clattn/LICENSE; do
   check "installed $f" test -f "$prefix/$f"
 done
 n_src=$(find "$src/include/clattn" -maxdepth 1 -name '*.h' | wc -l)

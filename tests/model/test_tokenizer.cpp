@@ -406,5 +406,29 @@ TEST_F(Stories, BadArguments) {
   }
 }
 
+// The tokenizer.json of byte-level models (`clattn train --task lm/mlm`): ids are the bytes, nothing
+// added, <pad>/<mask> skipped on decode, and the file read back is recognised as the byte mode.
+TEST(Tokenizer, ByteLevelIsTheBytes) {
+  const Tokenizer t = Tokenizer::bytes();
+  EXPECT_TRUE(t.is_bytes());
+  EXPECT_EQ(t.vocab_size(), 258);
+  EXPECT_EQ(t.bos_id(), -1);
+  EXPECT_EQ(t.eos_id(), -1);
+  const std::string text = "ROMEO: \xC3\xA9 \xE2\x82\xAC\n";
+  const Ids ids = t.encode(text);
+  ASSERT_EQ(ids.size(), text.size());
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(ids[i], static_cast<unsigned char>(text[i]));
+  Ids padded{256};
+  padded.insert(padded.end(), ids.begin(), ids.end());
+  padded.push_back(257);
+  EXPECT_EQ(t.decode(padded), text);
+  std::string streamed;
+  for (size_t i = 0; i < ids.size(); ++i) streamed += t.decode_piece(i ? ids[i - 1] : -1, ids[i]);
+  EXPECT_EQ(streamed, text);
+  EXPECT_TRUE(Tokenizer::from_json(Tokenizer::byte_tokenizer_json(), "bytes").is_bytes());
+  // A BPE tokenizer with merges (stories260k) is not the byte mode.
+  EXPECT_FALSE(Tokenizer::from_file((data_dir() / "stories260k" / "tokenizer.json").string()).is_bytes());
+}
+
 }  // namespace
 }  // namespace clattn

@@ -124,8 +124,7 @@ class ClusteredAttention final : public Attention {
 
 ClusteredParams read_clustered(SpecReader& r, const Spec& spec, bool improved) {
   ClusteredParams p;
-  check(r.has("clusters"), "spec '", spec.text, "': clusters is required (e.g. ", spec.name,
-        ":clusters=100)");
+  r.require("clusters", spec.name + ":clusters=100");
   p.clusters = r.get_int("clusters", 0, 1, int64_t{1} << 30);
   p.bits = static_cast<int>(r.get_int("bits", 63, 1, 64));
   p.iterations = static_cast<int>(r.get_int("iterations", 10, 0, 1000));
@@ -133,12 +132,12 @@ ClusteredParams read_clustered(SpecReader& r, const Spec& spec, bool improved) {
   p.positional = r.get_choice("clustering", "lsh", {"lsh", "positional"}) == "positional";
   if (improved) p.topk = r.get_int("topk", 32, 1, int64_t{1} << 30);
   p.block = r.get_int("block", kDefaultBlock, 1, int64_t{1} << 30);
-  p.segment = r.get_int("segment", kSegmentBlocks * p.block, 1, int64_t{1} << 40);
-  check(p.segment % p.block == 0, "spec '", spec.text, "': segment (", p.segment,
-        ") must be a multiple of block (", p.block, ")");
-  p.scale = static_cast<float>(r.get_float("scale", 0.0, 1e-6, 1e6));
+  p.segment = r.get_int("segment", kSegmentBlocks * p.block, 1, int64_t{1} << 40, "8*block");
+  p.scale = static_cast<float>(r.get_float("scale", 0.0, 1e-6, 1e6, "1/sqrt(Dk)"));
   p.seed = static_cast<uint64_t>(r.get_int("seed", 0, 0, int64_t{1} << 62));
   r.finish();
+  check(p.segment % p.block == 0, "spec '", spec.text, "': segment (", p.segment,
+        ") must be a multiple of block (", p.block, ")");
   return p;
 }
 

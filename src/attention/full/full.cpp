@@ -503,7 +503,7 @@ std::unique_ptr<Attention> make_full_attention(float scale, int64_t window) {
 
 std::unique_ptr<Attention> make_full(const Spec& spec) {
   SpecReader r(spec);
-  const double scale = r.get_float("scale", 0.0, 1e-6, 1e6);
+  const double scale = r.get_float("scale", 0.0, 1e-6, 1e6, "1/sqrt(Dk)");
   r.finish();
   return make_full_attention(static_cast<float>(scale), 0);
 }

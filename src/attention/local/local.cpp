@@ -10,9 +10,9 @@ namespace clattn {
 
 std::unique_ptr<Attention> make_local(const Spec& spec) {
   SpecReader r(spec);
-  check(r.has("window"), "spec '", spec.text, "': window is required (e.g. local:window=256)");
+  r.require("window", "local:window=256");
   const int64_t window = r.get_int("window", 0, 1, int64_t{1} << 40);
-  const double scale = r.get_float("scale", 0.0, 1e-6, 1e6);
+  const double scale = r.get_float("scale", 0.0, 1e-6, 1e6, "1/sqrt(Dk)");
   r.finish();
   return make_full_attention(static_cast<float>(scale), window);
 }

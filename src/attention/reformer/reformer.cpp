@@ -728,7 +728,7 @@ std::unique_ptr<Attention> make_reformer(const Spec& spec) {
   ReformerParams p;
   p.rounds = r.get_int("rounds", 1, 1, 64);
   p.chunk = r.get_int("chunk", 32, 1, kMaxChunk);
-  p.buckets = r.get_int("buckets", 0, 2, int64_t{1} << 30);
+  p.buckets = r.get_int("buckets", 0, 2, int64_t{1} << 30, "2*N/chunk");
   p.seed = static_cast<uint64_t>(r.get_int("seed", 0, 0, int64_t{1} << 62));
   r.finish();
   if (p.buckets > 0) reformer_buckets(p, 0);  // validates an explicit count now

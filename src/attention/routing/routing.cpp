@@ -695,13 +695,13 @@ class RoutingAttention final : public Attention {
 std::unique_ptr<Attention> make_routing(const Spec& spec) {
   SpecReader r(spec);
   RoutingParams p;
-  check(r.has("clusters"), "spec '", spec.text, "': clusters is required (e.g. routing:clusters=128)");
+  r.require("clusters", "routing:clusters=128");
   p.clusters = r.get_int("clusters", 0, 1, 1 << 16);
-  p.window = r.get_int("window", 0, 1, int64_t{1} << 40);
+  p.window = r.get_int("window", 0, 1, int64_t{1} << 40, "N/clusters");
   p.iterations = static_cast<int>(r.get_int("iterations", 10, 0, 1000));
   p.train = r.get_choice("centroids", "kmeans", {"kmeans", "ema"}) == "ema";
   p.decay = static_cast<float>(r.get_float("decay", 0.999, 0.0, 1.0));
-  p.scale = static_cast<float>(r.get_float("scale", 0.0, 1e-6, 1e6));
+  p.scale = static_cast<float>(r.get_float("scale", 0.0, 1e-6, 1e6, "1/sqrt(Dk)"));
   p.seed = static_cast<uint64_t>(r.get_int("seed", 0, 0, int64_t{1} << 62));
   r.finish();
   return std::make_unique<RoutingAttention>(p);

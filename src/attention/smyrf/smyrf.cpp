@@ -588,7 +588,7 @@ std::unique_ptr<Attention> make_smyrf(const Spec& spec) {
   p.hashes = r.get_int("hashes", 2, 1, 64);
   p.q_cluster = r.get_int("q_cluster", 32, 1, 64);
   p.k_cluster = r.get_int("k_cluster", 32, 1, int64_t{1} << 20);
-  p.scale = static_cast<float>(r.get_float("scale", 0.0, 1e-6, 1e6));
+  p.scale = static_cast<float>(r.get_float("scale", 0.0, 1e-6, 1e6, "1/sqrt(Dk)"));
   p.seed = static_cast<uint64_t>(r.get_int("seed", 0, 0, int64_t{1} << 62));
   r.finish();
   return std::make_unique<SmyrfAttention>(p);

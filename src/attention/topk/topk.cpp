@@ -245,7 +245,7 @@ void attn_topk_ref(const RefProblem& pr, const TopkState& st, std::vector<double
 std::unique_ptr<Attention> make_topk(const Spec& spec) {
   SpecReader r(spec);
   const int64_t k = r.get_int("topk", 32, 1, int64_t{1} << 30);
-  const double scale = r.get_float("scale", 0.0, 1e-6, 1e6);
+  const double scale = r.get_float("scale", 0.0, 1e-6, 1e6, "1/sqrt(Dk)");
   r.finish();
   return std::make_unique<TopkAttention>(k, static_cast<float>(scale));
 }

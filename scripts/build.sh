@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The README's build: the dependencies (idempotent: nothing happens when they are present), then
+# the library, the `clattn` command and the Python package in build/ (or $CLATTN_BUILD_DIR).
+# Incremental: an existing build tree is never configured again by hand (`cmake --build` reruns
+# CMake itself when a CMakeLists.txt changed) and only what changed is compiled, so running this
+# again after a `git pull` costs seconds, not a full build. Tests and micro-benchmarks are left to
+# scripts/test.sh and -DCLATTN_BUILD_BENCH=ON. $CLATTN_JOBS sets the parallelism (2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+build=${CLATTN_BUILD_DIR:-build}
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCLATTN_BUILD_TESTS=OFF -DCLATTN_BUILD_BENCH=OFF
+fi
+cmake --build "$build" -j "${CLATTN_JOBS:-2}" --target clattn_cli clattn_python
+echo "build: $build/clattn and the Python package $build/python/clattn are up to date"

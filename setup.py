@@ -1,0 +1,86 @@
+"""setuptools half of `pip install .` (pyproject.toml, python/pep517/clattn_backend.py): the
+pure-Python files of python/clattn and the extension clattn._clattn, which CMake builds (target
+clattn_python, python/CMakeLists.txt) exactly as the README's build does.
+
+The CMake build tree, in this order:
+  $CLATTN_BUILD_DIR    an existing configured tree (the test command passes its own, so installing
+                       rebuilds nothing);
+  build/               the README's tree when it is one of this source, reused incrementally;
+  otherwise build/ is configured here with the README's options (library, CLI and Python package;
+  no tests or micro-benchmarks). $CLATTN_JOBS sets the build's parallelism (2).
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+def version():
+    m = re.search(r"project\(clattn VERSION ([0-9.]+)", (ROOT / "CMakeLists.txt").read_text())
+    if not m:
+        raise RuntimeError("setup.py: no 'project(clattn VERSION x.y.z' in CMakeLists.txt")
+    return m.group(1)
+
+
+def cache_value(build_dir, key):
+    cache = Path(build_dir) / "CMakeCache.txt"
+    if not cache.is_file():
+        return None
+    for line in cache.read_text(errors="replace").splitlines():
+        if line.startswith(key + ":"):
+            return line.split("=", 1)[1]
+    return None
+
+
+def clean_env():
+    # pip's isolated build sets PYTHONPATH / PYTHONNOUSERSITE to hide the system's packages; CMake
+    # runs the interpreter to find NumPy and pybind11, which must see them.
+    env = dict(os.environ)
+    for k in ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME"):
+        env.pop(k, None)
+    return env
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext):
+        env = clean_env()
+        jobs = os.environ.get("CLATTN_JOBS", "2")
+        given = os.environ.get("CLATTN_BUILD_DIR")
+        if given:
+            build = Path(given).resolve()
+            if cache_value(build, "CMAKE_HOME_DIRECTORY") is None:
+                raise RuntimeError(f"CLATTN_BUILD_DIR={given} is not a configured CMake build tree of clattn")
+        else:
+            build = ROOT / "build"
+            home = cache_value(build, "CMAKE_HOME_DIRECTORY")
+            if home is not None and Path(home).resolve() != ROOT:
+                raise RuntimeError(f"{build} is the build tree of {home}, not of {ROOT}: set CLATTN_BUILD_DIR")
+            if home is None:
+                gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+                subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
+                                       "-DCLATTN_BUILD_TESTS=OFF", "-DCLATTN_BUILD_BENCH=OFF",
+                                       f"-DPython3_EXECUTABLE={sys.executable}"], env=env)
+        subprocess.check_call(["cmake", "--build", str(build), "--target", "clattn_python", "-j", jobs], env=env)
+        built = sorted((build / "python" / "clattn").glob("_clattn*.so"))
+        if not built:
+            raise RuntimeError(f"no clattn/_clattn*.so in {build}/python: was the Python package skipped at configure "
+                               "time? It needs python3-dev, pybind11-dev and python3-numpy (scripts/install-deps.sh)")
+        suffix = sysconfig.get_config_var("EXT_SUFFIX")
+        match = [p for p in built if p.name == "_clattn" + suffix]
+        if not match:
+            raise RuntimeError(f"{built[0]} was built for another interpreter ({cache_value(build, 'Python3_EXECUTABLE')}); "
+                               f"this one ({sys.executable}) loads _clattn{suffix}")
+        dest = Path(self.get_ext_fullpath(ext.name))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(match[0], dest)
+
+
+setup(version=version(), ext_modules=[Extension("clattn._clattn", sources=[])], cmdclass={"build_ext": CMakeBuild})

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# `pip install .` and `python3 -m build --wheel --no-isolation` of the clattn Python package
+# (pyproject.toml, setup.py, python/pep517/clattn_backend.py), as a user runs them, into a fresh
+# venv with the system's packages (NumPy from Debian): no package index is reached, and the
+# extension comes from the given build tree (CLATTN_BUILD_DIR), so nothing is compiled twice.
+# Then the installed package imports from the venv and runs an attention.
+# Usage: python_package.sh SOURCE_DIR BUILD_DIR   (registered with CTest as python_package)
+set -uo pipefail
+src=$(cd "$1" && pwd)
+build=$(cd "$2" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+
+# A copy of what packaging reads (the source tree stays clean of egg-info and wheels).
+mkdir -p "$work/src"
+(cd "$src" && cp -r pyproject.toml setup.py README.md LICENSE CMakeLists.txt python "$work/src/")
+rm -rf "$work/src/python/tests"
+export CLATTN_BUILD_DIR=$build PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+
+/usr/bin/python3 -m venv --system-site-packages "$work/venv" || { bad "python3 -m venv (Debian: python3-venv)"; exit 1; }
+if "$work/venv/bin/python" -m pip install -q "$work/src" >"$work/pip.log" 2>&1; then ok; else
+  bad "pip install . failed:"; tail -n 30 "$work/pip.log"; fi
+cd "$work"
+if "$work/venv/bin/python" - "$work/venv" <<'PY'
+import sys, numpy as np, clattn
+from importlib import metadata
+venv = sys.argv[1]
+assert clattn.__file__.startswith(venv), f"clattn imported from {clattn.__file__}, not the venv"
+q = np.ones((1, 1, 8, 4), np.float32)
+assert clattn.Attention("full").forward(q, q, q).shape == q.shape
+md = metadata.metadata("clattn")
+assert md["Version"] == clattn.__version__, (md["Version"], clattn.__version__)
+assert md["License"] == "MIT", md["License"]
+assert any("MIT License" in c for c in md.get_all("Classifier")), md.get_all("Classifier")
+print("venv import ok:", clattn.__file__, md["Version"], md["License"])
+PY
+then ok; else bad "the installed package does not import or run from the venv"; fi
+
+if /usr/bin/python3 -m build --wheel --no-isolation --outdir "$work/dist" "$work/src" >"$work/build.log" 2>&1; then
+  whl=$(ls "$work/dist"/clattn-*.whl 2>/dev/null | head -n 1)
+  if [ -n "$whl" ] && /usr/bin/python3 - "$whl" <<'PY'
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+assert any(n.startswith("clattn/_clattn") and n.endswith(".so") for n in names), names
+for f in ("clattn/__init__.py", "clattn/torch.py", "clattn/_torch_nn.py"):
+    assert f in names, (f, names)
+assert any(n.endswith(".dist-info/LICENSE") for n in names), names
+print("wheel ok:", sys.argv[1].rsplit("/", 1)[-1])
+PY
+  then ok; else bad "the wheel lacks the extension, a module or the LICENSE"; fi
+else
+  bad "python3 -m build --wheel --no-isolation failed (Debian: python3-build):"; tail -n 30 "$work/build.log"
+fi
+echo "python package: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
