@@ -12,5 +12,8 @@ build=${CLATTN_BUILD_DIR:-build}
 if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCLATTN_BUILD_TESTS=OFF -DCLATTN_BUILD_BENCH=OFF
 fi
-cmake --build "$build" -j "${CLATTN_JOBS:-2}" --target clattn_cli clattn_python
-echo "build: $build/clattn and the Python package $build/python/clattn are up to date"
+# The C++ examples too (build/example_*), which the README runs; absent when CLATTN_BUILD_EXAMPLES is off.
+targets=(clattn_cli clattn_python)
+grep -q '^CLATTN_BUILD_EXAMPLES:BOOL=ON' "$build/CMakeCache.txt" && targets+=(clattn_examples)
+cmake --build "$build" -j "${CLATTN_JOBS:-2}" --target "${targets[@]}"
+echo "build: $build/clattn, the examples and the Python package $build/python/clattn are up to date"
