@@ -88,6 +88,51 @@ int64_t progress_rows(Pair rel, int64_t qlen) {
   return rel == Pair::causal ? std::max<int64_t>(qlen, 1) : std::max<int64_t>(256, (qlen + 7) / 8);
 }
 
+// One call of full's kernels: a query sub-piece of this rank (local rows [qlo, qlo + d.N)) against
+// a key piece of the block at hand (its rows [klo, klo + d.M)), with the inputs set up.
+struct Piece {
+  AttentionInputs in;
+  AttentionDims d;
+  int64_t qlo = 0, klo = 0;
+  std::vector<int32_t> ql, kl;  // (B) valid query and key rows of the piece
+};
+
+// Calls f(piece) for every pair of this rank's query sub-pieces and block src's key pieces that
+// attends, in order, and poll() after each so the pending transfers progress.
+template <class F, class P>
+void for_each_piece(const SeqSplit& split, int src, int r, const AttentionInputs& in, ConstView kb, ConstView vb,
+                    F&& f, P&& poll) {
+  const int64_t B = in.q.dim(0), H = in.q.dim(1), Hkv = in.k.dim(1), Dk = in.q.dim(3), Dv = in.v.dim(3);
+  int64_t klo = 0;
+  for (const auto& seg_ka : split.segments[static_cast<size_t>(src)]) {
+    const int64_t ka = seg_ka.first, klen = seg_ka.second;
+    int64_t qlo0 = 0;  // local row of the query segment
+    for (const auto& seg_qa : split.segments[static_cast<size_t>(r)]) {
+      const Pair rel = relation(in.causal, seg_qa.first, seg_qa.second, ka, klen);
+      const int64_t step = progress_rows(rel, seg_qa.second);
+      for (int64_t c0 = 0; rel != Pair::none && klen > 0 && c0 < seg_qa.second; c0 += step) {
+        const int64_t qa = seg_qa.first + c0, qlen = std::min(step, seg_qa.second - c0);
+        Piece p;
+        p.qlo = qlo0 + c0;
+        p.klo = klo;
+        p.ql = piece_lengths(in.query_lengths, B, qa, qlen);
+        p.kl = piece_lengths(in.key_lengths, B, ka, klen);
+        p.in.q = rows_of(in.q, p.qlo, qlen);
+        p.in.k = rows_of(kb, klo, klen);
+        p.in.v = rows_of(vb, klo, klen);
+        p.in.query_lengths = p.ql;
+        p.in.key_lengths = p.kl;
+        p.in.causal = rel == Pair::causal;
+        p.d = AttentionDims{B, H, Hkv, qlen, klen, Dk, Dv};
+        f(static_cast<const Piece&>(p));
+        poll();
+      }
+      qlo0 += seg_qa.second;
+    }
+    klo += klen;
+  }
+}
+
 }  // namespace
 
 void ring_forward(Communicator& comm, const SeqSplit& split, float scale, const AttentionInputs& in, View out,
@@ -115,7 +160,6 @@ void ring_forward(Communicator& comm, const SeqSplit& split, float scale, const 
   copy_rows(in.k, own.part(buf[0].data(), 0));
   copy_rows(in.v, own.part(buf[0].data(), 1));
   std::vector<float> o_pair, parts_pair, lse_pair;
-  const auto& mine = split.segments[static_cast<size_t>(r)];
   for (int s = 0; s < R; ++s) {
     const int src = (r - s + R) % R;
     const BlockLayout bl{B, Hkv, split.local_rows(src), Dk, Dv};
@@ -129,62 +173,43 @@ void ring_forward(Communicator& comm, const SeqSplit& split, float scale, const 
       send = isend(comm, cur, sizeof(float) * static_cast<size_t>(bl.floats()), (r + 1) % R, kTagBlock);
     }
     const View kb = bl.part(cur, 0), vb = bl.part(cur, 1);
-    int64_t klo = 0;
-    for (const auto& seg_ka : split.segments[static_cast<size_t>(src)]) {
-      const int64_t ka = seg_ka.first, klen = seg_ka.second;
-      int64_t qlo0 = 0;  // local row of the query segment
-      for (const auto& seg_qa : mine) {
-        const Pair rel = relation(in.causal, seg_qa.first, seg_qa.second, ka, klen);
-        const int64_t step = progress_rows(rel, seg_qa.second);
-        for (int64_t c0 = 0; rel != Pair::none && klen > 0 && c0 < seg_qa.second; c0 += step) {
-          const int64_t qa = seg_qa.first + c0, qlen = std::min(step, seg_qa.second - c0), qlo = qlo0 + c0;
-          const std::vector<int32_t> ql = piece_lengths(in.query_lengths, B, qa, qlen);
-          const std::vector<int32_t> kl = piece_lengths(in.key_lengths, B, ka, klen);
-          AttentionInputs pi;
-          pi.q = rows_of(in.q, qlo, qlen);
-          pi.k = rows_of(ConstView(kb), klo, klen);
-          pi.v = rows_of(ConstView(vb), klo, klen);
-          pi.query_lengths = ql;
-          pi.key_lengths = kl;
-          pi.causal = rel == Pair::causal;
-          const AttentionDims d{B, H, Hkv, qlen, klen, Dk, Dv};
-          o_pair.resize(static_cast<size_t>(B * H * qlen * Dv));
-          lse_pair.resize(static_cast<size_t>(B * H * qlen));
-          parts_pair.resize(static_cast<size_t>(2 * B * H * qlen));
-          View op{o_pair.data(), Shape{B, H, qlen, Dv}, {}};
-          op.strides = {H * qlen * Dv, qlen * Dv, Dv, 1};
-          attn_full_fwd(pi, d, scale, op, lse_pair.data(), ws, {}, parts_pair.data());
-          // Merge the piece into the running rows (log2 units): the block's weight 2^(m + log2 l).
-          parallel_for(B * H, [&](int64_t t) {
-            const int64_t b = t / H, h = t % H;
-            for (int64_t i = 0; i < ql[static_cast<size_t>(b)]; ++i) {
-              const int64_t at = (b * H + h) * qlen + i, row = (b * H + h) * n + qlo + i;
-              const float ms = parts_pair[static_cast<size_t>(at)], ls = parts_pair[static_cast<size_t>(B * H * qlen + at)];
-              if (ms == kInf) continue;  // no visible key in this piece
-              const float m0 = pm[row], mnew = std::max(m0, ms);
-              const float w0 = m0 == -kInf ? 0.f : pl[row] * std::exp2(m0 - mnew);
-              const float w1 = std::exp2(ms + ls - mnew);
-              const float tot = w0 + w1, a = w0 / tot, c = w1 / tot;
-              float* o = out.ptr(b, h, qlo + i);
-              const float* os = op.ptr(b, h, i);
-              for (int64_t e = 0; e < Dv; ++e) o[e] = a * o[e] + c * os[e];
-              pm[row] = mnew;
-              pl[row] = tot;
-            }
-          });
-          if (recv) (void)recv->test();
-          if (send) (void)send->test();
+    auto run = [&](const Piece& p) {
+      const int64_t qlen = p.d.N, qlo = p.qlo;
+      o_pair.resize(static_cast<size_t>(B * H * qlen * Dv));
+      lse_pair.resize(static_cast<size_t>(B * H * qlen));
+      parts_pair.resize(static_cast<size_t>(2 * B * H * qlen));
+      View op{o_pair.data(), Shape{B, H, qlen, Dv}, {}};  // (B, H, qlen, Dv)
+      op.strides = {H * qlen * Dv, qlen * Dv, Dv, 1};
+      attn_full_fwd(p.in, p.d, scale, op, lse_pair.data(), ws, {}, parts_pair.data());
+      // Merge the piece into the running rows (log2 units): the block's weight 2^(m + log2 l).
+      parallel_for(B * H, [&](int64_t t) {
+        const int64_t b = t / H, h = t % H;
+        for (int64_t i = 0; i < p.ql[static_cast<size_t>(b)]; ++i) {
+          const int64_t at = (b * H + h) * qlen + i, row = (b * H + h) * n + qlo + i;
+          const float ms = parts_pair[static_cast<size_t>(at)], ls = parts_pair[static_cast<size_t>(B * H * qlen + at)];
+          if (ms == kInf) continue;  // no visible key in this piece
+          const float m0 = pm[row], mnew = std::max(m0, ms);
+          const float w0 = m0 == -kInf ? 0.f : pl[row] * std::exp2(m0 - mnew);
+          const float w1 = std::exp2(ms + ls - mnew);
+          const float tot = w0 + w1, a = w0 / tot, c = w1 / tot;
+          float* o = out.ptr(b, h, qlo + i);
+          const float* os = op.ptr(b, h, i);
+          for (int64_t e = 0; e < Dv; ++e) o[e] = a * o[e] + c * os[e];
+          pm[row] = mnew;
+          pl[row] = tot;
         }
-        qlo0 += seg_qa.second;
-      }
-      klo += klen;
-    }
+      });
+    };
+    for_each_piece(split, src, r, in, kb, vb, run, [&] {
+      if (recv) (void)recv->test();
+      if (send) (void)send->test();
+    });
     if (recv) recv->wait();
     if (send) send->wait();
   }
   // The merged (m, log2 l) in full's convention: padded rows 0 and 0, rows that saw nothing +inf.
   int64_t qlo = 0;
-  for (const auto& seg_qa : mine) {
+  for (const auto& seg_qa : split.segments[static_cast<size_t>(r)]) {
     const int64_t qa = seg_qa.first, qlen = seg_qa.second;
     const std::vector<int32_t> ql = piece_lengths(in.query_lengths, B, qa, qlen);
     for (int64_t b = 0; b < B; ++b)
@@ -228,7 +253,6 @@ void ring_backward(Communicator& comm, const SeqSplit& split, float scale, const
   copy_rows(in.v, own.part(kv[0].data(), 1));
   std::vector<float> parts_pair;
   std::unique_ptr<CommRequest> gsend;  // the gradient sent at the step before
-  const auto& mine = split.segments[static_cast<size_t>(r)];
   for (int s = 0; s < R; ++s) {
     const int src = (r - s + R) % R;
     const BlockLayout bl{B, Hkv, split.local_rows(src), Dk, Dv};
@@ -246,41 +270,22 @@ void ring_backward(Communicator& comm, const SeqSplit& split, float scale, const
     float* gcur = g[s % 2].data();
     std::fill(gcur, gcur + bl.floats(), 0.f);
     const View kb = bl.part(cur, 0), vb = bl.part(cur, 1), dkb = bl.part(gcur, 0), dvb = bl.part(gcur, 1);
-    int64_t klo = 0;
-    for (const auto& seg_ka : split.segments[static_cast<size_t>(src)]) {
-      const int64_t ka = seg_ka.first, klen = seg_ka.second;
-      int64_t qlo0 = 0;  // local row of the query segment
-      for (const auto& seg_qa : mine) {
-        const Pair rel = relation(in.causal, seg_qa.first, seg_qa.second, ka, klen);
-        const int64_t step = progress_rows(rel, seg_qa.second);
-        for (int64_t c0 = 0; rel != Pair::none && klen > 0 && c0 < seg_qa.second; c0 += step) {
-          const int64_t qa = seg_qa.first + c0, qlen = std::min(step, seg_qa.second - c0), qlo = qlo0 + c0;
-          const std::vector<int32_t> ql = piece_lengths(in.query_lengths, B, qa, qlen);
-          const std::vector<int32_t> kl = piece_lengths(in.key_lengths, B, ka, klen);
-          AttentionInputs pi;
-          pi.q = rows_of(in.q, qlo, qlen);
-          pi.k = rows_of(ConstView(kb), klo, klen);
-          pi.v = rows_of(ConstView(vb), klo, klen);
-          pi.query_lengths = ql;
-          pi.key_lengths = kl;
-          pi.causal = rel == Pair::causal;
-          const AttentionDims d{B, H, Hkv, qlen, klen, Dk, Dv};
-          parts_pair.resize(static_cast<size_t>(2 * B * H * qlen));
-          for (int64_t t = 0; t < B * H; ++t)
-            for (int x = 0; x < 2; ++x)
-              std::memcpy(parts_pair.data() + x * B * H * qlen + t * qlen, st.parts.data() + x * B * H * n + t * n + qlo,
-                          sizeof(float) * static_cast<size_t>(qlen));
-          attn_full_bwd(pi, d, scale, rows_of(out, qlo, qlen), parts_pair.data(), rows_of(dout, qlo, qlen),
-                        rows_of(dq, qlo, qlen), rows_of(dkb, klo, klen), rows_of(dvb, klo, klen), ws);
-          if (recv) (void)recv->test();
-          if (send) (void)send->test();
-          if (grecv) (void)grecv->test();
-          if (gsend) (void)gsend->test();
-        }
-        qlo0 += seg_qa.second;
-      }
-      klo += klen;
-    }
+    auto run = [&](const Piece& p) {
+      const int64_t qlen = p.d.N, qlo = p.qlo;
+      parts_pair.resize(static_cast<size_t>(2 * B * H * qlen));  // (2, B, H, qlen) the merged rows' (m, log2 l)
+      for (int64_t t = 0; t < B * H; ++t)
+        for (int x = 0; x < 2; ++x)
+          std::memcpy(parts_pair.data() + x * B * H * qlen + t * qlen, st.parts.data() + x * B * H * n + t * n + qlo,
+                      sizeof(float) * static_cast<size_t>(qlen));
+      attn_full_bwd(p.in, p.d, scale, rows_of(out, qlo, qlen), parts_pair.data(), rows_of(dout, qlo, qlen),
+                    rows_of(dq, qlo, qlen), rows_of(dkb, p.klo, p.d.M), rows_of(dvb, p.klo, p.d.M), ws);
+    };
+    for_each_piece(split, src, r, in, kb, vb, run, [&] {
+      if (recv) (void)recv->test();
+      if (send) (void)send->test();
+      if (grecv) (void)grecv->test();
+      if (gsend) (void)gsend->test();
+    });
     if (grecv) {
       grecv->wait();
       const int64_t nf = bl.floats();
