@@ -36,6 +36,11 @@ class AtomicFile {
   bool committed_ = false;
 };
 
+// Writes all n bytes to fd, retrying interrupted and short writes. Returns "" when done, else the
+// reason it stopped (strerror of errno, or "no progress" for a write that returned 0: a regular
+// file never does that for n > 0, and retrying would spin forever).
+std::string write_fully(int fd, const void* data, size_t n);
+
 // The whole text of a small file, written atomically.
 void write_file_atomic(const std::string& path, const std::string& text);
 

@@ -146,17 +146,22 @@ AtomicFile::~AtomicFile() {
   if (!committed_ && !tmp_.empty()) ::unlink(tmp_.c_str());
 }
 
-void AtomicFile::write(const void* data, size_t n) {
+std::string write_fully(int fd, const void* data, size_t n) {
   const auto* c = static_cast<const char*>(data);
   while (n > 0) {
-    const ssize_t w = ::write(fd_, c, n);
+    const ssize_t w = ::write(fd, c, n);
     const int err = errno;
     if (w < 0 && err == EINTR) continue;
-    // A regular file never returns 0 for n > 0; if one does, retrying would spin forever.
-    check(w > 0, "cannot write '", path_, "': ", w == 0 ? "no progress" : std::strerror(err));
+    if (w <= 0) return w == 0 ? "no progress" : std::strerror(err);
     c += w;
     n -= static_cast<size_t>(w);
   }
+  return {};
+}
+
+void AtomicFile::write(const void* data, size_t n) {
+  const std::string why = write_fully(fd_, data, n);
+  check(why.empty(), "cannot write '", path_, "': ", why);
 }
 
 void AtomicFile::commit() {

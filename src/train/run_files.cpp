@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "clattn/atomic_file.h"
 #include "clattn/error.h"
 #include "clattn/input_file.h"
 
@@ -120,16 +121,8 @@ Log::~Log() {
 void Log::write(const nlohmann::json& j) {
   if (fd_ < 0) return;
   const std::string s = j.dump() + "\n";
-  const char* p = s.data();
-  size_t n = s.size();
-  while (n > 0) {
-    const ssize_t w = ::write(fd_, p, n);
-    const int err = errno;
-    if (w < 0 && err == EINTR) continue;
-    check(w > 0, "train: cannot write the log '", path_, "': ", w == 0 ? "no progress" : std::strerror(err));
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
+  const std::string why = write_fully(fd_, s.data(), s.size());
+  check(why.empty(), "train: cannot write the log '", path_, "': ", why);
 }
 
 FolderLock::FolderLock(const fs::path& root) {
