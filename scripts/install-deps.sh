@@ -24,13 +24,15 @@ set -euo pipefail
 #   python3-build, python3-venv  reached), and the test that installs the package into a venv
 #   clang, libomp-dev,           libFuzzer targets and the ThreadSanitizer build (TSan understands
 #   libclang-rt-14-dev           LLVM's libomp, not libgomp)
+#   qemu-user                    runs the binary on an emulated AVX2-only CPU (tests/cli/isa.sh):
+#                                one build must run on every x86-64-v3 CPU
 #   libopenmpi-dev, openmpi-bin  Open MPI: data-parallel training and sequence-parallel attention
 #                                across ranks launched by mpirun (tested over shared memory)
 packages=(cmake ninja-build g++ libopenblas-dev libopenblas0-openmp nlohmann-json3-dev
           libcli11-dev libgtest-dev libbenchmark-dev pkg-config
           gnuplot-nox python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest
           python3-torch python3-setuptools python3-wheel python3-pip python3-build python3-venv
-          clang libomp-dev libclang-rt-14-dev libopenmpi-dev openmpi-bin)
+          clang libomp-dev libclang-rt-14-dev libopenmpi-dev openmpi-bin qemu-user)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -21,6 +21,7 @@
 
 #include "bench_util.h"
 #include "cli_util.h"
+#include "clattn/cpu.h"
 #include "clattn/attention.h"
 #include "clattn/error.h"
 #include "clattn/gemm.h"
@@ -375,7 +376,7 @@ void run_bench(BenchOptions o) {
   // The run's preamble is part of the text table; the machine-readable formats keep stdout to
   // their data and say it on stderr.
   FILE* pre = o.format == "text" ? stdout : stderr;
-  std::fprintf(pre, "sgemm 2048: %.1f GFLOP/s, %d threads\n", sgemm, o.threads);
+  bench::print_machine(pre, sgemm, o.threads);
   std::fprintf(pre, "batch %lld, heads %lld (kv %lld), dim %lld, %s%s, repeat %d, seed %llu\n",
               static_cast<long long>(o.batch), static_cast<long long>(o.heads),
               static_cast<long long>(o.kv_heads), static_cast<long long>(o.dim),
@@ -393,6 +394,10 @@ void run_bench(BenchOptions o) {
   const std::string cpu = bench::cpu_model();
   ordered_json machine = {{"cpu", cpu.empty() ? ordered_json(nullptr) : ordered_json(cpu)},
                           {"cores", available_processors()},
+                          {"cpu_flags", cpu_features().flags()},
+                          {"isa", isa_name(active_isa())},
+                          {"gemm", gemm_backend().name},
+                          {"gemm_kernel", gemm_backend().kernel},
                           {"sgemm_gflops", sgemm},
                           {"threads", o.threads},
                           {"clattn", {{"version", kVersion}, {"commit", kCommit}}},

@@ -21,6 +21,7 @@
 
 #include "bench_util.h"
 #include "cli_util.h"
+#include "clattn/cpu.h"
 #include "clattn/comm.h"
 #include "clattn/error.h"
 #include "clattn/gemm.h"
@@ -107,7 +108,7 @@ void run_bench_model(const BenchModelOptions& o) {
   const double peak = measure_sgemm_gflops(2048, 3);
   FILE* pre = lead ? table.preamble() : nullptr;
   if (pre) {
-    std::fprintf(pre, "sgemm 2048: %.1f GFLOP/s, %d threads\n", peak, max_threads());
+    bench::print_machine(pre, peak, max_threads());
     if (o.sequence_parallel)
       std::fprintf(pre, "sequence parallel: %s; each sequence split over %d ranks\n", comm.name().c_str(), R);
     std::fflush(pre);  // before the long work, also when stdout is a pipe
@@ -115,6 +116,10 @@ void run_bench_model(const BenchModelOptions& o) {
   ordered_json doc = {{"machine",
                        {{"cpu", bench::cpu_model()},
                         {"cores", available_processors()},
+                        {"cpu_flags", cpu_features().flags()},
+                        {"isa", isa_name(active_isa())},
+                        {"gemm", gemm_backend().name},
+                        {"gemm_kernel", gemm_backend().kernel},
                         {"sgemm_gflops", peak},
                         {"threads", max_threads()},
                         {"ranks", R},

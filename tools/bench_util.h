@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,6 +67,10 @@ OutputAgreement compare_outputs(ConstView a, ConstView ref);
 // current UTC time as ISO 8601 (2026-01-31T12:00:00Z).
 std::string cpu_model();
 std::string utc_now_iso8601();
+// The lines every benchmark prints before its table: CPU (model, family/model, features), the
+// ISA of the kernels, the GEMM backend with its kernel and why, the threads and the sgemm rate
+// that %peak is measured against.
+void print_machine(FILE* out, double sgemm_gflops, int threads);
 
 // Memory: glibc settings so freed big buffers go back to the OS, and /proc/self probes.
 void configure_malloc_for_rss();

@@ -13,6 +13,7 @@
 #include "clattn/error.h"
 #include "commands.h"
 #include "version.h"
+#include "clattn/cpu.h"
 
 namespace {
 
@@ -41,9 +42,14 @@ int usage_error(CLI::App& app, const std::string& message, bool ours, int argc, 
 int main(int argc, char** argv) {
   CLI::App app{"clattn: clustered attention and its rivals, fast on the CPU"};
   app.require_subcommand(1);
-  app.set_version_flag("--version",
-                       std::string("clattn ") + clattn::cli::kVersion + " (commit " + clattn::cli::kCommit + ")",
-                       "Print the version and exit");
+  // The version, then the machine facts every figure depends on (include/clattn/cpu.h).
+  app.set_version_flag(
+      "--version",
+      [] {
+        return std::string("clattn ") + clattn::cli::kVersion + " (commit " + clattn::cli::kCommit + ")\n" +
+               clattn::machine_summary() + "\nGEMM kernel: " + clattn::gemm_backend().reason;
+      },
+      "Print the version and the machine facts (CPU, ISA, GEMM backend and kernel, threads), and exit");
   app.footer(kExitCodes);
   clattn::cli::add_approx(app);
   clattn::cli::add_attend(app);
@@ -57,6 +63,8 @@ int main(int argc, char** argv) {
   clattn::cli::add_inspect(app);
   clattn::cli::add_variants(app);
   try {
+    // A CLATTN_ISA this CPU cannot run is refused before any work, by name (not a SIGILL later).
+    clattn::active_isa();
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version: printed on stdout, exit 0
     return app.exit(e);

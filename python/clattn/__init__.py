@@ -18,6 +18,7 @@ from ._clattn import (  # noqa: F401
     Tokenizer,
     Trainer,
     __version__,
+    config,
     get_num_threads,
     load_model,
     read_safetensors,
@@ -27,6 +28,6 @@ from ._clattn import (  # noqa: F401
 )
 
 __all__ = [
-    "Attention", "Call", "Decoder", "Encoder", "Tokenizer", "Trainer", "__version__", "get_num_threads", "load_model",
+    "Attention", "Call", "Decoder", "Encoder", "Tokenizer", "Trainer", "__version__", "config", "get_num_threads", "load_model",
     "read_safetensors", "set_num_threads", "variants", "write_safetensors",
 ]

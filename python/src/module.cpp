@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "clattn/cpu.h"
 #include "clattn/error.h"
 #include "clattn/parallel.h"
 #include "clattn/safetensors.h"
@@ -114,5 +115,29 @@ PYBIND11_MODULE(_clattn, m) {
         pb::arg("metadata") = std::map<std::string, std::string>{},
         "Write a dict of arrays (floats as F32, integers as I32) atomically");
   m.def("_blas_library", &blas_library, "The file of the OpenBLAS whose cblas_sgemm clattn calls");
+  m.def("config", [] {
+          const clattn::CpuFeatures& f = clattn::cpu_features();
+          const clattn::GemmBackend& g = clattn::gemm_backend();
+          pb::dict d;
+          d["version"] = CLATTN_VERSION;
+          d["cpu"] = f.model_name;
+          d["cpu_vendor"] = f.vendor;
+          d["cpu_family"] = f.family;
+          d["cpu_model"] = f.model;
+          d["cpu_flags"] = f.flags();
+          d["isa"] = clattn::isa_name(clattn::active_isa());
+          d["isas_supported"] = clattn::supported_isas();
+          d["gemm"] = g.name;
+          d["gemm_library"] = g.library;
+          d["gemm_kernel"] = g.kernel;
+          d["gemm_kernel_detected"] = g.detected;
+          d["gemm_kernel_reason"] = g.reason;
+          d["gemm_verified"] = g.verified;
+          const int n = default_threads();
+          d["threads"] = n > 0 ? n : clattn::max_threads();
+          return d;
+        },
+        "The machine facts clattn runs with: CPU (model, family/model, features), the ISA of its kernels, "
+        "the GEMM backend with its kernel and the reason for it, and the threads (as `clattn --version` prints)");
   m.attr("_openblas_expected") = CLATTN_OPENBLAS_PATH;
 }

@@ -229,3 +229,18 @@ def test_calls_are_independent():
     ref = clattn.Attention("full")
     ref.forward(q1, q1, q1)
     assert all(np.array_equal(a, b) for a, b in zip(c1.backward(do), ref.backward(do)))
+
+
+def test_config_reports_the_machine_as_the_cli_does(cli):
+    c = clattn.config()
+    flags = open("/proc/cpuinfo").read().split("flags", 1)[1].split("\n", 1)[0].split()
+    assert c["isa"] in c["isas_supported"].split()
+    assert ("avx512" in c["isas_supported"]) == ("avx512f" in flags)
+    assert c["gemm_verified"] is True
+    assert c["gemm"].startswith("OpenBLAS") and c["gemm_kernel"]
+    assert "openmp" in c["gemm_library"]
+    assert c["threads"] == clattn.get_num_threads()
+    r = cli("--version")
+    assert r.returncode == 0, r.stderr
+    version = r.stdout
+    assert f"ISA {c['isa']}" in version and f"{c['gemm_kernel']} kernel" in version

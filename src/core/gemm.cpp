@@ -1,25 +1,242 @@
+// The dense-product backend: OpenBLAS's sgemm, with its kernel chosen by clattn from the CPU's
+// features (include/clattn/cpu.h) rather than by OpenBLAS's table of model numbers.
+//
+// Why: OpenBLAS picks its kernels when it loads, by CPU model number; Debian 12's 0.3.21 does not
+// know Sapphire/Emerald Rapids (family 6, models 143 and 207) and runs its SSE3 "Prescott" kernels
+// there, at a fifth of the machine's rate (docs/performance.md has the table). The OpenMP build
+// Debian ships is DYNAMIC_ARCH: it exports gotoblas_dynamic_quit/init, which re-run its kernel
+// choice and read $OPENBLAS_CORETYPE again, so the choice is redone here before the first product:
+//   AVX-512 (F, BW, DQ, VL, CD) -> SkylakeX; AVX2 + FMA -> Zen on AMD, Haswell elsewhere.
+// A user's own $OPENBLAS_CORETYPE is kept when the CPU can run the kernel it names, and replaced
+// (with the reason in gemm_backend()) when it cannot. Whatever the kernel, it must pass a
+// known-answer check on products of several shapes and transpositions against a double reference
+// before clattn uses it; one that fails is replaced by the next candidate (Haswell, then
+// OpenBLAS's own choice), and clattn refuses to run when none passes.
+//
+// The library is opened by path: the OpenMP build the project was configured with
+// (CLATTN_OPENBLAS_PATH). In a process where another libopenblas.so.0 was loaded first (NumPy and
+// PyTorch load Debian's pthreads build, same soname), that path is a second copy opened with
+// RTLD_DEEPBIND so its internal calls stay inside it, and clattn's calls from its OpenMP regions
+// never start the pthreads pool (docs/building.md).
 #include "clattn/gemm.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
+#include "clattn/cpu.h"
 #include "clattn/error.h"
 #include "clattn/rng.h"
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define CLATTN_NO_DEEPBIND 1  // the sanitizer runtimes refuse RTLD_DEEPBIND
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#define CLATTN_NO_DEEPBIND 1
+#endif
+#endif
+
 namespace clattn {
+namespace {
+
+using Sgemm = decltype(&cblas_sgemm);
+using CharFn = char* (*)();
+using VoidFn = void (*)();
+
+struct Openblas {
+  Sgemm sgemm = nullptr;
+  CharFn corename = nullptr, config = nullptr;
+  VoidFn dynamic_init = nullptr, dynamic_quit = nullptr;
+  GemmBackend info;
+};
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// The vector ISA an OpenBLAS kernel family needs: 2 AVX-512, 1 AVX2 + FMA, 0 nothing past SSE3
+// (unknown names are left to OpenBLAS, which ignores a core it does not know).
+int isa_needed(const std::string& core) {
+  const std::string c = lower(core);
+  if (c == "skylakex" || c == "cooperlake" || c == "sapphirerapids") return 2;
+  if (c == "haswell" || c == "zen" || c == "excavator") return 1;
+  return 0;
+}
+
+std::string wanted_kernel(const CpuFeatures& f) {
+  if (f.has_avx512()) return "SkylakeX";
+  if (f.has_avx2()) return f.vendor == "AuthenticAMD" ? "Zen" : "Haswell";
+  return "";  // pre-AVX2: OpenBLAS's own choice
+}
+
+bool cpu_runs(const CpuFeatures& f, const std::string& core) {
+  const int need = isa_needed(core);
+  return need == 0 || (need == 1 && f.has_avx2()) || (need == 2 && f.has_avx512());
+}
+
+// C = alpha·op(A)·op(B) + beta·C on shapes that reach OpenBLAS's small-matrix, edge and packed
+// paths, against a double reference; error bound 1e-4 of Σ|alpha·a·b| + |beta·c| per element
+// (rounding gives ~k·6e-8 of it; a broken kernel is off by O(1)).
+bool known_answer_ok(Sgemm sgemm) {
+  struct Case {
+    int m, n, k;
+    bool ta, tb;
+  };
+  static constexpr Case kCases[] = {{1, 1, 1, false, false},   {3, 5, 7, false, true},
+                                    {17, 33, 9, true, false},  {67, 131, 97, false, true},
+                                    {99, 64, 256, false, true}, {129, 200, 150, true, true},
+                                    {192, 160, 128, false, false}};
+  Rng rng(7);
+  uint64_t counter = 0;
+  for (const Case& t : kCases) {
+    const int lda = t.ta ? t.m : t.k, ldb = t.tb ? t.k : t.n;
+    std::vector<float> a(static_cast<size_t>(t.m) * t.k), b(static_cast<size_t>(t.k) * t.n),
+        c(static_cast<size_t>(t.m) * t.n);
+    for (float& x : a) x = rng.uniform(0, counter++) - 0.5f;
+    for (float& x : b) x = rng.uniform(1, counter++) - 0.5f;
+    for (float& x : c) x = rng.uniform(2, counter++) - 0.5f;
+    const std::vector<float> c0 = c;
+    const float alpha = 0.75f, beta = -1.25f;
+    sgemm(CblasRowMajor, t.ta ? CblasTrans : CblasNoTrans, t.tb ? CblasTrans : CblasNoTrans, t.m, t.n, t.k,
+          alpha, a.data(), lda, b.data(), ldb, beta, c.data(), t.n);
+    for (int i = 0; i < t.m; ++i)
+      for (int j = 0; j < t.n; ++j) {
+        double sum = 0, mag = 0;
+        for (int p = 0; p < t.k; ++p) {
+          const double x = t.ta ? a[static_cast<size_t>(p) * lda + i] : a[static_cast<size_t>(i) * lda + p];
+          const double y = t.tb ? b[static_cast<size_t>(j) * ldb + p] : b[static_cast<size_t>(p) * ldb + j];
+          sum += x * y;
+          mag += std::fabs(x * y);
+        }
+        const double ref = alpha * sum + beta * c0[static_cast<size_t>(i) * t.n + j];
+        const double bound = 1e-4 * (std::fabs(alpha) * mag + std::fabs(beta * c0[static_cast<size_t>(i) * t.n + j]));
+        const double got = c[static_cast<size_t>(i) * t.n + j];
+        if (!(std::fabs(got - ref) <= bound)) return false;
+      }
+  }
+  return true;
+}
+
+void* open_library(std::string& where) {
+#if defined(CLATTN_OPENBLAS_PATH)
+  where = CLATTN_OPENBLAS_PATH;
+  if (void* h = dlopen(CLATTN_OPENBLAS_PATH, RTLD_NOW | RTLD_NOLOAD)) return h;  // already in the process
+#if defined(CLATTN_NO_DEEPBIND)
+  if (void* h = dlopen(CLATTN_OPENBLAS_PATH, RTLD_NOW | RTLD_LOCAL)) return h;
+#else
+  if (void* h = dlopen(CLATTN_OPENBLAS_PATH, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND)) return h;
+#endif
+#endif
+  return nullptr;
+}
+
+Openblas load() {
+  Openblas o;
+  std::string path;
+  void* h = open_library(path);
+  auto sym = [&](const char* name) -> void* { return h ? dlsym(h, name) : dlsym(RTLD_DEFAULT, name); };
+  o.sgemm = reinterpret_cast<Sgemm>(sym("cblas_sgemm"));
+  if (!o.sgemm) o.sgemm = &cblas_sgemm;  // the library clattn was linked with
+  o.corename = reinterpret_cast<CharFn>(sym("openblas_get_corename"));
+  o.config = reinterpret_cast<CharFn>(sym("openblas_get_config"));
+  o.dynamic_init = reinterpret_cast<VoidFn>(sym("gotoblas_dynamic_init"));
+  o.dynamic_quit = reinterpret_cast<VoidFn>(sym("gotoblas_dynamic_quit"));
+  Dl_info dl{};
+  if (dladdr(reinterpret_cast<void*>(o.sgemm), &dl) && dl.dli_fname) o.info.library = dl.dli_fname;
+
+  GemmBackend& info = o.info;
+  std::string config = o.config ? o.config() : "";
+  // "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64": the name and version, the rest
+  // is build flags and the kernel.
+  {
+    const auto sp1 = config.find(' ');
+    const auto sp2 = sp1 == std::string::npos ? sp1 : config.find(' ', sp1 + 1);
+    info.name = config.empty() ? "BLAS (cblas_sgemm)" : config.substr(0, sp2);
+    if (config.find("USE_OPENMP") != std::string::npos || path.find("openmp") != std::string::npos)
+      info.name += " (OpenMP)";
+  }
+  auto current = [&] { return o.corename ? std::string(o.corename()) : std::string("unknown"); };
+  info.detected = current();
+  const CpuFeatures& f = cpu_features();
+
+  auto use_kernel = [&](const std::string& core) {
+    if (!o.dynamic_init || !o.dynamic_quit || lower(current()) == lower(core)) return;
+    const char* prev = std::getenv("OPENBLAS_CORETYPE");
+    const std::string saved = prev ? prev : "";
+    setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+    o.dynamic_quit();
+    o.dynamic_init();
+    if (prev) setenv("OPENBLAS_CORETYPE", saved.c_str(), 1);
+    else unsetenv("OPENBLAS_CORETYPE");
+  };
+
+  const char* user_env = std::getenv("OPENBLAS_CORETYPE");
+  const std::string user = user_env ? user_env : "";
+  std::string want = wanted_kernel(f);
+  std::vector<std::string> candidates;
+  if (!user.empty() && cpu_runs(f, user)) {
+    info.reason = "$OPENBLAS_CORETYPE=" + user + " kept (this CPU runs it)";
+    candidates.push_back(user);
+  } else {
+    if (!user.empty())
+      info.reason = "$OPENBLAS_CORETYPE=" + user + " needs an ISA this CPU lacks, replaced: ";
+    if (!want.empty()) {
+      info.reason += "chosen from CPU features (" + std::string(f.has_avx512() ? "AVX-512" : "AVX2 + FMA") +
+                     (f.vendor == "AuthenticAMD" && !f.has_avx512() ? ", AMD" : "") + ")";
+      candidates.push_back(want);
+    } else {
+      info.reason += "OpenBLAS's own choice (no AVX2 on this CPU)";
+    }
+  }
+  if (f.has_avx2()) candidates.push_back("Haswell");
+  candidates.push_back(info.detected);
+  if (!o.dynamic_init || !o.dynamic_quit) {
+    candidates = {info.detected};
+    info.reason = "this OpenBLAS cannot change its kernel (no DYNAMIC_ARCH): its own choice";
+  }
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    use_kernel(candidates[i]);
+    info.kernel = current();
+    if (!candidates[i].empty() && lower(info.kernel) != lower(candidates[i]) && i + 1 < candidates.size()) {
+      info.reason += "; " + candidates[i] + " not in this OpenBLAS";
+      continue;
+    }
+    if (known_answer_ok(o.sgemm)) {
+      info.verified = true;
+      break;
+    }
+    info.reason += "; " + info.kernel + " failed the known-answer check";
+  }
+  check(info.verified, "gemm: ", info.name, " (", info.library, ") gives wrong products with every kernel tried (",
+        info.reason, "); set OPENBLAS_CORETYPE to a kernel that works on this CPU");
+  return o;
+}
+
+const Openblas& openblas() {
+  static const Openblas o = load();
+  return o;
+}
+
+}  // namespace
+
+const GemmBackend& gemm_backend() { return openblas().info; }
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
           int64_t ldc) {
   check(m >= 0 && n >= 0 && k >= 0, "gemm: sizes must be >= 0, got m=", m, " n=", n, " k=", k);
   if (m == 0 || n == 0) return;
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-              c, static_cast<int>(ldc));
+  openblas().sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                   static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+                   static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
 double measure_sgemm_gflops(int64_t n, int repeat) {

@@ -49,4 +49,19 @@ inline int64_t rows_operand_size(int64_t rows, int64_t cols) {
 void pack_rows(const float* src, int64_t rows, int64_t cols, int64_t rs, float* dst,
                int64_t rows_pad, int64_t cols_pad, float scale = 1.f);
 
+// The entry points above as one ISA copy provides them (microkernel_isa.cpp, compiled once per
+// ISA as clattn::mk::avx2::kTable and clattn::mk::avx512::kTable); the functions above forward to
+// the copy of the active ISA.
+struct Kernels {
+  decltype(&mk::gemm_abt) gemm_abt;
+  decltype(&mk::gemm_ab) gemm_ab;
+  decltype(&mk::pack_panels) pack_panels;
+  decltype(&mk::pack_transposed) pack_transposed;
+  decltype(&mk::rows_operand) rows_operand;
+  decltype(&mk::pack_rows) pack_rows;
+};
+// The table in use (for tests that compare the ISA copies).
+const Kernels& kernels();
+const Kernels* kernels_for(const char* isa);  // "avx2", "avx512"; nullptr if not in this build
+
 }  // namespace clattn::mk

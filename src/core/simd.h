@@ -15,7 +15,15 @@
 #include <immintrin.h>
 #endif
 
+// Each ISA copy of the kernels (CLATTN_ISA_NS, set by CMake for src/core/microkernel_isa.cpp)
+// gets its own inline namespace, so the inline functions here, compiled once per ISA, are distinct
+// symbols: the linker can never hand the AVX-512 copy of one to code that runs on an AVX2 CPU.
+#if !defined(CLATTN_ISA_NS)
+#define CLATTN_ISA_NS base
+#endif
+
 namespace clattn::simd {
+inline namespace CLATTN_ISA_NS {
 
 #if defined(__AVX512F__)
 // Full-mask forms of the intrinsics: the unmasked ones start from _mm512_undefined_ps(), which
@@ -370,4 +378,5 @@ inline float hsum_n(vn v) {
 }
 #endif
 
+}  // namespace CLATTN_ISA_NS
 }  // namespace clattn::simd

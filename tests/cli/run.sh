@@ -53,6 +53,27 @@ expect_ok "attend improved-clustered again" "$bin" attend --spec improved-cluste
 cmp -s "$dir/out3.safetensors" "$dir/out4.safetensors" && ok || bad "same spec, seed and input gave different outputs"
 ls "$dir" | grep -q '\.tmp\.' && bad "temporary file left behind" || ok
 
+# One build, every ISA: the kernels' ISA is forced by CLATTN_ISA and refused by name when unknown
+# or missing from this CPU; every ISA the CPU runs gives the same attend output (within the
+# tolerance of the double reference, checked by st_compare.py); a user's OPENBLAS_CORETYPE naming
+# kernels this CPU cannot run is replaced (OpenBLAS itself would die with SIGILL on the first
+# product), and --version names the CPU, ISA, GEMM kernel and threads.
+expect_ok "version names the machine" "$bin" --version
+grep -q "ISA avx" "$dir/out" && grep -q "kernel, [0-9]* threads" "$dir/out" && ok || bad "--version: $(cat "$dir/out")"
+expect_error "CLATTN_ISA unknown" "CLATTN_ISA=sse9 is not an instruction set" env CLATTN_ISA=sse9 "$bin" variants
+isas=$("$bin" --version | grep -o 'ISA [a-z0-9]*' | head -n 1)
+if grep -qw avx512f /proc/cpuinfo; then isa_list="avx2 avx512"; else
+  isa_list="avx2"
+  expect_error "CLATTN_ISA=avx512 without AVX-512" "lacks" env CLATTN_ISA=avx512 "$bin" variants
+  expect_ok "OPENBLAS_CORETYPE=SkylakeX without AVX-512" env OPENBLAS_CORETYPE=SkylakeX "$bin" attend --spec full --input "$in" --output "$dir/o_skx.safetensors"
+  /usr/bin/python3 "$(dirname "$0")/st_compare.py" "$dir/o_skx.safetensors" "$dir/out.safetensors" 1e-5 && ok || bad "OPENBLAS_CORETYPE=SkylakeX changed the output"
+  env OPENBLAS_CORETYPE=SkylakeX "$bin" --version | grep -q "OPENBLAS_CORETYPE=SkylakeX needs an ISA this CPU lacks" && ok || bad "the replaced OPENBLAS_CORETYPE is not reported"
+fi
+for isa in $isa_list; do
+  expect_ok "attend under CLATTN_ISA=$isa" env CLATTN_ISA=$isa "$bin" attend --spec improved-clustered:clusters=5,topk=4 --threads 2 --input "$in" --output "$dir/o_$isa.safetensors"
+  /usr/bin/python3 "$(dirname "$0")/st_compare.py" "$dir/o_$isa.safetensors" "$dir/out3.safetensors" 1e-5 && ok || bad "CLATTN_ISA=$isa output differs ($isas is the default)"
+done
+
 # Broken files: each is refused with a message, never a crash.
 expect_exit 1 "missing input (runtime error)" "cannot open" "$bin" attend --spec full --input "$dir/nope.safetensors" --output "$dir/x.safetensors"
 head -c 1000 "$in" >"$dir/trunc.safetensors"

@@ -3,11 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 #include <limits>
 #include <new>
 #include <set>
 #include <vector>
 
+#include "clattn/cpu.h"
 #include "clattn/error.h"
 #include "clattn/gemm.h"
 #include "clattn/parallel.h"
@@ -121,8 +125,14 @@ TEST(Gemm, MatchesLoops) {
     }
 }
 
-// Both microkernel shapes over awkward sizes, against plain loops.
+// Both microkernel shapes over awkward sizes, against plain loops, in every ISA copy this CPU runs
+// (the active one through the dispatching entry points, every one through its own table).
 TEST(Microkernel, MatchesLoops) {
+  std::vector<const mk::Kernels*> copies = {&mk::kernels()};
+  for (const char* isa : {"avx2", "avx512"})
+    if (supported_isas().find(isa) != std::string::npos && mk::kernels_for(isa)) copies.push_back(mk::kernels_for(isa));
+  for (const mk::Kernels* K : copies) {
+  SCOPED_TRACE(K == &mk::kernels() ? std::string("active ISA ") + isa_name(active_isa()) : "table");
   Rng r(3);
   for (int64_t m : {1, 5, 6, 7, 64})
     for (int64_t depth : {1, 3, 64})
@@ -132,8 +142,8 @@ TEST(Microkernel, MatchesLoops) {
             panels(static_cast<size_t>(np * 64 * depth)), c(static_cast<size_t>(m * np * 64));
         for (size_t i = 0; i < a.size(); ++i) a[i] = r.normal(0, i);
         for (size_t i = 0; i < bt.size(); ++i) bt[i] = r.normal(1, i);
-        mk::pack_panels(bt.data(), cols, depth, depth, panels.data());
-        mk::gemm_abt(m, np, depth, a.data(), depth, panels.data(), c.data(), np * 64);
+        K->pack_panels(bt.data(), cols, depth, depth, panels.data());
+        K->gemm_abt(m, np, depth, a.data(), depth, panels.data(), c.data(), np * 64);
         for (int64_t i = 0; i < m; ++i)
           for (int64_t j = 0; j < np * 64; ++j) {
             double s = 0;
@@ -158,9 +168,82 @@ TEST(Microkernel, MatchesLoops) {
               s += static_cast<double>(a[static_cast<size_t>(i * depth + e)]) * b[static_cast<size_t>(e * n + j)];
             want[static_cast<size_t>(i * n + j)] = static_cast<float>(s);
           }
-        mk::gemm_ab(m, n, depth, at.data(), 1, m, b.data(), n, c2.data(), n, sc.data());
+        K->gemm_ab(m, n, depth, at.data(), 1, m, b.data(), n, c2.data(), n, sc.data());
         for (size_t i = 0; i < c2.size(); ++i) ASSERT_NEAR(c2[i], want[i], 1e-4);
       }
+  }
+}
+
+// Every transposition over awkward sizes (1, 3, 63, 64, 65 and a product past OpenBLAS's small-matrix
+// path) with alpha and beta, against double loops; bound relative to Σ|a·b|.
+TEST(Gemm, EveryTranspositionAndAwkwardSize) {
+  Rng r(11);
+  uint64_t ctr = 0;
+  for (int64_t m : {1, 3, 63, 64, 65, 300})
+    for (int64_t n : {1, 3, 64, 65, 257})
+      for (int64_t k : {1, 63, 65, 300})
+        for (int t = 0; t < 4; ++t) {
+          const bool ta = t & 1, tb = t & 2;
+          const int64_t lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 2, ldc = n + 3;  // padded strides
+          std::vector<float> a(static_cast<size_t>((ta ? k : m) * lda)), b(static_cast<size_t>((tb ? n : k) * ldb)),
+              c(static_cast<size_t>(m * ldc));
+          for (float& x : a) x = r.normal(0, ctr++);
+          for (float& x : b) x = r.normal(1, ctr++);
+          for (float& x : c) x = r.normal(2, ctr++);
+          const std::vector<float> c0 = c;
+          gemm(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, -2.f, c.data(), ldc);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < ldc; ++j) {
+              const size_t at = static_cast<size_t>(i * ldc + j);
+              if (j >= n) {  // the padding of C is never written
+                ASSERT_EQ(c[at], c0[at]);
+                continue;
+              }
+              double s = 0, mag = 0;
+              for (int64_t e = 0; e < k; ++e) {
+                const double x = ta ? a[static_cast<size_t>(e * lda + i)] : a[static_cast<size_t>(i * lda + e)];
+                const double y = tb ? b[static_cast<size_t>(j * ldb + e)] : b[static_cast<size_t>(e * ldb + j)];
+                s += x * y;
+                mag += std::fabs(x * y);
+              }
+              ASSERT_NEAR(c[at], 0.5 * s - 2.0 * c0[at], 1e-5 * (mag + std::fabs(c0[at])) + 1e-6)
+                  << m << "x" << n << "x" << k << " ta " << ta << " tb " << tb;
+            }
+        }
+}
+
+// The features clattn reads from CPUID agree with the kernel's own reading (/proc/cpuinfo flags),
+// and the GEMM kernel it chose is one this CPU runs and passed its known-answer check.
+TEST(Cpu, FeaturesMatchProcCpuinfoAndGemmKernelFits) {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, flags;
+  while (std::getline(in, line))
+    if (line.rfind("flags", 0) == 0) {
+      flags = line.substr(line.find(':') + 1) + " ";
+      break;
+    }
+  if (flags.empty()) GTEST_SKIP() << "no /proc/cpuinfo flags line";
+  auto has = [&](const char* f) { return flags.find(std::string(" ") + f + " ") != std::string::npos; };
+  const CpuFeatures& f = cpu_features();
+  EXPECT_EQ(f.avx2 && f.os_avx, has("avx2"));
+  EXPECT_EQ(f.fma, has("fma"));
+  EXPECT_EQ(f.avx512f && f.os_avx512, has("avx512f"));
+  EXPECT_EQ(f.avx512bw && f.os_avx512, has("avx512bw"));
+  EXPECT_EQ(f.avx512vl && f.os_avx512, has("avx512vl"));
+  EXPECT_EQ(f.avx512_bf16 && f.os_avx512, has("avx512_bf16"));
+  EXPECT_EQ(f.amx_bf16, has("amx_bf16"));
+  EXPECT_FALSE(f.vendor.empty());
+
+  ASSERT_TRUE(f.has_avx2()) << "clattn's default build needs x86-64-v3 (AVX2 + FMA)";
+  EXPECT_NE(supported_isas().find(isa_name(active_isa())), std::string::npos);
+  if (!std::getenv("CLATTN_ISA")) EXPECT_EQ(active_isa(), f.has_avx512() ? Isa::avx512 : Isa::avx2);
+
+  const GemmBackend& g = gemm_backend();
+  EXPECT_TRUE(g.verified);
+  EXPECT_FALSE(g.library.empty());
+  if (!std::getenv("OPENBLAS_CORETYPE")) {  // clattn's own choice: the widest kernel family the CPU runs
+    EXPECT_EQ(g.kernel, f.has_avx512() ? "SkylakeX" : (f.vendor == "AuthenticAMD" ? "Zen" : "Haswell")) << g.reason;
+  }
 }
 
 TEST(Error, MessagesCarryValues) {
