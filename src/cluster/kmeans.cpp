@@ -11,13 +11,7 @@
 #include "clattn/error.h"
 #include "cluster/cluster.h"
 
-#if defined(__AVX512F__) && defined(__AVX512VPOPCNTDQ__)
-#include <immintrin.h>
-#define CLATTN_VPOPCNT 1
-#endif
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "clattn/cpu.h"
 
 namespace clattn::cluster {
 
@@ -38,58 +32,32 @@ void assign_nearest_ref(const uint64_t* codes, int64_t n, const uint64_t* centro
   }
 }
 
-#if defined(CLATTN_VPOPCNT)
-typedef unsigned long long u64x8 __attribute__((vector_size(64)));
-typedef unsigned long long u64x4 __attribute__((vector_size(32)));
-typedef unsigned long long u64x2 __attribute__((vector_size(16)));
-// Horizontal unsigned min in registers (storing the lanes to an array made GCC spill the
-// accumulators of the hot loop to the stack on every iteration).
-inline uint64_t hmin_u64(u64x8 v) {
-  const u64x4 a = __builtin_shufflevector(v, v, 0, 1, 2, 3), b = __builtin_shufflevector(v, v, 4, 5, 6, 7);
-  const u64x4 m = a < b ? a : b;
-  const u64x2 c = __builtin_shufflevector(m, m, 0, 1), d = __builtin_shufflevector(m, m, 2, 3);
-  const u64x2 e = c < d ? c : d;
-  return e[0] < e[1] ? e[0] : e[1];
-}
+// The vector kernels of k-means are compiled once per ISA (kmeans_isa.cpp), like the tiles.
+namespace avx2 {
+void assign_nearest_isa(const uint64_t*, int64_t, const uint64_t*, int64_t, int32_t*, uint32_t*);
+void count_bits_isa(const uint64_t*, const int32_t*, int64_t, uint32_t*, int64_t*);
+}  // namespace avx2
+namespace avx512 {
+void assign_nearest_isa(const uint64_t*, int64_t, const uint64_t*, int64_t, int32_t*, uint32_t*);
+void count_bits_isa(const uint64_t*, const int32_t*, int64_t, uint32_t*, int64_t*);
+}  // namespace avx512
+
+namespace {
+bool use_avx512() {
+#if defined(CLATTN_HAVE_AVX512_KERNELS)
+  static const bool on = active_isa() == Isa::avx512;
+  return on;
+#else
+  return false;
 #endif
+}
+}  // namespace
 
 void assign_nearest(const uint64_t* codes, int64_t n, const uint64_t* centroids, int64_t C,
                     int32_t* assign, uint32_t* dist) {
-#if defined(CLATTN_VPOPCNT)
-  // Key = distance << 32 | centroid index: one unsigned min keeps the nearest centroid and, among
-  // equally near ones, the first. Several codes per pass share each centroid load.
-  constexpr int kCodes = 8;
-  const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
-  for (int64_t i = 0; i < n; i += kCodes) {
-    const int cnt = static_cast<int>(std::min<int64_t>(kCodes, n - i));
-    __m512i x[kCodes], best[kCodes];
-#pragma GCC unroll 8
-    for (int u = 0; u < kCodes; ++u) {
-      x[u] = _mm512_set1_epi64(static_cast<long long>(codes[i + std::min(u, cnt - 1)]));
-      best[u] = _mm512_set1_epi64(-1);
-    }
-    for (int64_t c0 = 0; c0 < C; c0 += 8) {
-      const __mmask8 m = C - c0 >= 8 ? static_cast<__mmask8>(0xFF)
-                                     : static_cast<__mmask8>((1u << (C - c0)) - 1u);
-      const __m512i cv = _mm512_maskz_loadu_epi64(m, centroids + c0);
-      const u64x8 idx = (u64x8)lane + static_cast<unsigned long long>(c0);
-#pragma GCC unroll 8
-      for (int u = 0; u < kCodes; ++u) {
-        // Vector-extension shift and or: the unmasked shift intrinsic trips GCC 12's
-        // -Wmaybe-uninitialized.
-        const __m512i key = (__m512i)(((u64x8)_mm512_popcnt_epi64(cv ^ x[u]) << 32) | idx);
-        best[u] = _mm512_mask_min_epu64(best[u], m, best[u], key);
-      }
-    }
-    uint64_t res[kCodes];
-#pragma GCC unroll 8
-    for (int u = 0; u < kCodes; ++u) res[u] = hmin_u64((u64x8)best[u]);  // constant trip count keeps best[] in registers
-    for (int u = 0; u < cnt; ++u) {
-      const uint64_t b = res[u];
-      assign[i + u] = static_cast<int32_t>(b & 0xFFFFFFFFu);
-      if (dist) dist[i + u] = static_cast<uint32_t>(b >> 32);
-    }
-  }
+#if defined(CLATTN_HAVE_AVX512_KERNELS)
+  if (use_avx512()) return avx512::assign_nearest_isa(codes, n, centroids, C, assign, dist);
+  avx2::assign_nearest_isa(codes, n, centroids, C, assign, dist);
 #else
   assign_nearest_ref(codes, n, centroids, C, assign, dist);
 #endif
@@ -100,20 +68,16 @@ namespace {
 // counts (C, 64) += bits of each member's code.
 void count_bits(const uint64_t* codes, const int32_t* assign, int64_t n, uint32_t* counts,
                 int64_t* sizes) {
+#if defined(CLATTN_HAVE_AVX512_KERNELS)
+  if (use_avx512()) return avx512::count_bits_isa(codes, assign, n, counts, sizes);
+  avx2::count_bits_isa(codes, assign, n, counts, sizes);
+#else
   for (int64_t i = 0; i < n; ++i) {
     uint32_t* cnt = counts + static_cast<int64_t>(assign[i]) * 64;
     ++sizes[assign[i]];
-#if defined(__AVX512F__)
-    const __m512i one = _mm512_set1_epi32(1);
-    for (int q = 0; q < 4; ++q) {
-      const __mmask16 m = static_cast<__mmask16>(codes[i] >> (16 * q));
-      __m512i v = _mm512_loadu_si512(cnt + 16 * q);
-      _mm512_storeu_si512(cnt + 16 * q, _mm512_mask_add_epi32(v, m, v, one));
-    }
-#else
     for (uint64_t x = codes[i]; x; x &= x - 1) ++cnt[std::countr_zero(x)];
-#endif
   }
+#endif
 }
 
 }  // namespace
