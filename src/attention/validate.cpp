@@ -95,11 +95,16 @@ double finite_max_abs(ConstView t, std::string_view what, std::string_view who) 
   constexpr int64_t kBlock = 32;
   int64_t first_bad = total * rows;
   float mx = 0.f;
+  // Tasks are (matrix, block of rows): a single head of a long sequence is split over the team
+  // too. min and max are exact whatever the order, so the result does not depend on the split.
+  constexpr int64_t kChunk = 4096;  // rows per task
+  const int64_t chunks = (rows + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) reduction(min : first_bad) reduction(max : mx) if (total * rows * cols > 65536)
-  for (int64_t e = 0; e < total; ++e) {
+  for (int64_t w = 0; w < total * chunks; ++w) {
+    const int64_t e = w / chunks, c0 = (w % chunks) * kChunk, c1 = std::min(rows, c0 + kChunk);
     const float* base = t.data + (e / d1) * s0 + (e % d1) * s1;
-    for (int64_t i0 = 0; i0 < rows; i0 += kBlock) {
-      const int64_t n = std::min(kBlock, rows - i0);
+    for (int64_t i0 = c0; i0 < c1; i0 += kBlock) {
+      const int64_t n = std::min(kBlock, c1 - i0);
       if (rows_finite(base + i0 * sr, sr, n, cols, mx)) continue;
       int64_t i = i0;
       float ignored = 0.f;

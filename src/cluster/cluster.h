@@ -42,8 +42,8 @@ struct KMeansScratch {
   std::vector<uint64_t> sorted;   // distinct-code hash set (values)
   std::vector<char> used;         // distinct-code hash set (occupied)
   std::vector<int32_t> prev;      // (n) previous round's assignment
-  std::vector<uint32_t> counts;   // (C, 64) bit votes
-  std::vector<int64_t> sizes;     // (C)
+  std::vector<uint32_t> counts;   // (C, 64) bit votes; (T, C, 64) when the rounds are split over T threads
+  std::vector<int64_t> sizes;     // (C); (T, C) when split
   std::vector<uint32_t> dist;     // (n) distance to own centroid
   std::vector<int64_t> pick;      // (n) init draw
   size_t bytes() const { return held_bytes(sorted, used, prev, counts, sizes, dist, pick); }

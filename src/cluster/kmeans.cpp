@@ -12,6 +12,7 @@
 #include "cluster/cluster.h"
 
 #include "clattn/cpu.h"
+#include "clattn/parallel.h"
 
 namespace clattn::cluster {
 
@@ -128,19 +129,42 @@ int64_t hamming_kmeans(const uint64_t* codes, int64_t n, int64_t C, int iteratio
     if (std::find(centroids, centroids + chosen, code) == centroids + chosen) centroids[chosen++] = code;
   }
 
-  ws.counts.resize(static_cast<size_t>(C * 64));
-  ws.sizes.resize(static_cast<size_t>(C));
+  // Called outside a parallel region (one head on the whole team), each round's assignment and
+  // vote count run over blocks of codes on every thread: rows are independent and the votes are
+  // integers summed after, so the clusters equal the single-thread ones exactly.
+  const int64_t T = n * C >= (int64_t{1} << 18) && team_size() == 1 ? std::min<int64_t>(max_threads(), n / 256 + 1) : 1;
+  ws.counts.resize(static_cast<size_t>(T * C * 64));
+  ws.sizes.resize(static_cast<size_t>(T * C));
   ws.dist.resize(static_cast<size_t>(n));
   ws.prev.assign(static_cast<size_t>(n), -1);
+  auto block = [&](int64_t x) { return x * n / T; };
   for (int it = 0; it < iterations; ++it) {
-    assign_nearest(codes, n, centroids, C, assign, ws.dist.data());
+    if (T > 1) {
+      parallel_for(T, [&](int64_t x) {
+        assign_nearest(codes + block(x), block(x + 1) - block(x), centroids, C, assign + block(x),
+                       ws.dist.data() + block(x));
+      });
+    } else {
+      assign_nearest(codes, n, centroids, C, assign, ws.dist.data());
+    }
     // Same assignment as the round before: the update would reproduce the same centroids (same
     // votes, same ties, same re-seeding), so every later round is identical. Stop early.
     if (std::equal(assign, assign + n, ws.prev.begin())) return C;
     std::copy(assign, assign + n, ws.prev.begin());
     std::fill(ws.counts.begin(), ws.counts.end(), 0u);
     std::fill(ws.sizes.begin(), ws.sizes.end(), int64_t{0});
-    count_bits(codes, assign, n, ws.counts.data(), ws.sizes.data());
+    if (T > 1) {
+      parallel_for(T, [&](int64_t x) {
+        count_bits(codes + block(x), assign + block(x), block(x + 1) - block(x), ws.counts.data() + x * C * 64,
+                   ws.sizes.data() + x * C);
+      });
+      for (int64_t x = 1; x < T; ++x) {
+        for (int64_t i = 0; i < C * 64; ++i) ws.counts[static_cast<size_t>(i)] += ws.counts[static_cast<size_t>(x * C * 64 + i)];
+        for (int64_t i = 0; i < C; ++i) ws.sizes[static_cast<size_t>(i)] += ws.sizes[static_cast<size_t>(x * C + i)];
+      }
+    } else {
+      count_bits(codes, assign, n, ws.counts.data(), ws.sizes.data());
+    }
     int64_t empty = 0;
     for (int64_t c = 0; c < C; ++c) {
       const int64_t size = ws.sizes[static_cast<size_t>(c)];
@@ -173,7 +197,13 @@ int64_t hamming_kmeans(const uint64_t* codes, int64_t n, int64_t C, int iteratio
       if (next < ws.pick.size()) centroids[c] = codes[ws.pick[next++]];
     }
   }
-  assign_nearest(codes, n, centroids, C, assign, nullptr);
+  if (T > 1) {
+    parallel_for(T, [&](int64_t x) {
+      assign_nearest(codes + block(x), block(x + 1) - block(x), centroids, C, assign + block(x), nullptr);
+    });
+  } else {
+    assign_nearest(codes, n, centroids, C, assign, nullptr);
+  }
   return C;
 }
 

@@ -346,7 +346,7 @@ void clustered_forward(Communicator& comm, const SeqSplit& split, const Clustere
     mi.q = in.q;
     mi.k = gathered(st.krows.data() + t * cmax * kcap * D, cmax * kcap, D);
     mi.v = gathered(st.vrows.data() + t * cmax * kcap * Dv, cmax * kcap, Dv);
-    improved_members_fwd(mi, dm, b, h, scale, ms, out, ws.threads[static_cast<size_t>(thread)]);
+    improved_members_fwd(mi, dm, b, h, scale, ms, out, ws.threads[static_cast<size_t>(thread)], 0, ce);
   });
 }
 

@@ -10,6 +10,7 @@
 #include "attention/clustered/clustered_ref.h"
 #include "attention/full/full.h"
 #include "clattn/attention.h"
+#include "clattn/parallel.h"
 #include "common/fd.h"
 #include "common/test_util.h"
 
@@ -50,6 +51,52 @@ ProblemData clustered_data(const Problem& p, int centres, float noise) {
   scatter(pd.q, 1);
   scatter(pd.k, 2);
   return pd;
+}
+
+// B·H below the thread count: each head's phases (hashing, k-means, centroid attention, top-k,
+// member stage) are split over the team instead of running one head per thread. Every row is
+// computed by the same operations in the same order, so outputs and gradients must equal the
+// single-thread ones bit for bit: lengths 1, 3, 65, 1000 and 6000 (N·C large enough for k-means
+// to split its rounds), padded queries and keys, N != M, 2 and 3 threads.
+TEST(Clustered, HeadSplitOverThreadsEqualsOneThreadBitForBit) {
+  const int saved = max_threads();
+  for (const char* kind : {"clustered:clusters=", "improved-clustered:topk=8,clusters="})
+    for (int64_t n : {1, 3, 65, 1000, 6000})
+      for (bool padded : {false, true}) {
+        Problem pr;
+        pr.B = 1;
+        pr.H = pr.Hkv = 1;
+        pr.N = n;
+        pr.M = n + 37;
+        pr.Dk = 16;
+        pr.Dv = 24;  // not a multiple of 16: the padded V rows path
+        pr.seed = 5;
+        if (padded) {
+          pr.qlen = {static_cast<int32_t>(std::max<int64_t>(1, n - n / 3))};
+          pr.klen = {static_cast<int32_t>(pr.M - pr.M / 4)};
+        }
+        ProblemData pd = clustered_data(pr, 40, 0.3f);
+        const std::string spec = kind + std::to_string(std::min<int64_t>(n, 50) > 1 ? 50 : 1);
+        SCOPED_TRACE(spec + " N=" + std::to_string(n) + (padded ? " padded" : ""));
+        std::vector<Tensor> got;
+        for (int threads : {1, 2, 3}) {
+          set_threads(threads);
+          auto att = make_attention(spec);
+          Context ctx;
+          Tensor out(Shape{1, 1, pr.N, pr.Dv}), dq(Shape{1, 1, pr.N, pr.Dk}), dk(Shape{1, 1, pr.M, pr.Dk}),
+              dv(Shape{1, 1, pr.M, pr.Dv});
+          att->forward(pd.inputs(), out.view(), ctx);
+          att->backward(pd.inputs(), out.view(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+          got.push_back(std::move(out));
+          got.push_back(std::move(dq));
+          got.push_back(std::move(dk));
+          got.push_back(std::move(dv));
+        }
+        set_threads(saved);
+        for (size_t x = 4; x < got.size(); ++x)
+          EXPECT_TRUE(testing::bitwise_equal(got[x], got[x % 4])) << "tensor " << x % 4 << " (o, dq, dk, dv) with "
+                                                                  << (x / 4 + 1) << " threads";
+      }
 }
 
 TEST(Clustered, EnoughClustersGiveFullAttention) {

@@ -64,16 +64,34 @@ int64_t assign_clusters(const float* q, int64_t n, int64_t ldq, const ClusteredP
 namespace {
 
 // Steps 1-3 of docs/design.md for one (b, h): hash the valid queries, Hamming k-means, counting sort
-// into st's segments. Returns C_eff (0 when no query or no key is valid).
+// into st's segments. Returns C_eff (0 when no query or no key is valid). With `split` (called
+// outside a parallel region, the head alone on the team) the hashing runs over row blocks on every
+// thread, each with its own projection scratch, and k-means splits its assignment passes itself;
+// every code and cluster is the one the single-thread path gives.
 int64_t assign_head(const AttentionInputs& in, const AttentionDims& d, const ClusteredParams& p,
                     uint64_t step, const Rng& rng, const cluster::LshPlanes& planes, int64_t t,
-                    ClusteredState& st, ClusterScratch& sc) {
+                    ClusteredState& st, ClusterScratch& sc, bool split, ClusteredWorkspace& ws) {
   const int64_t b = t / d.H, h = t % d.H;
   const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
   if (nv == 0 || mv == 0) return 0;  // every output row of this head is 0
   sc.assign.resize(static_cast<size_t>(nv));
-  const int64_t ce = assign_clusters(in.q.ptr(b, h, 0), nv, in.q.stride(2), p, planes, rng,
-                                     stream_of(step, 1, static_cast<uint64_t>(t)), sc.assign.data(), sc);
+  int64_t ce;
+  const uint64_t kstream = stream_of(step, 1, static_cast<uint64_t>(t));
+  if (split && !p.positional && p.clusters < nv) {
+    sc.codes.resize(static_cast<size_t>(nv));
+    sc.centroids.resize(static_cast<size_t>(p.clusters));
+    const int64_t nblocks = (nv + cluster::kHashBlock - 1) / cluster::kHashBlock;
+    parallel_for(nblocks, [&](int64_t blk, int thread) {
+      std::vector<float>& proj = ws.threads[static_cast<size_t>(thread)].cs.proj;  // (kHashBlock, 64)
+      proj.resize(static_cast<size_t>(cluster::kHashBlock * kPanel));
+      const int64_t r0 = blk * cluster::kHashBlock, rows = std::min(cluster::kHashBlock, nv - r0);
+      cluster::hash_codes(in.q.ptr(b, h, r0), rows, in.q.stride(2), planes, sc.codes.data() + r0, proj.data());
+    });
+    ce = cluster::hamming_kmeans(sc.codes.data(), nv, p.clusters, p.iterations, rng, kstream, sc.assign.data(),
+                                 sc.centroids.data(), sc.km);
+  } else {
+    ce = assign_clusters(in.q.ptr(b, h, 0), nv, in.q.stride(2), p, planes, rng, kstream, sc.assign.data(), sc);
+  }
   cluster::counting_sort(sc.assign.data(), nv, ce, st.order.data() + t * d.N,
                          st.offsets.data() + t * (st.cmax + 1));
   return ce;
@@ -128,12 +146,17 @@ void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
   ws.ensure_threads();
 
   // One task per (b, h) runs the whole pipeline: one barrier per step, and the head's packed keys
-  // live in per-thread scratch instead of a (B, Hkv, M, D) buffer.
-  parallel_for(BH, [&](int64_t t, int thread) {
+  // live in per-thread scratch instead of a (B, Hkv, M, D) buffer. When B·H cannot fill the team,
+  // the heads run one after another and each phase of a head is split over the team instead
+  // (`split`): hashing and k-means over query blocks, the centroid attention over blocks of
+  // centroids (each thread packs the key tiles it reads), the top-k and residual finish over
+  // centroids, the member stage over clusters (improved) or query blocks. Every row is computed by
+  // the same operations in the same order either way, so the results do not depend on the split.
+  auto head = [&](int64_t t, int owner, bool split) {
     const int64_t b = t / d.H, h = t % d.H, hk = h / d.group();
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
-    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
-    const int64_t ce = assign_head(in, d, p, step, rng, planes, t, st, sc.cs);
+    ThreadScratch& sc = ws.threads[static_cast<size_t>(owner)];
+    const int64_t ce = assign_head(in, d, p, step, rng, planes, t, st, sc.cs, split, ws);
     st.nclusters[static_cast<size_t>(t)] = static_cast<int32_t>(ce);
     for (int64_t i = ce > 0 ? nv : 0; i < d.N; ++i)  // padded rows, or all rows when nothing is visible
       std::memset(out.ptr(b, h, i), 0, sizeof(float) * static_cast<size_t>(Dv));
@@ -146,13 +169,14 @@ void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
     const int64_t k = improved ? std::min(p.topk, mv) : 0;
     st.ksel[static_cast<size_t>(t)] = static_cast<int32_t>(k);
     const int32_t* assign = sc.cs.assign.data();  // (nv) cluster of each valid query
+    // Serial even when split: a scatter-add in position order (N·D flops, ~1.5 ms at N = 65536);
+    // per cluster in parallel it reads q in cluster order and took twice as long on 2 threads.
     centroids(in, b, h, D, ce, nv, assign, off, qc);
     // V rows for Vc += P·V: in place when Dv is a multiple of 16, else a padded copy.
     const mk::RowsOperand vr = mk::rows_operand(in.v.ptr(b, hk, 0), mv, Dv, in.v.stride(2),
                                                 sc.vr.floats(static_cast<size_t>(std::max<int64_t>(1, mk::rows_operand_size(mv, Dv)))));
+    // Per centroid, shared by the threads of a split head (each writes its own rows):
     float* qcs = sc.a.floats(static_cast<size_t>(ce * D));       // (C, D) Qc·c
-    float* kt = sc.kp.floats(static_cast<size_t>(kBc * D));      // (8, D, 64) this key tile, packed
-    float* s = sc.b.floats(static_cast<size_t>(kCb * kBc));      // (Cb, Bc) scores, then P
     float* vc = sc.c.floats(static_cast<size_t>(ce * Dvp));      // (C, Dvp) Vc accumulators
     float* rs = sc.d.floats(static_cast<size_t>(3 * ce));        // m, l, alpha: (C) each
     float *m = rs, *l = rs + ce, *alpha = rs + 2 * ce;
@@ -163,32 +187,38 @@ void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
     std::fill(m, m + ce, -kInf);
     std::fill(l, l + ce, 0.f);
     std::memset(vc, 0, sizeof(float) * static_cast<size_t>(ce * Dvp));
-    // Ac = softmax(s·Qc·Kᵀ) over valid keys, Vc = Ac·V, flash-style. Key tiles outer: each tile of
-    // K is read from memory once, packed while it is in cache, and serves every centroid block.
-    for (int64_t k0 = 0; k0 < mv; k0 += kBc) {
-      const int64_t bc = std::min(kBc, mv - k0), npan = (bc + kPanel - 1) / kPanel, width = npan * kPanel;
-      mk::pack_panels(in.k.ptr(b, hk, k0), bc, D, in.k.stride(2), kt);
-      for (int64_t j0 = 0; j0 < ce; j0 += kCb) {
-        const int64_t rows = std::min(kCb, ce - j0);
-        mk::gemm_abt(rows, npan, D, qcs + j0 * D, D, kt, s, kBc);
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t j = j0 + r;
-          float* row = s + r * kBc;
-          tile::mask_tail(row, width, bc);
-          if (improved) top_scan(row, width, k0, sc.cand.data() + j * 2 * k, sc.ncand[static_cast<size_t>(j)], sc.thr[static_cast<size_t>(j)], k);
-          alpha[j] = tile::online_softmax_row(row, width, m[j], l[j]);
+    // Ac = softmax(s·Qc·Kᵀ) over valid keys, Vc = Ac·V, flash-style, for centroids [c0, c1). Key
+    // tiles outer: each tile of K is read from memory once per call, packed while it is in cache,
+    // and serves every centroid block of the range.
+    auto centroid_range = [&](int64_t c0, int64_t c1, ThreadScratch& own) {
+      float* kt = own.kp.floats(static_cast<size_t>(kBc * D));      // (8, D, 64) this key tile, packed
+      float* s = own.b.floats(static_cast<size_t>(kCb * kBc));      // (Cb, Bc) scores, then P
+      for (int64_t k0 = 0; k0 < mv; k0 += kBc) {
+        const int64_t bc = std::min(kBc, mv - k0), npan = (bc + kPanel - 1) / kPanel, width = npan * kPanel;
+        mk::pack_panels(in.k.ptr(b, hk, k0), bc, D, in.k.stride(2), kt);
+        for (int64_t j0 = c0; j0 < c1; j0 += kCb) {
+          const int64_t rows = std::min(kCb, c1 - j0);
+          mk::gemm_abt(rows, npan, D, qcs + j0 * D, D, kt, s, kBc);
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t j = j0 + r;
+            float* row = s + r * kBc;
+            tile::mask_tail(row, width, bc);
+            if (improved) top_scan(row, width, k0, sc.cand.data() + j * 2 * k, sc.ncand[static_cast<size_t>(j)], sc.thr[static_cast<size_t>(j)], k);
+            alpha[j] = tile::online_softmax_row(row, width, m[j], l[j]);
+          }
+          mk::gemm_ab(rows, Dvp, bc, s, kBc, 1, vr.data + k0 * vr.ld, vr.ld, vc + j0 * Dvp, Dvp, alpha + j0);
         }
-        mk::gemm_ab(rows, Dvp, bc, s, kBc, 1, vr.data + k0 * vr.ld, vr.ld, vc + j0 * Dvp, Dvp, alpha + j0);
       }
-    }
-    for (int64_t j = 0; j < ce; ++j) {
+    };
+    // Per centroid: lse, R_j and (improved) T_j with its mass.
+    auto finish = [&](int64_t j) {
       const float inv = 1.f / l[j];  // l > 0: mv >= 1 keys are visible
       const float lse2 = m[j] + std::log2(l[j]);
       lse_c[j] = lse2 * kLn2;
       float* res = resid + j * Dv;
       for (int64_t e = 0; e < Dv; ++e) res[e] = vc[j * Dvp + e] * inv;
       mass[j] = 0.f;
-      if (!improved) continue;
+      if (!improved) return;
       // T_j: the k best centroid scores, ascending key index; m_j and R_j = Vc_j − Σ_T A v.
       Cand* cand = sc.cand.data() + j * 2 * k;
       top_compact(cand, sc.ncand[static_cast<size_t>(j)], k);
@@ -198,7 +228,7 @@ void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
       if (k == mv) {  // T_j holds every key: m_j = 1, R_j = 0 exactly
         mass[j] = 1.f;
         std::fill(res, res + Dv, 0.f);
-        continue;
+        return;
       }
       double msum = 0;
       for (int64_t x = 0; x < k; ++x) {
@@ -207,16 +237,48 @@ void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
         simd::axpy_row(res, in.v.ptr(b, hk, cand[x].i), Dv, -a);
       }
       mass[j] = static_cast<float>(msum);
+    };
+    if (split) {
+      // One even block of centroids per thread: each packs the key tiles and reads V itself, so
+      // more blocks cost more of that (measured: 4 blocks of 25 rows gave 1.44x on 2 threads, 2
+      // of 50 rows 1.7x).
+      const int64_t blocks = std::min<int64_t>(ce, max_threads()), per = (ce + blocks - 1) / blocks;
+      parallel_for(blocks, [&](int64_t x, int thread) {
+        if (x * per < ce) centroid_range(x * per, std::min(ce, (x + 1) * per), ws.threads[static_cast<size_t>(thread)]);
+      });
+      parallel_for(ce, [&](int64_t j) { finish(j); });
+    } else {
+      centroid_range(0, ce, sc);
+      for (int64_t j = 0; j < ce; ++j) finish(j);
     }
     // Step 6: members receive their centroid's output (improved: recomputed on T_j).
     if (improved) {
-      improved_members_fwd(in, d, b, h, scale, st, out, sc);
+      if (split) {
+        parallel_for(ce, [&](int64_t j, int thread) {
+          improved_members_fwd(in, d, b, h, scale, st, out, ws.threads[static_cast<size_t>(thread)], j, j + 1);
+        });
+      } else {
+        improved_members_fwd(in, d, b, h, scale, st, out, sc, 0, ce);
+      }
     } else {
       // In position order: out streams to memory; the (ce, Dv) centroid outputs stay in cache.
-      for (int64_t i = 0; i < nv; ++i)
-        std::memcpy(out.ptr(b, h, i), resid + assign[i] * Dv, sizeof(float) * static_cast<size_t>(Dv));
+      auto broadcast = [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i)
+          std::memcpy(out.ptr(b, h, i), resid + assign[i] * Dv, sizeof(float) * static_cast<size_t>(Dv));
+      };
+      if (split) {
+        constexpr int64_t kRows = 1024;
+        parallel_for((nv + kRows - 1) / kRows, [&](int64_t x) { broadcast(x * kRows, std::min(nv, (x + 1) * kRows)); });
+      } else {
+        broadcast(0, nv);
+      }
     }
-  });
+  };
+  if (BH >= max_threads() || max_threads() == 1) {
+    parallel_for(BH, [&](int64_t t, int thread) { head(t, thread, false); });
+  } else {
+    for (int64_t t = 0; t < BH; ++t) head(t, thread_id(), true);
+  }
 }
 
 void attn_clustered_bwd(const AttentionInputs& in, const AttentionDims& d,

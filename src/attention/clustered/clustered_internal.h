@@ -86,9 +86,11 @@ struct KeyGrads {
 };
 
 // Improved member stage of one (b, h): O_i = m_j · Σ_{l∈T_j} softmax_T(s q_i·k_l) v_l + R_j for
-// every member i of every cluster j; saves the per-query log-sum-exp in st.lse_m.
+// every member i of the clusters j in [j_begin, j_end); saves the per-query log-sum-exp in
+// st.lse_m. Disjoint cluster ranges write disjoint rows, so they may run on different threads.
 void improved_members_fwd(const AttentionInputs& in, const AttentionDims& d, int64_t b, int64_t h,
-                          float scale, ClusteredState& st, View out, ThreadScratch& sc);
+                          float scale, ClusteredState& st, View out, ThreadScratch& sc, int64_t j_begin,
+                          int64_t j_end);
 // Its exact backward: accumulates dq of the members and dK, dV of the T_j rows; dm (C) gets
 // ∂L/∂m_j = Σ_i dO_i · u_i.
 void improved_members_bwd(const AttentionInputs& in, const AttentionDims& d, int64_t b, int64_t h,

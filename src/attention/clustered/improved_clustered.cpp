@@ -39,7 +39,8 @@ void gather_members(ConstView t, int64_t b, int64_t h, const int32_t* order, int
 }  // namespace
 
 void improved_members_fwd(const AttentionInputs& in, const AttentionDims& d, int64_t b, int64_t h,
-                          float scale, ClusteredState& st, View out, ThreadScratch& sc) {
+                          float scale, ClusteredState& st, View out, ThreadScratch& sc, int64_t j_begin,
+                          int64_t j_end) {
   const int64_t t = b * d.H + h, hk = h / d.group(), D = d.Dk, Dv = d.Dv;
   const int64_t ce = st.nclusters[static_cast<size_t>(t)], k = st.ksel[static_cast<size_t>(t)];
   const int64_t kw = round_up(k, mk::kLanes), Dvp = round_up(Dv, mk::kLanes);
@@ -53,7 +54,7 @@ void improved_members_fwd(const AttentionInputs& in, const AttentionDims& d, int
   float* s = sc.sm.floats(static_cast<size_t>(kMb * kw));      // (Mb, kw) scores, then P
   float* u = sc.um.floats(static_cast<size_t>(kMb * Dvp));     // (Mb, Dvp) P·V_T
   float* lse_m = st.lse_m.data() + t * d.N;
-  for (int64_t j = 0; j < ce; ++j) {
+  for (int64_t j = j_begin; j < std::min(j_end, ce); ++j) {
     if (off[j + 1] == off[j]) continue;
     const int32_t* tk = st.topk_idx.data() + (t * st.cmax + j) * st.kmax;
     gather_rows(in.k, b, hk, tk, k, D, kt, k, D);
