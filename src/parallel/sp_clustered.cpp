@@ -383,7 +383,7 @@ void clustered_backward(Communicator& comm, const SeqSplit& split, const Cluster
       mi.v = gathered(st.vrows.data() + t * cmax * kcap * Dv, cmax * kcap, Dv);
       const KeyGrads kg{grows.data() + t * cmax * kcap * (Dkp + Dvp), Dkp + Dvp, View{}, View{}, 0, 0, Dkp};
       improved_members_bwd(mi, dmm, b, h, scale, st.members, dout, dq, kg, dm.data() + t * cmax,
-                           ws.threads[static_cast<size_t>(thread)]);
+                           ws.threads[static_cast<size_t>(thread)], 0, cmax, nullptr);
     });
     all_reduce(comm, dm.data(), dm.size());
     all_reduce(comm, grows.data(), grows.size());

@@ -290,20 +290,26 @@ void attn_clustered_bwd(const AttentionInputs& in, const AttentionDims& d,
   const float scale = softmax_scale(p.scale, D);
   const float c = scale * kLog2e;
   const bool improved = p.topk > 0;
+  // As in the forward: with B·H below the thread count, each head's phases run on the whole team.
+  const bool split = BH < max_threads() && max_threads() > 1;
   ws.ensure_threads();
   float* kpan = ws.kpan.floats(static_cast<size_t>(d.B * d.Hkv * Mp * D));    // (B, Hkv, np, D, 64)
   float* vpan = ws.vpan.floats(static_cast<size_t>(d.B * d.Hkv * Mp * Dv));   // (B, Hkv, np, Dv, 64)
   float* krow = ws.krow.floats(static_cast<size_t>(d.B * d.Hkv * Mp * Dkp));  // (B, Hkv, Mp, Dkp)
-  parallel_for(d.B * d.Hkv, [&](int64_t t) {
-    const int64_t b = t / d.Hkv, hk = t % d.Hkv;
-    mk::pack_panels(in.k.ptr(b, hk, 0), d.M, D, in.k.stride(2), kpan + t * Mp * D);
-    mk::pack_panels(in.v.ptr(b, hk, 0), d.M, Dv, in.v.stride(2), vpan + t * Mp * Dv);
-    mk::pack_rows(in.k.ptr(b, hk, 0), d.M, D, in.k.stride(2), krow + t * Mp * Dkp, Mp, Dkp);
+  // Packing by (key head, block of kPack rows): a whole panel per block, so the split is exact.
+  constexpr int64_t kPack = 64 * kPanel;
+  const int64_t pblocks = (Mp + kPack - 1) / kPack;
+  parallel_for(d.B * d.Hkv * pblocks, [&](int64_t w) {
+    const int64_t t = w / pblocks, r0 = (w % pblocks) * kPack, b = t / d.Hkv, hk = t % d.Hkv;
+    const int64_t rows = std::max<int64_t>(0, std::min(kPack, d.M - r0)), rpad = std::min(kPack, Mp - r0);
+    mk::pack_panels(in.k.ptr(b, hk, 0) + r0 * in.k.stride(2), rows, D, in.k.stride(2), kpan + t * Mp * D + r0 * D);
+    mk::pack_panels(in.v.ptr(b, hk, 0) + r0 * in.v.stride(2), rows, Dv, in.v.stride(2), vpan + t * Mp * Dv + r0 * Dv);
+    mk::pack_rows(in.k.ptr(b, hk, 0) + r0 * in.k.stride(2), rows, D, in.k.stride(2), krow + (t * Mp + r0) * Dkp, rpad, Dkp);
   });
   // With GQA several query heads write the same key rows: give each its own partial dK, dV.
   float* dkvp = G > 1 ? ws.dkvp.floats(static_cast<size_t>(BH * Mp * (Dkp + Dvp))) : nullptr;
 
-  parallel_for(BH, [&](int64_t t, int thread) {
+  auto head = [&](int64_t t, int owner) {
     const int64_t b = t / d.H, h = t % d.H, hk = h / G;
     const int64_t mv = valid_keys(in, d, b), ce = st.nclusters[static_cast<size_t>(t)];
     KeyGrads kg{dkvp ? dkvp + t * Mp * (Dkp + Dvp) : nullptr, Dkp + Dvp, dk, dv, b, hk, Dkp};
@@ -315,18 +321,49 @@ void attn_clustered_bwd(const AttentionInputs& in, const AttentionDims& d,
     const float* lse_c = st.lse_c.data() + t * cmax;
     const float* resid = st.resid.data() + t * cmax * Dv;
     const float* mass = st.mass.data() + t * cmax;
-    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
+    ThreadScratch& sc = ws.threads[static_cast<size_t>(owner)];
+    // Runs fn(x, thread scratch) for x in [0, n): over the team when split, else on this thread.
+    auto each = [&](int64_t n, auto&& fn) {
+      if (split) parallel_for(n, [&](int64_t x, int thread) { fn(x, ws.threads[static_cast<size_t>(thread)]); });
+      else for (int64_t x = 0; x < n; ++x) fn(x, sc);
+    };
     float* gsum = sc.e.floats(static_cast<size_t>(ce * Dvp));   // (C, Dvp) G_j = Σ_members dO_i
     float* dqc = sc.f.floats(static_cast<size_t>(ce * Dkp));    // (C, Dkp) dQc
     float* delta = sc.g.floats(static_cast<size_t>(2 * ce));    // (C) δ_j, then (C) dm_j
     float* dm = delta + ce;
-    std::memset(gsum, 0, sizeof(float) * static_cast<size_t>(ce * Dvp));
-    std::memset(dqc, 0, sizeof(float) * static_cast<size_t>(ce * Dkp));
     std::fill(dm, dm + ce, 0.f);
-    for (int64_t j = 0; j < ce; ++j)
-      for (int64_t x = off[j]; x < off[j + 1]; ++x) simd::axpy_row(gsum + j * Dvp, dout.ptr(b, h, order[x]), Dv);
+    each(ce, [&](int64_t j, ThreadScratch&) {
+      float* g = gsum + j * Dvp;
+      std::memset(g, 0, sizeof(float) * static_cast<size_t>(Dvp));
+      for (int64_t x = off[j]; x < off[j + 1]; ++x) simd::axpy_row(g, dout.ptr(b, h, order[x]), Dv);
+    });
     // Improved: exact gradients of m_j·Σ_T softmax_T(s q·k) v through q, K_T, V_T; yields dm_j.
-    if (improved) improved_members_bwd(in, d, b, h, scale, st, dout, dq, kg, dm, sc);
+    // Split: clusters in parallel, each writing its T_j rows' dK, dV into its own slot, added to
+    // the key gradients after in cluster order (the order of the single-thread pass).
+    const int64_t k = st.ksel[static_cast<size_t>(t)];
+    if (improved) {
+      if (split) {
+        const int64_t slot = round_up(k, mk::kLanes) * (Dkp + Dvp);
+        float* kvt = sc.kvt.floats(static_cast<size_t>(ce * slot));  // (C, kw, Dkp + Dvp)
+        parallel_for(ce, [&](int64_t j, int thread) {
+          improved_members_bwd(in, d, b, h, scale, st, dout, dq, kg, dm, ws.threads[static_cast<size_t>(thread)], j,
+                               j + 1, kvt + j * slot);
+        });
+        const int64_t kw = round_up(k, mk::kLanes);
+        for (int64_t j = 0; j < ce; ++j) {
+          if (off[j + 1] == off[j]) continue;
+          const int32_t* tk = st.topk_idx.data() + (t * cmax + j) * st.kmax;
+          const float* dkt = kvt + j * slot;
+          const float* dvt = dkt + kw * Dkp;
+          for (int64_t x = 0; x < k; ++x) {
+            kg.add_k(tk[x], dkt + x * Dkp, D, 1.f / c);
+            kg.add_v(tk[x], dvt + x * Dvp, Dv, mass[j]);
+          }
+        }
+      } else {
+        improved_members_bwd(in, d, b, h, scale, st, dout, dq, kg, dm, sc, 0, ce, nullptr);
+      }
+    }
     // Through Ac: dA_jl = G_j·v_l off T_j and dm_j on T_j; δ_j = Σ_l A_jl dA_jl = G_j·R_j + m_j dm_j.
     for (int64_t j = 0; j < ce; ++j) {
       float x = mass[j] * dm[j];
@@ -334,67 +371,80 @@ void attn_clustered_bwd(const AttentionInputs& in, const AttentionDims& d,
       delta[j] = x;
     }
     const size_t hkv = static_cast<size_t>(b * d.Hkv + hk);
-    const int64_t k = st.ksel[static_cast<size_t>(t)];
-    float* qcs = sc.a.floats(static_cast<size_t>(kCb * Dkp));       // (Cb, Dkp) Qc·c
-    float* a = sc.b.floats(static_cast<size_t>(kCb * kBc));         // (Cb, Bc) A, then A off T
-    float* da = sc.c.floats(static_cast<size_t>(kCb * kBc));        // (Cb, Bc) dA, then dS
-    float* dkacc = sc.h.floats(static_cast<size_t>(kBc * Dkp));     // (Bc, Dkp)
-    float* dvacc = sc.i.floats(static_cast<size_t>(kBc * Dvp));     // (Bc, Dvp)
-    std::vector<int64_t>& cursor = sc.cursor;                       // (C) next T_j entry
-    cursor.assign(static_cast<size_t>(ce), 0);
-    for (int64_t k0 = 0; k0 < mv; k0 += kBc) {
-      const int64_t bc = std::min(kBc, mv - k0), npan = (bc + kPanel - 1) / kPanel, width = npan * kPanel;
-      std::memset(dkacc, 0, sizeof(float) * static_cast<size_t>(width * Dkp));
-      std::memset(dvacc, 0, sizeof(float) * static_cast<size_t>(width * Dvp));
-      for (int64_t j0 = 0; j0 < ce; j0 += kCb) {
-        const int64_t rows = std::min(kCb, ce - j0);
-        mk::pack_rows(qc + j0 * D, rows, D, D, qcs, rows, Dkp, c);
-        // A = 2^(c·Qc·Kᵀ − lse2)
-        mk::gemm_abt(rows, npan, D, qcs, Dkp, kpan + hkv * Mp * D + k0 * D, a, kBc);
-        for (int64_t r = 0; r < rows; ++r) {
-          float* row = a + r * kBc;
-          tile::mask_tail(row, width, bc);
-          tile::exp2_row(row, width, lse_c[j0 + r] * kLog2e);
-        }
-        // dA = G·Vᵀ, replaced by dm_j on T_j; dS = s·A∘(dA − δ); A loses its T_j entries (they
-        // reach V through the member stage instead).
-        mk::gemm_abt(rows, npan, Dv, gsum + j0 * Dvp, Dvp, vpan + hkv * Mp * Dv + k0 * Dv, da, kBc);
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t j = j0 + r;
-          float* ar = a + r * kBc;
-          float* dr = da + r * kBc;
-          if (improved) {
-            const int32_t* tk = st.topk_idx.data() + (t * cmax + j) * st.kmax;
-            int64_t& cur = cursor[static_cast<size_t>(j)];
-            for (; cur < k && tk[cur] < k0 + bc; ++cur) dr[tk[cur] - k0] = dm[j];
+    // Key tiles in a fixed number of groups (16, or fewer tiles): each group accumulates its own
+    // dQc, summed after in group order, so dQc is the same whether the groups run on one thread
+    // or many; dK and dV rows of a tile belong to that tile alone.
+    const int64_t ntiles = (mv + kBc - 1) / kBc, ngroups = std::min<int64_t>(16, ntiles);
+    const int64_t per = (ntiles + ngroups - 1) / ngroups;
+    float* dqcp = sc.dqp.floats(static_cast<size_t>(ngroups * ce * Dkp));  // (groups, C, Dkp)
+    each(ngroups, [&](int64_t gi, ThreadScratch& own) {
+      float* dqg = dqcp + gi * ce * Dkp;
+      std::memset(dqg, 0, sizeof(float) * static_cast<size_t>(ce * Dkp));
+      float* qcs = own.a.floats(static_cast<size_t>(kCb * Dkp));       // (Cb, Dkp) Qc·c
+      float* a = own.b.floats(static_cast<size_t>(kCb * kBc));         // (Cb, Bc) A, then A off T
+      float* da = own.c.floats(static_cast<size_t>(kCb * kBc));        // (Cb, Bc) dA, then dS
+      float* dkacc = own.h.floats(static_cast<size_t>(kBc * Dkp));     // (Bc, Dkp)
+      float* dvacc = own.i.floats(static_cast<size_t>(kBc * Dvp));     // (Bc, Dvp)
+      for (int64_t tile_i = gi * per; tile_i < std::min(ntiles, (gi + 1) * per); ++tile_i) {
+        const int64_t k0 = tile_i * kBc;
+        const int64_t bc = std::min(kBc, mv - k0), npan = (bc + kPanel - 1) / kPanel, width = npan * kPanel;
+        std::memset(dkacc, 0, sizeof(float) * static_cast<size_t>(width * Dkp));
+        std::memset(dvacc, 0, sizeof(float) * static_cast<size_t>(width * Dvp));
+        for (int64_t j0 = 0; j0 < ce; j0 += kCb) {
+          const int64_t rows = std::min(kCb, ce - j0);
+          mk::pack_rows(qc + j0 * D, rows, D, D, qcs, rows, Dkp, c);
+          // A = 2^(c·Qc·Kᵀ − lse2)
+          mk::gemm_abt(rows, npan, D, qcs, Dkp, kpan + hkv * Mp * D + k0 * D, a, kBc);
+          for (int64_t r = 0; r < rows; ++r) {
+            float* row = a + r * kBc;
+            tile::mask_tail(row, width, bc);
+            tile::exp2_row(row, width, lse_c[j0 + r] * kLog2e);
           }
-          const simd::vf dj = simd::splat(delta[j]), sv = simd::splat(scale);
-          for (int64_t x = 0; x < width; x += simd::kLanes)
-            simd::store(dr + x, simd::load(ar + x) * (simd::load(dr + x) - dj) * sv);
-          if (improved) {
-            const int32_t* tk = st.topk_idx.data() + (t * cmax + j) * st.kmax;
-            for (int64_t x = cursor[static_cast<size_t>(j)] - 1; x >= 0 && tk[x] >= k0; --x) ar[tk[x] - k0] = 0.f;
+          // dA = G·Vᵀ, replaced by dm_j on T_j; dS = s·A∘(dA − δ); A loses its T_j entries (they
+          // reach V through the member stage instead).
+          mk::gemm_abt(rows, npan, Dv, gsum + j0 * Dvp, Dvp, vpan + hkv * Mp * Dv + k0 * Dv, da, kBc);
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t j = j0 + r;
+            float* ar = a + r * kBc;
+            float* dr = da + r * kBc;
+            const int32_t* tk = improved ? st.topk_idx.data() + (t * cmax + j) * st.kmax : nullptr;
+            // T_j's entries inside this tile: [lo, hi) of the ascending key indices.
+            const int64_t lo = improved ? std::lower_bound(tk, tk + k, static_cast<int32_t>(k0)) - tk : 0;
+            const int64_t hi = improved ? std::lower_bound(tk, tk + k, static_cast<int32_t>(k0 + bc)) - tk : 0;
+            for (int64_t x = lo; x < hi; ++x) dr[tk[x] - k0] = dm[j];
+            const simd::vf dj = simd::splat(delta[j]), sv = simd::splat(scale);
+            for (int64_t x = 0; x < width; x += simd::kLanes)
+              simd::store(dr + x, simd::load(ar + x) * (simd::load(dr + x) - dj) * sv);
+            for (int64_t x = lo; x < hi; ++x) ar[tk[x] - k0] = 0.f;
           }
+          // Vc = A·V -> dV += A_offTᵀ·G ;  S = s·Qc·Kᵀ -> dQc += dS·K, dK += dSᵀ·Qc
+          mk::gemm_ab(width, Dvp, rows, a, 1, kBc, gsum + j0 * Dvp, Dvp, dvacc, Dvp, nullptr);
+          mk::gemm_ab(rows, Dkp, width, da, kBc, 1, krow + (hkv * Mp + k0) * Dkp, Dkp, dqg + j0 * Dkp, Dkp, nullptr);
+          mk::gemm_ab(width, Dkp, rows, da, 1, kBc, qcs, Dkp, dkacc, Dkp, nullptr);
         }
-        // Vc = A·V -> dV += A_offTᵀ·G ;  S = s·Qc·Kᵀ -> dQc += dS·K, dK += dSᵀ·Qc
-        mk::gemm_ab(width, Dvp, rows, a, 1, kBc, gsum + j0 * Dvp, Dvp, dvacc, Dvp, nullptr);
-        mk::gemm_ab(rows, Dkp, width, da, kBc, 1, krow + (hkv * Mp + k0) * Dkp, Dkp, dqc + j0 * Dkp, Dkp, nullptr);
-        mk::gemm_ab(width, Dkp, rows, da, 1, kBc, qcs, Dkp, dkacc, Dkp, nullptr);
+        const float inv_c = 1.f / c;
+        for (int64_t x = 0; x < bc; ++x) {
+          kg.add_k(k0 + x, dkacc + x * Dkp, D, inv_c);
+          kg.add_v(k0 + x, dvacc + x * Dvp, Dv, 1.f);
+        }
       }
-      const float inv_c = 1.f / c;
-      for (int64_t x = 0; x < bc; ++x) {
-        kg.add_k(k0 + x, dkacc + x * Dkp, D, inv_c);
-        kg.add_v(k0 + x, dvacc + x * Dvp, Dv, 1.f);
-      }
-    }
-    // Qc_j = mean of members -> dq_i += dQc_j / |j|
-    for (int64_t j = 0; j < ce; ++j) {
+    });
+    std::memcpy(dqc, dqcp, sizeof(float) * static_cast<size_t>(ce * Dkp));
+    for (int64_t gi = 1; gi < ngroups; ++gi)
+      for (int64_t x = 0; x < ce * Dkp; ++x) dqc[x] += dqcp[gi * ce * Dkp + x];
+    // Qc_j = mean of members -> dq_i += dQc_j / |j| (each query in one cluster: disjoint rows)
+    each(ce, [&](int64_t j, ThreadScratch&) {
       const int64_t n = off[j + 1] - off[j];
-      if (n == 0) continue;
+      if (n == 0) return;
       const float inv = 1.f / static_cast<float>(n);
       for (int64_t x = off[j]; x < off[j + 1]; ++x) simd::axpy_row(dq.ptr(b, h, order[x]), dqc + j * Dkp, D, inv);
-    }
-  });
+    });
+  };
+  if (split) {
+    for (int64_t t = 0; t < BH; ++t) head(t, thread_id());
+  } else {
+    parallel_for(BH, [&](int64_t t, int thread) { head(t, thread); });
+  }
   if (dkvp) reduce_group_partials(in, d, dkvp, Mp, Dkp + Dvp, Dkp, dk, dv);
 }
 
@@ -422,6 +472,7 @@ size_t clustered_workspace_bytes(const AttentionDims& d, const ClusteredParams& 
   int64_t shared = 0;
   if (mode == Mode::training) {
     per += f * (C * Dvp + C * Dkp + 2 * C + kCb * Dkp + 2 * kCb * kBc + kBc * Dkp + kBc * Dvp) + C * 8;
+    per += f * (16 * C * Dkp + (k > 0 ? C * kw * (Dkp + Dvp) : 0));  // a split head's dQc groups and T_j slots
     shared = f * (d.B * d.Hkv * Mp * (D + Dv + Dkp) + (d.group() > 1 ? BH * Mp * (Dkp + Dvp) : 0));
   }
   const int64_t state = BH * (4 + 4 + N * 4 + (C + 1) * 4 + C * k * 4 + C * (D + Dv + 2) * f +

@@ -41,13 +41,14 @@ struct ThreadScratch {
   Workspace kp, vr;                                 // a K tile's panels, V rows (forward)
   Workspace a, b, c, d, e, f, g, h, i;              // centroid stage
   Workspace kt, ktp, ktr, vt, vtp, vtr, qm, gm, sm, dp, um, dkt, dvt;  // member stage
+  Workspace dqp, kvt;  // backward of a split head: dQc per key-tile group; dK_T, dV_T per cluster
   std::vector<Cand> cand;           // (C, 2k) top-k candidates per centroid
   std::vector<int64_t> ncand;       // (C) candidates held
   std::vector<float> thr;           // (C) filter threshold (k-th best so far)
   std::vector<int64_t> cursor;
   size_t bytes() const {
     return held_bytes(cs.codes, cs.centroids, cs.assign, cs.proj, kp, vr, a, b, c, d, e, f, g, h, i,
-                      kt, ktp, ktr, vt, vtp, vtr, qm, gm, sm, dp, um, dkt, dvt, cand, ncand, thr,
+                      kt, ktp, ktr, vt, vtp, vtr, qm, gm, sm, dp, um, dkt, dvt, dqp, kvt, cand, ncand, thr,
                       cursor) + cs.km.bytes();
   }
 };
@@ -93,8 +94,12 @@ void improved_members_fwd(const AttentionInputs& in, const AttentionDims& d, int
                           int64_t j_end);
 // Its exact backward: accumulates dq of the members and dK, dV of the T_j rows; dm (C) gets
 // ∂L/∂m_j = Σ_i dO_i · u_i.
+// Clusters [j_begin, j_end) only. With kv_out, cluster j's dK_T, dV_T rows are written to its
+// slot kv_out + (j - j_begin)·kw·(Dkp + Dvp), (kw, Dkp) then (kw, Dvp), instead of being added to kg (the caller adds them: dK_T / c and
+// m_j dV_T), so that disjoint cluster ranges can run on different threads.
 void improved_members_bwd(const AttentionInputs& in, const AttentionDims& d, int64_t b, int64_t h,
                           float scale, const ClusteredState& st, ConstView dout, View dq,
-                          const KeyGrads& kg, float* dm, ThreadScratch& sc);
+                          const KeyGrads& kg, float* dm, ThreadScratch& sc, int64_t j_begin, int64_t j_end,
+                          float* kv_out);
 
 }  // namespace clattn

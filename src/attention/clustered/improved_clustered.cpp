@@ -80,7 +80,8 @@ void improved_members_fwd(const AttentionInputs& in, const AttentionDims& d, int
 
 void improved_members_bwd(const AttentionInputs& in, const AttentionDims& d, int64_t b, int64_t h,
                           float scale, const ClusteredState& st, ConstView dout, View dq,
-                          const KeyGrads& kg, float* dm, ThreadScratch& sc) {
+                          const KeyGrads& kg, float* dm, ThreadScratch& sc, int64_t j_begin, int64_t j_end,
+                          float* kv_out) {
   const int64_t t = b * d.H + h, hk = h / d.group(), D = d.Dk, Dv = d.Dv;
   const int64_t ce = st.nclusters[static_cast<size_t>(t)], k = st.ksel[static_cast<size_t>(t)];
   const int64_t kw = round_up(k, mk::kLanes);
@@ -97,10 +98,12 @@ void improved_members_bwd(const AttentionInputs& in, const AttentionDims& d, int
   float* p = sc.sm.floats(static_cast<size_t>(kMb * kw));       // (Mb, kw) P
   float* dp = sc.dp.floats(static_cast<size_t>(kMb * kw));      // (Mb, kw) dP, then dS
   float* u = sc.um.floats(static_cast<size_t>(kMb * std::max(Dvp, Dkp)));  // (Mb, Dvp) P·V_T, then dQ
-  float* dkt = sc.dkt.floats(static_cast<size_t>(kw * Dkp));    // (kw, Dkp)
-  float* dvt = sc.dvt.floats(static_cast<size_t>(kw * Dvp));    // (kw, Dvp)
-  for (int64_t j = 0; j < ce; ++j) {
+  float* dkt_own = sc.dkt.floats(static_cast<size_t>(kw * Dkp));  // (kw, Dkp)
+  float* dvt_own = sc.dvt.floats(static_cast<size_t>(kw * Dvp));  // (kw, Dvp)
+  for (int64_t j = j_begin; j < std::min(j_end, ce); ++j) {
     if (off[j + 1] == off[j]) continue;
+    float* dkt = kv_out ? kv_out + (j - j_begin) * kw * (Dkp + Dvp) : dkt_own;
+    float* dvt = kv_out ? dkt + kw * Dkp : dvt_own;
     const int32_t* tk = st.topk_idx.data() + (t * st.cmax + j) * st.kmax;
     gather_rows(in.k, b, hk, tk, k, D, ktr, kw, Dkp);
     mk::pack_transposed(ktr, k, D, Dkp, ktt, kw);
@@ -148,10 +151,11 @@ void improved_members_bwd(const AttentionInputs& in, const AttentionDims& d, int
       for (int64_t r = 0; r < rows; ++r) simd::axpy_row(dq.ptr(b, h, order[m0 + r]), u + r * Dkp, D);
       mk::gemm_ab(kw, Dkp, rows, dp, 1, kw, qm, Dkp, dkt, Dkp, nullptr);
     }
-    for (int64_t x = 0; x < k; ++x) {
-      kg.add_k(tk[x], dkt + x * Dkp, D, 1.f / c);
-      kg.add_v(tk[x], dvt + x * Dvp, Dv, mj);
-    }
+    if (!kv_out)
+      for (int64_t x = 0; x < k; ++x) {
+        kg.add_k(tk[x], dkt + x * Dkp, D, 1.f / c);
+        kg.add_v(tk[x], dvt + x * Dvp, Dv, mj);
+      }
     dm[j] = static_cast<float>(dmj);
   }
 }
