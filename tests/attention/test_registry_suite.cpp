@@ -515,35 +515,42 @@ TEST_P(RegistrySuite, TokenMajorStridedViews) {
 
 // What the thread count may change (docs/design.md): nothing in the forward (every task owns
 // its rows, so outputs are bitwise equal on 1, 2 and 3 threads); in the backward, only the order
-// of float sums over key chunks and query heads (a stated tolerance, NMSE <= 1e-10).
+// of float sums over key chunks and query heads (a stated tolerance, NMSE <= 1e-10). Twice: with
+// B·H = 8 (one head per task) and with B·H = 1 at N = 1000, where the variants that split a head's
+// work over the team (docs/performance.md) take that path.
 TEST_P(RegistrySuite, ThreadCounts) {
   const Entry& e = GetParam();
   auto att = make_attention(e.spec);
-  const Problem p = adapt(e, Problem{.B = 2, .H = 4, .Hkv = att->capabilities().gqa ? 2 : 4, .N = 300,
-                                     .M = 300, .Dk = 16, .Dv = 16, .causal = att->capabilities().causal,
-                                     .qlen = {300, 211}});
-  ProblemData pd = data_for(e, p);
-  const int saved = max_threads();
-  std::vector<Tensor> outs, grads;
-  for (int threads : {1, 2, 3}) {
-    set_threads(threads);
-    Tensor out(Shape{p.B, p.H, p.N, p.Dv});
-    Context ctx;
-    att->forward(pd.inputs(), out.view(), ctx);
-    outs.push_back(std::move(out));
-    if (att->capabilities().trainable) {
-      Tensor dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
-      att->backward(pd.inputs(), outs.back().view(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
-      grads.push_back(std::move(dq));
-      grads.push_back(std::move(dk));
-      grads.push_back(std::move(dv));
+  const Capabilities& caps = att->capabilities();
+  const Problem many = adapt(e, Problem{.B = 2, .H = 4, .Hkv = caps.gqa ? 2 : 4, .N = 300, .M = 300, .Dk = 16,
+                                        .Dv = 16, .causal = caps.causal, .qlen = {300, 211}});
+  const Problem one = adapt(e, Problem{.B = 1, .H = 1, .Hkv = 1, .N = 1000, .M = caps.cross ? 1037 : 1000,
+                                       .Dk = 16, .Dv = 16, .causal = caps.causal, .qlen = {990}, .klen = {}});
+  for (const Problem& p : {many, one}) {
+    SCOPED_TRACE("B " + std::to_string(p.B) + ", H " + std::to_string(p.H) + ", N " + std::to_string(p.N));
+    ProblemData pd = data_for(e, p);
+    const int saved = max_threads();
+    std::vector<Tensor> outs, grads;
+    for (int threads : {1, 2, 3}) {
+      set_threads(threads);
+      Tensor out(Shape{p.B, p.H, p.N, p.Dv});
+      Context ctx;
+      att->forward(pd.inputs(), out.view(), ctx);
+      outs.push_back(std::move(out));
+      if (caps.trainable) {
+        Tensor dq(pd.q.shape()), dk(pd.k.shape()), dv(pd.v.shape());
+        att->backward(pd.inputs(), outs.back().view(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+        grads.push_back(std::move(dq));
+        grads.push_back(std::move(dk));
+        grads.push_back(std::move(dv));
+      }
     }
+    set_threads(saved);
+    for (size_t t = 1; t < outs.size(); ++t)
+      for (int64_t i = 0; i < outs[0].numel(); ++i)
+        ASSERT_EQ(outs[0].data()[i], outs[t].data()[i]) << "forward differs on " << t + 1 << " threads";
+    for (size_t t = 3; t < grads.size(); ++t) EXPECT_LE(nmse(grads[t % 3].view(), grads[t].view()), 1e-10);
   }
-  set_threads(saved);
-  for (size_t t = 1; t < outs.size(); ++t)
-    for (int64_t i = 0; i < outs[0].numel(); ++i)
-      ASSERT_EQ(outs[0].data()[i], outs[t].data()[i]) << "forward differs on " << t + 1 << " threads";
-  for (size_t t = 3; t < grads.size(); ++t) EXPECT_LE(nmse(grads[t % 3].view(), grads[t].view()), 1e-10);
 }
 
 // Gradients at N ~ 1000 (the lengths the variants exist for) against central finite differences

@@ -64,10 +64,11 @@ namespace {
 struct ThreadScratch {
   std::vector<float> qproj, kproj;  // (R, nv), (R, mv) projections of every round
   std::vector<float> qsq, ksq;      // (nv), (mv) squared norms
+  std::vector<double> rowmax;       // max squared norm per block of rows
   cluster::RadixScratch radix;
   Workspace qs, kr, kt, vr, vt, s, o, go, dp, dqc, dkc, dvc, misc;
   size_t bytes() const {
-    return held_bytes(qproj, kproj, qsq, ksq, radix.keys, radix.keys2, radix.count,
+    return held_bytes(qproj, kproj, qsq, ksq, rowmax, radix.keys, radix.keys2, radix.count,
                       radix.idx2, radix.idx3, qs, kr, kt, vr, vt, s, o, go, dp, dqc, dkc, dvc,
                       misc);
   }
@@ -158,11 +159,11 @@ void request_far(const SmyrfState& st, const int32_t* qp, const int32_t* kp, int
 
 // proj (R, n) row i = a_r[0, D)·x_i (the transform's last coordinates are added by
 // finish_projections once the maximum norm is known); sq (n) = |x_i|². One pass over the rows
-// serves every round. Returns max |x_i|².
+// serves every round. Returns max |x_i|². Rows [i0, i1) only (any split gives the same values).
 double project_rows(const float* base, int64_t rs, int64_t n, int64_t D, const float* dirs,
-                    int64_t R, float* proj, float* sq) {
+                    int64_t R, float* proj, float* sq, int64_t i0, int64_t i1) {
   double mx = 0;
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = i0; i < i1; ++i) {
     const float* row = base + i * rs;
     sq[i] = simd::dot(row, row, D);
     mx = std::max(mx, static_cast<double>(sq[i]));
@@ -173,8 +174,8 @@ double project_rows(const float* base, int64_t rs, int64_t n, int64_t D, const f
 
 // Adds a_r[extra]·sqrt(MQ² + MK² − |x_i|²), the coordinate that makes |F(q)| = |G(k)|.
 void finish_projections(int64_t n, int64_t D, const float* dirs, int64_t R, int64_t extra,
-                        double total, float* proj, const float* sq) {
-  for (int64_t i = 0; i < n; ++i) {
+                        double total, float* proj, const float* sq, int64_t i0, int64_t i1) {
+  for (int64_t i = i0; i < i1; ++i) {
     const float t = static_cast<float>(std::sqrt(std::max(0.0, total - static_cast<double>(sq[i]))));
     for (int64_t r = 0; r < R; ++r) proj[r * n + i] += dirs[r * (D + 2) + extra] * t;
   }
@@ -196,8 +197,10 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
   st.lse2.resize(Shape{d.B, d.H, d.N});
   const std::vector<float> dirs = directions(p, step, D);
   ws.ensure_threads();
+  // B·H below the thread count: heads one after another, each round's clusters over the team.
+  const bool split = d.B * d.H < max_threads() && max_threads() > 1;
 
-  parallel_for(d.B * d.H, [&](int64_t t, int thread) {
+  auto head = [&](int64_t t, int thread) {
     const int64_t b = t / d.H, h = t % d.H;
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
     const HeadRows hr(in, b, h, h / d.group());
@@ -212,48 +215,85 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
     sc.kproj.resize(static_cast<size_t>(R * mv));
     sc.qsq.resize(static_cast<size_t>(nv));
     sc.ksq.resize(static_cast<size_t>(mv));
-    const double total = project_rows(hr.q, hr.qrs, nv, D, dirs.data(), R, sc.qproj.data(), sc.qsq.data()) +
-                         project_rows(hr.k, hr.krs, mv, D, dirs.data(), R, sc.kproj.data(), sc.ksq.data());
-    finish_projections(nv, D, dirs.data(), R, D + 1, total, sc.qproj.data(), sc.qsq.data());  // F(q) = [q, 0, ·]
-    finish_projections(mv, D, dirs.data(), R, D, total, sc.kproj.data(), sc.ksq.data());      // G(k) = [k, ·, 0]
+    // Row blocks over the team when split (max and per-row values: the same whatever the split).
+    constexpr int64_t kRowsPer = 4096;
+    auto rows = [&](int64_t n, auto&& fn) {
+      if (!split) return fn(int64_t{0}, n);
+      const int64_t nb = (n + kRowsPer - 1) / kRowsPer;
+      parallel_for(nb, [&](int64_t x) { fn(x * kRowsPer, std::min(n, (x + 1) * kRowsPer)); });
+    };
+    std::vector<double>& mx = sc.rowmax;  // per row block: max |x|²
+    mx.assign(static_cast<size_t>((nv + kRowsPer - 1) / kRowsPer + (mv + kRowsPer - 1) / kRowsPer + 2), 0.0);
+    const size_t kbase = static_cast<size_t>((nv + kRowsPer - 1) / kRowsPer) + 1;
+    rows(nv, [&](int64_t i0, int64_t i1) {
+      mx[static_cast<size_t>(i0 / kRowsPer)] = project_rows(hr.q, hr.qrs, nv, D, dirs.data(), R, sc.qproj.data(), sc.qsq.data(), i0, i1);
+    });
+    rows(mv, [&](int64_t i0, int64_t i1) {
+      mx[kbase + static_cast<size_t>(i0 / kRowsPer)] = project_rows(hr.k, hr.krs, mv, D, dirs.data(), R, sc.kproj.data(), sc.ksq.data(), i0, i1);
+    });
+    const double total = *std::max_element(mx.begin(), mx.begin() + static_cast<std::ptrdiff_t>(kbase)) +
+                         *std::max_element(mx.begin() + static_cast<std::ptrdiff_t>(kbase), mx.end());
+    rows(nv, [&](int64_t i0, int64_t i1) {  // F(q) = [q, 0, ·]
+      finish_projections(nv, D, dirs.data(), R, D + 1, total, sc.qproj.data(), sc.qsq.data(), i0, i1);
+    });
+    rows(mv, [&](int64_t i0, int64_t i1) {  // G(k) = [k, ·, 0]
+      finish_projections(mv, D, dirs.data(), R, D, total, sc.kproj.data(), sc.ksq.data(), i0, i1);
+    });
     const int64_t kwm = round_up(st.kc, mk::kLanes);
-    float* qs = sc.qs.floats(static_cast<size_t>(64 * Dkp));   // (nq, Dkp) q · c
-    float* kt = sc.kt.floats(static_cast<size_t>(Dkp * kwm));  // (Dk, kw) keys transposed
-    float* vr = sc.vr.floats(static_cast<size_t>(st.kc * Dvp)); // (nk, Dvp)
-    float* s = sc.s.floats(static_cast<size_t>(64 * kwm));     // (nq, kw)
-    float* o = sc.o.floats(static_cast<size_t>(64 * Dvp));     // (nq, Dvp) this round's output
     for (int64_t r = 0; r < R; ++r) {
       int32_t* qp = st.qperm.data() + (t * R + r) * d.N;
       int32_t* kp = st.kperm.data() + (t * R + r) * d.M;
       cluster::sort_by_key(sc.qproj.data() + r * nv, nv, qp, sc.radix);  // stable: ties keep index order
       cluster::sort_by_key(sc.kproj.data() + r * mv, mv, kp, sc.radix);
       const int64_t nc = num_clusters(st, nv, mv);
-      for (int64_t cl = 0; cl < nc; ++cl) {
-        Block blk = make_block(st, qp, kp, nv, mv, cl);
-        if (blk.nq == 0) continue;  // fewer queries than clusters: some clusters have none
-        const Block next = cl + 1 < nc ? make_block(st, qp, kp, nv, mv, cl + 1) : Block{};
-        const gather::Ahead qa{next.qi, next.nq}, ka{next.kj, next.nk};
-        request_far(st, qp, kp, nv, mv, cl, nc, hr, D, Dv, r > 0 ? ob : nullptr, ors);
-        gather::rows(hr.q, hr.qrs, blk.qi, blk.nq, D, qs, Dkp, blk.nq, c, qa);
-        gather::transposed(hr.k, hr.krs, blk.kj, blk.nk, D, kt, blk.kw, ka);
-        gather::rows(hr.v, hr.vrs, blk.kj, blk.nk, Dv, vr, Dvp, blk.nk, 1.f, ka);
-        block_scores(d, qs, Dkp, kt, blk, s);
-        std::memset(o, 0, sizeof(float) * static_cast<size_t>(blk.nq * Dvp));
-        float lse_r[64];
-        for (int64_t q = 0; q < blk.nq; ++q) lse_r[q] = tile::softmax_row(s + q * blk.kw, blk.kw);
-        mk::gemm_ab(blk.nq, Dvp, blk.nk, s, blk.kw, 1, vr, Dvp, o, Dvp, nullptr);
-        for (int64_t q = 0; q < blk.nq; ++q) {
-          if (r > 0) gather::prefetch_one(ob, ors, qa, q, Dv, true);  // round 0 only writes
-          const int64_t i = blk.qi[q];
-          tile::blend_round(ob + i * ors, o + q * Dvp, Dv, L[i], lse_r[q], r == 0);
+      // Clusters [c0, c1) of this round on one thread: within a round every query is in one
+      // cluster, so ranges write disjoint output rows.
+      auto clusters = [&](int64_t c0, int64_t c1, ThreadScratch& own) {
+        float* qs = own.qs.floats(static_cast<size_t>(64 * Dkp));   // (nq, Dkp) q · c
+        float* kt = own.kt.floats(static_cast<size_t>(Dkp * kwm));  // (Dk, kw) keys transposed
+        float* vr = own.vr.floats(static_cast<size_t>(st.kc * Dvp)); // (nk, Dvp)
+        float* s = own.s.floats(static_cast<size_t>(64 * kwm));     // (nq, kw)
+        float* o = own.o.floats(static_cast<size_t>(64 * Dvp));     // (nq, Dvp) this round's output
+        for (int64_t cl = c0; cl < c1; ++cl) {
+          Block blk = make_block(st, qp, kp, nv, mv, cl);
+          if (blk.nq == 0) continue;  // fewer queries than clusters: some clusters have none
+          const Block next = cl + 1 < c1 ? make_block(st, qp, kp, nv, mv, cl + 1) : Block{};
+          const gather::Ahead qa{next.qi, next.nq}, ka{next.kj, next.nk};
+          request_far(st, qp, kp, nv, mv, cl, c1, hr, D, Dv, r > 0 ? ob : nullptr, ors);
+          gather::rows(hr.q, hr.qrs, blk.qi, blk.nq, D, qs, Dkp, blk.nq, c, qa);
+          gather::transposed(hr.k, hr.krs, blk.kj, blk.nk, D, kt, blk.kw, ka);
+          gather::rows(hr.v, hr.vrs, blk.kj, blk.nk, Dv, vr, Dvp, blk.nk, 1.f, ka);
+          block_scores(d, qs, Dkp, kt, blk, s);
+          std::memset(o, 0, sizeof(float) * static_cast<size_t>(blk.nq * Dvp));
+          float lse_r[64];
+          for (int64_t q = 0; q < blk.nq; ++q) lse_r[q] = tile::softmax_row(s + q * blk.kw, blk.kw);
+          mk::gemm_ab(blk.nq, Dvp, blk.nk, s, blk.kw, 1, vr, Dvp, o, Dvp, nullptr);
+          for (int64_t q = 0; q < blk.nq; ++q) {
+            if (r > 0) gather::prefetch_one(ob, ors, qa, q, Dv, true);  // round 0 only writes
+            const int64_t i = blk.qi[q];
+            tile::blend_round(ob + i * ors, o + q * Dvp, Dv, L[i], lse_r[q], r == 0);
+          }
         }
+        simd::store_fence();  // round 0 streamed its rows: fence before any thread reads them back
+      };
+      if (split) {
+        const int64_t T = std::min<int64_t>(nc, max_threads());
+        parallel_for(T, [&](int64_t x, int thread) {
+          clusters(x * nc / T, (x + 1) * nc / T, ws.threads[static_cast<size_t>(thread)]);
+        });
+      } else {
+        clusters(0, nc, sc);
       }
     }
     // A query that saw no key in any round keeps output 0 and gets lse2 = +inf (backward adds 0).
     for (int64_t i = 0; i < nv; ++i)
       if (L[i] == -kInf) L[i] = kInf;
-    simd::store_fence();  // the first round streamed its rows: fence before reading them back
-  });
+  };
+  if (split) {
+    for (int64_t t = 0; t < d.B * d.H; ++t) head(t, thread_id());
+  } else {
+    parallel_for(d.B * d.H, [&](int64_t t, int thread) { head(t, thread); });
+  }
 }
 
 void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const SmyrfParams& p,
@@ -265,7 +305,8 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
   const float c = scale * kLog2e;
   ws.ensure_threads();
   float* part = G > 1 ? ws.part.floats(static_cast<size_t>(d.B * d.H * d.M * (Dkp + Dvp))) : nullptr;
-  parallel_for(d.B * d.H, [&](int64_t t, int thread) {
+  const bool split = d.B * d.H < max_threads() && max_threads() > 1;  // as in the forward
+  auto head = [&](int64_t t, int thread) {
     const int64_t b = t / d.H, h = t % d.H, hk = h / G;
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
     const HeadRows hr(in, b, h, hk);
@@ -279,67 +320,83 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
     float* di = sc.misc.floats(static_cast<size_t>(nv));  // (nv) D_i = dO_i · O_i
     for (int64_t i = 0; i < nv; ++i) di[i] = simd::dot(dout.ptr(b, h, i), out.ptr(b, h, i), Dv);
     const int64_t kwm = round_up(st.kc, mk::kLanes);
-    float* qs = sc.qs.floats(static_cast<size_t>(64 * Dkp));     // (nq, Dkp) q · c
-    float* kr = sc.kr.floats(static_cast<size_t>(kwm * Dkp));    // (nk, Dkp) key rows
-    float* kt = sc.kt.floats(static_cast<size_t>(Dkp * kwm));    // (Dk, kw) their transpose
-    float* vt = sc.vt.floats(static_cast<size_t>(Dvp * kwm));    // (Dv, kw) V_cᵀ
-    float* s = sc.s.floats(static_cast<size_t>(64 * kwm));       // (nq, kw) S, then P
-    float* go = sc.go.floats(static_cast<size_t>(64 * Dvp));     // (nq, Dvp) dO rows
-    float* dp = sc.dp.floats(static_cast<size_t>(64 * kwm));     // (nq, kw) dP, then dS
-    float* dqc = sc.dqc.floats(static_cast<size_t>(64 * Dkp));   // (nq, Dkp)
-    float* dkc = sc.dkc.floats(static_cast<size_t>(kwm * Dkp));  // (kw, Dkp)
-    float* dvc = sc.dvc.floats(static_cast<size_t>(kwm * Dvp));  // (kw, Dvp)
     const float* gob = dout.ptr(b, h, 0);
     const int64_t grs = dout.stride(2);
     for (int64_t r = 0; r < R; ++r) {
       const int32_t* qp = st.qperm.data() + (t * R + r) * d.N;
       const int32_t* kp = st.kperm.data() + (t * R + r) * d.M;
       const int64_t nc = num_clusters(st, nv, mv);
-      for (int64_t cl = 0; cl < nc; ++cl) {
-        Block blk = make_block(st, qp, kp, nv, mv, cl);
-        if (blk.nq == 0) continue;  // fewer queries than clusters: some clusters have none
-        const Block next = cl + 1 < nc ? make_block(st, qp, kp, nv, mv, cl + 1) : Block{};
-        const gather::Ahead qa{next.qi, next.nq}, ka{next.kj, next.nk};
-        request_far(st, qp, kp, nv, mv, cl, nc, hr, D, Dv, gob, grs);
-        const int64_t kw = blk.kw;
-        gather::rows(hr.q, hr.qrs, blk.qi, blk.nq, D, qs, Dkp, blk.nq, c, qa);
-        gather::rows(hr.k, hr.krs, blk.kj, blk.nk, D, kr, Dkp, blk.nk, 1.f, ka);
-        gather::transpose(kr, Dkp, blk.nk, D, kt, kw);
-        gather::transposed(hr.v, hr.vrs, blk.kj, blk.nk, Dv, vt, kw, ka);
-        gather::rows(gob, grs, blk.qi, blk.nq, Dv, go, Dvp, blk.nq, 1.f, qa);
-        block_scores(d, qs, Dkp, kt, blk, s);
-        // P = 2^(S − lse2) against the all-round log-sum-exp: one softmax over every round's keys
-        for (int64_t q = 0; q < blk.nq; ++q) tile::exp2_row(s + q * kw, kw, lse2[blk.qi[q]]);
-        std::memset(dp, 0, sizeof(float) * static_cast<size_t>(blk.nq * kw));
-        mk::gemm_ab(blk.nq, kw, Dv, go, Dvp, 1, vt, kw, dp, kw, nullptr);
-        std::memset(dqc, 0, sizeof(float) * static_cast<size_t>(blk.nq * Dkp));
-        for (int64_t q = 0; q < blk.nq; ++q) {
-          const int64_t i = blk.qi[q];
-          const float* prow = s + q * kw;
-          float* drow = dp + q * kw;
-          for (int64_t x = 0; x < kw; ++x) drow[x] = prow[x] * (drow[x] - di[i]) * scale;
-        }
-        // dQ += dS·K_c ; dK_c += dSᵀ·(c Q)/c ; dV_c += Pᵀ·dO
-        mk::gemm_ab(blk.nq, Dkp, blk.nk, dp, kw, 1, kr, Dkp, dqc, Dkp, nullptr);
-        std::memset(dkc, 0, sizeof(float) * static_cast<size_t>(kw * Dkp));
-        std::memset(dvc, 0, sizeof(float) * static_cast<size_t>(kw * Dvp));
-        mk::gemm_ab(blk.nk, Dkp, blk.nq, dp, 1, kw, qs, Dkp, dkc, Dkp, nullptr);
-        mk::gemm_ab(blk.nk, Dvp, blk.nq, s, 1, kw, go, Dvp, dvc, Dvp, nullptr);
-        for (int64_t q = 0; q < blk.nq; ++q) {
-          if (q < next.nq) simd::prefetch_row(dq.ptr(b, h, next.qi[q]), D, true);
-          simd::axpy_row(dq.ptr(b, h, blk.qi[q]), dqc + q * Dkp, D);
-        }
-        for (int64_t x = 0; x < blk.nk; ++x) {
-          if (x < next.nk) {
-            simd::prefetch_row(gk(next.kj[x]), D, true);
-            simd::prefetch_row(gv(next.kj[x]), Dv, true);
+      // Clusters [c0, c1) of this round on one thread. With mv >= nc every cluster has keys of its
+      // own, so ranges write disjoint dq, dk and dv rows (each row once per round, in round order
+      // either way); with fewer keys than clusters some share a key and the round stays serial.
+      auto clusters = [&](int64_t c0, int64_t c1, ThreadScratch& own) {
+        float* qs = own.qs.floats(static_cast<size_t>(64 * Dkp));     // (nq, Dkp) q · c
+        float* kr = own.kr.floats(static_cast<size_t>(kwm * Dkp));    // (nk, Dkp) key rows
+        float* kt = own.kt.floats(static_cast<size_t>(Dkp * kwm));    // (Dk, kw) their transpose
+        float* vt = own.vt.floats(static_cast<size_t>(Dvp * kwm));    // (Dv, kw) V_cᵀ
+        float* s = own.s.floats(static_cast<size_t>(64 * kwm));       // (nq, kw) S, then P
+        float* go = own.go.floats(static_cast<size_t>(64 * Dvp));     // (nq, Dvp) dO rows
+        float* dp = own.dp.floats(static_cast<size_t>(64 * kwm));     // (nq, kw) dP, then dS
+        float* dqc = own.dqc.floats(static_cast<size_t>(64 * Dkp));   // (nq, Dkp)
+        float* dkc = own.dkc.floats(static_cast<size_t>(kwm * Dkp));  // (kw, Dkp)
+        float* dvc = own.dvc.floats(static_cast<size_t>(kwm * Dvp));  // (kw, Dvp)
+        for (int64_t cl = c0; cl < c1; ++cl) {
+          Block blk = make_block(st, qp, kp, nv, mv, cl);
+          if (blk.nq == 0) continue;  // fewer queries than clusters: some clusters have none
+          const Block next = cl + 1 < c1 ? make_block(st, qp, kp, nv, mv, cl + 1) : Block{};
+          const gather::Ahead qa{next.qi, next.nq}, ka{next.kj, next.nk};
+          request_far(st, qp, kp, nv, mv, cl, c1, hr, D, Dv, gob, grs);
+          const int64_t kw = blk.kw;
+          gather::rows(hr.q, hr.qrs, blk.qi, blk.nq, D, qs, Dkp, blk.nq, c, qa);
+          gather::rows(hr.k, hr.krs, blk.kj, blk.nk, D, kr, Dkp, blk.nk, 1.f, ka);
+          gather::transpose(kr, Dkp, blk.nk, D, kt, kw);
+          gather::transposed(hr.v, hr.vrs, blk.kj, blk.nk, Dv, vt, kw, ka);
+          gather::rows(gob, grs, blk.qi, blk.nq, Dv, go, Dvp, blk.nq, 1.f, qa);
+          block_scores(d, qs, Dkp, kt, blk, s);
+          // P = 2^(S − lse2) against the all-round log-sum-exp: one softmax over every round's keys
+          for (int64_t q = 0; q < blk.nq; ++q) tile::exp2_row(s + q * kw, kw, lse2[blk.qi[q]]);
+          std::memset(dp, 0, sizeof(float) * static_cast<size_t>(blk.nq * kw));
+          mk::gemm_ab(blk.nq, kw, Dv, go, Dvp, 1, vt, kw, dp, kw, nullptr);
+          std::memset(dqc, 0, sizeof(float) * static_cast<size_t>(blk.nq * Dkp));
+          for (int64_t q = 0; q < blk.nq; ++q) {
+            const int64_t i = blk.qi[q];
+            const float* prow = s + q * kw;
+            float* drow = dp + q * kw;
+            for (int64_t x = 0; x < kw; ++x) drow[x] = prow[x] * (drow[x] - di[i]) * scale;
           }
-          simd::axpy_row(gk(blk.kj[x]), dkc + x * Dkp, D, 1.f / c);
-          simd::axpy_row(gv(blk.kj[x]), dvc + x * Dvp, Dv);
+          // dQ += dS·K_c ; dK_c += dSᵀ·(c Q)/c ; dV_c += Pᵀ·dO
+          mk::gemm_ab(blk.nq, Dkp, blk.nk, dp, kw, 1, kr, Dkp, dqc, Dkp, nullptr);
+          std::memset(dkc, 0, sizeof(float) * static_cast<size_t>(kw * Dkp));
+          std::memset(dvc, 0, sizeof(float) * static_cast<size_t>(kw * Dvp));
+          mk::gemm_ab(blk.nk, Dkp, blk.nq, dp, 1, kw, qs, Dkp, dkc, Dkp, nullptr);
+          mk::gemm_ab(blk.nk, Dvp, blk.nq, s, 1, kw, go, Dvp, dvc, Dvp, nullptr);
+          for (int64_t q = 0; q < blk.nq; ++q) {
+            if (q < next.nq) simd::prefetch_row(dq.ptr(b, h, next.qi[q]), D, true);
+            simd::axpy_row(dq.ptr(b, h, blk.qi[q]), dqc + q * Dkp, D);
+          }
+          for (int64_t x = 0; x < blk.nk; ++x) {
+            if (x < next.nk) {
+              simd::prefetch_row(gk(next.kj[x]), D, true);
+              simd::prefetch_row(gv(next.kj[x]), Dv, true);
+            }
+            simd::axpy_row(gk(blk.kj[x]), dkc + x * Dkp, D, 1.f / c);
+            simd::axpy_row(gv(blk.kj[x]), dvc + x * Dvp, Dv);
+          }
         }
+      };
+      if (split && mv >= nc) {
+        const int64_t T = std::min<int64_t>(nc, max_threads());
+        parallel_for(T, [&](int64_t x, int th) { clusters(x * nc / T, (x + 1) * nc / T, ws.threads[static_cast<size_t>(th)]); });
+      } else {
+        clusters(0, nc, sc);
       }
     }
-  });
+  };
+  if (split) {
+    for (int64_t t = 0; t < d.B * d.H; ++t) head(t, thread_id());
+  } else {
+    parallel_for(d.B * d.H, [&](int64_t t, int thread) { head(t, thread); });
+  }
   if (part) reduce_group_partials(in, d, part, d.M, Dkp + Dvp, Dkp, dk, dv);
 }
 
