@@ -236,7 +236,9 @@ TEST(Cpu, FeaturesMatchProcCpuinfoAndGemmKernelFits) {
 
   ASSERT_TRUE(f.has_avx2()) << "clattn's default build needs x86-64-v3 (AVX2 + FMA)";
   EXPECT_NE(supported_isas().find(isa_name(active_isa())), std::string::npos);
-  if (!std::getenv("CLATTN_ISA")) EXPECT_EQ(active_isa(), f.has_avx512() ? Isa::avx512 : Isa::avx2);
+  if (!std::getenv("CLATTN_ISA")) {
+    EXPECT_EQ(active_isa(), f.has_avx512() ? Isa::avx512 : Isa::avx2);
+  }
 
   const GemmBackend& g = gemm_backend();
   EXPECT_TRUE(g.verified);
