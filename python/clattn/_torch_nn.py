@@ -31,7 +31,7 @@ import math
 
 import torch
 
-from . import _clattn
+from . import _clattn, _device
 from .torch import Attention, attention
 
 __all__ = ["MultiheadAttention", "scaled_dot_product_attention", "set_step"]
@@ -104,12 +104,12 @@ def _as_lengths_and_causal(allowed, L, S):
     B = allowed.shape[0]
     last = allowed[:, 0, L - 1, :]                       # (B, S): the last query sees every unpadded key
     lengths = last.sum(-1)
-    prefix = torch.arange(S).unsqueeze(0) < lengths.unsqueeze(1)  # (B, S)
+    prefix = torch.arange(S, device=allowed.device).unsqueeze(0) < lengths.unsqueeze(1)  # (B, S)
     if not bool((last == prefix).all()):
         return None
     want = prefix[:, None, None, :].expand(B, 1, L, S)
     for causal in ([False, True] if L == S else [False]):
-        w = want & torch.ones(L, S, dtype=torch.bool).tril() if causal else want
+        w = want & torch.ones(L, S, dtype=torch.bool, device=allowed.device).tril() if causal else want
         if bool((allowed == w).all()):
             padded = bool((lengths < S).any())
             return (lengths.to(torch.int32) if padded else None), causal
@@ -117,15 +117,17 @@ def _as_lengths_and_causal(allowed, L, S):
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 *, spec="full", step=0):
+                                 *, spec="full", step=0, backend="auto"):
     """torch.nn.functional.scaled_dot_product_attention through clattn's `spec` (default full).
 
     query (B, H, L, E) or (B, L, E); key (B, Hkv, S, E) or (B, S, E); value likewise with Ev:
     returns (B, H, L, Ev) (or (B, L, Ev)). H may be a multiple of Hkv (grouped-query attention).
     attn_mask: bool (True takes part) or float (added), broadcast to (B, H, L, S). `step` is the
-    random step of stochastic variants. See the module docstring for what is refused.
+    random step of stochastic variants. backend: "auto" (C++ kernels for CPU tensors, tensor
+    operations on other devices), "cpp" or "torch". See the module docstring for what is refused.
     """
     _no_dropout(dropout_p)
+    _device.check_backend(backend)
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -137,22 +139,22 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         q, k, v = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
     else:
         q, k, v = query, key, value
-    out = _sdpa(_attention_for(spec, scale), q, k, v, attn_mask, is_causal, int(step), False)
+    out = _sdpa(_attention_for(spec, scale), q, k, v, attn_mask, is_causal, int(step), False, backend)
     return out.squeeze(1) if dims == 3 else out
 
 
-def _sdpa(att, q, k, v, attn_mask, is_causal, step, train):
+def _sdpa(att, q, k, v, attn_mask, is_causal, step, train, backend="auto"):
     """scaled_dot_product_attention on 4-D tensors through the clattn.Attention `att`."""
     B, H, L, _ = q.shape
     S = k.shape[2]
     caps = att.capabilities
-    kwargs = {"step": step, "train": train}
+    kwargs = {"step": step, "train": train, "backend": backend}
 
     if attn_mask is not None and is_causal:
         raise ValueError("give attn_mask or is_causal, not both (as PyTorch)")
     if is_causal and L != S:
         # PyTorch's is_causal is aligned top-left: query i sees keys j <= i.
-        attn_mask = torch.ones(L, S, dtype=torch.bool).tril()
+        attn_mask = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
         is_causal = False
     out = None
     if attn_mask is None:
@@ -171,7 +173,8 @@ def _sdpa(att, q, k, v, attn_mask, is_causal, step, train):
                     f"clattn.torch: '{att.spec}' cannot take this attn_mask: beyond key padding at the end and the "
                     f"causal (lower-triangular) mask, a mask is an additive bias, which only 'full' takes")
             if additive is None:
-                additive = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, float("-inf"))
+                additive = torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill(
+                    ~allowed, float("-inf"))
             out = _with_bias(att, q, k, v, additive, kwargs)
     return out
 
@@ -209,7 +212,8 @@ class MultiheadAttention(torch.nn.Module):
     """
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
-                 kdim=None, vdim=None, batch_first=False, device=None, dtype=None, *, spec="full", step=None):
+                 kdim=None, vdim=None, batch_first=False, device=None, dtype=None, *, spec="full", step=None,
+                 backend="auto"):
         super().__init__()
         _no_dropout(dropout, "dropout")
         if add_bias_kv or add_zero_attn:
@@ -239,7 +243,7 @@ class MultiheadAttention(torch.nn.Module):
         self.out_proj = torch.nn.Linear(embed_dim, embed_dim, bias=bias, **fk)
         self.bias_k = self.bias_v = None
         self.add_zero_attn = False
-        self.attention = Attention(spec)
+        self.attention = Attention(spec, backend=backend)
         self.auto_step = step is None
         self.step = 0 if step is None else int(step)
         self._reset_parameters()
@@ -309,14 +313,14 @@ class MultiheadAttention(torch.nn.Module):
                 mask = mask & kp
             else:
                 as_add = [x if x.dtype != torch.bool else
-                          torch.zeros(x.shape).masked_fill(~x, float("-inf")) for x in (mask, kp)]
+                          torch.zeros(x.shape, device=x.device).masked_fill(~x, float("-inf")) for x in (mask, kp)]
                 mask = as_add[0] + as_add[1]
             if is_causal:
-                causal = torch.ones(L, S, dtype=torch.bool).tril()
+                causal = torch.ones(L, S, dtype=torch.bool, device=query.device).tril()
                 mask = (mask & causal) if mask.dtype == torch.bool else mask.masked_fill(~causal, float("-inf"))
                 is_causal = False
         step = self.step
-        o = _sdpa(self.attention.attention, q, k, v, mask, is_causal, step, self.training)
+        o = _sdpa(self.attention.attention, q, k, v, mask, is_causal, step, self.training, self.attention.backend)
         if self.training and self.auto_step:
             self.step = step + 1
         # (B, H, L, D) -> (L, B, E)

@@ -1,4 +1,4 @@
-"""clattn from PyTorch: an autograd Function and an nn.Module on (B, H, N, D) CPU tensors.
+"""clattn from PyTorch: an autograd Function and an nn.Module on (B, H, N, D) tensors.
 
     import clattn.torch
     att = clattn.torch.Attention("improved-clustered:clusters=100")
@@ -18,12 +18,16 @@ no second-order term, so differentiating them again raises instead of silently d
 your training step; it is never advanced behind your back). Stateful variants (routing with
 EMA centroids) update their state in training mode (``module.train()``).
 
+Tensors on another device (CUDA, ...) run ``full``, ``clustered`` and ``improved-clustered`` as
+PyTorch tensor operations there (_device.py), with the C++ kernels' clusters; ``backend="torch"``
+forces that path on CPU tensors too.
+
 Importing this module needs PyTorch; ``import clattn`` alone does not.
 """
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import _clattn
+from . import _clattn, _device
 
 __all__ = ["Attention", "AttentionFunction", "MultiheadAttention", "attention", "scaled_dot_product_attention",
            "set_step"]
@@ -123,8 +127,16 @@ class AttentionFunction(torch.autograd.Function):
 
 
 def attention(att, q, k, v, *, query_lengths=None, key_lengths=None, causal=False, bias=None, step=0,
-              train=False):
-    """Functional form: o = att(q, k, v) through autograd, att a clattn.Attention."""
+              train=False, backend="auto"):
+    """Functional form: o = att(q, k, v) through autograd, att a clattn.Attention.
+
+    backend: "auto" runs the C++ kernels on CPU tensors and the tensor-op version (_device.py:
+    full, clustered, improved-clustered; same clusters) on tensors of any other device; "cpp" and
+    "torch" force one (the C++ kernels read CPU tensors only).
+    """
+    if _device.wants_torch(backend, q, k, v):
+        return _device.attention(att.spec, q, k, v, query_lengths=query_lengths, key_lengths=key_lengths,
+                                 causal=causal, bias=bias, step=step)
     need_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v))
     return AttentionFunction.apply(att, q, k, v, query_lengths, key_lengths, causal, bias, step, train,
@@ -134,15 +146,18 @@ def attention(att, q, k, v, *, query_lengths=None, key_lengths=None, causal=Fals
 class Attention(torch.nn.Module):
     """clattn attention as a module: forward(q, k, v, *, query_lengths, key_lengths, causal, bias).
 
-    q (B, H, N, Dk), k (B, Hkv, M, Dk) (None for shared-QK variants), v (B, Hkv, M, Dv) CPU
-    tensors; returns (B, H, N, Dv). No parameters of its own: attention has none (the
-    projections around it are the model's). ``step`` is the random step of stochastic variants.
+    q (B, H, N, Dk), k (B, Hkv, M, Dk) (None for shared-QK variants), v (B, Hkv, M, Dv) tensors;
+    returns (B, H, N, Dv). No parameters of its own: attention has none (the projections around
+    it are the model's). ``step`` is the random step of stochastic variants. ``backend`` as in
+    ``attention``: CPU tensors run the C++ kernels, others the tensor-op version.
     """
 
-    def __init__(self, spec, step=0):
+    def __init__(self, spec, step=0, backend="auto"):
         super().__init__()
+        _device.check_backend(backend)
         self.attention = _clattn.Attention(spec)
         self.step = step
+        self.backend = backend
 
     @property
     def spec(self):
@@ -154,7 +169,7 @@ class Attention(torch.nn.Module):
 
     def forward(self, q, k, v, *, query_lengths=None, key_lengths=None, causal=False, bias=None):
         return attention(self.attention, q, k, v, query_lengths=query_lengths, key_lengths=key_lengths,
-                         causal=causal, bias=bias, step=self.step, train=self.training)
+                         causal=causal, bias=bias, step=self.step, train=self.training, backend=self.backend)
 
     def extra_repr(self):
         return repr(self.attention.spec)

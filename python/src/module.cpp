@@ -19,6 +19,7 @@ void bind_attention(pb::module_& m);
 void bind_model(pb::module_& m);
 void bind_train(pb::module_& m);
 void bind_tokenizer(pb::module_& m);
+void bind_draws(pb::module_& m);  // draws.cpp
 std::string blas_library();  // blas.cpp
 
 namespace {
@@ -98,6 +99,7 @@ PYBIND11_MODULE(_clattn, m) {
   bind_tokenizer(m);
   bind_model(m);
   bind_train(m);
+  bind_draws(m);
 
   m.def("set_num_threads", [](int n) {
           if (n < 1) throw pb::value_error("set_num_threads: n must be >= 1, got " + std::to_string(n));

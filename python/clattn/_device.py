@@ -1,0 +1,521 @@
+"""clattn's attention in PyTorch tensor operations, on whatever device the tensors live on.
+
+The C++ kernels read CPU memory only. This module runs ``full``, ``clustered`` and
+``improved-clustered`` as tensor operations (matmul, comparisons, argmax, index_add, topk, gather,
+softmax), so a CUDA (or any other device's) tensor gets the same algorithm, and autograd gives
+the backward. The discrete choices are the C++ kernels' own: the LSH planes and the positions
+the Hamming k-means seeds from come from clattn's generator (``_clattn._lsh_planes``,
+``_clattn._kmeans_picks``, the kernels' rng streams), and every later rule — first minimum wins,
+a tied vote keeps the old bit, an empty cluster takes the farthest member's code not yet held,
+fewer distinct codes than clusters makes each code a cluster — is reproduced, so the same spec,
+seed and step give the same clusters as the C++ kernels on the same inputs.
+
+Memory is O(N·(D + C)) per head, never N × M: the centroid attention runs over blocks of
+centroid rows, the improved variant's member stage over blocks of queries (the per-query gather
+of the top-k keys is the large one), and when a gradient is wanted each block is checkpointed
+(recomputed in the backward) so autograd keeps one block's intermediates at a time.
+Softmax statistics (logits, log-sum-exp, the mass m_j) are float32 whatever the input dtype.
+
+Not here: causal clustered attention (its block and segment design is sequential over the
+prefix; the tensor-op version refuses it), the other variants, and an additive bias for the
+clustered variants (as in C++).
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from . import _clattn
+
+SUPPORTED = ("full", "clustered", "improved-clustered")
+BACKENDS = ("auto", "cpp", "torch")
+
+# Elements of the largest per-block temporary (scores, gathered keys); the blocks loop in Python.
+_budget = {"cpu": 1 << 23, "other": 1 << 27}
+
+
+def set_block_budget(elements, device_type="other"):
+    """Sets the element count of the largest per-block temporary ("cpu" or "other" devices);
+    returns the previous value. Smaller blocks lower peak memory at the cost of more launches."""
+    old = _budget[device_type]
+    _budget[device_type] = max(1, int(elements))
+    return old
+
+
+def _rows_per_block(per_row, device):
+    return max(1, _budget["cpu" if device.type == "cpu" else "other"] // max(1, per_row))
+
+
+def check_backend(backend):
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+
+
+def wants_torch(backend, *tensors):
+    """True when the tensor-op path runs: backend="torch", or "auto" with a tensor off the CPU."""
+    check_backend(backend)
+    if backend == "torch":
+        return True
+    if backend == "cpp":
+        return False
+    return any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in tensors)
+
+
+class Params:
+    """The parameters of a canonical spec string (clattn.Attention(spec).spec lists them all)."""
+
+    def __init__(self, spec):
+        name, _, rest = spec.partition(":")
+        kv = dict(p.split("=", 1) for p in rest.split(",") if "=" in p) if rest else {}
+        if name not in SUPPORTED:
+            raise ValueError(f"clattn.torch: '{name}' runs in the C++ kernels on CPU tensors only; the tensor-op "
+                             f"path (tensors on another device, or backend='torch') has {', '.join(SUPPORTED)}")
+        self.spec, self.name = spec, name
+        self.scale = float(kv["scale"]) if "scale" in kv else None
+        self.clusters = int(kv.get("clusters", 0))
+        self.bits = int(kv.get("bits", 63))
+        self.iterations = int(kv.get("iterations", 10))
+        self.hash_bias = kv.get("hash_bias", "true") == "true"
+        self.positional = kv.get("clustering", "lsh") == "positional"
+        self.topk = int(kv.get("topk", 0)) if name == "improved-clustered" else 0
+        self.seed = int(kv.get("seed", 0))
+
+
+_planes_cache = {}
+
+
+def lsh_planes(p, step, D, device):
+    """(planes (bits, D), thresholds (bits,)) float32 on `device`: clattn's draw for (seed, step)."""
+    key = (p.seed, step, p.bits, D, p.hash_bias, str(device))
+    got = _planes_cache.get(key)
+    if got is None:
+        if len(_planes_cache) > 32:
+            _planes_cache.clear()
+        a, t = _clattn._lsh_planes(p.seed, step, p.bits, D, p.hash_bias)
+        got = _planes_cache[key] = (torch.from_numpy(a).to(device), torch.from_numpy(t).to(device))
+    return got
+
+
+_INT64_MIN = -(1 << 63)
+
+
+def _pack(bits):
+    """(..., nb) bool -> (...) int64 code, bit b at 1 << b (bit 63 wraps to the sign, as uint64)."""
+    w = torch.ones(bits.shape[-1], dtype=torch.int64, device=bits.device) << torch.arange(
+        bits.shape[-1], device=bits.device)
+    return (bits.to(torch.int64) * w).sum(-1)
+
+
+def _unpack(codes, nb):
+    """(...) int64 -> (..., nb) bool."""
+    return ((codes.unsqueeze(-1) >> torch.arange(nb, device=codes.device)) & 1).bool()
+
+
+def _hash(q, planes, thresholds, sign_dtype):
+    """LSH codes of q (G, N, D): (codes (G, N) int64, signs (G, N, nb) ±1 in sign_dtype).
+    The projection is float32, as the kernels' (a bit flips only where x·a_b ties t_b to rounding)."""
+    G, N, D = q.shape
+    nb = planes.shape[0]
+    codes = torch.empty(G, N, dtype=torch.int64, device=q.device)
+    signs = torch.empty(G, N, nb, dtype=sign_dtype, device=q.device)
+    rows = _rows_per_block(G * nb * 8, q.device)
+    for i0 in range(0, N, rows):
+        i1 = min(N, i0 + rows)
+        bits = torch.matmul(q[:, i0:i1].float(), planes.t()) > thresholds  # (G, n, nb)
+        codes[:, i0:i1] = _pack(bits)
+        signs[:, i0:i1] = bits.to(sign_dtype) * 2 - 1
+    return codes, signs
+
+
+def _nearest(signs, csigns):
+    """Nearest centroid by Hamming distance, first minimum wins: (assign (G, N) int64, dist (G, N)
+    float32). signs (G, N, nb), csigns (G, C, nb) ±1: distance = (nb − signs·csigns) / 2, exact."""
+    G, N, nb = signs.shape
+    C = csigns.shape[1]
+    assign = torch.empty(G, N, dtype=torch.int64, device=signs.device)
+    dist = torch.empty(G, N, dtype=torch.float32, device=signs.device)
+    ct = csigns.transpose(1, 2)  # (G, nb, C)
+    rows = _rows_per_block(G * C, signs.device)
+    for i0 in range(0, N, rows):
+        i1 = min(N, i0 + rows)
+        dots = torch.matmul(signs[:, i0:i1], ct).float()  # (G, n, C)
+        best, arg = dots.max(dim=2)  # first maximum on ties (documented for max(dim) and argmax)
+        assign[:, i0:i1] = arg
+        dist[:, i0:i1] = (nb - best) * 0.5
+    return assign, dist
+
+
+def _first_occurrence(vals, elig):
+    """(G, L) bool: elig entries whose value no earlier elig entry of the row holds."""
+    sv, si = torch.sort(vals, dim=1, stable=True)  # (G, L): equal values keep list order
+    es = elig.gather(1, si)
+    L = vals.shape[1]
+    new = torch.ones_like(es)
+    new[:, 1:] = sv[:, 1:] != sv[:, :-1]
+    start = torch.cummax(torch.where(new, torch.arange(L, device=vals.device).expand_as(new),
+                                     torch.zeros_like(si)), dim=1).values  # (G, L) first index of the group
+    excl = es.long().cumsum(1) - es.long()  # eligible entries before, in sorted order
+    first_sorted = es & (excl == excl.gather(1, start))
+    return torch.zeros_like(elig).scatter(1, si, first_sorted)
+
+
+def _isin_rows(vals, table, table_ok):
+    """(G, L) bool: vals[g, i] equals some table[g, c] with table_ok[g, c]. vals (G, L), table (G, C)."""
+    G, L = vals.shape
+    out = torch.empty(G, L, dtype=torch.bool, device=vals.device)
+    rows = _rows_per_block(G * table.shape[1], vals.device)
+    for i0 in range(0, L, rows):
+        i1 = min(L, i0 + rows)
+        out[:, i0:i1] = ((vals[:, i0:i1, None] == table[:, None, :]) & table_ok[:, None, :]).any(2)
+    return out
+
+
+def _reseed_empty(codes, valid, dist, cent, empty):
+    """Empty clusters take the codes of the members farthest from their centroids (farthest first,
+    lower index on ties), skipping codes some centroid holds at that moment: the kernels' walk.
+    codes, dist (G, N); valid (G, N) bool; cent (G, C) int64 after the vote; empty (G, C) bool.
+    Returns the new (G, C) centroid codes."""
+    G, N = codes.shape
+    C = cent.shape[1]
+    d = torch.where(valid, dist, torch.full_like(dist, -1.0))
+    order = torch.sort(d, dim=1, descending=True, stable=True).indices  # (G, N)
+    cc = codes.gather(1, order)  # (G, N) candidate codes, walk order
+    cv = valid.gather(1, order)
+    in_base = _isin_rows(cc, cent, ~empty)  # held by a non-empty centroid: always skipped
+    # An empty cluster's old code is held until that cluster is re-seeded; where such a code is
+    # among the candidates the walk's outcome depends on the order, so those heads take the
+    # sequential walk below (one step per empty cluster, not per query).
+    tricky = (_isin_rows(cc, cent, empty) & ~in_base & cv).any(1)  # (G,)
+    elig = cv & ~in_base
+    taken = _first_occurrence(cc, elig)  # (G, N)
+    rank = taken.long().cumsum(1)  # (G, N) 1-based order of the taken entries
+    col = torch.where(taken & (rank <= C), rank - 1, torch.full_like(rank, C))
+    table = torch.zeros(G, C + 1, dtype=torch.int64, device=codes.device).scatter(1, col, cc)[:, :C]
+    have = torch.zeros(G, C + 1, dtype=torch.bool, device=codes.device).scatter(1, col, taken)[:, :C]
+    ordinal = (empty.long().cumsum(1) - 1).clamp(min=0)  # (G, C) which empty cluster this is
+    new_code = table.gather(1, ordinal)
+    ok = empty & have.gather(1, ordinal)
+    out = torch.where(ok, new_code, cent)
+    for g in torch.nonzero(tricky).flatten().tolist():
+        row = cent[g].clone()
+        pos = 0
+        for c in torch.nonzero(empty[g]).flatten().tolist():
+            free = cv[g, pos:] & ~torch.isin(cc[g, pos:], row)
+            if not bool(free.any()):
+                break
+            x = pos + int(free.to(torch.uint8).argmax())
+            row[c] = cc[g, x]
+            pos = x + 1
+        out[g] = row
+    return out
+
+
+def _kmeans(codes, signs, valid, nv, heads, C, iterations, seed, step):
+    """Hamming k-means of the heads whose valid codes hold more than C distinct values.
+    codes (G, N), signs (G, N, nb), valid (G, N); nv, heads: lists (valid rows, head index b·H+h).
+    Returns assign (G, N) int64."""
+    G, N, nb = signs.shape
+    dev = codes.device
+    # Initial centroids: the first C distinct codes at the positions of the seeded shuffle.
+    T = min(max(nv), 2 * C + 64)
+    while True:
+        picks = torch.from_numpy(_clattn._kmeans_picks(seed, step, heads, nv, T)).to(dev)  # (G, T)
+        pv = picks >= 0
+        pc = codes.gather(1, picks.clamp(min=0))  # (G, T)
+        first = _first_occurrence(pc, pv)
+        rank = first.long().cumsum(1)
+        if bool((rank[:, -1] >= C).all()) or T >= max(nv):
+            break
+        T = min(max(nv), 2 * T)
+    col = torch.where(first & (rank <= C), rank - 1, torch.full_like(rank, C))
+    cent = torch.zeros(G, C + 1, dtype=torch.int64, device=dev).scatter(1, col, pc)[:, :C]  # (G, C)
+    ones = (signs > 0).float()  # (G, N, nb) votes, exact integers in float32
+    flat_base = (torch.arange(G, device=dev) * C).unsqueeze(1)  # (G, 1)
+    prev = None
+    for _ in range(iterations):
+        assign, dist = _nearest(signs, _unpack(cent, nb).to(signs.dtype) * 2 - 1)
+        assign = torch.where(valid, assign, torch.zeros_like(assign))
+        # An unchanged assignment repeats the same update: later rounds change nothing.
+        if prev is not None and torch.equal(assign, prev):
+            return assign
+        prev = assign
+        idx = torch.where(valid, flat_base + assign, torch.full_like(assign, G * C)).flatten()  # (G·N)
+        counts = torch.zeros(G * C + 1, nb, device=dev).index_add_(0, idx, ones.reshape(G * N, nb))
+        sizes = torch.bincount(idx, minlength=G * C + 1)[:G * C].view(G, C)
+        twice = counts[:G * C].view(G, C, nb) * 2
+        sz = sizes.unsqueeze(2).float()
+        old = _unpack(cent, nb)
+        cent = _pack(torch.where(twice > sz, torch.ones_like(old), torch.where(twice < sz, torch.zeros_like(old), old)))
+        empty = sizes == 0
+        if bool(empty.any()):
+            cent = _reseed_empty(codes, valid, dist, cent, empty)
+    assign, _ = _nearest(signs, _unpack(cent, nb).to(signs.dtype) * 2 - 1)
+    return torch.where(valid, assign, torch.zeros_like(assign))
+
+
+@torch.no_grad()
+def clusters(p, q, nv, step, first_head):
+    """Cluster ids of the queries of every head: (assign (G, N) int64, 0 on padded rows; ce (G,)
+    clusters per head). q (G, N, D); nv (G,) list of valid rows; first_head the head index b·H+h
+    of row 0 of q (the rng stream)."""
+    G, N, D = q.shape
+    dev = q.device
+    ar = torch.arange(N, device=dev)
+    nvt = torch.tensor(nv, device=dev)
+    valid = ar < nvt.unsqueeze(1)  # (G, N)
+    assign = torch.zeros(G, N, dtype=torch.int64, device=dev)
+    ce = [0] * G
+    if p.positional:
+        cet = torch.clamp(nvt, max=p.clusters)
+        assign = torch.where(valid, ar * cet.unsqueeze(1) // nvt.clamp(min=1).unsqueeze(1), assign)
+        return assign, [min(p.clusters, n) for n in nv]
+    planes, thr = lsh_planes(p, step, D, dev)
+    sign_dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16  # ±1 and sums ≤ 64: exact
+    codes, signs = _hash(q, planes, thr, sign_dtype)
+    # Distinct valid codes per head, in uint64 order (flip the sign bit for int64 sorting).
+    key = torch.where(valid, codes ^ _INT64_MIN, torch.full_like(codes, (1 << 63) - 1))
+    sk, si = torch.sort(key, dim=1)
+    new = torch.ones_like(valid)
+    new[:, 1:] = sk[:, 1:] != sk[:, :-1]
+    new &= valid  # the valid codes sort first (the sentinel is the largest key)
+    distinct = new.long().sum(1).tolist()
+    rank_sorted = new.long().cumsum(1) - 1
+    by_code = torch.zeros_like(assign).scatter(1, si, rank_sorted)
+    km = []
+    for g in range(G):
+        if nv[g] == 0:
+            continue
+        if p.clusters >= nv[g]:  # each query its own cluster: exact attention
+            assign[g] = torch.where(valid[g], ar, assign[g])
+            ce[g] = nv[g]
+        elif distinct[g] <= p.clusters:  # each distinct code its own cluster, ascending code
+            assign[g] = torch.where(valid[g], by_code[g], assign[g])
+            ce[g] = distinct[g]
+        else:
+            km.append(g)
+            ce[g] = p.clusters
+    if km:
+        sel = torch.tensor(km, device=dev)
+        a = _kmeans(codes[sel], signs[sel], valid[sel], [nv[g] for g in km], [first_head + g for g in km],
+                    p.clusters, p.iterations, p.seed, step)
+        assign[sel] = a
+    return assign, ce
+
+
+def _ckpt(fn, *args):
+    """fn(*args), recomputed in the backward instead of kept, when a gradient is wanted."""
+    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        return checkpoint(fn, *args, use_reentrant=False)
+    return fn(*args)
+
+
+def _rows_attention(q, k, v, kbias, scale, extra=None):
+    """softmax(scale·q·kᵀ + kbias [+ extra]) · v with float32 statistics: (out (G, n, Dv) float32,
+    lse (G, n) float32). q (G, n, D), k (G, M, D), v (G, M, Dv), kbias (G, 1, M) 0/-inf,
+    extra (n, M) or None."""
+    s = torch.matmul(q, k.transpose(1, 2)).float() * scale + kbias  # (G, n, M)
+    if extra is not None:
+        s = s + extra
+    lse = torch.logsumexp(s, -1)  # (G, n)
+    a = torch.exp(s - lse.unsqueeze(-1))  # (G, n, M)
+    return torch.matmul(a.to(v.dtype), v).float(), lse, a
+
+
+def _centroid_block(qc, k, v, kbias, tidx, tok, vt, scale):
+    """Step 5 for a block of centroids: Vc (G, c, Dv), and for the improved variant
+    m_j = Σ_T A_jl (G, c) and R_j = Vc_j − Σ_T A_jl v_l (G, c, Dv); tidx (G, c, kk) T_j, tok its
+    valid entries (key padding), vt (G, c, kk, Dv) the rows of V at T_j."""
+    vc, lse, a = _rows_attention(qc, k, v, kbias, scale)
+    if tidx is None:
+        return vc
+    at = a.gather(2, tidx) * tok  # (G, c, kk)
+    m = at.sum(-1)
+    r = vc - torch.matmul(at.unsqueeze(2), vt.float()).squeeze(2)
+    return vc, m, r
+
+
+def _member_block(q, kt, vt, tbias, m, r, assign, scale):
+    """The improved variant's member stage for a block of queries: O_i = m_j · softmax_T(s·q_i·K_T)
+    V_T + R_j with j = assign_i. q (G, n, D), kt (G, C, kk, D), vt (G, C, kk, Dv), tbias (G, C, kk)
+    0/-inf, m (G, C), r (G, C, Dv), assign (G, n). The gathers are (G, n, kk, D): one block's worth."""
+    gi = torch.arange(q.shape[0], device=q.device).unsqueeze(1)  # (G, 1)
+    kq = kt[gi, assign]  # (G, n, kk, D)
+    s = torch.matmul(kq, q.unsqueeze(-1)).squeeze(-1).float() * scale + tbias[gi, assign]  # (G, n, kk)
+    pr = torch.softmax(s, -1)
+    u = torch.matmul(pr.unsqueeze(2).to(vt.dtype), vt[gi, assign]).squeeze(2).float()  # (G, n, Dv)
+    return m[gi, assign].unsqueeze(-1) * u + r[gi, assign]
+
+
+def _lengths_list(x, B, name, limit):
+    if x is None:
+        return [limit] * B
+    vals = x.detach().cpu().tolist() if isinstance(x, torch.Tensor) else [int(t) for t in x]
+    if len(vals) != B:
+        raise ValueError(f"{name} must have B = {B} entries, got {len(vals)}")
+    for t in vals:
+        if not 0 <= int(t) <= limit:
+            raise ValueError(f"{name} entries must be in [0, {limit}], got {t}")
+    return [int(t) for t in vals]
+
+
+def _check_inputs(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+            raise TypeError(f"{name} must be float32, bfloat16, float16 (or float64), got {t.dtype}")
+        if t.dim() != 4:
+            raise ValueError(f"clattn.torch: q, k, v must be (B, H, N, Dk), (B, Hkv, M, Dk), (B, Hkv, M, Dv); "
+                             f"{name} has shape {tuple(t.shape)}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    B, H, N, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B or k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2] \
+            or k.shape[3] != D or k.shape[1] == 0 or H % k.shape[1]:
+        raise ValueError(f"clattn.torch: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} break "
+                         f"(B, H, N, Dk), (B, Hkv, M, Dk), (B, Hkv, M, Dv) with H a multiple of Hkv")
+    if N == 0 or D == 0 or k.shape[2] == 0:
+        raise ValueError(f"clattn.torch: empty dimension in q {tuple(q.shape)} or k {tuple(k.shape)}")
+
+
+def attention(spec, q, k, v, *, query_lengths=None, key_lengths=None, causal=False, bias=None, step=0):
+    """o (B, H, N, Dv) = spec's attention of q (B, H, N, Dk), k (B, Hkv, M, Dk), v (B, Hkv, M, Dv)
+    in tensor operations on their device; differentiable by autograd. Masks as clattn's contract:
+    padded query rows and queries with no visible key get 0."""
+    p = Params(spec)
+    _check_inputs(q, k, v)
+    B, H, N, D = q.shape
+    Hkv, M, Dv = k.shape[1], k.shape[2], v.shape[3]
+    nq = _lengths_list(query_lengths, B, "query_lengths", N)
+    nk = _lengths_list(key_lengths, B, "key_lengths", M)
+    if p.name != "full":
+        if causal:
+            raise ValueError(f"clattn.torch: causal '{p.name}' runs in the C++ kernels only (CPU tensors): its "
+                             f"prefix design is sequential over blocks, which the tensor-op path does not do; "
+                             f"use CPU tensors, or causal=False")
+        if bias is not None:
+            raise ValueError(f"clattn.torch: '{p.name}' takes no bias (only 'full' does)")
+    out_dtype = q.dtype
+    # float16 matmuls are missing on the CPU of older PyTorch: compute in float32 there.
+    if q.device.type == "cpu" and q.dtype in (torch.float16, torch.bfloat16):
+        q, k, v = q.float(), k.float(), v.float()
+    scale = p.scale if p.scale is not None else 1.0 / math.sqrt(D)
+    if p.name == "full":
+        o = _full(q, k, v, nq, nk, causal, bias, scale)
+    else:
+        o = _clustered(p, q, k, v, nq, nk, step, scale)
+    return o.to(out_dtype)
+
+
+def _heads(k, H):
+    """(B, Hkv, M, D) -> (B·H, M, D): query head h reads key head h / (H / Hkv)."""
+    B, Hkv, M, D = k.shape
+    if Hkv == H:
+        return k.reshape(B * H, M, D)
+    return k.unsqueeze(2).expand(B, Hkv, H // Hkv, M, D).reshape(B * H, M, D)
+
+
+def _masks(nq, nk, H, N, M, device):
+    """Per head (G = B·H): query valid (G, N) bool, key bias (G, 1, M) float 0/-inf, and whether
+    any key is visible (G,) bool. A head without keys gets all keys (no NaN) and a zero output."""
+    G = len(nq) * H
+    nqt = torch.tensor(nq, device=device).repeat_interleave(H)
+    nkt = torch.tensor(nk, device=device).repeat_interleave(H)
+    qv = torch.arange(N, device=device) < nqt.unsqueeze(1)
+    kv = (torch.arange(M, device=device) < nkt.unsqueeze(1)) | (nkt == 0).unsqueeze(1)
+    kbias = torch.zeros(G, 1, M, device=device).masked_fill(~kv.unsqueeze(1), float("-inf"))
+    return qv, kbias, nkt > 0
+
+
+def _full(q, k, v, nq, nk, causal, bias, scale):
+    B, H, N, D = q.shape
+    M, Dv = k.shape[2], v.shape[3]
+    G = B * H
+    dev = q.device
+    qv, kbias, anyk = _masks(nq, nk, H, N, M, dev)
+    rowmask = qv & anyk.unsqueeze(1)  # (G, N)
+    if causal:  # query i sees keys j <= i + (M − N): rows before N − M see none
+        rowmask = rowmask & (torch.arange(N, device=dev) + (M - N) >= 0)
+    sdpa = getattr(F, "scaled_dot_product_attention", None)
+    if sdpa is not None and dev.type != "cpu" and bias is None and (not causal or N == M):
+        kk, vv = _heads(k, H).view(B, H, M, D), _heads(v, H).view(B, H, M, Dv)
+        padded = any(n < M for n in nk)
+        qs = q if abs(scale * math.sqrt(D) - 1) < 1e-12 else q * (scale * math.sqrt(D))
+        if padded:
+            o = sdpa(qs, kk, vv, attn_mask=(kbias.view(B, H, 1, M) == 0), is_causal=False)
+        else:
+            o = sdpa(qs, kk, vv, is_causal=bool(causal))
+        o = o.reshape(G, N, Dv).float()
+    else:
+        qf, kf, vf = q.reshape(G, N, D), _heads(k, H), _heads(v, H)
+        rows = _rows_per_block(G * M, dev)
+        parts = []
+        for i0 in range(0, N, rows):
+            i1 = min(N, i0 + rows)
+            extra = None
+            if bias is not None:
+                extra = bias[i0:i1].float()
+            if causal:
+                j = torch.arange(M, device=dev)
+                i = torch.arange(i0, i1, device=dev).unsqueeze(1)
+                cm = torch.zeros(i1 - i0, M, device=dev).masked_fill(j > i + (M - N), float("-inf"))
+                extra = cm if extra is None else extra + cm
+            parts.append(_ckpt(lambda a, b_, c, d, e: _rows_attention(a, b_, c, d, scale, e)[0],
+                               qf[:, i0:i1], kf, vf, kbias, extra))
+        o = torch.cat(parts, 1)
+        # A row whose keys are all masked: its softmax is NaN; clattn gives 0.
+        o = torch.nan_to_num(o, nan=0.0) if causal or bias is not None else o
+    o = torch.where(rowmask.unsqueeze(-1), o, torch.zeros((), device=dev))
+    return o.view(B, H, N, Dv)
+
+
+def _clustered(p, q, k, v, nq, nk, step, scale):
+    B, H, N, D = q.shape
+    M, Dv = k.shape[2], v.shape[3]
+    G = B * H
+    dev = q.device
+    qf = q.reshape(G, N, D)  # (G, N, D)
+    kf, vf = _heads(k, H), _heads(v, H)  # (G, M, D), (G, M, Dv)
+    qv, kbias, anyk = _masks(nq, nk, H, N, M, dev)
+    nv = [n for n in nq for _ in range(H)]
+    assign, ce = clusters(p, qf.detach(), nv, step, 0)  # (G, N)
+    C = max(1, max(ce))
+    # Qc_j = mean of the members (padded rows excluded): (G, C, D), float32 sums.
+    flat = torch.where(qv, assign + (torch.arange(G, device=dev) * C).unsqueeze(1),
+                       torch.full_like(assign, G * C)).flatten()  # (G·N)
+    sizes = torch.bincount(flat, minlength=G * C + 1)[:G * C].view(G, C)
+    sums = torch.zeros(G * C + 1, D, device=dev).index_add(0, flat, qf.reshape(G * N, D).float())
+    qc = (sums[:G * C].view(G, C, D) / sizes.clamp(min=1).unsqueeze(-1)).to(q.dtype)  # (G, C, D)
+    kk = min(p.topk, M) if p.topk > 0 else 0
+    rows = _rows_per_block(G * M, dev)
+    if kk == 0:
+        vc = torch.cat([_ckpt(lambda a, b_, c, d: _centroid_block(a, b_, c, d, None, None, None, scale),
+                              qc[:, j0:j0 + rows], kf, vf, kbias) for j0 in range(0, C, rows)], 1)  # (G, C, Dv)
+        gi = torch.arange(G, device=dev).unsqueeze(1)
+        o = vc[gi, assign]  # (G, N, Dv)
+    else:
+        # T_j: the k = min(topk, valid keys) best centroid scores (constants of the backward).
+        with torch.no_grad():
+            tidx = torch.cat([torch.topk(torch.matmul(qc[:, j0:j0 + rows], kf.transpose(1, 2)).float() + kbias,
+                                         kk, dim=-1).indices for j0 in range(0, C, rows)], 1)  # (G, C, kk)
+            ksel = torch.tensor(nk, device=dev).clamp(max=kk).repeat_interleave(H)  # (G,)
+            tok = (torch.arange(kk, device=dev) < ksel.view(G, 1, 1)).expand(G, C, kk)  # (G, C, kk)
+            tbias = torch.zeros(G, C, kk, device=dev).masked_fill(~tok, float("-inf"))
+            gi3 = torch.arange(G, device=dev).view(G, 1, 1)
+        kt = kf[gi3, tidx]  # (G, C, kk, D)
+        vt = vf[gi3, tidx]  # (G, C, kk, Dv)
+        tokf = tok.float()
+        parts = [_ckpt(lambda a, b_, c, d, e, t, f: _centroid_block(a, b_, c, d, e, t, f, scale)[1:],
+                       qc[:, j0:j0 + rows], kf, vf, kbias, tidx[:, j0:j0 + rows], tokf[:, j0:j0 + rows],
+                       vt[:, j0:j0 + rows])
+                 for j0 in range(0, C, rows)]
+        m = torch.cat([x[0] for x in parts], 1)  # (G, C)
+        r = torch.cat([x[1] for x in parts], 1)  # (G, C, Dv)
+        nrow = _rows_per_block(G * kk * (D + Dv), dev)
+        o = torch.cat([_ckpt(lambda a, b_, c, d, e, f: _member_block(a, b_, c, tbias, d, e, f, scale),
+                             qf[:, i0:i0 + nrow], kt, vt, m, r, assign[:, i0:i0 + nrow])
+                       for i0 in range(0, N, nrow)], 1)  # (G, N, Dv)
+    keep = (qv & anyk.unsqueeze(1)).unsqueeze(-1)
+    o = torch.where(keep, o, torch.zeros((), device=dev))
+    return o.view(B, H, N, Dv)
