@@ -230,7 +230,7 @@ def _kmeans(codes, signs, valid, nv, heads, C, iterations, seed, step):
         T = min(max(nv), 2 * T)
     col = torch.where(first & (rank <= C), rank - 1, torch.full_like(rank, C))
     cent = torch.zeros(G, C + 1, dtype=torch.int64, device=dev).scatter(1, col, pc)[:, :C]  # (G, C)
-    ones = (signs > 0).float()  # (G, N, nb) votes, exact integers in float32
+    vote_rows = _rows_per_block(G * nb, dev)
     flat_base = (torch.arange(G, device=dev) * C).unsqueeze(1)  # (G, 1)
     prev = None
     for _ in range(iterations):
@@ -241,7 +241,12 @@ def _kmeans(codes, signs, valid, nv, heads, C, iterations, seed, step):
             return assign
         prev = assign
         idx = torch.where(valid, flat_base + assign, torch.full_like(assign, G * C)).flatten()  # (G·N)
-        counts = torch.zeros(G * C + 1, nb, device=dev).index_add_(0, idx, ones.reshape(G * N, nb))
+        # Votes (G·C, nb), exact integers in float32, a block of rows at a time.
+        counts = torch.zeros(G * C + 1, nb, device=dev)
+        idx2 = idx.view(G, N)
+        for i0 in range(0, N, vote_rows):
+            i1 = min(N, i0 + vote_rows)
+            counts.index_add_(0, idx2[:, i0:i1].flatten(), (signs[:, i0:i1] > 0).float().reshape(-1, nb))
         sizes = torch.bincount(idx, minlength=G * C + 1)[:G * C].view(G, C)
         twice = counts[:G * C].view(G, C, nb) * 2
         sz = sizes.unsqueeze(2).float()
@@ -315,11 +320,17 @@ def _rows_attention(q, k, v, kbias, scale, extra=None):
     lse (G, n) float32). q (G, n, D), k (G, M, D), v (G, M, Dv), kbias (G, 1, M) 0/-inf,
     extra (n, M) or None."""
     s = torch.matmul(q, k.transpose(1, 2)).float() * scale + kbias  # (G, n, M)
+    dead = None
     if extra is not None:
         s = s + extra
+        # A row that sees no key would be NaN, and its NaN would reach every dk, dv through the
+        # backward: compute it on zeros and give it 0 (the clattn contract).
+        dead = torch.isinf(s.amax(-1, keepdim=True))  # (G, n, 1)
+        s = s.masked_fill(dead, 0.0)
     lse = torch.logsumexp(s, -1)  # (G, n)
     a = torch.exp(s - lse.unsqueeze(-1))  # (G, n, M)
-    return torch.matmul(a.to(v.dtype), v).float(), lse, a
+    out = torch.matmul(a.to(v.dtype), v).float()  # (G, n, Dv)
+    return (out if dead is None else out.masked_fill(dead, 0.0)), lse, a
 
 
 def _centroid_block(qc, k, v, kbias, tidx, tok, vt, scale):
@@ -438,9 +449,10 @@ def _full(q, k, v, nq, nk, causal, bias, scale):
     if causal:  # query i sees keys j <= i + (M − N): rows before N − M see none
         rowmask = rowmask & (torch.arange(N, device=dev) + (M - N) >= 0)
     sdpa = getattr(F, "scaled_dot_product_attention", None)
-    if sdpa is not None and dev.type != "cpu" and bias is None and (not causal or N == M):
-        kk, vv = _heads(k, H).view(B, H, M, D), _heads(v, H).view(B, H, M, Dv)
-        padded = any(n < M for n in nk)
+    padded = any(n < M for n in nk)
+    # PyTorch's own kernel (FlashAttention on a GPU) where one call expresses the masks.
+    if sdpa is not None and dev.type != "cpu" and bias is None and not (causal and (N != M or padded)):
+        kk, vv = _heads(k, H).reshape(B, H, M, D), _heads(v, H).reshape(B, H, M, Dv)
         qs = q if abs(scale * math.sqrt(D) - 1) < 1e-12 else q * (scale * math.sqrt(D))
         if padded:
             o = sdpa(qs, kk, vv, attn_mask=(kbias.view(B, H, 1, M) == 0), is_causal=False)
@@ -464,8 +476,6 @@ def _full(q, k, v, nq, nk, causal, bias, scale):
             parts.append(_ckpt(lambda a, b_, c, d, e: _rows_attention(a, b_, c, d, scale, e)[0],
                                qf[:, i0:i1], kf, vf, kbias, extra))
         o = torch.cat(parts, 1)
-        # A row whose keys are all masked: its softmax is NaN; clattn gives 0.
-        o = torch.nan_to_num(o, nan=0.0) if causal or bias is not None else o
     o = torch.where(rowmask.unsqueeze(-1), o, torch.zeros((), device=dev))
     return o.view(B, H, N, Dv)
 
@@ -499,7 +509,8 @@ def _clustered(p, q, k, v, nq, nk, step, scale):
         with torch.no_grad():
             tidx = torch.cat([torch.topk(torch.matmul(qc[:, j0:j0 + rows], kf.transpose(1, 2)).float() + kbias,
                                          kk, dim=-1).indices for j0 in range(0, C, rows)], 1)  # (G, C, kk)
-            ksel = torch.tensor(nk, device=dev).clamp(max=kk).repeat_interleave(H)  # (G,)
+            # A head without keys computes on all of them (no NaN in the backward) and outputs 0.
+            ksel = torch.tensor([n if n > 0 else kk for n in nk], device=dev).clamp(max=kk).repeat_interleave(H)  # (G,)
             tok = (torch.arange(kk, device=dev) < ksel.view(G, 1, 1)).expand(G, C, kk)  # (G, C, kk)
             tbias = torch.zeros(G, C, kk, device=dev).masked_fill(~tok, float("-inf"))
             gi3 = torch.arange(G, device=dev).view(G, 1, 1)

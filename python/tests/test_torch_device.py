@@ -140,6 +140,32 @@ def test_full_causal_cross_and_lengths_equal_the_cpp_kernels():
         assert rel(a, b) <= 1e-5
 
 
+@pytest.mark.parametrize("spec", ["clustered:clusters=5", "improved-clustered:clusters=5,topk=4", "full"])
+def test_empty_sequences_give_zero_rows_and_finite_gradients(spec):
+    B, H, N, D = 3, 2, 20, 8
+    q, k, v = rand(B, H, N, D, seed=45), rand(B, H, N, D, seed=46), rand(B, H, N, D, seed=47)
+    do = rand(B, H, N, D, seed=48)
+    kw = dict(query_lengths=[0, 20, 9], key_lengths=[20, 0, 4])
+    got, want = run(spec, "torch", q, k, v, do, **kw), run(spec, "cpp", q, k, v, do, **kw)
+    for a, b in zip(got, want):
+        assert torch.isfinite(a).all() and rel(a, b) <= 1e-4
+    assert got[0][:2].abs().max() == 0
+
+
+@pytest.mark.parametrize("case", ["causal N > M", "bias"])
+def test_full_rows_that_see_no_key_are_zero_without_nan(case):
+    # Causal with N > M leaves the first N − M queries without keys; a bias row of −inf too. Their
+    # output is 0 and no NaN reaches the gradients of the other rows.
+    B, H, N, M, D = 1, 2, 30, 21, 8
+    q, k, v = rand(B, H, N, D, seed=55), rand(B, H, M, D, seed=56), rand(B, H, M, D, seed=57)
+    do = rand(B, H, N, D, seed=58)
+    kw = dict(causal=True) if case == "causal N > M" else dict(bias=rand(N, M, seed=59).index_fill(0, torch.tensor([3]), float("-inf")))
+    got, want = run("full", "torch", q, k, v, do, **kw), run("full", "cpp", q, k, v, do, **kw)
+    for a, b in zip(got, want):
+        assert torch.isfinite(a).all() and rel(a, b) <= 1e-5
+    assert got[0][0, :, 3].abs().max() == 0
+
+
 def test_small_blocks_give_the_same_result():
     # Long sequences run in blocks (centroid rows, query rows, hashing rows): force many tiny
     # blocks and the result must not change.
