@@ -350,12 +350,27 @@ def _member_block(q, kt, vt, tbias, m, r, assign, scale):
     """The improved variant's member stage for a block of queries: O_i = m_j · softmax_T(s·q_i·K_T)
     V_T + R_j with j = assign_i. q (G, n, D), kt (G, C, kk, D), vt (G, C, kk, Dv), tbias (G, C, kk)
     0/-inf, m (G, C), r (G, C, Dv), assign (G, n). The gathers are (G, n, kk, D): one block's worth."""
-    gi = torch.arange(q.shape[0], device=q.device).unsqueeze(1)  # (G, 1)
-    kq = kt[gi, assign]  # (G, n, kk, D)
-    s = torch.matmul(kq, q.unsqueeze(-1)).squeeze(-1).float() * scale + tbias[gi, assign]  # (G, n, kk)
-    pr = torch.softmax(s, -1)
-    u = torch.matmul(pr.unsqueeze(2).to(vt.dtype), vt[gi, assign]).squeeze(2).float()  # (G, n, Dv)
-    return m[gi, assign].unsqueeze(-1) * u + r[gi, assign]
+    G, n = assign.shape
+    C, kk, D = kt.shape[1:]
+    Dv = vt.shape[3]
+    # index_select on (G·C) rows: its backward is an index_add, cheaper than advanced indexing's.
+    flat = (assign + torch.arange(G, device=q.device).unsqueeze(1) * C).flatten()  # (G·n)
+    kq = kt.reshape(G * C, kk, D).index_select(0, flat).view(G, n, kk, D)
+    vq = vt.reshape(G * C, kk, Dv).index_select(0, flat).view(G, n, kk, Dv)
+    tb = tbias.reshape(G * C, kk).index_select(0, flat).view(G, n, kk)
+    if q.device.type == "cpu":  # the CPU's bmm loops over its (G·n) tiny products one by one
+        s = (kq * q.unsqueeze(2)).sum(-1)
+    else:
+        s = torch.matmul(kq, q.unsqueeze(-1)).squeeze(-1)
+    s = s.float() * scale + tb  # (G, n, kk)
+    pr = torch.softmax(s, -1).to(vt.dtype)  # (G, n, kk)
+    if q.device.type == "cpu":
+        u = (pr.unsqueeze(-1) * vq).sum(2).float()
+    else:
+        u = torch.matmul(pr.unsqueeze(2), vq).squeeze(2).float()  # (G, n, Dv)
+    mq = m.reshape(G * C).index_select(0, flat).view(G, n, 1)
+    rq = r.reshape(G * C, Dv).index_select(0, flat).view(G, n, Dv)
+    return mq * u + rq
 
 
 def _lengths_list(x, B, name, limit):
@@ -502,8 +517,8 @@ def _clustered(p, q, k, v, nq, nk, step, scale):
     if kk == 0:
         vc = torch.cat([_ckpt(lambda a, b_, c, d: _centroid_block(a, b_, c, d, None, None, None, scale),
                               qc[:, j0:j0 + rows], kf, vf, kbias) for j0 in range(0, C, rows)], 1)  # (G, C, Dv)
-        gi = torch.arange(G, device=dev).unsqueeze(1)
-        o = vc[gi, assign]  # (G, N, Dv)
+        flat_c = (assign + (torch.arange(G, device=dev) * C).unsqueeze(1)).flatten()  # (G·N)
+        o = vc.reshape(G * C, Dv).index_select(0, flat_c).view(G, N, Dv)
     else:
         # T_j: the k = min(topk, valid keys) best centroid scores (constants of the backward).
         with torch.no_grad():
