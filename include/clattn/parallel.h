@@ -82,4 +82,20 @@ void parallel_for(int64_t n, F&& fn) {
   err.rethrow();
 }
 
+// The rule for kernels whose tasks are (batch, head) pairs: with fewer tasks than threads, the
+// tasks run one after another and each splits its phases over the team instead.
+inline bool split_tasks(int64_t tasks) { return max_threads() > 1 && tasks < max_threads(); }
+
+// Runs fn(i, thread) for i in [0, n): over the team when `split`, else in order on the calling
+// task's `thread`. A kernel written once this way computes the same values either way as long
+// as its items are independent and fixed in size.
+template <class F>
+void split_for(bool split, int64_t n, int thread, F&& fn) {
+  if (split) {
+    parallel_for(n, [&](int64_t i, int t) { fn(i, t); });
+  } else {
+    for (int64_t i = 0; i < n; ++i) fn(i, thread);
+  }
+}
+
 }  // namespace clattn

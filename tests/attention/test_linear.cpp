@@ -59,6 +59,21 @@ TEST(LinearGradients, FiniteDifferencesInDouble) {
   }
 }
 
+// B·H below the thread count: a head splits over the team as a prefix scan over groups of 1024
+// queries. Lengths across several groups and key blocks (5000, 9000), causal and not, N != M
+// (the causal offset moves where the groups' keys start), padding and GQA.
+TEST(Linear, HeadSplitOverThreadsEqualsOneThreadBitForBit) {
+  struct Case { int64_t H, Hkv, N, M; bool causal; std::vector<int32_t> qlen, klen; };
+  for (const Case& c : {Case{1, 1, 5000, 5000, false, {}, {}}, Case{1, 1, 5000, 5000, true, {}, {}},
+                        Case{2, 1, 3000, 9000, true, {2900}, {8000}}, Case{1, 1, 9000, 2000, true, {}, {}},
+                        Case{1, 1, 1, 3, false, {}, {}}, Case{1, 1, 65, 63, true, {}, {}}}) {
+    SCOPED_TRACE(::testing::Message() << "H=" << c.H << " N=" << c.N << " M=" << c.M << " causal=" << c.causal);
+    const Problem p{.B = 1, .H = c.H, .Hkv = c.Hkv, .N = c.N, .M = c.M, .Dk = 16, .Dv = 24,
+                    .causal = c.causal, .qlen = c.qlen, .klen = c.klen, .seed = 9};
+    testing::expect_same_bits_on_1_2_3_threads("linear", make_problem(p));
+  }
+}
+
 TEST(Linear, SpecTakesNoParameters) {
   EXPECT_THROW(make_attention("linear:scale=0.5"), Error);
   EXPECT_EQ(make_attention("linear")->name(), "linear");

@@ -76,6 +76,20 @@ TEST(TopkGradients, FiniteDifferencesInDouble) {
   }
 }
 
+// B·H below the thread count: the backward of a head splits over the team (coefficients over
+// query blocks, key-major lists, gradients over key blocks) and adds in the unsplit order.
+TEST(Topk, HeadSplitOverThreadsEqualsOneThreadBitForBit) {
+  struct Case { int64_t H, Hkv, N, M; bool causal; std::vector<int32_t> qlen, klen; };
+  for (const Case& c : {Case{1, 1, 3000, 3000, false, {}, {}}, Case{1, 1, 2500, 2500, true, {}, {}},
+                        Case{2, 1, 1000, 2100, true, {900}, {2000}}, Case{1, 1, 1, 3, false, {}, {}},
+                        Case{1, 1, 65, 63, false, {}, {40}}}) {
+    SCOPED_TRACE(::testing::Message() << "H=" << c.H << " N=" << c.N << " M=" << c.M << " causal=" << c.causal);
+    const Problem p{.B = 1, .H = c.H, .Hkv = c.Hkv, .N = c.N, .M = c.M, .Dk = 16, .Dv = 24,
+                    .causal = c.causal, .qlen = c.qlen, .klen = c.klen, .seed = 3};
+    testing::expect_same_bits_on_1_2_3_threads("topk:topk=16", make_problem(p));
+  }
+}
+
 TEST(Topk, SpecErrors) {
   EXPECT_THROW(make_attention("topk:topk=0"), Error);
   EXPECT_THROW(make_attention("topk:k=3"), Error);

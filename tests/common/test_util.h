@@ -7,9 +7,11 @@
 #include <cmath>
 #include <cstring>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "clattn/attention.h"
+#include "clattn/parallel.h"
 #include "clattn/rng.h"
 #include "clattn/tensor.h"
 
@@ -153,6 +155,29 @@ inline ProblemData make_problem(const Problem& p) {
   d.klen = p.klen;
   d.causal = p.causal;
   return d;
+}
+
+// Runs `spec` forward and backward on 1, 2 and 3 threads and expects outputs and gradients
+// equal to the single-thread ones bit for bit: for kernels that split one head's work over the
+// team (B·H below the thread count) in a partition that does not depend on the thread count.
+inline void expect_same_bits_on_1_2_3_threads(const std::string& spec, const ProblemData& pd) {
+  const int saved = max_threads();
+  const AttentionInputs in = pd.inputs();
+  std::vector<Tensor> got;
+  for (int threads : {1, 2, 3}) {
+    set_threads(threads);
+    auto att = make_attention(spec);
+    Context ctx;
+    Tensor out(Shape{in.q.shape[0], in.q.shape[1], in.q.shape[2], in.v.shape[3]});
+    Tensor dq(in.q.shape), dk(in.k.shape), dv(in.v.shape);
+    att->forward(in, out.view(), ctx);
+    att->backward(in, out.view(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+    for (Tensor* t : {&out, &dq, &dk, &dv}) got.push_back(std::move(*t));
+  }
+  set_threads(saved);
+  for (size_t x = 4; x < got.size(); ++x)
+    EXPECT_TRUE(bitwise_equal(got[x], got[x % 4]))
+        << spec << ": tensor " << x % 4 << " (o, dq, dk, dv) differs on " << x / 4 + 1 << " threads";
 }
 
 }  // namespace clattn::testing

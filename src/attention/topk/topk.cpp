@@ -43,9 +43,13 @@ struct ThreadScratch {
 struct TopkWorkspace {
   Workspace kpan;   // (B, Hkv, np, Dk, 64)
   Workspace part;   // (B, H, M, Dk + Dv) backward with GQA: per-query-head partial dK, dV
+  // Backward of a head split over the team: (2, N, k) dS·scale and P of each kept key; the kept
+  // keys as key-major lists of i·k + x (N·k), and per thread and key the list counts (T, M).
+  Workspace coef;
+  std::vector<int64_t> lists, counts, starts;  // starts (M + 1): each key's list
   std::vector<ThreadScratch> threads;
   size_t bytes() const {
-    size_t n = held_bytes(kpan, part, threads);
+    size_t n = held_bytes(kpan, part, coef, lists, counts, starts, threads);
     for (const ThreadScratch& t : threads) n += t.bytes();
     return n;
   }
@@ -58,6 +62,7 @@ size_t topk_workspace_bytes(const AttentionDims& d, int64_t k, Mode mode, int th
                   threads * (static_cast<int64_t>(sizeof(ThreadScratch)) + 4 * (kBr * d.Dk + kBr * kBc) +
                              kBr * 2 * k * static_cast<int64_t>(sizeof(Cand)) + kBr * 12 + 2 * k * 4);
   if (mode == Mode::training && d.group() > 1) bytes += 4 * BH * d.M * (d.Dk + d.Dv);
+  if (mode == Mode::training) bytes += d.N * k * (2 * 4 + 8) + 8 * (threads + 1) * (d.M + 1);
   return static_cast<size_t>(bytes);
 }
 
@@ -135,47 +140,121 @@ void attn_topk_fwd(const AttentionInputs& in, const AttentionDims& d, int64_t k,
 void attn_topk_bwd(const AttentionInputs& in, const AttentionDims& d, float scale,
                    const TopkState& st, ConstView dout, View dq, View dk, View dv,
                    TopkWorkspace& ws) {
-  const int64_t D = d.Dk, Dv = d.Dv, G = d.group(), k = st.k;
+  const int64_t D = d.Dk, Dv = d.Dv, G = d.group(), k = st.k, BH = d.B * d.H;
   ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
   // With GQA several query heads write the same key rows: each gets its own partial dK, dV.
-  float* part = G > 1 ? ws.part.floats(static_cast<size_t>(d.B * d.H * d.M * (D + Dv))) : nullptr;
-  parallel_for(d.B * d.H, [&](int64_t t, int thread) {
-    const int64_t b = t / d.H, h = t % d.H, hk = h / G, nv = valid_queries(in, d, b);
-    float* pk = part ? part + t * d.M * (D + Dv) : nullptr;  // (M, D + Dv)
-    if (pk) std::memset(pk, 0, sizeof(float) * static_cast<size_t>(d.M * (D + Dv)));
-    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
+  float* part = G > 1 ? ws.part.floats(static_cast<size_t>(BH * d.M * (D + Dv))) : nullptr;
+  // Query i of head t: adds its dq and hands each kept key x its coefficients, key(x, dS·s, P).
+  auto row = [&](int64_t t, int64_t i, ThreadScratch& sc, auto&& key) {
+    const int64_t b = t / d.H, h = t % d.H, hk = h / G;
+    const int64_t n = st.cnt[static_cast<size_t>(t * d.N + i)];
+    if (n == 0) return;
     sc.p.resize(static_cast<size_t>(2 * k));
     float* p = sc.p.data();
     float* ds = p + k;
-    for (int64_t i = 0; i < nv; ++i) {
-      const int64_t n = st.cnt[static_cast<size_t>(t * d.N + i)];
-      if (n == 0) continue;
-      const int32_t* idx = st.idx.data() + (t * d.N + i) * k;
-      const float* q = in.q.ptr(b, h, i);
-      const float* g = dout.ptr(b, h, i);
-      // P = softmax over the kept keys of s q·k, normalised again here rather than through the
-      // saved log-sum-exp: with large logits the softmax saturates and exp(s − lse) drifts from
-      // a sum of 1 by the lse's rounding, which dS = P ∘ (dP − Σ P dP) then amplifies.
-      // dP = dO·v ; dS = P ∘ (dP − Σ P dP) · s
-      float mx = -kInf;
-      for (int64_t x = 0; x < n; ++x) mx = std::max(mx, p[x] = scale * simd::dot(q, in.k.ptr(b, hk, idx[x]), D));
-      double sum = 0;
-      for (int64_t x = 0; x < n; ++x) sum += p[x] = std::exp(p[x] - mx);
-      float di = 0.f;
-      for (int64_t x = 0; x < n; ++x) {
-        p[x] = static_cast<float>(p[x] / sum);
-        ds[x] = simd::dot(g, in.v.ptr(b, hk, idx[x]), Dv);
-        di += p[x] * ds[x];
-      }
-      float* gq = dq.ptr(b, h, i);
-      for (int64_t x = 0; x < n; ++x) {
-        const float sx = p[x] * (ds[x] - di) * scale;
-        simd::axpy_row(gq, in.k.ptr(b, hk, idx[x]), D, sx);
-        simd::axpy_row(pk ? pk + idx[x] * (D + Dv) : dk.ptr(b, hk, idx[x]), q, D, sx);
-        simd::axpy_row(pk ? pk + idx[x] * (D + Dv) + D : dv.ptr(b, hk, idx[x]), g, Dv, p[x]);
-      }
+    const int32_t* idx = st.idx.data() + (t * d.N + i) * k;
+    const float* q = in.q.ptr(b, h, i);
+    const float* g = dout.ptr(b, h, i);
+    // P = softmax over the kept keys of s q·k, normalised again here rather than through the
+    // saved log-sum-exp: with large logits the softmax saturates and exp(s − lse) drifts from
+    // a sum of 1 by the lse's rounding, which dS = P ∘ (dP − Σ P dP) then amplifies.
+    // dP = dO·v ; dS = P ∘ (dP − Σ P dP) · s
+    float mx = -kInf;
+    for (int64_t x = 0; x < n; ++x) mx = std::max(mx, p[x] = scale * simd::dot(q, in.k.ptr(b, hk, idx[x]), D));
+    double sum = 0;
+    for (int64_t x = 0; x < n; ++x) sum += p[x] = std::exp(p[x] - mx);
+    float di = 0.f;
+    for (int64_t x = 0; x < n; ++x) {
+      p[x] = static_cast<float>(p[x] / sum);
+      ds[x] = simd::dot(g, in.v.ptr(b, hk, idx[x]), Dv);
+      di += p[x] * ds[x];
     }
-  });
+    float* gq = dq.ptr(b, h, i);
+    for (int64_t x = 0; x < n; ++x) {
+      const float sx = p[x] * (ds[x] - di) * scale;
+      simd::axpy_row(gq, in.k.ptr(b, hk, idx[x]), D, sx);
+      key(x, sx, p[x]);
+    }
+  };
+  auto key_grads = [&](int64_t t, int64_t j) {  // dK row, dV row of key j of head t
+    const int64_t b = t / d.H, hk = t % d.H / G;
+    float* pk = part ? part + (t * d.M + j) * (D + Dv) : nullptr;
+    return std::pair<float*, float*>{pk ? pk : dk.ptr(b, hk, j), pk ? pk + D : dv.ptr(b, hk, j)};
+  };
+  if (!split_tasks(BH)) {
+    parallel_for(BH, [&](int64_t t, int thread) {
+      const int64_t b = t / d.H, h = t % d.H, nv = valid_queries(in, d, b);
+      if (part) std::memset(part + t * d.M * (D + Dv), 0, sizeof(float) * static_cast<size_t>(d.M * (D + Dv)));
+      ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
+      for (int64_t i = 0; i < nv; ++i) {
+        const int32_t* idx = st.idx.data() + (t * d.N + i) * k;
+        row(t, i, sc, [&](int64_t x, float sx, float px) {
+          const auto [gk, gv] = key_grads(t, idx[x]);
+          simd::axpy_row(gk, in.q.ptr(b, h, i), D, sx);
+          simd::axpy_row(gv, dout.ptr(b, h, i), Dv, px);
+        });
+      }
+    });
+  } else {
+    // One head at a time, split: the rows' coefficients over query blocks, then each key's
+    // contributions gathered over key blocks from key-major lists in query order: the additions
+    // the unsplit scatter makes, in its order.
+    const int T = max_threads();
+    constexpr int64_t kRows = 1024;
+    for (int64_t t = 0; t < BH; ++t) {
+      const int64_t b = t / d.H, h = t % d.H, nv = valid_queries(in, d, b), M = d.M;
+      if (part) std::memset(part + t * M * (D + Dv), 0, sizeof(float) * static_cast<size_t>(M * (D + Dv)));
+      float* coef = ws.coef.floats(static_cast<size_t>(std::max<int64_t>(1, 2 * nv * k)));  // (2, nv, k)
+      const int32_t* idx = st.idx.data() + t * d.N * k;                                   // (nv, k)
+      const int32_t* cnt = st.cnt.data() + t * d.N;                                       // (nv)
+      parallel_for((nv + kRows - 1) / kRows, [&](int64_t x, int thread) {
+        for (int64_t i = x * kRows; i < std::min(nv, (x + 1) * kRows); ++i)
+          row(t, i, ws.threads[static_cast<size_t>(thread)], [&](int64_t y, float sx, float px) {
+            coef[i * k + y] = sx;
+            coef[(nv + i) * k + y] = px;
+          });
+      });
+      // Counting sort of (i, x) by key: counts per (thread's row range, key), offsets in (key,
+      // range) order, then each range fills its slots in row order.
+      ws.counts.assign(static_cast<size_t>(T * (M + 1)), 0);
+      int64_t* counts = ws.counts.data();  // (T, M + 1)
+      auto rows_of = [&](int64_t x) { return std::pair<int64_t, int64_t>{x * nv / T, (x + 1) * nv / T}; };
+      parallel_for(T, [&](int64_t x) {
+        const auto [i0, i1] = rows_of(x);
+        for (int64_t i = i0; i < i1; ++i)
+          for (int64_t y = 0; y < cnt[i]; ++y) ++counts[x * (M + 1) + idx[i * k + y]];
+      });
+      ws.starts.resize(static_cast<size_t>(M + 1));
+      int64_t* start = ws.starts.data();
+      int64_t total = 0;
+      for (int64_t j = 0; j < M; ++j) {
+        start[j] = total;
+        for (int64_t x = 0; x < T; ++x) {
+          const int64_t c = counts[x * (M + 1) + j];
+          counts[x * (M + 1) + j] = total;
+          total += c;
+        }
+      }
+      start[M] = total;
+      ws.lists.resize(static_cast<size_t>(std::max<int64_t>(1, total)));
+      int64_t* lists = ws.lists.data();
+      parallel_for(T, [&](int64_t x) {
+        const auto [i0, i1] = rows_of(x);
+        for (int64_t i = i0; i < i1; ++i)
+          for (int64_t y = 0; y < cnt[i]; ++y) lists[counts[x * (M + 1) + idx[i * k + y]]++] = i * k + y;
+      });
+      parallel_for((M + kRows - 1) / kRows, [&](int64_t x) {
+        for (int64_t j = x * kRows; j < std::min(M, (x + 1) * kRows); ++j) {
+          const auto [gk, gv] = key_grads(t, j);
+          for (int64_t e = start[j]; e < start[j + 1]; ++e) {
+            const int64_t i = lists[e] / k;
+            simd::axpy_row(gk, in.q.ptr(b, h, i), D, coef[lists[e]]);
+            simd::axpy_row(gv, dout.ptr(b, h, i), Dv, coef[nv * k + lists[e]]);
+          }
+        }
+      });
+    }
+  }
   if (part) reduce_group_partials(in, d, part, d.M, D + Dv, D, dk, dv);
 }
 
