@@ -231,6 +231,22 @@ TEST(Routing, CausalUsesTheNearestEmaCentroids) {
   EXPECT_GT(nmse(before.view(), state.find("centroids")->view()), 0.0);
 }
 
+// B·H below the thread count: a head's clusters split over the team, members' outputs and
+// gradients and window keys' gradients added into their rows in the unsplit order afterwards.
+// Windows overlap (a key in several windows, a query in several clusters), padding, GQA, N != M.
+TEST(Routing, HeadSplitOverThreadsEqualsOneThreadBitForBit) {
+  struct Case { int64_t H, Hkv, N, M; std::vector<int32_t> qlen, klen; const char* spec; };
+  for (const Case& c : {Case{1, 1, 2000, 2000, {}, {}, "routing:clusters=8"},
+                        Case{2, 1, 700, 1500, {650}, {1400}, "routing:clusters=5,window=300"},
+                        Case{1, 1, 1, 3, {}, {}, "routing:clusters=2"},
+                        Case{1, 1, 65, 63, {}, {40}, "routing:clusters=4,window=20"}}) {
+    SCOPED_TRACE(::testing::Message() << c.spec << " H=" << c.H << " N=" << c.N << " M=" << c.M);
+    const Problem p{.B = 1, .H = c.H, .Hkv = c.Hkv, .N = c.N, .M = c.M, .Dk = 16, .Dv = 24,
+                    .qlen = c.qlen, .klen = c.klen, .seed = 4};
+    testing::expect_same_bits_on_1_2_3_threads(c.spec, make_problem(p));
+  }
+}
+
 TEST(Routing, SpecErrors) {
   EXPECT_THROW(make_attention("routing"), Error);
   EXPECT_THROW(make_attention("routing:clusters=0"), Error);

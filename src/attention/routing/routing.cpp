@@ -121,9 +121,14 @@ struct ThreadScratch {
 struct RoutingWorkspace {
   Workspace part;  // (B, H, M, Dkp + Dvp) backward with GQA
   Workspace ema_sum;  // (B, H, C, D + 1) EMA training calls: sums and counts for the EMA update
+  // A head split over the team (fewer heads than threads): per member slot its weighted output,
+  // or in the backward its dq row (members, Dkp) and per window slot its dK, dV rows
+  // (C·wk, Dkp + Dvp); offsets and lists of gather::by_row.
+  Workspace slots, wslots;
+  std::vector<int64_t> off, list;
   std::vector<ThreadScratch> threads;
   size_t bytes() const {
-    size_t n = held_bytes(part, ema_sum, threads);
+    size_t n = held_bytes(part, ema_sum, slots, wslots, off, list, threads);
     for (const ThreadScratch& t : threads) n += t.bytes();
     return n;
   }
@@ -306,7 +311,11 @@ void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const R
   float* ema_sum = p.train && update ? ws.ema_sum.floats(static_cast<size_t>(BH * C * (d.Dk + 1))) : nullptr;
   const Rng rng(p.seed);
 
-  parallel_for(BH, [&](int64_t t, int thread) {
+  // With fewer heads than threads a head's clusters split over the team (split_tasks): the
+  // selection before them is serial, and each member's weighted output goes to its slot, added
+  // into its query's row in slot order afterwards (the unsplit order).
+  const bool split = split_tasks(BH);
+  auto head = [&](int64_t t, int thread) {
     const int64_t b = t / d.H, h = t % d.H, hk = h / d.group();
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
     ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
@@ -427,12 +436,12 @@ void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const R
       }
     // Attention inside each cluster; member outputs are added with their weights.
     const int64_t kw = round_up(std::max<int64_t>(wk, 1), mk::kLanes);
-    float* kt = sc.kt.floats(static_cast<size_t>(dm.Dkp * kw));  // (D, kw) window keys transposed
-    float* vr = sc.vr.floats(static_cast<size_t>(kw * dm.Dvp));  // (wk, Dvp) window values
-    float* o = sc.o.floats(static_cast<size_t>(kRows * dm.Dvp));
     float* ob = out.ptr(b, h, 0);
     const int64_t ors = out.stride(2);
-    for (int64_t k = 0; k < C; ++k) {
+    auto attend = [&](int64_t k, ThreadScratch& tc, auto&& emit) {  // emit(member slot, output row)
+      float* kt = tc.kt.floats(static_cast<size_t>(dm.Dkp * kw));  // (D, kw) window keys transposed
+      float* vr = tc.vr.floats(static_cast<size_t>(kw * dm.Dvp));  // (wk, Dvp) window values
+      float* o = tc.o.floats(static_cast<size_t>(kRows * dm.Dvp));
       Block blk2;
       blk2.kj = keys + k * st.wk;
       blk2.nk = wk;
@@ -443,18 +452,37 @@ void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const R
       for (int64_t m0 = moff[k]; m0 < moff[k + 1]; m0 += kRows) {
         blk2.qi = mem + m0;
         blk2.rows = std::min<int64_t>(kRows, moff[k + 1] - m0);
-        build_block(in, b, h, dm, c, kt, blk2, sc);
+        build_block(in, b, h, dm, c, kt, blk2, tc);
         std::memset(o, 0, sizeof(float) * static_cast<size_t>(blk2.rows * dm.Dvp));
         for (int64_t r = 0; r < blk2.rows; ++r) {
           const float l2 = tile::softmax_row(blk2.s + r * kw, kw);
           lse2[m0 + r] = l2 == -kInf ? kInf : l2;  // nothing visible in this cluster: P = 0 in backward
         }
         mk::gemm_ab(blk2.rows, dm.Dvp, blk2.nk, blk2.s, kw, 1, vr, dm.Dvp, o, dm.Dvp, nullptr);
-        for (int64_t r = 0; r < blk2.rows; ++r)
-          simd::axpy_row(ob + blk2.qi[r] * ors, o + r * dm.Dvp, dm.Dv, wgt[m0 + r]);
+        for (int64_t r = 0; r < blk2.rows; ++r) emit(m0 + r, o + r * dm.Dvp);
       }
+    };
+    if (!split) {
+      for (int64_t k = 0; k < C; ++k)
+        attend(k, sc, [&](int64_t m, const float* row) { simd::axpy_row(ob + mem[m] * ors, row, dm.Dv, wgt[m]); });
+      return;
     }
-  });
+    float* mo = ws.slots.floats(static_cast<size_t>(std::max(1, moff[C]) * dm.Dvp));  // (members, Dvp)
+    parallel_for(C, [&](int64_t k, int th) {
+      attend(k, ws.threads[static_cast<size_t>(th)], [&](int64_t m, const float* row) {
+        std::memcpy(mo + m * dm.Dvp, row, sizeof(float) * static_cast<size_t>(dm.Dv));
+      });
+    });
+    gather::by_row(
+        moff[C], nv, [&](int64_t m) { return mem[m]; },
+        [&](int64_t i, int64_t m) { simd::axpy_row(ob + i * ors, mo + m * dm.Dvp, dm.Dv, wgt[m]); }, ws.off,
+        ws.list);
+  };
+  if (split) {
+    for (int64_t t = 0; t < BH; ++t) head(t, 0);
+  } else {
+    parallel_for(BH, [&](int64_t t, int thread) { head(t, thread); });
+  }
   if (ema_sum) ema_update(ema, ema_sum, d, p);
 }
 
@@ -467,7 +495,10 @@ void attn_routing_bwd(const AttentionInputs& in, const AttentionDims& d, const R
   const float c = scale * kLog2e;
   ws.threads.resize(std::max(ws.threads.size(), static_cast<size_t>(max_threads())));
   float* part = G > 1 ? ws.part.floats(static_cast<size_t>(BH * d.M * (dm.Dkp + dm.Dvp))) : nullptr;
-  parallel_for(BH, [&](int64_t t, int thread) {
+  // A split head (as in the forward): clusters over the team, each member's dq row and each
+  // window slot's dK, dV rows to their slots, added into their rows in slot order afterwards.
+  const bool split = split_tasks(BH);
+  auto head = [&](int64_t t, int thread) {
     const int64_t b = t / d.H, h = t % d.H, hk = h / G;
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
     float* pk = part ? part + t * d.M * (dm.Dkp + dm.Dvp) : nullptr;
@@ -475,15 +506,15 @@ void attn_routing_bwd(const AttentionInputs& in, const AttentionDims& d, const R
     auto gk = [&](int64_t j) { return pk ? pk + j * (dm.Dkp + dm.Dvp) : dk.ptr(b, hk, j); };
     auto gv = [&](int64_t j) { return pk ? pk + j * (dm.Dkp + dm.Dvp) + dm.Dkp : dv.ptr(b, hk, j); };
     if (nv == 0 || mv == 0) return;
-    ThreadScratch& sc = ws.threads[static_cast<size_t>(thread)];
     const int32_t* moff = st.mem_off.data() + t * (C + 1);
     const int32_t* mem = st.mem.data() + t * st.cap;
     const float* wgt = st.weight.data() + t * st.cap;
     const float* lse2 = st.lse2.data() + t * st.cap;
-    float* go = sc.go.floats(static_cast<size_t>(kRows * dm.Dvp));
     const float* kb = in.k.ptr(b, hk, 0);
     const int64_t krs = in.k.stride(2);
-    for (int64_t k = 0; k < C; ++k) {
+    // emit_q(member slot, dq row); emit_k(window slot x, dK row, dV row).
+    auto cluster = [&](int64_t k, ThreadScratch& sc, auto&& emit_q, auto&& emit_k) {
+      float* go = sc.go.floats(static_cast<size_t>(kRows * dm.Dvp));
       Block blk;
       blk.kj = st.keys.data() + (t * C + k) * st.wk;
       blk.nk = st.nkeys[static_cast<size_t>(t * C + k)];
@@ -525,14 +556,57 @@ void attn_routing_bwd(const AttentionInputs& in, const AttentionDims& d, const R
         mk::gemm_ab(blk.rows, dm.Dkp, blk.nk, dp, kw, 1, kr, dm.Dkp, dqc, dm.Dkp, nullptr);
         mk::gemm_ab(blk.nk, dm.Dkp, blk.rows, dp, 1, kw, blk.qs, dm.Dkp, dkc, dm.Dkp, nullptr);
         mk::gemm_ab(blk.nk, dm.Dvp, blk.rows, blk.s, 1, kw, go, dm.Dvp, dvc, dm.Dvp, nullptr);
-        for (int64_t r = 0; r < blk.rows; ++r) simd::axpy_row(dq.ptr(b, h, blk.qi[r]), dqc + r * dm.Dkp, dm.D);
+        for (int64_t r = 0; r < blk.rows; ++r) emit_q(m0 + r, dqc + r * dm.Dkp);
       }
-      for (int64_t x = 0; x < blk.nk; ++x) {
-        simd::axpy_row(gk(blk.kj[x]), dkc + x * dm.Dkp, dm.D, 1.f / c);
-        simd::axpy_row(gv(blk.kj[x]), dvc + x * dm.Dvp, dm.Dv);
-      }
+      for (int64_t x = 0; x < blk.nk; ++x) emit_k(x, dkc + x * dm.Dkp, dvc + x * dm.Dvp);
+    };
+    if (!split) {
+      for (int64_t k = 0; k < C; ++k)
+        cluster(
+            k, ws.threads[static_cast<size_t>(thread)],
+            [&](int64_t m, const float* row) { simd::axpy_row(dq.ptr(b, h, mem[m]), row, dm.D); },
+            [&](int64_t x, const float* kr, const float* vr) {
+              const int32_t j = st.keys[static_cast<size_t>((t * C + k) * st.wk + x)];
+              simd::axpy_row(gk(j), kr, dm.D, 1.f / c);
+              simd::axpy_row(gv(j), vr, dm.Dv);
+            });
+      return;
     }
-  });
+    const int64_t W = st.wk, KV = dm.Dkp + dm.Dvp;
+    float* qsl = ws.slots.floats(static_cast<size_t>(std::max(1, moff[C]) * dm.Dkp));  // (members, Dkp)
+    float* wsl = ws.wslots.floats(static_cast<size_t>(C * W * KV));                    // (C, wk, Dkp + Dvp)
+    parallel_for(C, [&](int64_t k, int th) {
+      cluster(
+          k, ws.threads[static_cast<size_t>(th)],
+          [&](int64_t m, const float* row) {
+            std::memcpy(qsl + m * dm.Dkp, row, sizeof(float) * static_cast<size_t>(dm.D));
+          },
+          [&](int64_t x, const float* kr, const float* vr) {
+            float* w = wsl + (k * W + x) * KV;
+            std::memcpy(w, kr, sizeof(float) * static_cast<size_t>(dm.D));
+            std::memcpy(w + dm.Dkp, vr, sizeof(float) * static_cast<size_t>(dm.Dv));
+          });
+    });
+    gather::by_row(
+        moff[C], nv, [&](int64_t m) { return mem[m]; },
+        [&](int64_t i, int64_t m) { simd::axpy_row(dq.ptr(b, h, i), qsl + m * dm.Dkp, dm.D); }, ws.off, ws.list);
+    // Window slots in (cluster, slot) order; a cluster's unused slots (x >= nkeys) belong to no key.
+    const int32_t* keys = st.keys.data() + t * C * W;
+    const int32_t* nkeys = st.nkeys.data() + t * C;
+    gather::by_row(
+        C * W, mv + 1, [&](int64_t e) { return e % W < nkeys[e / W] ? keys[e] : mv; },
+        [&](int64_t j, int64_t e) {
+          if (j == mv) return;
+          simd::axpy_row(gk(j), wsl + e * KV, dm.D, 1.f / c);
+          simd::axpy_row(gv(j), wsl + e * KV + dm.Dkp, dm.Dv);
+        },
+        ws.off, ws.list);
+  };
+  if (split) {
+    for (int64_t t = 0; t < BH; ++t) head(t, 0);
+  } else {
+    parallel_for(BH, [&](int64_t t, int thread) { head(t, thread); });
+  }
   if (part) reduce_group_partials(in, d, part, d.M, dm.Dkp + dm.Dvp, dm.Dkp, dk, dv);
 }
 
@@ -731,6 +805,10 @@ size_t routing_workspace_bytes(const AttentionDims& d, const RoutingParams& p, M
     per += f * (kRows * Dvp + kw * Dkp + Dvp * kw + kw * Dkp + kw * Dvp + kRows * kw + kRows * Dkp);
     if (d.group() > 1) shared += f * BH * M * (Dkp + Dvp);
   }
+  // A head split over the team: member slots' outputs (or dq rows) and, in training, the window
+  // slots' dK, dV rows; gather::by_row's offsets and lists.
+  shared += f * cap * std::max(Dkp, Dvp) + 8 * (std::max(N, C * wk) + 2 + std::max(cap, C * wk));
+  if (mode == Mode::training) shared += f * C * wk * (Dkp + Dvp);
   const int64_t state = BH * (C * wk * 4 + C * 4 + (C + 1) * 4 + cap * 12 + C * d.Dk * f);
   return static_cast<size_t>(threads * (per + static_cast<int64_t>(sizeof(ThreadScratch))) + shared + state);
 }

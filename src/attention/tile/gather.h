@@ -4,8 +4,12 @@
 // keeps several rows in flight), and callers prefetch the next block's rows while they compute.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
+
+#include "clattn/parallel.h"
 
 #include "core/microkernel.h"
 #include "core/simd.h"
@@ -95,6 +99,26 @@ inline void prefetch_l2(const float* base, int64_t rs, const int32_t* idx, int64
 inline void prefetch(const float* base, int64_t rs, const int32_t* idx, int64_t n, int64_t cols,
                      bool for_write = false) {
   for (int64_t x = 0; x < n; ++x) simd::prefetch_row(base + idx[x] * rs, cols, for_write);
+}
+
+// Entries e in [0, n) each belong to one row, row(e) in [0, rows). Calls add(r, e) for every
+// entry of every row, a row's entries in increasing e, rows in blocks over the team: what one
+// loop over e adding into its row does, in the same order per row, without two threads writing
+// one row. off (rows + 2) and list (n) are the caller's reusable buffers.
+template <class Row, class Add>
+void by_row(int64_t n, int64_t rows, Row&& row, Add&& add, std::vector<int64_t>& off, std::vector<int64_t>& list) {
+  off.assign(static_cast<size_t>(rows + 2), 0);
+  for (int64_t e = 0; e < n; ++e) ++off[static_cast<size_t>(row(e) + 2)];
+  for (int64_t r = 0; r < rows; ++r) off[static_cast<size_t>(r + 2)] += off[static_cast<size_t>(r + 1)];
+  list.resize(static_cast<size_t>(std::max<int64_t>(n, 1)));
+  for (int64_t e = 0; e < n; ++e) list[static_cast<size_t>(off[static_cast<size_t>(row(e) + 1)]++)] = e;
+  // off[r] .. off[r + 1] now bound row r's entries
+  constexpr int64_t kRowBlock = 512;
+  parallel_for((rows + kRowBlock - 1) / kRowBlock, [&](int64_t x) {
+    for (int64_t r = x * kRowBlock; r < std::min(rows, (x + 1) * kRowBlock); ++r)
+      for (int64_t i = off[static_cast<size_t>(r)]; i < off[static_cast<size_t>(r + 1)]; ++i)
+        add(r, list[static_cast<size_t>(i)]);
+  });
 }
 
 }  // namespace clattn::gather
