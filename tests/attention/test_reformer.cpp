@@ -117,6 +117,42 @@ const ReformerState& run_two_rounds(const ProblemData& pd, int64_t chunk, Contex
 
 // The hash follows docs/design.md: per round the argmax over [x·R, −x·R] of the unit query (factorised above
 // 128 buckets), and positions are sorted by (bucket, position).
+// B·H below the thread count: hashing over row blocks and each round's chunks in spans over
+// the team. The forward is bitwise the chain's; the backward adds a span's key-role gradients
+// for the chunk before it in a second flush, so it may differ in float summation order only.
+TEST(Reformer, HeadSplitOverThreadsMatchesOneThread) {
+  struct Case { int64_t N; bool causal; std::vector<int32_t> qlen; const char* spec; };
+  for (const Case& c : {Case{3000, false, {}, "reformer:rounds=2,chunk=32"},
+                        Case{3000, true, {2900}, "reformer:rounds=2,chunk=32"},
+                        Case{700, false, {650}, "reformer:rounds=1,chunk=64"},
+                        Case{40, false, {}, "reformer:rounds=1,chunk=32"}, Case{1, false, {}, "reformer"}}) {
+    SCOPED_TRACE(::testing::Message() << c.spec << " N=" << c.N << " causal=" << c.causal);
+    Problem p{.B = 1, .H = 1, .Hkv = 1, .N = c.N, .M = c.N, .Dk = 16, .Dv = 24, .causal = c.causal,
+              .qlen = c.qlen, .klen = c.qlen, .seed = 6};
+    ProblemData pd = shared(p);
+    const int saved = max_threads();
+    std::vector<Tensor> got;
+    for (int threads : {1, 2, 3}) {
+      set_threads(threads);
+      auto att = make_attention(c.spec);
+      Context ctx;
+      Tensor out(Shape{1, 1, c.N, 24}), dq(pd.q.shape()), dk(pd.q.shape()), dv(pd.v.shape());
+      att->forward(pd.inputs(), out.view(), ctx);
+      att->backward(pd.inputs(), out.view(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view());
+      for (Tensor* t : {&out, &dq, &dv}) got.push_back(std::move(*t));
+    }
+    set_threads(saved);
+    for (size_t x = 3; x < got.size(); ++x) {
+      if (x % 3 == 0) {
+        EXPECT_TRUE(testing::bitwise_equal(got[x], got[0])) << "forward differs on " << x / 3 + 1 << " threads";
+      } else {
+        EXPECT_LE(testing::nmse(got[x % 3].view(), got[x].view()), 1e-10)
+            << (x % 3 == 1 ? "dq" : "dv") << " on " << x / 3 + 1 << " threads";
+      }
+    }
+  }
+}
+
 TEST(Reformer, PermSortsByReferenceBuckets) {
   for (auto [n, chunk] : {std::pair<int32_t, int64_t>{200, 8}, {1000, 4}, {3, 32}, {65, 16}}) {
     Problem p{.B = 1, .H = 2, .Hkv = 2, .N = n, .M = n, .Dk = 16, .Dv = 4, .qlen = {n}, .klen = {(n + 1) / 2}};

@@ -73,22 +73,28 @@ struct ThreadScratch {
   std::vector<int32_t> bucket;  // (2, R, N) this head's buckets and the next one's
   std::vector<int32_t> offsets;
   std::vector<int32_t> sorted;  // (N) causal: the (bucket, position) order before padding
+  std::vector<char> has_borrowed;  // split backward: which spans borrowed a chunk
   Slot slots[3];
   Workspace proj, slot_mem, s, o, go, dp;
-  size_t bytes() const { return held_bytes(bucket, offsets, sorted, proj, slot_mem, s, o, go, dp); }
+  size_t bytes() const { return held_bytes(bucket, offsets, sorted, has_borrowed, proj, slot_mem, s, o, go, dp); }
 };
 
 }  // namespace
 
 struct ReformerWorkspace {
   std::vector<ThreadScratch> threads;
+  // Backward of a head split over the team: per span of chunks, the slot of the chunk before
+  // its first one (the span adds that chunk's key-role gradients; they are flushed after all
+  // spans), and the slots' floats.
+  std::vector<Slot> borrowed;
+  Workspace borrowed_mem;
 
   void ensure_threads() {
     if (threads.size() < static_cast<size_t>(max_threads()))
       threads.resize(static_cast<size_t>(max_threads()));
   }
   size_t bytes() const {
-    size_t n = held_bytes(threads);
+    size_t n = held_bytes(threads, borrowed, borrowed_mem);
     for (const ThreadScratch& t : threads) n += t.bytes();
     return n;
   }
@@ -182,12 +188,17 @@ struct Dims {
   int64_t N, D, Dv, Dkp, Dvp;
 };
 
-// Carves the three slots out of one allocation (sized for the widest chunk).
-void carve_slots(ThreadScratch& sc, const Dims& dm, bool backward) {
+// Floats of one slot (sized for the widest chunk).
+int64_t slot_floats(const Dims& dm, bool backward) {
   const int64_t W = kMaxChunk;
-  const int64_t per = dm.Dkp * W + W * dm.Dvp + (backward ? 3 * W * dm.Dkp + dm.Dvp * W + W * dm.Dvp : 0);
-  float* m = sc.slot_mem.floats(static_cast<size_t>(3 * per));
-  for (Slot& sl : sc.slots) {
+  return dm.Dkp * W + W * dm.Dvp + (backward ? 3 * W * dm.Dkp + dm.Dvp * W + W * dm.Dvp : 0);
+}
+
+// Carves n slots out of m (n · slot_floats floats).
+void carve(Slot* slots, int64_t n, float* m, const Dims& dm, bool backward) {
+  const int64_t W = kMaxChunk;
+  for (int64_t x = 0; x < n; ++x) {
+    Slot& sl = slots[x];
     sl.kt = m, m += dm.Dkp * W;
     sl.vr = m, m += W * dm.Dvp;
     if (!backward) continue;
@@ -197,6 +208,11 @@ void carve_slots(ThreadScratch& sc, const Dims& dm, bool backward) {
     sl.gk = m, m += W * dm.Dkp;
     sl.gv = m, m += W * dm.Dvp;
   }
+}
+
+// Carves a thread's three slots out of its one allocation.
+void carve_slots(ThreadScratch& sc, const Dims& dm, bool backward) {
+  carve(sc.slots, 3, sc.slot_mem.floats(static_cast<size_t>(3 * slot_floats(dm, backward))), dm, backward);
 }
 
 // Gathers chunk c of perm into sl: norms, unit keys (transposed, and as rows for backward),
@@ -348,6 +364,102 @@ float rotation(const ReformerParams& p, uint64_t step, int64_t D, int64_t nrot, 
   return Rng(p.seed).normal(step, static_cast<uint64_t>((r * D + e) * nrot + u));
 }
 
+// Chunk `cur` of round r attends [cur | prev]; its rows' outputs are blended into ob (row
+// stride ors) with the running log2-sum-exp2 L of the rounds.
+void fwd_chunk(const Slot& cur, const Slot* prev, const Dims& dm, int64_t mv, int64_t nv, bool causal,
+               int64_t r, float* s, float* o, float* ob, int64_t ors, float* L, const gather::Ahead& ahead) {
+  float self_s[kMaxChunk];
+  bool self[kMaxChunk];
+  const int64_t kw = chunk_scores(cur, prev, dm, mv, causal, s, self_s, self);
+  std::memset(o, 0, sizeof(float) * static_cast<size_t>(cur.n * dm.Dvp));
+  float lse_r[kMaxChunk];
+  float ps[kMaxChunk];
+  for (int64_t q = 0; q < cur.n; ++q) lse_r[q] = tile::softmax_row_extra(s + q * kw, kw, self_s[q], ps[q]);
+  mk::gemm_ab(cur.n, dm.Dvp, cur.n, s, kw, 1, cur.vr, dm.Dvp, o, dm.Dvp, nullptr);
+  if (prev) mk::gemm_ab(cur.n, dm.Dvp, prev->n, s + cur.w, kw, 1, prev->vr, dm.Dvp, o, dm.Dvp, nullptr);
+  for (int64_t q = 0; q < cur.n; ++q) {
+    if (self[q] && ps[q] > 0.f) simd::axpy_row(o + q * dm.Dvp, cur.vr + q * dm.Dvp, dm.Dv, ps[q]);
+    if (r > 0) gather::prefetch_one(ob, ors, ahead, q, dm.Dv, true);  // round 0 only writes
+    const int64_t i = cur.idx[q];
+    if (i < nv) tile::blend_round(ob + i * ors, o + q * dm.Dvp, dm.Dv, L[i], lse_r[q], r == 0);
+  }
+}
+
+// Backward of chunk `cur` of a round against [cur | prev]: accumulates into cur.gq, cur.gk,
+// cur.gv and prev->gk, prev->gv (flushed into dq, dv once a chunk has served both roles).
+// lse2 (N) the all-round log2-sum-exp2, di (N) D_i = dO_i·O_i; s, dp (64, 128), go (64, Dvp).
+void bwd_chunk(Slot& cur, Slot* prev, const Dims& dm, int64_t mv, int64_t nv, bool causal, const float* lse2,
+               const float* di, const float* vb, int64_t vrs, const float* gb, int64_t grs, const float* dqb,
+               int64_t dqrs, const float* dvb, int64_t dvrs, float* s, float* dp, float* go,
+               const gather::Ahead& ahead) {
+  float self_s[kMaxChunk], ps[kMaxChunk], nrm_dss[kMaxChunk];
+  bool self[kMaxChunk];
+  const int64_t kw = chunk_scores(cur, prev, dm, mv, causal, s, self_s, self);
+  for (int64_t q = 0; q < cur.n; ++q) {
+    const int64_t i = cur.idx[q];
+    gather::prefetch_one(gb, grs, ahead, q, dm.Dv);
+    gather::prefetch_one(dqb, dqrs, ahead, q, dm.D, true);
+    gather::prefetch_one(dvb, dvrs, ahead, q, dm.Dv, true);
+    if (i < nv) {
+      gather::rows(gb, grs, cur.idx + q, 1, dm.Dv, go + q * dm.Dvp, dm.Dvp, 1);
+      tile::exp2_row(s + q * kw, kw, lse2[i]);  // P against the all-round log-sum-exp
+      ps[q] = std::exp2(self_s[q] - lse2[i]);
+    } else {  // padded query: no output, no gradient through its query role
+      std::memset(go + q * dm.Dvp, 0, sizeof(float) * static_cast<size_t>(dm.Dvp));
+      std::fill(s + q * kw, s + (q + 1) * kw, 0.f);
+      ps[q] = 0.f;
+    }
+  }
+  // dP = dO·Vᵀ over [cur | prev]
+  std::memset(dp, 0, sizeof(float) * static_cast<size_t>(cur.n * kw));
+  mk::gemm_ab(cur.n, cur.w, dm.Dv, go, dm.Dvp, 1, cur.vt, cur.w, dp, kw, nullptr);
+  if (prev) mk::gemm_ab(cur.n, prev->w, dm.Dv, go, dm.Dvp, 1, prev->vt, prev->w, dp + cur.w, kw, nullptr);
+  for (int64_t q = 0; q < cur.n; ++q) {
+    const int64_t i = cur.idx[q];
+    const float* prow = s + q * kw;
+    float* drow = dp + q * kw;
+    const float dd = i < nv ? di[i] : 0.f;
+    for (int64_t x = 0; x < kw; ++x) drow[x] = prow[x] * (drow[x] - dd);
+    nrm_dss[q] = 0.f;
+    if (self[q] && ps[q] > 0.f) {  // the self-key fallback: s_ii = q_i · k̂_i
+      const float dss = ps[q] * (simd::dot(go + q * dm.Dvp, vb + i * vrs, dm.Dv) - dd);
+      simd::axpy_row(cur.gq + q * dm.Dkp, cur.kr + q * dm.Dkp, dm.D, dss);
+      nrm_dss[q] = dss * cur.nrm[q];
+      simd::axpy_row(cur.gv + q * dm.Dvp, go + q * dm.Dvp, dm.Dv, ps[q]);
+    }
+  }
+  // natural logits s_ij = q_i·k̂_j: ∂q_i (query role) += dS·K̂ ; ∂k̂_j += dSᵀ·q_i, q_i = |q_i| k̂_i ;
+  // ∂v_j += Pᵀ·dO
+  mk::gemm_ab(cur.n, dm.Dkp, cur.n, dp, kw, 1, cur.kr, dm.Dkp, cur.gq, dm.Dkp, nullptr);
+  if (prev) mk::gemm_ab(cur.n, dm.Dkp, prev->n, dp + cur.w, kw, 1, prev->kr, dm.Dkp, cur.gq, dm.Dkp, nullptr);
+  for (int64_t q = 0; q < cur.n; ++q) {
+    float* drow = dp + q * kw;
+    for (int64_t x = 0; x < kw; ++x) drow[x] *= cur.nrm[q];
+    simd::axpy_row(cur.gk + q * dm.Dkp, cur.kr + q * dm.Dkp, dm.D, nrm_dss[q]);
+  }
+  mk::gemm_ab(cur.n, dm.Dkp, cur.n, dp, 1, kw, cur.kr, dm.Dkp, cur.gk, dm.Dkp, nullptr);
+  if (prev) mk::gemm_ab(prev->n, dm.Dkp, cur.n, dp + cur.w, 1, kw, cur.kr, dm.Dkp, prev->gk, dm.Dkp, nullptr);
+  mk::gemm_ab(cur.n, dm.Dvp, cur.n, s, 1, kw, go, dm.Dvp, cur.gv, dm.Dvp, nullptr);
+  if (prev) mk::gemm_ab(prev->n, dm.Dvp, cur.n, s + cur.w, 1, kw, go, dm.Dvp, prev->gv, dm.Dvp, nullptr);
+}
+
+// A slot's accumulators once its chunk has served as current and as previous:
+// dq_j += gq + (gk − (k̂·gk) k̂)/|q| (k̂ = q/|q|), dv_j += gv. dqb, dvb: the head's rows.
+void flush(const Slot& sl, const Dims& dm, float* dqb, int64_t dqrs, float* dvb, int64_t dvrs) {
+  for (int64_t x = 0; x < sl.n; ++x) {
+    const int64_t j = sl.idx[x];
+    const float* kh = sl.kr + x * dm.Dkp;
+    const float* gk = sl.gk + x * dm.Dkp;
+    const float inv = sl.nrm[x] > 0.f ? 1.f / sl.nrm[x] : 0.f, pr = simd::dot(kh, gk, dm.D);
+    float* gq = dqb + j * dqrs;
+    for (int64_t e = 0; e < dm.D; ++e) gq[e] += sl.gq[x * dm.Dkp + e] + (gk[e] - pr * kh[e]) * inv;
+    simd::axpy_row(dvb + j * dvrs, sl.gv + x * dm.Dvp, dm.Dv);
+  }
+}
+
+// Chunks per work item of a head split over the team.
+constexpr int64_t kSpan = 32;
+
 // Which slot holds chunk c: the last chunk has its own (the first chunk's previous), the others
 // alternate.
 int slot_of(int64_t c, int64_t nch) { return c == nch - 1 ? 2 : static_cast<int>(c % 2); }
@@ -385,6 +497,58 @@ void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const 
     hash_positions(in.q.ptr(t / d.H, t % d.H, 0), in.q.stride(2), dm, rot.data(), R, f1, f2, nrot,
                    r0, r1, sc.proj.floats(static_cast<size_t>(64 * ncol)), bucket);
   };
+  if (split_tasks(BH)) {
+    // Fewer heads than threads: one head at a time over the team. Hashing over row blocks; per
+    // round the partition (a counting sort, serial), then the chunks in spans of kSpan over the
+    // team, each span staging the chunk before its first one itself. A round writes each row
+    // once, so spans never share a row, and each chunk computes what it computes in the chain.
+    ThreadScratch& own = ws.threads[0];
+    own.bucket.resize(static_cast<size_t>(2 * R * d.N));
+    own.offsets.resize(static_cast<size_t>(nb + 1));
+    for (int64_t t = 0; t < BH; ++t) {
+      const int64_t b = t / d.H, h = t % d.H;
+      const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
+      float* L = st.lse2.data() + t * d.N;
+      float* ob = out.ptr(b, h, 0);
+      const int64_t ors = out.stride(2);
+      for (int64_t i = nv; i < d.N; ++i) std::memset(ob + i * ors, 0, sizeof(float) * static_cast<size_t>(dm.Dv));
+      std::fill(L + nv, L + d.N, 0.f);
+      const float* qb = in.q.ptr(b, h, 0);
+      const float* vb = in.v.ptr(b, h, 0);
+      const int64_t qrs = in.q.stride(2), vrs = in.v.stride(2);
+      int32_t* bucket = own.bucket.data();  // (R, N)
+      parallel_for((d.N + 1023) / 1024, [&](int64_t x, int th) {
+        hash_head(t, bucket, x * 1024, std::min(d.N, (x + 1) * 1024), ws.threads[static_cast<size_t>(th)]);
+      });
+      for (int64_t r = 0; r < R && nv > 0; ++r) {
+        int32_t* perm = st.perm.data() + (t * R + r) * st.len;
+        int32_t* cbucket = in.causal ? st.cbucket.data() + (t * R + r) * (st.len / ch) : nullptr;
+        const int64_t nch = partition(bucket + r * d.N, d.N, nb, ch, in.causal, perm, cbucket, own.sorted, own.offsets);
+        const int64_t len = in.causal ? nch * ch : d.N;
+        st.nch[static_cast<size_t>(t * R + r)] = static_cast<int32_t>(nch);
+        parallel_for((nch + kSpan - 1) / kSpan, [&](int64_t x, int th) {
+          ThreadScratch& sc = ws.threads[static_cast<size_t>(th)];
+          carve_slots(sc, dm, false);
+          float* s = sc.s.floats(static_cast<size_t>(kMaxChunk * 2 * kMaxChunk));  // (n, kw)
+          float* o = sc.o.floats(static_cast<size_t>(kMaxChunk * dm.Dvp));         // (n, Dvp)
+          const int64_t c0 = x * kSpan, c1 = std::min(nch, c0 + kSpan), p0 = prev_chunk(c0, nch, cbucket);
+          if (p0 >= 0) stage_chunk(qb, qrs, vb, vrs, dm, perm, len, ch, p0, sc.slots[2], false, {});
+          for (int64_t c = c0; c < c1; ++c) {
+            const gather::Ahead ahead = ahead_of(perm, ch, c + 1, nch, len);
+            Slot& cur = sc.slots[c % 2];
+            stage_chunk(qb, qrs, vb, vrs, dm, perm, len, ch, c, cur, false, ahead);
+            const int64_t pc = prev_chunk(c, nch, cbucket);
+            const Slot* prev = pc < 0 ? nullptr : c == c0 ? &sc.slots[2] : &sc.slots[pc % 2];
+            fwd_chunk(cur, prev, dm, mv, nv, in.causal, r, s, o, ob, ors, L, ahead);
+          }
+          simd::store_fence();
+        });
+      }
+      for (int64_t i = 0; i < nv; ++i)
+        if (L[i] == -kInf) L[i] = kInf;
+    }
+    return;
+  }
   // Hashing is compute-bound while the chunk loop waits on memory at long N, so each thread
   // hashes its next head in slices between the chunks of the current one: heads go to threads
   // statically (t = thread, thread + team, ...) so the next head is known.
@@ -431,21 +595,7 @@ void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const 
           if (c < nch - 1) stage_chunk(qb, qrs, vb, vrs, dm, perm, len, ch, c, cur, false, ahead);
           const int64_t pc = prev_chunk(c, nch, cbucket);
           const Slot* prev = pc < 0 ? nullptr : &sc.slots[slot_of(pc, nch)];
-          float self_s[kMaxChunk];
-          bool self[kMaxChunk];
-          const int64_t kw = chunk_scores(cur, prev, dm, mv, in.causal, s, self_s, self);
-          std::memset(o, 0, sizeof(float) * static_cast<size_t>(cur.n * dm.Dvp));
-          float lse_r[kMaxChunk];
-          float ps[kMaxChunk];
-          for (int64_t q = 0; q < cur.n; ++q) lse_r[q] = tile::softmax_row_extra(s + q * kw, kw, self_s[q], ps[q]);
-          mk::gemm_ab(cur.n, dm.Dvp, cur.n, s, kw, 1, cur.vr, dm.Dvp, o, dm.Dvp, nullptr);
-          if (prev) mk::gemm_ab(cur.n, dm.Dvp, prev->n, s + cur.w, kw, 1, prev->vr, dm.Dvp, o, dm.Dvp, nullptr);
-          for (int64_t q = 0; q < cur.n; ++q) {
-            if (self[q] && ps[q] > 0.f) simd::axpy_row(o + q * dm.Dvp, cur.vr + q * dm.Dvp, dm.Dv, ps[q]);
-            if (r > 0) gather::prefetch_one(ob, ors, ahead, q, dm.Dv, true);  // round 0 only writes
-            const int64_t i = cur.idx[q];
-            if (i < nv) tile::blend_round(ob + i * ors, o + q * dm.Dvp, dm.Dv, L[i], lse_r[q], r == 0);
-          }
+          fwd_chunk(cur, prev, dm, mv, nv, in.causal, r, s, o, ob, ors, L, ahead);
           hash_slice();
         }
       }
@@ -463,6 +613,69 @@ void attn_reformer_bwd(const AttentionInputs& in, const AttentionDims& d, const 
   const Dims dm{d.N, d.Dk, d.Dv, round_up(d.Dk, mk::kLanes), round_up(d.Dv, mk::kLanes)};
   const int64_t R = st.rounds, ch = st.chunk;
   ws.ensure_threads();
+  if (split_tasks(d.B * d.H)) {
+    // Fewer heads than threads: each round's chunks in spans over the team (as in the forward).
+    // A span flushes its own chunks; the key-role gradients it adds to the chunk before its
+    // first one go to that chunk's borrowed slot, flushed once every span is done (the chain
+    // adds them to the chunk's own slot before one flush: the same sums in another order).
+    for (int64_t t = 0; t < d.B * d.H; ++t) {
+      const int64_t b = t / d.H, h = t % d.H;
+      const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
+      if (nv == 0 || d.N == 0) continue;
+      const float* qb = in.q.ptr(b, h, 0);
+      const float* vb = in.v.ptr(b, h, 0);
+      const float* gb = dout.ptr(b, h, 0);
+      const int64_t qrs = in.q.stride(2), vrs = in.v.stride(2), grs = dout.stride(2);
+      float* dqb = dq.ptr(b, h, 0);
+      float* dvb = dv.ptr(b, h, 0);
+      const int64_t dqrs = dq.stride(2), dvrs = dv.stride(2);
+      const float* lse2 = st.lse2.data() + t * d.N;
+      float* di = ws.threads[0].o.floats(static_cast<size_t>(d.N));  // (N) D_i = dO_i · O_i
+      parallel_for((nv + 1023) / 1024, [&](int64_t x) {
+        for (int64_t i = x * 1024; i < std::min(nv, (x + 1) * 1024); ++i)
+          di[i] = simd::dot(gb + i * grs, out.ptr(b, h, i), dm.Dv);
+      });
+      for (int64_t r = 0; r < R; ++r) {
+        const auto [perm, cbucket, nch, len] = st.round(t, r, d.N);
+        const int64_t spans = (nch + kSpan - 1) / kSpan;
+        ws.borrowed.resize(std::max(ws.borrowed.size(), static_cast<size_t>(spans)));
+        carve(ws.borrowed.data(), spans,
+              ws.borrowed_mem.floats(static_cast<size_t>(std::max<int64_t>(1, spans) * slot_floats(dm, true))), dm, true);
+        std::vector<char>& has = ws.threads[0].has_borrowed;
+        has.assign(static_cast<size_t>(spans), 0);
+        parallel_for(spans, [&](int64_t x, int th) {
+          ThreadScratch& sc = ws.threads[static_cast<size_t>(th)];
+          carve_slots(sc, dm, true);
+          float* s = sc.s.floats(static_cast<size_t>(kMaxChunk * 2 * kMaxChunk));
+          float* dp = sc.dp.floats(static_cast<size_t>(kMaxChunk * 2 * kMaxChunk));
+          float* go = sc.go.floats(static_cast<size_t>(kMaxChunk * dm.Dvp));
+          const int64_t c0 = x * kSpan, c1 = std::min(nch, c0 + kSpan), p0 = prev_chunk(c0, nch, cbucket);
+          Slot* bp = nullptr;
+          if (p0 >= 0) {
+            bp = &ws.borrowed[static_cast<size_t>(x)];
+            stage_chunk(qb, qrs, vb, vrs, dm, perm, len, ch, p0, *bp, true, {});
+            has[static_cast<size_t>(x)] = 1;
+          }
+          for (int64_t c = c0; c < c1; ++c) {
+            const gather::Ahead ahead = ahead_of(perm, ch, c + 1, nch, len);
+            request_far(perm, ch, c, nch, len, dm, qb, qrs, vb, vrs, gb, grs);
+            Slot& cur = sc.slots[c % 2];
+            stage_chunk(qb, qrs, vb, vrs, dm, perm, len, ch, c, cur, true, ahead);
+            const int64_t pc = prev_chunk(c, nch, cbucket);
+            Slot* prev = pc < 0 ? nullptr : c == c0 ? bp : &sc.slots[pc % 2];
+            bwd_chunk(cur, prev, dm, mv, nv, in.causal, lse2, di, vb, vrs, gb, grs, dqb, dqrs, dvb, dvrs, s, dp,
+                      go, ahead);
+            if (c > c0) flush(sc.slots[(c - 1) % 2], dm, dqb, dqrs, dvb, dvrs);
+          }
+          flush(sc.slots[(c1 - 1) % 2], dm, dqb, dqrs, dvb, dvrs);
+        });
+        parallel_for(spans, [&](int64_t x) {
+          if (has[static_cast<size_t>(x)]) flush(ws.borrowed[static_cast<size_t>(x)], dm, dqb, dqrs, dvb, dvrs);
+        });
+      }
+    }
+    return;
+  }
   parallel_for(d.B * d.H, [&](int64_t t, int thread) {
     const int64_t b = t / d.H, h = t % d.H;
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
@@ -479,19 +692,7 @@ void attn_reformer_bwd(const AttentionInputs& in, const AttentionDims& d, const 
     float* s = sc.s.floats(static_cast<size_t>(kMaxChunk * 2 * kMaxChunk));   // (n, kw) S, then P
     float* dp = sc.dp.floats(static_cast<size_t>(kMaxChunk * 2 * kMaxChunk)); // (n, kw) dP, then dS
     float* go = sc.go.floats(static_cast<size_t>(kMaxChunk * dm.Dvp));        // (n, Dvp) dO rows
-    // A slot's accumulators are complete once its chunk has served as current and as previous:
-    // dq_j += gq + (gk − (k̂·gk) k̂)/|q| (k̂ = q/|q|), dv_j += gv.
-    auto flush = [&](const Slot& sl) {
-      for (int64_t x = 0; x < sl.n; ++x) {
-        const int64_t j = sl.idx[x];
-        const float* kh = sl.kr + x * dm.Dkp;
-        const float* gk = sl.gk + x * dm.Dkp;
-        const float inv = sl.nrm[x] > 0.f ? 1.f / sl.nrm[x] : 0.f, pr = simd::dot(kh, gk, dm.D);
-        float* gq = dq.ptr(b, h, j);
-        for (int64_t e = 0; e < dm.D; ++e) gq[e] += sl.gq[x * dm.Dkp + e] + (gk[e] - pr * kh[e]) * inv;
-        simd::axpy_row(dv.ptr(b, h, j), sl.gv + x * dm.Dvp, dm.Dv);
-      }
-    };
+    auto flush = [&](const Slot& sl) { clattn::flush(sl, dm, dq.ptr(b, h, 0), dq.stride(2), dv.ptr(b, h, 0), dv.stride(2)); };
     for (int64_t r = 0; r < R; ++r) {
       const auto [perm, cbucket, nch, len] = st.round(t, r, d.N);
       stage_chunk(qb, qrs, vb, vrs, dm, perm, len, ch, nch - 1, sc.slots[2], true, ahead_of(perm, ch, 0, nch, len));
@@ -502,55 +703,8 @@ void attn_reformer_bwd(const AttentionInputs& in, const AttentionDims& d, const 
         if (c < nch - 1) stage_chunk(qb, qrs, vb, vrs, dm, perm, len, ch, c, cur, true, ahead);
         const int64_t pc = prev_chunk(c, nch, cbucket);
         Slot* prev = pc < 0 ? nullptr : &sc.slots[slot_of(pc, nch)];
-        float self_s[kMaxChunk], ps[kMaxChunk], nrm_dss[kMaxChunk];
-        bool self[kMaxChunk];
-        const int64_t kw = chunk_scores(cur, prev, dm, mv, in.causal, s, self_s, self);
-        for (int64_t q = 0; q < cur.n; ++q) {
-          const int64_t i = cur.idx[q];
-          gather::prefetch_one(gb, grs, ahead, q, dm.Dv);
-          gather::prefetch_one(dq.ptr(b, h, 0), dq.stride(2), ahead, q, dm.D, true);
-          gather::prefetch_one(dv.ptr(b, h, 0), dv.stride(2), ahead, q, dm.Dv, true);
-          if (i < nv) {
-            gather::rows(gb, grs, cur.idx + q, 1, dm.Dv, go + q * dm.Dvp, dm.Dvp, 1);
-            tile::exp2_row(s + q * kw, kw, lse2[i]);  // P against the all-round log-sum-exp
-            ps[q] = std::exp2(self_s[q] - lse2[i]);
-          } else {  // padded query: no output, no gradient through its query role
-            std::memset(go + q * dm.Dvp, 0, sizeof(float) * static_cast<size_t>(dm.Dvp));
-            std::fill(s + q * kw, s + (q + 1) * kw, 0.f);
-            ps[q] = 0.f;
-          }
-        }
-        // dP = dO·Vᵀ over [cur | prev]
-        std::memset(dp, 0, sizeof(float) * static_cast<size_t>(cur.n * kw));
-        mk::gemm_ab(cur.n, cur.w, dm.Dv, go, dm.Dvp, 1, cur.vt, cur.w, dp, kw, nullptr);
-        if (prev) mk::gemm_ab(cur.n, prev->w, dm.Dv, go, dm.Dvp, 1, prev->vt, prev->w, dp + cur.w, kw, nullptr);
-        for (int64_t q = 0; q < cur.n; ++q) {
-          const int64_t i = cur.idx[q];
-          const float* prow = s + q * kw;
-          float* drow = dp + q * kw;
-          const float dd = i < nv ? di[i] : 0.f;
-          for (int64_t x = 0; x < kw; ++x) drow[x] = prow[x] * (drow[x] - dd);
-          nrm_dss[q] = 0.f;
-          if (self[q] && ps[q] > 0.f) {  // the self-key fallback: s_ii = q_i · k̂_i
-            const float dss = ps[q] * (simd::dot(go + q * dm.Dvp, vb + i * vrs, dm.Dv) - dd);
-            simd::axpy_row(cur.gq + q * dm.Dkp, cur.kr + q * dm.Dkp, dm.D, dss);
-            nrm_dss[q] = dss * cur.nrm[q];
-            simd::axpy_row(cur.gv + q * dm.Dvp, go + q * dm.Dvp, dm.Dv, ps[q]);
-          }
-        }
-        // natural logits s_ij = q_i·k̂_j: ∂q_i (query role) += dS·K̂ ; ∂k̂_j += dSᵀ·q_i, q_i = |q_i| k̂_i ;
-        // ∂v_j += Pᵀ·dO
-        mk::gemm_ab(cur.n, dm.Dkp, cur.n, dp, kw, 1, cur.kr, dm.Dkp, cur.gq, dm.Dkp, nullptr);
-        if (prev) mk::gemm_ab(cur.n, dm.Dkp, prev->n, dp + cur.w, kw, 1, prev->kr, dm.Dkp, cur.gq, dm.Dkp, nullptr);
-        for (int64_t q = 0; q < cur.n; ++q) {
-          float* drow = dp + q * kw;
-          for (int64_t x = 0; x < kw; ++x) drow[x] *= cur.nrm[q];
-          simd::axpy_row(cur.gk + q * dm.Dkp, cur.kr + q * dm.Dkp, dm.D, nrm_dss[q]);
-        }
-        mk::gemm_ab(cur.n, dm.Dkp, cur.n, dp, 1, kw, cur.kr, dm.Dkp, cur.gk, dm.Dkp, nullptr);
-        if (prev) mk::gemm_ab(prev->n, dm.Dkp, cur.n, dp + cur.w, 1, kw, cur.kr, dm.Dkp, prev->gk, dm.Dkp, nullptr);
-        mk::gemm_ab(cur.n, dm.Dvp, cur.n, s, 1, kw, go, dm.Dvp, cur.gv, dm.Dvp, nullptr);
-        if (prev) mk::gemm_ab(prev->n, dm.Dvp, cur.n, s + cur.w, 1, kw, go, dm.Dvp, prev->gv, dm.Dvp, nullptr);
+        bwd_chunk(cur, prev, dm, mv, nv, in.causal, lse2, di, vb, vrs, gb, grs, dq.ptr(b, h, 0), dq.stride(2),
+                  dv.ptr(b, h, 0), dv.stride(2), s, dp, go, ahead);
         if (c >= 1) flush(sc.slots[slot_of(c - 1, nch)]);  // chunk c − 1: current and previous done
       }
       flush(sc.slots[2]);  // the last chunk, the first one's previous
@@ -646,7 +800,10 @@ size_t reformer_workspace_bytes(const AttentionDims& d, const ReformerParams& p,
   per += f * (64 * ncol + 3 * slot + W * 2 * W + o + go + dp);
   const int64_t len = perm_len(N, nb, p.chunk, true);  // the causal bound covers both
   const int64_t state = i32 * BH * R * (len + len / p.chunk + 1) + f * BH * N;  // perm, cbucket, nch, lse2
-  return static_cast<size_t>(threads * (per + static_cast<int64_t>(sizeof(ThreadScratch))) + state);
+  // A split head's backward: one borrowed slot per span of chunks, and their flags.
+  const int64_t spans = (len / p.chunk + kSpan - 1) / kSpan + 1;
+  const int64_t borrowed = mode == Mode::training ? spans * (f * slot + static_cast<int64_t>(sizeof(Slot)) + 1) : 0;
+  return static_cast<size_t>(threads * (per + static_cast<int64_t>(sizeof(ThreadScratch))) + state + borrowed);
 }
 
 namespace {
