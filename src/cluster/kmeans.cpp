@@ -137,33 +137,27 @@ int64_t hamming_kmeans(const uint64_t* codes, int64_t n, int64_t C, int iteratio
   ws.sizes.resize(static_cast<size_t>(T * C));
   ws.dist.resize(static_cast<size_t>(n));
   ws.prev.assign(static_cast<size_t>(n), -1);
-  auto block = [&](int64_t x) { return x * n / T; };
+  // fn(x, first row, rows) for the T blocks of codes: over the team, or inline when T is 1.
+  auto blocks = [&](auto&& fn) {
+    auto one = [&](int64_t x, int) { fn(x, x * n / T, (x + 1) * n / T - x * n / T); };
+    split_for(T > 1, T, thread_id(), one);
+  };
   for (int it = 0; it < iterations; ++it) {
-    if (T > 1) {
-      parallel_for(T, [&](int64_t x) {
-        assign_nearest(codes + block(x), block(x + 1) - block(x), centroids, C, assign + block(x),
-                       ws.dist.data() + block(x));
-      });
-    } else {
-      assign_nearest(codes, n, centroids, C, assign, ws.dist.data());
-    }
+    blocks([&](int64_t, int64_t i0, int64_t rows) {
+      assign_nearest(codes + i0, rows, centroids, C, assign + i0, ws.dist.data() + i0);
+    });
     // Same assignment as the round before: the update would reproduce the same centroids (same
     // votes, same ties, same re-seeding), so every later round is identical. Stop early.
     if (std::equal(assign, assign + n, ws.prev.begin())) return C;
     std::copy(assign, assign + n, ws.prev.begin());
     std::fill(ws.counts.begin(), ws.counts.end(), 0u);
     std::fill(ws.sizes.begin(), ws.sizes.end(), int64_t{0});
-    if (T > 1) {
-      parallel_for(T, [&](int64_t x) {
-        count_bits(codes + block(x), assign + block(x), block(x + 1) - block(x), ws.counts.data() + x * C * 64,
-                   ws.sizes.data() + x * C);
-      });
-      for (int64_t x = 1; x < T; ++x) {
-        for (int64_t i = 0; i < C * 64; ++i) ws.counts[static_cast<size_t>(i)] += ws.counts[static_cast<size_t>(x * C * 64 + i)];
-        for (int64_t i = 0; i < C; ++i) ws.sizes[static_cast<size_t>(i)] += ws.sizes[static_cast<size_t>(x * C + i)];
-      }
-    } else {
-      count_bits(codes, assign, n, ws.counts.data(), ws.sizes.data());
+    blocks([&](int64_t x, int64_t i0, int64_t rows) {
+      count_bits(codes + i0, assign + i0, rows, ws.counts.data() + x * C * 64, ws.sizes.data() + x * C);
+    });
+    for (int64_t x = 1; x < T; ++x) {
+      for (int64_t i = 0; i < C * 64; ++i) ws.counts[static_cast<size_t>(i)] += ws.counts[static_cast<size_t>(x * C * 64 + i)];
+      for (int64_t i = 0; i < C; ++i) ws.sizes[static_cast<size_t>(i)] += ws.sizes[static_cast<size_t>(x * C + i)];
     }
     int64_t empty = 0;
     for (int64_t c = 0; c < C; ++c) {
@@ -197,13 +191,7 @@ int64_t hamming_kmeans(const uint64_t* codes, int64_t n, int64_t C, int iteratio
       if (next < ws.pick.size()) centroids[c] = codes[ws.pick[next++]];
     }
   }
-  if (T > 1) {
-    parallel_for(T, [&](int64_t x) {
-      assign_nearest(codes + block(x), block(x + 1) - block(x), centroids, C, assign + block(x), nullptr);
-    });
-  } else {
-    assign_nearest(codes, n, centroids, C, assign, nullptr);
-  }
+  blocks([&](int64_t, int64_t i0, int64_t rows) { assign_nearest(codes + i0, rows, centroids, C, assign + i0, nullptr); });
   return C;
 }
 

@@ -195,24 +195,8 @@ void clustered_forward(Communicator& comm, const SeqSplit& split, const Clustere
     sc.thr.assign(static_cast<size_t>(ce), -kInf);
     mk::pack_rows(qc + t * cmax * D, ce, D, D, qcs, ce, D, c);
     std::memset(vc, 0, sizeof(float) * static_cast<size_t>(ce * Dvp));
-    for (int64_t k0 = 0; k0 < ml; k0 += kBc) {
-      const int64_t bc = std::min(kBc, ml - k0), npan = (bc + kPanel - 1) / kPanel, width = npan * kPanel;
-      mk::pack_panels(in.k.ptr(b, hk, k0), bc, D, in.k.stride(2), kt);
-      for (int64_t j0 = 0; j0 < ce; j0 += kCb) {
-        const int64_t rows = std::min(kCb, ce - j0);
-        mk::gemm_abt(rows, npan, D, qcs + j0 * D, D, kt, s, kBc);
-        for (int64_t x = 0; x < rows; ++x) {
-          const int64_t j = j0 + x;
-          float* row = s + x * kBc;
-          tile::mask_tail(row, width, bc);
-          if (improved)
-            top_scan(row, width, z.a0 + k0, sc.cand.data() + j * 2 * k, sc.ncand[static_cast<size_t>(j)],
-                     sc.thr[static_cast<size_t>(j)], k);
-          alpha[j] = tile::online_softmax_row(row, width, m[j], l[j]);
-        }
-        mk::gemm_ab(rows, Dvp, bc, s, kBc, 1, vr.data + k0 * vr.ld, vr.ld, vc + j0 * Dvp, Dvp, alpha + j0);
-      }
-    }
+    centroid_pass(in.k.ptr(b, hk, 0), in.k.stride(2), ml, D, vr.data, vr.ld, Dvp, qcs, 0, ce, m, l, alpha, vc, k,
+                  z.a0, sc, kt, s);
     for (int64_t j = 0; j < ce; ++j) {
       std::memcpy(vcl.data() + (t * cmax + j) * Dv, vc + j * Dvp, sizeof(float) * static_cast<size_t>(Dv));
       if (!improved) continue;

@@ -117,6 +117,29 @@ void centroids(const AttentionInputs& in, int64_t b, int64_t h, int64_t Dk, int6
 
 }  // namespace
 
+void centroid_pass(const float* kb, int64_t krs, int64_t nk, int64_t D, const float* vrd, int64_t vld, int64_t Dvp,
+                   const float* qcs, int64_t c0, int64_t c1, float* m, float* l, float* alpha, float* vc,
+                   int64_t k, int64_t kidx0, ThreadScratch& cands, float* kt, float* s) {
+  for (int64_t k0 = 0; k0 < nk; k0 += kBc) {
+    const int64_t bc = std::min(kBc, nk - k0), npan = (bc + kPanel - 1) / kPanel, width = npan * kPanel;
+    mk::pack_panels(kb + k0 * krs, bc, D, krs, kt);  // (8, D, 64) this key tile
+    for (int64_t j0 = c0; j0 < c1; j0 += kCb) {
+      const int64_t rows = std::min(kCb, c1 - j0);
+      mk::gemm_abt(rows, npan, D, qcs + j0 * D, D, kt, s, kBc);  // (Cb, Bc) scores, then P
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t j = j0 + r;
+        float* row = s + r * kBc;
+        tile::mask_tail(row, width, bc);
+        if (k > 0)
+          top_scan(row, width, kidx0 + k0, cands.cand.data() + j * 2 * k, cands.ncand[static_cast<size_t>(j)],
+                   cands.thr[static_cast<size_t>(j)], k);
+        alpha[j] = tile::online_softmax_row(row, width, m[j], l[j]);
+      }
+      mk::gemm_ab(rows, Dvp, bc, s, kBc, 1, vrd + k0 * vld, vld, vc + j0 * Dvp, Dvp, alpha + j0);
+    }
+  }
+}
+
 void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
                         const ClusteredParams& p, uint64_t step, View out, ClusteredState& st,
                         ClusteredWorkspace& ws) {
@@ -191,24 +214,8 @@ void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
     // tiles outer: each tile of K is read from memory once per call, packed while it is in cache,
     // and serves every centroid block of the range.
     auto centroid_range = [&](int64_t c0, int64_t c1, ThreadScratch& own) {
-      float* kt = own.kp.floats(static_cast<size_t>(kBc * D));      // (8, D, 64) this key tile, packed
-      float* s = own.b.floats(static_cast<size_t>(kCb * kBc));      // (Cb, Bc) scores, then P
-      for (int64_t k0 = 0; k0 < mv; k0 += kBc) {
-        const int64_t bc = std::min(kBc, mv - k0), npan = (bc + kPanel - 1) / kPanel, width = npan * kPanel;
-        mk::pack_panels(in.k.ptr(b, hk, k0), bc, D, in.k.stride(2), kt);
-        for (int64_t j0 = c0; j0 < c1; j0 += kCb) {
-          const int64_t rows = std::min(kCb, c1 - j0);
-          mk::gemm_abt(rows, npan, D, qcs + j0 * D, D, kt, s, kBc);
-          for (int64_t r = 0; r < rows; ++r) {
-            const int64_t j = j0 + r;
-            float* row = s + r * kBc;
-            tile::mask_tail(row, width, bc);
-            if (improved) top_scan(row, width, k0, sc.cand.data() + j * 2 * k, sc.ncand[static_cast<size_t>(j)], sc.thr[static_cast<size_t>(j)], k);
-            alpha[j] = tile::online_softmax_row(row, width, m[j], l[j]);
-          }
-          mk::gemm_ab(rows, Dvp, bc, s, kBc, 1, vr.data + k0 * vr.ld, vr.ld, vc + j0 * Dvp, Dvp, alpha + j0);
-        }
-      }
+      centroid_pass(in.k.ptr(b, hk, 0), in.k.stride(2), mv, D, vr.data, vr.ld, Dvp, qcs, c0, c1, m, l, alpha, vc, k, 0,
+                    sc, own.kp.floats(static_cast<size_t>(kBc * D)), own.b.floats(static_cast<size_t>(kCb * kBc)));
     };
     // Per centroid: lse, R_j and (improved) T_j with its mass.
     auto finish = [&](int64_t j) {
@@ -274,7 +281,7 @@ void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
       }
     }
   };
-  if (BH >= max_threads() || max_threads() == 1) {
+  if (!split_tasks(BH)) {
     parallel_for(BH, [&](int64_t t, int thread) { head(t, thread, false); });
   } else {
     for (int64_t t = 0; t < BH; ++t) head(t, thread_id(), true);
@@ -291,7 +298,7 @@ void attn_clustered_bwd(const AttentionInputs& in, const AttentionDims& d,
   const float c = scale * kLog2e;
   const bool improved = p.topk > 0;
   // As in the forward: with B·H below the thread count, each head's phases run on the whole team.
-  const bool split = BH < max_threads() && max_threads() > 1;
+  const bool split = split_tasks(BH);
   ws.ensure_threads();
   float* kpan = ws.kpan.floats(static_cast<size_t>(d.B * d.Hkv * Mp * D));    // (B, Hkv, np, D, 64)
   float* vpan = ws.vpan.floats(static_cast<size_t>(d.B * d.Hkv * Mp * Dv));   // (B, Hkv, np, Dv, 64)
@@ -324,8 +331,7 @@ void attn_clustered_bwd(const AttentionInputs& in, const AttentionDims& d,
     ThreadScratch& sc = ws.threads[static_cast<size_t>(owner)];
     // Runs fn(x, thread scratch) for x in [0, n): over the team when split, else on this thread.
     auto each = [&](int64_t n, auto&& fn) {
-      if (split) parallel_for(n, [&](int64_t x, int thread) { fn(x, ws.threads[static_cast<size_t>(thread)]); });
-      else for (int64_t x = 0; x < n; ++x) fn(x, sc);
+      split_for(split, n, owner, [&](int64_t x, int thread) { fn(x, ws.threads[static_cast<size_t>(thread)]); });
     };
     float* gsum = sc.e.floats(static_cast<size_t>(ce * Dvp));   // (C, Dvp) G_j = Σ_members dO_i
     float* dqc = sc.f.floats(static_cast<size_t>(ce * Dkp));    // (C, Dkp) dQc

@@ -70,6 +70,16 @@ struct ClusteredWorkspace {
   }
 };
 
+// The centroid attention's pass over keys [0, nk) of kb (row stride krs, values vr) for
+// centroids [c0, c1) of the scaled centroids qcs (C, D), flash-style with key tiles outer (each
+// tile is read from memory once and serves every centroid block): per centroid the running max
+// m and sum l (log2), alpha the last rescale (C each), the value sums vc (C, Dvp) and, with k > 0,
+// the streaming top-k candidates in cands (sc.cand (C, 2k), sc.ncand, sc.thr), their key indices
+// offset by kidx0. kt (kBc·D) and s (kCb·kBc) are scratch of the calling thread.
+void centroid_pass(const float* kb, int64_t krs, int64_t nk, int64_t D, const float* vrd, int64_t vld, int64_t Dvp,
+                   const float* qcs, int64_t c0, int64_t c1, float* m, float* l, float* alpha, float* vc,
+                   int64_t k, int64_t kidx0, ThreadScratch& cands, float* kt, float* s);
+
 // Where key gradients of one (b, h) go: straight into dk/dv, or into a per-head partial buffer
 // (rows of Dkp + Dvp floats) when several query heads share the key head.
 struct KeyGrads {

@@ -198,7 +198,7 @@ void attn_smyrf_fwd(const AttentionInputs& in, const AttentionDims& d, const Smy
   const std::vector<float> dirs = directions(p, step, D);
   ws.ensure_threads();
   // B·H below the thread count: heads one after another, each round's clusters over the team.
-  const bool split = d.B * d.H < max_threads() && max_threads() > 1;
+  const bool split = split_tasks(d.B * d.H);
 
   auto head = [&](int64_t t, int thread) {
     const int64_t b = t / d.H, h = t % d.H;
@@ -305,7 +305,7 @@ void attn_smyrf_bwd(const AttentionInputs& in, const AttentionDims& d, const Smy
   const float c = scale * kLog2e;
   ws.ensure_threads();
   float* part = G > 1 ? ws.part.floats(static_cast<size_t>(d.B * d.H * d.M * (Dkp + Dvp))) : nullptr;
-  const bool split = d.B * d.H < max_threads() && max_threads() > 1;  // as in the forward
+  const bool split = split_tasks(d.B * d.H);  // as in the forward
   auto head = [&](int64_t t, int thread) {
     const int64_t b = t / d.H, h = t % d.H, hk = h / G;
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
