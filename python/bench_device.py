@@ -8,7 +8,11 @@ with --cpp on a CPU the C++ kernels run beside them.
 forward: under torch.no_grad(); forward+backward: o.backward(do) with q, k, v requiring grad.
 One warm-up call, then the median of --repeat calls. Peak memory: on a GPU
 torch.cuda.max_memory_allocated over the call; on the CPU the process's peak resident set over
-the call (VmHWM after resetting it through /proc/self/clear_refs), inputs and libraries included.
+one more call (VmHWM after resetting it through /proc/self/clear_refs), inputs and libraries
+included, with glibc's mmap threshold at 64 KiB for that call so that freed blocks leave at once
+(else they stay resident and the figure is several times the memory in use; the timed calls run
+with it at 32 MiB, where glibc's own adjustment takes it, since page faults on every block
+would slow them).
 Sizes above --max-n are skipped (default 16384 on a CPU, where N = 262144 would take hours), and
 exact attention above --max-full-n (its time grows as N²).
 
@@ -16,6 +20,7 @@ exact attention above --max-full-n (its time grows as N²).
     PYTHONPATH=build/python /usr/bin/python3 python/bench_device.py --device cpu --max-n 8192 --cpp
 """
 import argparse
+import ctypes
 import os
 import statistics
 import sys
@@ -44,6 +49,10 @@ def reset_peak(device):
         torch.cuda.reset_peak_memory_stats(device)
         return torch.cuda.memory_allocated(device)
     try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed blocks glibc kept would count as resident
+    except (OSError, AttributeError):
+        pass
+    try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
     except OSError:
@@ -61,9 +70,20 @@ def peak_bytes(device):
     return 0
 
 
+def mmap_threshold(nbytes):
+    """glibc's M_MMAP_THRESHOLD (mallopt -3); nothing elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, int(nbytes))
+    except (OSError, AttributeError):
+        pass
+
+
 def measure(fn, repeat, device):
     """(median ms, peak GiB) of fn(); None when it does not fit in memory."""
     try:
+        on_cpu = device.type == "cpu"
+        if on_cpu:
+            mmap_threshold(32 << 20)
         fn()
         sync(device)
         ms, peak = [], 0
@@ -74,6 +94,12 @@ def measure(fn, repeat, device):
             sync(device)
             ms.append(1e3 * (time.perf_counter() - t0))
             peak = max(peak, peak_bytes(device))
+        if on_cpu:
+            mmap_threshold(64 << 10)
+            reset_peak(device)
+            fn()
+            peak = peak_bytes(device)
+            mmap_threshold(32 << 20)
         return statistics.median(ms), peak / 2**30
     except RuntimeError as e:  # torch.cuda.OutOfMemoryError is a RuntimeError
         if "out of memory" not in str(e).lower():
