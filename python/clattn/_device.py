@@ -120,11 +120,17 @@ def _hash(q, planes, thresholds, sign_dtype):
     codes = torch.empty(G, N, dtype=torch.int64, device=q.device)
     signs = torch.empty(G, N, nb, dtype=sign_dtype, device=q.device)
     rows = _rows_per_block(G * nb * 8, q.device)
-    for i0 in range(0, N, rows):
-        i1 = min(N, i0 + rows)
-        bits = torch.matmul(q[:, i0:i1].float(), planes.t()) > thresholds  # (G, n, nb)
-        codes[:, i0:i1] = _pack(bits)
-        signs[:, i0:i1] = bits.to(sign_dtype) * 2 - 1
+    # TF32 (10-bit mantissa products) would flip the bits of many near-threshold projections.
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for i0 in range(0, N, rows):
+            i1 = min(N, i0 + rows)
+            bits = torch.matmul(q[:, i0:i1].float(), planes.t()) > thresholds  # (G, n, nb)
+            codes[:, i0:i1] = _pack(bits)
+            signs[:, i0:i1] = bits.to(sign_dtype) * 2 - 1
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     return codes, signs
 
 

@@ -38,7 +38,8 @@ def _as_numpy_f32(t, name):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
-        raise ValueError(f"{name} must be a CPU tensor, got device {t.device}")
+        raise ValueError(f"{name} must be a CPU tensor for the C++ kernels, got device {t.device} "
+                         f"(backend='auto' or 'torch' runs full and the clustered variants on any device)")
     if not t.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
     t = t.detach()
