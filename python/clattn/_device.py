@@ -11,9 +11,10 @@ fewer distinct codes than clusters makes each code a cluster — is reproduced, 
 seed and step give the same clusters as the C++ kernels on the same inputs.
 
 Memory is O(N·(D + C)) per head, never N × M: the centroid attention runs over blocks of
-centroid rows, the improved variant's member stage over blocks of queries (the per-query gather
-of the top-k keys is the large one), and when a gradient is wanted each block is checkpointed
-(recomputed in the backward) so autograd keeps one block's intermediates at a time.
+centroid rows, checkpointed when a gradient is wanted (recomputed in the backward, so autograd
+keeps one block's intermediates at a time), and the improved variant's member stage over blocks
+of queries with a backward of its own that keeps only each query's log-sum-exp (the per-query
+gather of the top-k keys is the large temporary; it exists one block at a time).
 Softmax statistics (logits, log-sum-exp, the mass m_j) are float32 whatever the input dtype.
 
 Not here: causal clustered attention (its block and segment design is sequential over the
@@ -352,31 +353,98 @@ def _centroid_block(qc, k, v, kbias, tidx, tok, vt, scale):
     return vc, m, r
 
 
-def _member_block(q, kt, vt, tbias, m, r, assign, scale):
-    """The improved variant's member stage for a block of queries: O_i = m_j · softmax_T(s·q_i·K_T)
-    V_T + R_j with j = assign_i. q (G, n, D), kt (G, C, kk, D), vt (G, C, kk, Dv), tbias (G, C, kk)
-    0/-inf, m (G, C), r (G, C, Dv), assign (G, n). The gathers are (G, n, kk, D): one block's worth."""
-    G, n = assign.shape
-    C, kk, D = kt.shape[1:]
-    Dv = vt.shape[3]
-    # index_select on (G·C) rows: its backward is an index_add, cheaper than advanced indexing's.
-    flat = (assign + torch.arange(G, device=q.device).unsqueeze(1) * C).flatten()  # (G·n)
-    kq = kt.reshape(G * C, kk, D).index_select(0, flat).view(G, n, kk, D)
-    vq = vt.reshape(G * C, kk, Dv).index_select(0, flat).view(G, n, kk, Dv)
-    tb = tbias.reshape(G * C, kk).index_select(0, flat).view(G, n, kk)
-    if q.device.type == "cpu":  # the CPU's bmm loops over its (G·n) tiny products one by one
-        s = (kq * q.unsqueeze(2)).sum(-1)
-    else:
-        s = torch.matmul(kq, q.unsqueeze(-1)).squeeze(-1)
-    s = s.float() * scale + tb  # (G, n, kk)
-    pr = torch.softmax(s, -1).to(vt.dtype)  # (G, n, kk)
-    if q.device.type == "cpu":
-        u = (pr.unsqueeze(-1) * vq).sum(2).float()
-    else:
-        u = torch.matmul(pr.unsqueeze(2), vq).squeeze(2).float()  # (G, n, Dv)
-    mq = m.reshape(G * C).index_select(0, flat).view(G, n, 1)
-    rq = r.reshape(G * C, Dv).index_select(0, flat).view(G, n, Dv)
-    return mq * u + rq
+def _bmv(a, x):
+    """(..., k, d) · (..., d) -> (..., k): the CPU's bmm loops over its many tiny products one by
+    one, where a broadcast product and a sum stream; other devices take the batched matmul."""
+    if a.device.type == "cpu":
+        return (a * x.unsqueeze(-2)).sum(-1)
+    return torch.matmul(a, x.unsqueeze(-1)).squeeze(-1)
+
+
+def _bvm(x, a):
+    """(..., k) · (..., k, d) -> (..., d)."""
+    if a.device.type == "cpu":
+        return (x.unsqueeze(-1) * a).sum(-2)
+    return torch.matmul(x.unsqueeze(-2), a).squeeze(-2)
+
+
+class _Members(torch.autograd.Function):
+    """The improved variant's member stage: O_i = m_j · softmax_T(s·q_i·K_T) V_T + R_j, j = assign_i,
+    over blocks of queries in forward and backward. Only the per-query log-sum-exp is kept: the
+    backward gathers each block's K_T, V_T rows again and rebuilds the softmax from it (the
+    FlashAttention scheme, D_i = dU_i·U_i), so the (N, k, D) gathers never exist whole.
+
+    apply(q (G, N, D), kt (G, C, k, D), vt (G, C, k, Dv), tbias (G, C, k) 0/-inf, m (G, C),
+    r (G, C, Dv), assign (G, N), scale, rows) -> (G, N, Dv) float32."""
+
+    @staticmethod
+    def _gather(kt, vt, tbias, flat, G, n):
+        C, kk, D = kt.shape[1:]
+        Dv = vt.shape[3]
+        # index_select on (G·C) rows; its adjoint below is an index_add.
+        kq = kt.reshape(G * C, kk, D).index_select(0, flat).view(G, n, kk, D)
+        vq = vt.reshape(G * C, kk, Dv).index_select(0, flat).view(G, n, kk, Dv)
+        tb = tbias.reshape(G * C, kk).index_select(0, flat).view(G, n, kk)
+        return kq, vq, tb
+
+    @staticmethod
+    def forward(ctx, q, kt, vt, tbias, m, r, assign, scale, rows):
+        G, N, _ = q.shape
+        C = kt.shape[1]
+        Dv = vt.shape[3]
+        base = (torch.arange(G, device=q.device) * C).unsqueeze(1)  # (G, 1)
+        out = torch.empty(G, N, Dv, dtype=torch.float32, device=q.device)
+        lse = torch.empty(G, N, dtype=torch.float32, device=q.device)
+        for i0 in range(0, N, rows):
+            i1 = min(N, i0 + rows)
+            flat = (assign[:, i0:i1] + base).flatten()  # (G·n)
+            kq, vq, tb = _Members._gather(kt, vt, tbias, flat, G, i1 - i0)
+            s = _bmv(kq, q[:, i0:i1]).float() * scale + tb  # (G, n, k)
+            ls = torch.logsumexp(s, -1)  # (G, n)
+            u = _bvm(torch.exp(s - ls.unsqueeze(-1)).to(vt.dtype), vq).float()  # (G, n, Dv)
+            out[:, i0:i1] = m.reshape(-1).index_select(0, flat).view(G, -1, 1) * u + \
+                r.reshape(G * C, Dv).index_select(0, flat).view(G, -1, Dv)
+            lse[:, i0:i1] = ls
+        ctx.save_for_backward(q, kt, vt, tbias, m, assign, lse)
+        ctx.scale, ctx.rows = scale, rows
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, kt, vt, tbias, m, assign, lse = ctx.saved_tensors
+        scale, rows = ctx.scale, ctx.rows
+        G, N, D = q.shape
+        C, kk = kt.shape[1:3]
+        Dv = vt.shape[3]
+        base = (torch.arange(G, device=q.device) * C).unsqueeze(1)
+        dq = torch.empty(G, N, D, dtype=q.dtype, device=q.device)
+        dkt = torch.zeros(G * C, kk, D, dtype=torch.float32, device=q.device)
+        dvt = torch.zeros(G * C, kk, Dv, dtype=torch.float32, device=q.device)
+        dm = torch.zeros(G * C, dtype=torch.float32, device=q.device)
+        dr = torch.zeros(G * C, Dv, dtype=torch.float32, device=q.device)
+        do = do.float()
+        for i0 in range(0, N, rows):
+            i1 = min(N, i0 + rows)
+            n = i1 - i0
+            flat = (assign[:, i0:i1] + base).flatten()
+            kq, vq, tb = _Members._gather(kt, vt, tbias, flat, G, n)
+            qb, dob = q[:, i0:i1], do[:, i0:i1]  # (G, n, D), (G, n, Dv)
+            # P = softmax_T(s·q·K_T) from the saved log-sum-exp; U = P·V_T
+            p = torch.exp(_bmv(kq, qb).float() * scale + tb - lse[:, i0:i1].unsqueeze(-1))  # (G, n, k)
+            u = _bvm(p.to(vt.dtype), vq).float()  # (G, n, Dv)
+            # O = m_j U + R_j -> dR_j += dO, dm_j += dO·U, dU = m_j dO
+            dr.index_add_(0, flat, dob.reshape(G * n, Dv))
+            dm.index_add_(0, flat, (dob * u).sum(-1).flatten())
+            du = dob * m.reshape(-1).index_select(0, flat).view(G, n, 1)  # (G, n, Dv)
+            # U = P·V_T -> dV_T += Pᵀ dU, dP = dU·V_Tᵀ; S -> dS = P ∘ (dP − dU·U)
+            dvt.index_add_(0, flat, (p.unsqueeze(-1) * du.unsqueeze(-2)).reshape(G * n, kk, Dv))
+            dp = _bmv(vq, du.to(vq.dtype)).float()  # (G, n, k)
+            ds = p * (dp - (du * u).sum(-1, keepdim=True)) * scale
+            # S = s·q·K_Tᵀ -> dq = dS·K_T, dK_T += dSᵀ q
+            dq[:, i0:i1] = _bvm(ds.to(kq.dtype), kq).to(q.dtype)
+            dkt.index_add_(0, flat, (ds.unsqueeze(-1) * qb.float().unsqueeze(-2)).reshape(G * n, kk, D))
+        return (dq, dkt.view(G, C, kk, D).to(kt.dtype), dvt.view(G, C, kk, Dv).to(vt.dtype), None,
+                dm.view(G, C), dr.view(G, C, Dv), None, None, None)
 
 
 def _lengths_list(x, B, name, limit):
@@ -545,9 +613,7 @@ def _clustered(p, q, k, v, nq, nk, step, scale):
         m = torch.cat([x[0] for x in parts], 1)  # (G, C)
         r = torch.cat([x[1] for x in parts], 1)  # (G, C, Dv)
         nrow = _rows_per_block(G * kk * (D + Dv), dev)
-        o = torch.cat([_ckpt(lambda a, b_, c, d, e, f: _member_block(a, b_, c, tbias, d, e, f, scale),
-                             qf[:, i0:i0 + nrow], kt, vt, m, r, assign[:, i0:i0 + nrow])
-                       for i0 in range(0, N, nrow)], 1)  # (G, N, Dv)
+        o = _Members.apply(qf, kt, vt, tbias, m, r, assign, scale, nrow)  # (G, N, Dv)
     keep = (qv & anyk.unsqueeze(1)).unsqueeze(-1)
     o = torch.where(keep, o, torch.zeros((), device=dev))
     return o.view(B, H, N, Dv)
