@@ -183,6 +183,24 @@ def test_small_blocks_give_the_same_result():
         assert rel(a, b) <= 1e-6
 
 
+@pytest.mark.parametrize("spec", ["full", "clustered:clusters=1024", "improved-clustered:clusters=64,topk=32"])
+def test_no_allocation_grows_as_n_squared(spec):
+    # With blocks of 2^14 elements no single allocation of forward or backward may approach one
+    # (N, N) float32 matrix (4 MiB here), not even at C = N; the default CPU budget (2^23) would
+    # allocate whole (N, N) score blocks, and fails this check.
+    N = 1024
+    q, k, v = (rand(1, 1, N, 16, seed=s).requires_grad_() for s in (100, 101, 102))
+    old = dv.set_block_budget(1 << 14, "cpu")
+    try:
+        with torch.autograd.profiler.profile(profile_memory=True) as prof:
+            o = ct.attention(clattn.Attention(spec), q, k, v, backend="torch")
+            o.sum().backward()
+    finally:
+        dv.set_block_budget(old, "cpu")
+    largest = max(e.cpu_memory_usage for e in prof.function_events)
+    assert 0 < largest < N * N * 4 // 8, largest
+
+
 def _walk_reference(codes, valid, dist, cent, empty):
     """The C++ re-seeding loop, transcribed: farthest first (lower index on ties), skipping codes
     any centroid holds at that moment, a pointer that never goes back."""
