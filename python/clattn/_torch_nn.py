@@ -20,6 +20,10 @@ approximated silently:
 - A query whose keys are all masked gets a zero output (PyTorch gives NaN).
 - ``add_bias_kv`` and ``add_zero_attn`` are refused.
 
+Both take ``backend=`` ("auto", "cpp", "torch"): tensors off the CPU run full, clustered and
+improved-clustered as PyTorch tensor operations on their device (_device.py), CPU tensors the C++
+kernels unless "torch" is asked for.
+
 Stochastic variants (clustered hashing, Reformer, SMYRF, routing) draw from their ``seed=`` and
 a step. ``MultiheadAttention`` advances its ``step`` after every forward in training mode
 (``module.train()``), so each training step sees fresh draws, and keeps it in evaluation mode;
