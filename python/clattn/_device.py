@@ -283,7 +283,8 @@ def clusters(p, q, nv, step, first_head):
         assign = torch.where(valid, ar * cet.unsqueeze(1) // nvt.clamp(min=1).unsqueeze(1), assign)
         return assign, [min(p.clusters, n) for n in nv]
     planes, thr = lsh_planes(p, step, D, dev)
-    sign_dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16  # ±1 and sums ≤ 64: exact
+    # ±1 and sums ≤ 64 are exact in bf16; other devices may lack its matmul: float32 there.
+    sign_dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     codes, signs = _hash(q, planes, thr, sign_dtype)
     # Distinct valid codes per head, in uint64 order (flip the sign bit for int64 sorting).
     key = torch.where(valid, codes ^ _INT64_MIN, torch.full_like(codes, (1 << 63) - 1))
