@@ -636,7 +636,11 @@ void attn_reformer_bwd(const AttentionInputs& in, const AttentionDims& d, const 
           di[i] = simd::dot(gb + i * grs, out.ptr(b, h, i), dm.Dv);
       });
       for (int64_t r = 0; r < R; ++r) {
-        const auto [perm, cbucket, nch, len] = st.round(t, r, d.N);
+        // Plain locals, not structured bindings: the span lambda captures them.
+        const ReformerState::Round rd = st.round(t, r, d.N);
+        const int32_t* perm = rd.perm;
+        const int32_t* cbucket = rd.cbucket;
+        const int64_t nch = rd.nch, len = rd.len;
         const int64_t spans = (nch + kSpan - 1) / kSpan;
         ws.borrowed.resize(std::max(ws.borrowed.size(), static_cast<size_t>(spans)));
         carve(ws.borrowed.data(), spans,
