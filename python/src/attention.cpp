@@ -284,6 +284,22 @@ class PyAttention {
     std::lock_guard<std::mutex> lock(core_->state_mu);
     core_->state.buffers.clear();
   }
+  // Replaces the layer state with copies of `buffers` ({name: float32 array}); the variant checks
+  // names and shapes when it next reads them, as it does for state a model file brings.
+  void set_state(const pb::dict& buffers) {
+    std::vector<std::pair<std::string, Tensor>> copy;
+    for (const auto& [name, arr] : buffers) {
+      const std::string n = pb::str(name);
+      const pb::array a = pb::array::ensure(arr);
+      if (!a) throw pb::value_error("state buffer '" + n + "' is not an array");
+      FloatArg f = float_arg(a, n.c_str(), static_cast<int>(a.ndim()), "");
+      copy.emplace_back(n, Tensor::from(f.view));
+    }
+    pb::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> lock(core_->state_mu);
+    core_->state.buffers = std::move(copy);
+  }
+  bool keeps_backward() const { return backward_; }
 
  private:
   std::shared_ptr<Core> core_;
@@ -359,6 +375,18 @@ void bind_attention(pb::module_& m) {
       .def_property_readonly("state", &PyAttention::state,
                              "Copies of the layer state buffers of stateful variants (routing's EMA centroids)")
       .def("reset_state", &PyAttention::reset_state, "Forget the layer state (rebuilt from the seed on next use)")
+      .def("set_state", &PyAttention::set_state, pb::arg("buffers"),
+           "Replace the layer state with copies of {name: array} (as `state` returns it)")
+      // Pickled as (spec, backward, state): copy.deepcopy, torch.save and nn.TransformerEncoder's
+      // layer clones rebuild the same attention with the same layer state.
+      .def(pb::pickle(
+          [](PyAttention& a) { return pb::make_tuple(a.att().name(), a.keeps_backward(), a.state()); },
+          [](const pb::tuple& t) {
+            if (t.size() != 3) throw pb::value_error("clattn.Attention: unpickling needs (spec, backward, state)");
+            PyAttention a(t[0].cast<std::string>(), t[1].cast<bool>());
+            a.set_state(t[2].cast<pb::dict>());
+            return a;
+          }))
       .def("release", [](PyAttention& a) { a.call().release(); },
            "Drop the last forward's arrays and the Context's buffers")
       .def("__repr__", [](const PyAttention& a) { return "clattn.Attention('" + a.att().name() + "')"; });

@@ -244,3 +244,17 @@ def test_config_reports_the_machine_as_the_cli_does(cli):
     assert r.returncode == 0, r.stderr
     version = r.stdout
     assert f"ISA {c['isa']}" in version and f"{c['gemm_kernel']} kernel" in version
+
+
+def test_attention_pickles_with_its_spec_and_layer_state():
+    import pickle
+
+    a = clattn.Attention("routing:clusters=2,centroids=ema")
+    x = np.random.default_rng(0).standard_normal((1, 2, 30, 8)).astype(np.float32)
+    a.forward(x, x, x, train=True)
+    b = pickle.loads(pickle.dumps(a))
+    assert b.spec == a.spec and set(b.state) == {"centroids"}
+    np.testing.assert_array_equal(b.state["centroids"], a.state["centroids"])
+    np.testing.assert_array_equal(b.forward(x, x, x), a.forward(x, x, x))
+    with pytest.raises(TypeError, match="centroids must be a floating-point array"):
+        b.set_state({"centroids": "nope"})

@@ -216,3 +216,46 @@ def test_mha_refusals():
     x = rand(4, 1, 8, seed=41)
     with pytest.raises(ValueError, match="need_weights=True"):
         m(x, x, x, need_weights=True)
+
+
+def test_modules_deep_copy_pickle_and_clone_into_a_transformer_encoder():
+    """copy.deepcopy (an EMA of the model), torch.save/torch.load of a whole model and
+    nn.TransformerEncoder (which deep-copies its layer) rebuild the native attention from its
+    spec and layer state; the copies compute what the original computes."""
+    import copy
+    import io
+
+    q, k, v = (rand(2, 2, 20, 8, seed=s) for s in (1, 2, 3))
+    att = ct.Attention("improved-clustered:clusters=4,topk=3")
+    for clone in (copy.deepcopy(att), _saved_and_loaded(att)):
+        assert clone.attention is not att.attention and clone.spec == att.spec
+        assert torch.equal(clone(q, k, v), att(q, k, v))
+    # A stateful variant carries its layer state (routing's EMA centroids) into the copy.
+    ema = ct.Attention("routing:clusters=2,centroids=ema")
+    ema.train()
+    ema(q, k, v)
+    ema.eval()
+    clone = copy.deepcopy(ema)
+    assert set(clone.attention.state) == {"centroids"}
+    assert torch.equal(torch.from_numpy(clone.attention.state["centroids"]),
+                       torch.from_numpy(ema.attention.state["centroids"]))
+    assert torch.equal(clone(q, k, v), ema(q, k, v))
+
+    layer = torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
+    layer.self_attn = ct.MultiheadAttention(16, 2, batch_first=True, spec="clustered:clusters=3")
+    enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    x = rand(2, 10, 16, seed=4)
+    assert enc(x).shape == (2, 10, 16)
+    buf = io.BytesIO()
+    torch.save(enc, buf)
+    buf.seek(0)
+    assert torch.equal(torch.load(buf)(x), enc(x))
+
+
+def _saved_and_loaded(module):
+    import io
+
+    buf = io.BytesIO()
+    torch.save(module, buf)
+    buf.seek(0)
+    return torch.load(buf)
