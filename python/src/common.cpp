@@ -1,9 +1,13 @@
 #include "common.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include "clattn/parallel.h"
@@ -183,6 +187,18 @@ pb::array to_numpy(Tensor&& t) {
   const Shape& s = owner->shape();
   std::vector<pb::ssize_t> dims(s.dims.begin(), s.dims.begin() + s.rank);
   return pb::array_t<float>(dims, owner->data(), cap);
+}
+
+int initial_threads() {
+  if (const char* s = std::getenv("OMP_NUM_THREADS"); s && *s) {
+    char* end = nullptr;
+    const long n = std::strtol(s, &end, 10);  // "4" or the first level of "4,2"
+    if (end != s && n >= 1 && n <= 4096) return static_cast<int>(n);
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 void set_default_threads(int n) { g_threads.store(n); }

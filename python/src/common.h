@@ -71,5 +71,9 @@ std::string shape_str(pb::handle array);
 void apply_threads();
 void set_default_threads(int n);  // clattn.set_num_threads
 int default_threads();
+// The team clattn starts with: OMP_NUM_THREADS when set (its first level), else the processors
+// this process may run on. Not the importing thread's OpenMP setting: importing torch (or any
+// torch op) lowers that to torch's own thread count, which is not clattn's.
+int initial_threads();
 
 }  // namespace clattn::py

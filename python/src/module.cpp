@@ -95,6 +95,7 @@ PYBIND11_MODULE(_clattn, m) {
   using namespace clattn::py;
   m.doc() = "clattn: clustered and other efficient attention on NumPy arrays (C++ library binding)";
   m.attr("__version__") = CLATTN_VERSION;
+  set_default_threads(initial_threads());
   bind_attention(m);
   bind_tokenizer(m);
   bind_model(m);

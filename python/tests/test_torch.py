@@ -272,3 +272,35 @@ def test_double_backward_raises_instead_of_dropping_the_second_order_term(spec):
     o2 = att(q, k, v)
     o2.sum().backward()
     assert torch.isfinite(q.grad).all()
+
+
+def test_importing_torch_leaves_clattns_thread_count():
+    """clattn owns its thread count (OMP_NUM_THREADS, else the processors it may use): importing
+    torch — before or after clattn — and torch.set_num_threads lower the OpenMP setting of the
+    calling thread to torch's count, and must not lower clattn's (Debian's torch: 1)."""
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import sys
+order = sys.argv[1]
+if order == "torch-first":
+    import torch
+import clattn
+if order == "clattn-first":
+    import torch
+torch.set_num_threads(1)
+import numpy as np
+x = np.ones((1, 1, 64, 8), np.float32)
+clattn.Attention("full").forward(x, x, x)
+print(clattn.get_num_threads(), clattn.config()["threads"])
+clattn.set_num_threads(1)
+torch.set_num_threads(3)
+print(clattn.get_num_threads())
+"""
+    env = dict(os.environ, OMP_NUM_THREADS="3")
+    for order in ("torch-first", "clattn-first"):
+        out = subprocess.run([sys.executable, "-c", script, order], env=env, capture_output=True, text=True,
+                             check=True).stdout.split()
+        assert out == ["3", "3", "1"], (order, out)
