@@ -13,8 +13,9 @@ precision). Each forward that needs a gradient gets its own clattn Call (Context
 inputs), kept by autograd until its backward: a module may run several times per step.
 
 Discrete choices (clusters, hashes, top-k sets) are constants of the backward, as in the C++
-library. The backward is differentiable once: gradients taken with ``create_graph=True`` carry
-no second-order term, so differentiating them again raises instead of silently dropping it. Stochastic variants draw from the spec's ``seed=`` and ``Attention.step`` (set it to
+library. The backward is differentiable once: a gradient taken with ``create_graph=True`` raises
+instead of silently missing its second-order term. Changing the output in place before backward
+raises too (the backward reads it), as for torch's own ops. Stochastic variants draw from the spec's ``seed=`` and ``Attention.step`` (set it to
 your training step; it is never advanced behind your back). Stateful variants (routing with
 EMA centroids) update their state in training mode (``module.train()``).
 
@@ -94,17 +95,30 @@ class AttentionFunction(torch.autograd.Function):
         # The call reads these float32 tensors again in backward: a storage freed or resized in
         # between (t.storage().resize_(0)) is refused there rather than read.
         ctx.buffers = [(t, t.data_ptr(), _nbytes(t)) for t in (q32, k32, v32)]
-        # Saved so that autograd refuses a backward after q, k or v changed in place (the call
-        # reads them again); the call itself keeps their float32 NumPy views.
-        ctx.save_for_backward(q, k if k is not None else q, v)
+        ret = out if q.dtype == torch.float32 else out.to(q.dtype)
+        # Saved so that autograd refuses a backward after q, k, v or the output changed in place
+        # (the call reads them again: o += r before backward() would change dq and dk); the call
+        # itself keeps their float32 NumPy views. A converted output is a copy the call never reads.
+        ctx.save_for_backward(q, k if k is not None else q, v, ret)
         ctx.shapes = (q32.shape, k32.shape, v32.shape)
         ctx.dtypes = (q.dtype, None if k is None else k.dtype, v.dtype)
         ctx.k_none = k is None
-        return out if q.dtype == torch.float32 else out.to(q.dtype)
+        return ret
 
     @staticmethod
-    @once_differentiable  # clattn's backward is not itself differentiable: a double backward raises
     def backward(ctx, do):
+        # clattn's backward is not itself differentiable. With create_graph=True autograd runs
+        # backward with grad mode on and would take the gradient returned here as a constant,
+        # silently dropping every second-order term through it: refuse instead.
+        if torch.is_grad_enabled():
+            raise RuntimeError("clattn.torch: clattn's attention is differentiable once; a gradient with "
+                               "create_graph=True (double backward, gradient penalties through attention) is "
+                               "not supported")
+        return AttentionFunction._backward(ctx, do)
+
+    @staticmethod
+    @once_differentiable
+    def _backward(ctx, do):
         call = ctx.call
         ctx.saved_tensors  # noqa: B018 -- raises if an input was modified in place since forward
         for t, ptr, nbytes in ctx.buffers:

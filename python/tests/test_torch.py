@@ -257,17 +257,16 @@ def test_adapter_errors():
 
 @pytest.mark.parametrize("spec", ["full", "improved-clustered:clusters=3,topk=4", "linear"])
 def test_double_backward_raises_instead_of_dropping_the_second_order_term(spec):
-    """A gradient taken with create_graph=True and differentiated again would need clattn's
-    backward to be differentiable; it is not, so PyTorch must raise rather than treat the
-    gradient as a constant (which silently dropped the second-order term)."""
+    """A gradient taken with create_graph=True (for a gradient penalty, which needs the second
+    derivative) would need clattn's backward to be differentiable; it is not, so the gradient call
+    itself raises rather than return a gradient that autograd treats as a constant (which
+    silently dropped the second-order term)."""
     att = ct.Attention(spec)
     q = rand(1, 2, 12, 4, seed=40).requires_grad_()
     k, v = rand(1, 2, 12, 4, seed=41).requires_grad_(), rand(1, 2, 12, 4, seed=42).requires_grad_()
     o = att(q, k, v)
-    (gq,) = torch.autograd.grad(o.square().sum(), q, create_graph=True)
-    penalty = o.sum() + gq.square().sum()  # a gradient penalty: needs the second derivative
-    with pytest.raises(RuntimeError, match="differentiate twice|once_differentiable"):
-        penalty.backward()
+    with pytest.raises(RuntimeError, match="differentiable once"):
+        torch.autograd.grad(o.square().sum(), q, create_graph=True)
     # First-order use is unchanged.
     o2 = att(q, k, v)
     o2.sum().backward()
@@ -304,3 +303,31 @@ print(clattn.get_num_threads())
         out = subprocess.run([sys.executable, "-c", script, order], env=env, capture_output=True, text=True,
                              check=True).stdout.split()
         assert out == ["3", "3", "1"], (order, out)
+
+
+def test_output_changed_in_place_before_backward_is_refused():
+    """The backward reads the forward's output (D_i = dO·O): an in-place edit of it (o += r) would
+    change dq and dk silently. Autograd's saved-tensor version check refuses it, as for torch's
+    own ops; an out-of-place edit and a float64 output (a converted copy) are fine."""
+    q, k, v = (rand(1, 2, 30, 8, seed=s).requires_grad_() for s in (1, 2, 3))
+    att = ct.Attention("improved-clustered:clusters=3,topk=4")
+    o = att(q, k, v)
+    o += 1.0
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        o.sum().backward()
+    (att(q, k, v) + 1.0).sum().backward()
+    q64 = q.detach().double().requires_grad_()
+    o64 = att(q64, k.double(), v.double())
+    o64.sum().backward()
+    assert q64.grad is not None and torch.isfinite(q64.grad).all()
+
+
+def test_sdpa_gradient_with_create_graph_is_refused():
+    """As for Attention: scaled_dot_product_attention(x, x, x) differentiated with create_graph=True
+    returned a gradient with requires_grad=False, so a second-order loss lost its term silently."""
+    x = rand(1, 2, 12, 8, seed=4).requires_grad_()
+    for f in (lambda t: ct.scaled_dot_product_attention(t, t, t),):
+        with pytest.raises(RuntimeError, match="differentiable once"):
+            torch.autograd.grad(f(x).sum(), x, create_graph=True)
+        (g,) = torch.autograd.grad(f(x).sum(), x)  # first order stays as it was
+        assert torch.isfinite(g).all()
