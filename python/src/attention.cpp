@@ -85,7 +85,7 @@ template <class F>
     } catch (const Error&) {
       broken = true;
     }
-    if (broken) throw pb::value_error(err.what());
+    if (broken) throw_value_error(err.what());
     throw;
   }
 }
@@ -255,7 +255,7 @@ class PyAttention {
     try {
       core_->att = make_attention(spec);
     } catch (const Error& e) {
-      throw pb::value_error(e.what());
+      throw_value_error(e.what());
     }
   }
   Call& call() {

@@ -201,6 +201,41 @@ int initial_threads() {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
+std::string utf8_safe(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  const auto* u = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = u[i];
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = len > 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) ok = (u[i + k] & 0xC0) == 0x80;
+    if (ok && len == 2) ok = c >= 0xC2;                                            // overlong
+    if (ok && len == 3) {
+      const unsigned cp = ((c & 0xFu) << 12) | ((u[i + 1] & 0x3Fu) << 6) | (u[i + 2] & 0x3Fu);
+      ok = cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF);                             // overlong, surrogate
+    }
+    if (ok && len == 4) {
+      const unsigned cp = ((c & 0x7u) << 18) | ((u[i + 1] & 0x3Fu) << 12) | ((u[i + 2] & 0x3Fu) << 6) | (u[i + 3] & 0x3Fu);
+      ok = cp >= 0x10000 && cp <= 0x10FFFF;
+    }
+    if (ok) {
+      out.append(s, i, len);
+      i += len;
+    } else {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 0xF];
+      ++i;
+    }
+  }
+  return out;
+}
+
+void throw_value_error(const std::string& what) { throw pb::value_error(utf8_safe(what)); }
+
 void set_default_threads(int n) { g_threads.store(n); }
 int default_threads() { return g_threads.load(); }
 

@@ -76,4 +76,11 @@ int default_threads();
 // torch op) lowers that to torch's own thread count, which is not clattn's.
 int initial_threads();
 
+// `s` with every byte that is not part of valid UTF-8 written as \xNN: clattn's messages quote
+// file contents (tensor names, tokens) verbatim, and Python turns a message that is not UTF-8
+// into an empty one.
+std::string utf8_safe(const std::string& s);
+// ValueError with clattn's message, made UTF-8-safe.
+[[noreturn]] void throw_value_error(const std::string& what);
+
 }  // namespace clattn::py

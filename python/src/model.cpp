@@ -67,6 +67,8 @@ Ids ids_arg(pb::handle obj, int64_t vocab, const char* name) {
     PyErr_Clear();
     throw pb::type_error(std::string(name) + " must be an array of token ids");
   }
+  if (a.size() == 0)  // before the dtype: [] arrives as float64
+    throw pb::value_error(std::string(name) + " holds no token: shape " + shape_str(a));
   const char kind = a.dtype().kind();
   if (kind != 'i' && kind != 'u')
     throw pb::type_error(std::string(name) + " must hold integers, got dtype " + to_str(a.dtype()));
@@ -111,8 +113,15 @@ void set_plan(const std::function<void()>& f) {
   try {
     f();
   } catch (const Error& e) {
-    throw pb::value_error(e.what());
+    throw_value_error(e.what());
   }
+}
+
+// Sequences longer than the model's learned or configured positions: ValueError, as the CLI.
+void check_positions(const Ids& ids, const ModelConfig& c) {
+  if (c.max_positions > 0 && ids.T > c.max_positions)
+    throw pb::value_error("ids: " + std::to_string(ids.T) + " tokens exceed the model's " +
+                          std::to_string(c.max_positions) + " positions (max_position_embeddings)");
 }
 
 template <class M>
@@ -162,7 +171,8 @@ void bind_model(pb::module_& m) {
       .def_property_readonly("tokenizer", [](PyDecoder& p) { return p.tokenizer; },
                              "The folder's tokenizer.json as a clattn.Tokenizer (None without one)")
       .def("generate", [](PyDecoder& p, pb::handle prompt, int64_t max_tokens, float temperature, int64_t top_k,
-                          float top_p, uint64_t seed, bool stop_at_eos) -> pb::object {
+                          float top_p, int64_t seed, bool stop_at_eos) -> pb::object {
+             if (seed < 0) throw pb::value_error("seed must be >= 0, got " + std::to_string(seed));
              if (max_tokens < 0) throw pb::value_error("max_tokens must be >= 0, got " + std::to_string(max_tokens));
              if (!(temperature >= 0) || !std::isfinite(temperature))
                throw pb::value_error("temperature must be >= 0, got " + std::to_string(temperature));
@@ -191,7 +201,12 @@ void bind_model(pb::module_& m) {
                                      std::to_string(max_tokens) + " new tokens exceed the model's context of " +
                                      std::to_string(ctx));
              const int32_t eos = stop_at_eos ? (tok ? tok->eos_id() : p.m->config().eos) : -1;
-             const SamplingOptions so{temperature, top_k, top_p, seed};
+             if (text && tok->vocab_size() < p.m->config().vocab)
+               throw pb::value_error("generate: the tokenizer has " + std::to_string(tok->vocab_size()) +
+                                     " tokens, fewer than the model's vocabulary of " +
+                                     std::to_string(p.m->config().vocab) + ": it cannot decode every id the model may "
+                                     "produce; pass token ids, or use the model's own tokenizer");
+             const SamplingOptions so{temperature, top_k, top_p, static_cast<uint64_t>(seed)};
              const std::vector<int32_t> out = run_locked(p, [&] {
                return generate(*p.m, ids, max_tokens, so, eos);
              });
@@ -219,6 +234,7 @@ void bind_model(pb::module_& m) {
       .def_property_readonly("attention_specs", [](PyDecoder& p) { return p.m->attention_specs(); })
       .def("forward", [](PyDecoder& p, pb::handle ids_obj, pb::handle lengths) {
              const Ids ids = ids_arg(ids_obj, p.m->config().vocab, "ids");
+             check_positions(ids, p.m->config());
              const auto len = lengths_arg(lengths, ids, 0);
              Tensor out = run_locked(p, [&] {
                return p.m->forward({ids.ids.data(), static_cast<size_t>(ids.ids.size())}, ids.B, ids.T, span_of(len));
@@ -263,6 +279,7 @@ void bind_model(pb::module_& m) {
                                                  "--task mlm); this model has ") +
                                      (head_name(*p.m) ? head_name(*p.m) : "no head"));
              const Ids ids = ids_arg(ids_obj, p.m->config().vocab, "ids");
+             check_positions(ids, p.m->config());
              const auto len = lengths_arg(lengths, ids, 1);
              Tensor out = run_locked(p, [&] {
                return p.m->forward_mlm({ids.ids.data(), static_cast<size_t>(ids.ids.size())}, ids.B, ids.T, span_of(len));
@@ -277,6 +294,7 @@ void bind_model(pb::module_& m) {
       .def_property_readonly("attention_specs", [](PyEncoder& p) { return p.m->attention_specs(); })
       .def("forward", [](PyEncoder& p, pb::handle ids_obj, pb::handle lengths, pb::handle types) {
              const Ids ids = ids_arg(ids_obj, p.m->config().vocab, "ids");
+             check_positions(ids, p.m->config());
              const auto len = lengths_arg(lengths, ids, 1);
              Ids tt;
              if (!types.is_none()) {

@@ -96,6 +96,15 @@ PYBIND11_MODULE(_clattn, m) {
   m.doc() = "clattn: clustered and other efficient attention on NumPy arrays (C++ library binding)";
   m.attr("__version__") = CLATTN_VERSION;
   set_default_threads(initial_threads());
+  // clattn's own errors that no binding turned into ValueError are RuntimeError, as pybind11
+  // makes them, but with their message made UTF-8-safe (it may quote a file's bytes).
+  pb::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const clattn::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, utf8_safe(e.what()).c_str());
+    }
+  });
   bind_attention(m);
   bind_tokenizer(m);
   bind_model(m);

@@ -21,7 +21,7 @@ auto value_errors(F&& f) {
   try {
     return f();
   } catch (const Error& e) {
-    throw pb::value_error(e.what());
+    throw_value_error(e.what());
   }
 }
 

@@ -66,3 +66,50 @@ def test_readme_approximation_example_runs():
     m = re.search(r"agreement ([0-9.]+)", out.getvalue())
     assert m, out.getvalue()
     assert 0.9 <= float(m.group(1)) <= 1.0
+
+
+def test_model_calls_refuse_bad_arguments_by_name(tmp_path):
+    """Each refused with ValueError naming the problem, before any work: a sequence longer than
+    the model's positions (was accepted by Decoder.forward), an empty prompt (was "got dtype
+    float64"), a negative seed (was pybind's signature dump), a tokenizer that cannot decode
+    every id the model may produce (failed halfway through the text)."""
+    import json
+    import shutil
+
+    import pytest
+
+    src = data_dir() / "stories260k"
+    m = clattn.load_model(str(src))
+    n = m.config["max_positions"]
+    with pytest.raises(ValueError, match=f"{n + 1} tokens exceed the model's {n} positions"):
+        m.forward(np.zeros(n + 1, np.int32))
+    assert m.forward(np.zeros(8, np.int32)).shape == (8, m.config["vocab"])
+    with pytest.raises(ValueError, match="prompt holds no token"):
+        m.generate([])
+    with pytest.raises(ValueError, match="seed must be >= 0, got -1"):
+        m.generate("Once", seed=-1)
+    # The same model with a tokenizer of 300 of its 512 tokens.
+    small = tmp_path / "small"
+    shutil.copytree(src, small)
+    tok = json.loads((src / "tokenizer.json").read_text())
+    vocab = {t: i for t, i in tok["model"]["vocab"].items() if i < 300}
+    tok["model"]["vocab"] = vocab
+    tok["model"]["merges"] = [mg for mg in tok["model"]["merges"]
+                              if all(p in vocab for p in mg.split(" ") + ["".join(mg.split(" "))])]
+    (small / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(ValueError, match="tokenizer has 300 tokens, fewer than the model's vocabulary of 512"):
+        clattn.load_model(str(small)).generate("Once", max_tokens=4)
+
+
+def test_error_messages_quoting_invalid_utf8_keep_their_text(tmp_path):
+    """A message quoting a file's bytes that are not UTF-8 reached Python as an empty string."""
+    import struct
+
+    import pytest
+
+    hdr = b'{"a\xff": {"dtype": "XX", "shape": [1], "data_offsets": [0, 4]}}'
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(struct.pack("<Q", len(hdr)) + hdr + b"\0" * 4)
+    with pytest.raises(RuntimeError) as e:
+        clattn.read_safetensors(str(path))
+    assert "bad.safetensors" in str(e.value) and "not valid JSON" in str(e.value)
