@@ -125,6 +125,12 @@ void run_train(TrainCli cl) {
   a.task.kind = cl.task;
   a.version = kVersion;
   a.commit = kCommit;
+  // Said at start, not after the run: a model trained without --checkpoint is thrown away.
+  if (lead && a.checkpoint.empty())
+    std::fprintf(stderr, "train: warning: no --checkpoint DIR: the trained model will not be saved\n");
+  if (lead && a.warmup > a.steps)
+    std::fprintf(stderr, "train: warning: --warmup %lld is longer than --steps %lld: the learning rate never "
+                 "reaches --lr\n", static_cast<long long>(a.warmup), static_cast<long long>(a.steps));
   if (lead && a.resume && !a.checkpoint.empty() && !fs::exists(fs::path(a.checkpoint) / "latest" / "train_state.json"))
     std::fprintf(stderr, "train: no checkpoint in %s yet; starting from step 0\n", (fs::path(a.checkpoint) / "latest").c_str());
   Trainer tr(a);

@@ -85,6 +85,9 @@ def _read_mask(mask, B, H, L, S, device):
         allowed = mask
         additive = None
     elif mask.is_floating_point():
+        if mask.requires_grad:  # said here: further down it is clattn's bias, an argument the caller never passed
+            raise ValueError("clattn.torch: attn_mask gets no gradient (clattn's backward treats it as a constant); "
+                             "pass attn_mask.detach()")
         m = mask.detach()
         pure = bool(((m == 0) | (m == float("-inf"))).all())
         allowed = (m == 0) if pure else None

@@ -259,3 +259,11 @@ def _saved_and_loaded(module):
     torch.save(module, buf)
     buf.seek(0)
     return torch.load(buf)
+
+
+def test_grad_requiring_float_mask_is_refused_by_its_own_name():
+    q = rand(1, 2, 6, 4, seed=50)
+    mask = rand(6, 6, seed=51).requires_grad_()
+    with pytest.raises(ValueError, match=r"attn_mask gets no gradient.*attn_mask\.detach\(\)"):
+        ct.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    ct.scaled_dot_product_attention(q, q, q, attn_mask=mask.detach())

@@ -27,6 +27,18 @@ for i in $(seq 1 1500); do echo "line $i: the quick brown fox jumps over the laz
 model=(--layers 2 --dim 16 --heads 2 --ff 32 --batch 4 --warmup 2 --threads 1)
 tiny=("${model[@]}" --seq 64)
 
+# --- Warnings at start: a run without --checkpoint throws its model away; a warm-up longer than
+# the run never reaches --lr. Neither when the run keeps its model and warms up within it.
+expect_ok "train without --checkpoint" "$bin" train --task lm --data "$text" --layers 2 --dim 16 --heads 2 \
+  --ff 32 --batch 4 --threads 1 --seq 64 --steps 2 --warmup 5
+grep -q "warning: no --checkpoint DIR: the trained model will not be saved" "$dir/err" && ok ||
+  bad "no warning without --checkpoint: $(head -c 300 "$dir/err")"
+grep -q "warning: --warmup 5 is longer than --steps 2" "$dir/err" && ok ||
+  bad "no warning for --warmup > --steps: $(head -c 300 "$dir/err")"
+expect_ok "train with --checkpoint" "$bin" train --task lm --data "$text" "${tiny[@]}" --steps 2 \
+  --checkpoint "$dir/warned"
+grep -q "warning" "$dir/err" && bad "unexpected warning: $(head -c 300 "$dir/err")" || ok
+
 # --- mlm: the log's lines and fields; eval reproduces the logged evaluation.
 expect_ok "train mlm" "$bin" train --task mlm --data "$text" "${tiny[@]}" --steps 12 --eval-every 6 \
   --checkpoint "$dir/mlm" --log "$dir/mlm.jsonl"
