@@ -316,7 +316,7 @@ void run_approx(const ApproxOptions& o) {
 }
 
 struct GenerateOptions {
-  std::string model, prompt, attention = "full";
+  std::string model, prompt, attention;  // empty: the plan the model was saved with
   int64_t tokens = 128;
   float temperature = 0.f, top_p = 1.f;
   int64_t top_k = 0;
@@ -331,8 +331,10 @@ void run_generate(const GenerateOptions& o) {
   usage_check(o.temperature >= 0 && std::isfinite(o.temperature), "generate: --temperature must be >= 0, got ",
               o.temperature);
   usage_check(o.top_p > 0 && o.top_p <= 1, "generate: --top-p must be in (0, 1], got ", o.top_p);
+  // The loader restores the plan a checkpoint was trained with (as Python's load_model does);
+  // --attention replaces it.
   auto dec = Decoder::load(o.model);
-  dec->set_attention(o.attention);
+  if (!o.attention.empty()) dec->set_attention(o.attention);
   const Tokenizer tok = Tokenizer::from_file((std::filesystem::path(o.model) / "tokenizer.json").string());
   std::vector<int32_t> prompt = tok.encode(o.prompt);
   if (prompt.empty()) {
@@ -357,7 +359,7 @@ void run_generate(const GenerateOptions& o) {
   }, &st);
   std::fputs("\n", stdout);
   std::fprintf(stderr, "generate: %s; prefill %zu tokens at %.0f tokens/s, decode %zu tokens at %.0f tokens/s\n",
-               o.attention.c_str(), prompt.size(), static_cast<double>(prompt.size()) / std::max(st.prefill_s, 1e-9),
+               dec->attention_plan().c_str(), prompt.size(), static_cast<double>(prompt.size()) / std::max(st.prefill_s, 1e-9),
                made.size(), static_cast<double>(made.size()) / std::max(st.decode_s, 1e-9));
 }
 
@@ -393,7 +395,9 @@ void add_generate(CLI::App& app) {
   sub->add_option("--model", o->model, "model folder (config.json, safetensors, tokenizer.json)")->required();
   sub->add_option("--prompt", o->prompt, "prompt text (empty: start from BOS)");
   sub->add_option("--tokens", o->tokens, "tokens to generate")->capture_default_str();
-  sub->add_option("--attention", o->attention, "attention plan; must honour a causal mask")
+  sub->add_option("--attention", o->attention,
+                  "attention plan; must honour a causal mask (default: the plan the model was saved with, "
+                  "full for a Hugging Face checkpoint)")
       ->check(spec_validator())
       ->capture_default_str();
   sub->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();

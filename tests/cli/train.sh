@@ -39,6 +39,17 @@ expect_ok "train with --checkpoint" "$bin" train --task lm --data "$text" "${tin
   --checkpoint "$dir/warned"
 grep -q "warning" "$dir/err" && bad "unexpected warning: $(head -c 300 "$dir/err")" || ok
 
+# --- generate runs a checkpoint with the plan it was trained with (as Python's load_model does);
+# --attention replaces it.
+expect_ok "train lm with a plan" "$bin" train --task lm --data "$text" "${tiny[@]}" --steps 2 \
+  --attention "improved-clustered:clusters=2,topk=4" --checkpoint "$dir/planned"
+expect_ok "generate, trained plan" "$bin" generate --model "$dir/planned/latest" --prompt "line" --tokens 3
+grep -q "^generate: improved-clustered:clusters=2,topk=4" "$dir/err" && ok ||
+  bad "generate did not run the trained plan: $(head -c 300 "$dir/err")"
+expect_ok "generate, --attention full" "$bin" generate --model "$dir/planned/latest" --prompt "line" --tokens 3 \
+  --attention full
+grep -q "^generate: full;" "$dir/err" && ok || bad "generate --attention full: $(head -c 300 "$dir/err")"
+
 # --- mlm: the log's lines and fields; eval reproduces the logged evaluation.
 expect_ok "train mlm" "$bin" train --task mlm --data "$text" "${tiny[@]}" --steps 12 --eval-every 6 \
   --checkpoint "$dir/mlm" --log "$dir/mlm.jsonl"
