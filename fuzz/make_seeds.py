@@ -91,6 +91,16 @@ with open(f"{DATA}/stories260k/tokenizer_config.json", "rb") as f:
     tok_cfg = f.read()
 put("tokenizer", "stories260k", tok + b"\n#config\n" + tok_cfg)
 put("tokenizer", "stories260k_plain", tok)
+# Nested Sequence normalizers and decoders at the depth bound and one past it (the loader refuses
+# more than 32 levels: deeper nesting overflowed the stack): the fuzzer mutates around both.
+def nested(depth):
+    t = json.loads(tok)
+    for chain, key in (("normalizer", "normalizers"), ("decoder", "decoders")):
+        for _ in range(depth):
+            t[chain] = {"type": "Sequence", key: [t[chain]]}
+    return json.dumps(t)
+put("tokenizer", "nested_31", nested(31))
+put("tokenizer", "nested_40", nested(40))
 
 # checkpoints: 4-byte length, config.json, model.safetensors
 def checkpoint(cfg, tensors):

@@ -157,7 +157,9 @@ struct Tokenizer::Impl {
   void load(const json& root);
   void load_model(const json& model);
   void load_added(const json& added);
-  void load_steps(const json& j, const std::string& field, bool normalizer_chain);
+  // Sequences nest at most kMaxNesting deep: real files nest one or two, and the walk recurses.
+  static constexpr int kMaxNesting = 32;
+  void load_steps(const json& j, const std::string& field, bool normalizer_chain, int depth = 0);
   void load_post(const json& post);
   void load_config(const json& cfg, const std::string& cfg_name);
   void check_growth(const std::vector<Step>& chain, const char* field) const;
@@ -333,8 +335,11 @@ void Tokenizer::Impl::load_added(const json& added) {
   }
 }
 
-void Tokenizer::Impl::load_steps(const json& j, const std::string& field, bool normalizer_chain) {
+void Tokenizer::Impl::load_steps(const json& j, const std::string& field, bool normalizer_chain, int depth) {
   std::vector<Step>& out = normalizer_chain ? normalizer : decoder;
+  if (depth > kMaxNesting)
+    bad(normalizer_chain ? "normalizer" : "decoder", ": Sequence nested more than ", kMaxNesting,
+        " deep (a real tokenizer.json nests one or two)");
   if (!j.is_object()) bad(field, " must be an object, not ", j.type_name());
   const json* tj = opt(j, "type");
   if (!tj || !tj->is_string()) bad(field, ".type is missing");
@@ -348,7 +353,7 @@ void Tokenizer::Impl::load_steps(const json& j, const std::string& field, bool n
     const json* list = opt(j, normalizer_chain ? "normalizers" : "decoders");
     if (!list || !list->is_array()) bad(field, ".", normalizer_chain ? "normalizers" : "decoders", " must be an array");
     for (size_t i = 0; i < list->size(); ++i)
-      load_steps((*list)[i], field + "[" + std::to_string(i) + "]", normalizer_chain);
+      load_steps((*list)[i], field + "[" + std::to_string(i) + "]", normalizer_chain, depth + 1);
   } else if (type == "Replace") {
     const json* p = opt(j, "pattern");
     if (!p || !p->is_object() || !p->contains("String") || !(*p)["String"].is_string())

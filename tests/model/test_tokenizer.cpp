@@ -370,6 +370,22 @@ TEST_F(Stories, MalformedFiles) {
   expect(with([](json& j) { j["added_tokens"][1]["content"] = "<bos>"; }), "added_tokens[1]");
   expect(with([](json& j) { j["added_tokens"].push_back({{"id", 600}, {"content", "<pad>"}}); }),
          "next free id is 512");
+  // Sequences nested 15 000 deep overflowed the stack (SIGSEGV); 32 levels load, 33 are refused.
+  const auto nested = [&](const char* chain, const char* list, int depth) {
+    return with([&](json& j) {  // built top-down: each level one push_back, not a copy of the rest
+      json top = {{"type", "Sequence"}, {list, json::array()}};
+      json* cur = &top;
+      for (int d = 1; d < depth; ++d) {
+        (*cur)[list].push_back(json{{"type", "Sequence"}, {list, json::array()}});
+        cur = &(*cur)[list][0];
+      }
+      (*cur)[list].push_back(j[chain]);
+      j[chain] = std::move(top);
+    });
+  };
+  EXPECT_EQ(nested("normalizer", "normalizers", 31), "");
+  expect(nested("normalizer", "normalizers", 33), "normalizer: Sequence nested more than 32 deep");
+  expect(nested("decoder", "decoders", 2000), "decoder: Sequence nested more than 32 deep");
   expect(load_error(json_text_, "{not json"), "(tokenizer_config.json): not valid JSON");
   expect(load_error(json_text_, R"({"bos_token": "<nope>"})"), "bos_token");
 
