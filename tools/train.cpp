@@ -357,7 +357,9 @@ void add_train(CLI::App& app) {
   sub->add_option("--log", a.log, "JSON-lines log (appended to on --resume)");
   sub->add_flag("--reproducible,!--no-reproducible", a.reproducible,
                 "sum the gradient in one fixed tree over the batch's sequences: the same bits for any number of "
-                "ranks and any --accum (default off: each rank's share in --accum micro-batches, all-reduced)");
+                "ranks and any --accum at the same --threads per rank (other thread counts reorder float sums "
+                "inside some attention backwards: ~1e-10 relative) (default off: each rank's share in --accum "
+                "micro-batches, all-reduced)");
   sub->add_option("--accum", a.accum, "micro-batches per rank and step without --reproducible")->capture_default_str();
   sub->add_flag("!--no-overlap", a.overlap,
                 "exchange the gradient after the backward instead of layer by layer during it (for measuring the overlap)");
