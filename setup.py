@@ -9,6 +9,7 @@ The CMake build tree, in this order:
   otherwise build/ is configured here with the README's options (library, CLI and Python package;
   no tests or micro-benchmarks). $CLATTN_JOBS sets the build's parallelism (2).
 """
+import hashlib
 import os
 import re
 import shutil
@@ -40,6 +41,33 @@ def cache_value(build_dir, key):
     return None
 
 
+# What the extension is built from. A build tree of another source tree is accepted only when
+# these are the same there (a copy of this checkout, as the packaging test makes, is; another
+# checkout is not: it would install that checkout's extension under this one's version).
+SOURCES = ("CMakeLists.txt", "python/src", "python/clattn", "src", "include")
+
+
+def digest(path):
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file() and "__pycache__" not in f.parts)
+    for f in files:
+        h.update(str(f.relative_to(path) if f != path else f.name).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def check_same_sources(build, home):
+    home = Path(home).resolve()
+    if home == ROOT:
+        return
+    for rel in SOURCES:
+        mine, theirs = ROOT / rel, home / rel
+        if mine.exists() and (not theirs.exists() or digest(mine) != digest(theirs)):
+            raise RuntimeError(f"{build} is the build tree of {home}, whose {rel} differs from {ROOT}'s: it would "
+                               "install that source's extension as this one; give a build tree of this checkout "
+                               "(CLATTN_BUILD_DIR)")
+
+
 def clean_env():
     # pip's isolated build sets PYTHONPATH / PYTHONNOUSERSITE to hide the system's packages; CMake
     # runs the interpreter to find NumPy and pybind11, which must see them.
@@ -56,8 +84,10 @@ class CMakeBuild(build_ext):
         given = os.environ.get("CLATTN_BUILD_DIR")
         if given:
             build = Path(given).resolve()
-            if cache_value(build, "CMAKE_HOME_DIRECTORY") is None:
+            home = cache_value(build, "CMAKE_HOME_DIRECTORY")
+            if home is None:
                 raise RuntimeError(f"CLATTN_BUILD_DIR={given} is not a configured CMake build tree of clattn")
+            check_same_sources(build, home)
         else:
             build = ROOT / "build"
             home = cache_value(build, "CMAKE_HOME_DIRECTORY")

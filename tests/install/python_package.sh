@@ -24,6 +24,14 @@ export CLATTN_BUILD_DIR=$build PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 /usr/bin/python3 -m venv --system-site-packages "$work/venv" || { bad "python3 -m venv (Debian: python3-venv)"; exit 1; }
 if "$work/venv/bin/python" -m pip install -q "$work/src" >"$work/pip.log" 2>&1; then ok; else
   bad "pip install . failed:"; tail -n 30 "$work/pip.log"; fi
+# Another source (here a copy with one Python file changed) with this build tree: refused, since
+# it would install this tree's extension under that source's files and version.
+cp -r "$work/src" "$work/other"
+echo "# changed" >>"$work/other/python/clattn/__init__.py"
+if "$work/venv/bin/python" -m pip install -q "$work/other" >"$work/other.log" 2>&1; then
+  bad "pip install of another source with CLATTN_BUILD_DIR of this one succeeded"
+elif grep -q "whose python/clattn differs" "$work/other.log"; then ok; else
+  bad "pip install of another source failed without naming the difference:"; tail -n 10 "$work/other.log"; fi
 cd "$work"
 if "$work/venv/bin/python" - "$work/venv" <<'PY'
 import sys, numpy as np, clattn
