@@ -6,11 +6,11 @@
 #include <clattn/tokenizer.h>
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <vector>
 
-int main(int argc, char** argv) {
-  const std::string dir = std::string(argc > 1 ? argv[1] : "../shared/data") + "/stories260k";
+int run(const std::string& dir) {
   auto model = clattn::Decoder::load(dir);
   const auto ids = clattn::SafetensorsFile::open(dir + "/reference_logits.safetensors").get_i32("tokens");
   const int64_t T = static_cast<int64_t>(ids.size()), V = model->config().vocab;
@@ -31,4 +31,17 @@ int main(int argc, char** argv) {
   const auto more = clattn::generate(*model, story, 40, clattn::SamplingOptions{}, tok.eos_id());
   story.insert(story.end(), more.begin(), more.end());
   std::printf("%s\n", tok.decode(story).c_str());
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  // The data folder: the argument, else ../shared/data as seen from the repository root.
+  const std::string data = argc > 1 ? argv[1] : "../shared/data";
+  try {
+    return run(data + "/stories260k");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n(run it from the repository root beside ../shared/data, or give the data "
+                 "folder: %s DATA_DIR)\n", argv[0], e.what(), argv[0]);
+    return 1;
+  }
 }

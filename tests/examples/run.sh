@@ -45,6 +45,12 @@ fi
 if need_data "examples on real models" stories260k/model.safetensors kwt1/model.safetensors \
      tinyshakespeare/input.txt; then
   expect_output "examples/approximate_model.cpp" "agreement with full attention" "$build/example_approximate_model" "$data"
+  # From another folder without the data argument: a message saying where to run it, exit 1 (it
+  # ended in an uncaught exception).
+  (cd "$dir" && "$build/example_approximate_model" >"$dir/out" 2>"$dir/err")
+  rc=$?
+  if [ "$rc" = 1 ] && grep -q "run it from the repository root beside ../shared/data" "$dir/err"; then ok
+  else bad "example_approximate_model from another folder: exit $rc, stderr: $(head -c 300 "$dir/err")"; fi
   expect_output "examples/approximate_kwt1.py" "agreement 0.9" /usr/bin/python3 "$(py_example approximate_kwt1.py)"
   expect_output "examples/char_lm.py" "ROMEO:" /usr/bin/python3 "$(py_example char_lm.py)"
 fi
