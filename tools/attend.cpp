@@ -164,9 +164,10 @@ void run_split(const AttendOptions& o, const Attention& att, const AttentionInpu
   w.set_metadata("causal", in.causal ? "true" : "false");
   w.set_metadata("ranks", std::to_string(R));
   w.write(o.output);
+  char bwd[64] = "";  // rounded as the one-process line rounds it (std::to_string printed 6 decimals)
+  if (dout) std::snprintf(bwd, sizeof bwd, ", backward %.2f ms", bwd_ms);
   std::fprintf(stderr, "attend: %s on q %s split over %d ranks%s: forward %.2f ms%s, rank 0 sent %.3f MB -> %s\n",
-               att.name().c_str(), in.q.shape.str().c_str(), R, in.causal ? " (causal, zig-zag)" : "", fwd_ms,
-               dout ? (", backward " + std::to_string(bwd_ms) + " ms").c_str() : "",
+               att.name().c_str(), in.q.shape.str().c_str(), R, in.causal ? " (causal, zig-zag)" : "", fwd_ms, bwd,
                static_cast<double>(traffic.bytes) / 1e6, o.output.c_str());
 }
 

@@ -33,6 +33,9 @@ split() {
     expect_ok "$spec $causal R = $np" mpi "$np" "$bin" attend --sequence-parallel --spec "$spec" $causal --threads 1 \
       --input "$file" --output "$out"
     grep -q "split over $np ranks" "$dir/err" && ok || bad "$spec R = $np: no summary line: $(head -c 300 "$dir/err")"
+    # Times rounded to 2 decimals, as the one-process line has them.
+    grep -Eq "forward [0-9]+\.[0-9]{2} ms(, backward [0-9]+\.[0-9]{2} ms)?, rank 0" "$dir/err" && ok ||
+      bad "$spec R = $np: times not rounded: $(head -c 300 "$dir/err")"
     $compare "$ref" "$out" 1e-5 o dq dk dv >"$dir/cmp" 2>&1 && ok || bad "$spec $causal R = $np: $(cat "$dir/cmp")"
   done
 }
