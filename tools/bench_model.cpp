@@ -130,9 +130,12 @@ void run_bench_model(const BenchModelOptions& o) {
     if (lead && !o.json.empty()) bench::write_file_atomic(o.json, doc.dump(2) + "\n");
   };
   write_json();  // an unwritable path fails before the first case
+  // A missing or unreadable model, or a KWT model without its features, fails before the table
+  // header: no empty table above an error.
+  const bool llama = !o.random_bert && model_kind(o.model) == ModelKind::llama;
+  check(o.random_bert || llama || !o.features.empty(), "bench-model: a KWT model needs --features FILE");
   if (lead) table.header();
   // Units: each (length, plan) forward or prefill, and each decode sweep.
-  const bool llama = !o.random_bert && model_kind(o.model) == ModelKind::llama;
   const int64_t units = static_cast<int64_t>((o.random_bert || llama ? lengths_given.size() : 1) * o.attention.size()) *
                         (llama && o.decode > 0 && !(o.sequence_parallel && R > 1) ? 2 : 1);
   Progress progress("bench-model", units, lead);

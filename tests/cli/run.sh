@@ -215,6 +215,11 @@ if need_data "the model commands" stories260k kwt1; then
   expect_error "approx missing model" "config" "$bin" approx --model "$dir/nothing" --features "$data/kwt1/features_speech_commands.safetensors" --attention full
   expect_ok "bench-model random bert" "$bin" bench-model --random-bert --layers 1 --hidden 32 --heads 2 --ffn 64 --lengths 128 --attention full --attention 'improved-clustered:clusters=8,topk=8' --repeat 1
   expect_ok "bench-model decoder" "$bin" bench-model --model "$data/stories260k" --lengths 32 --decode 8 --repeat 1
+  # A model that cannot run fails before the table's header: no empty table above the error.
+  for args in "--model $dir/nothing" "--model $data/kwt1"; do
+    expect_error "bench-model $args" "bench-model\|config" "$bin" bench-model $args --repeat 1
+    grep -q "ms_median" "$dir/out" && bad "bench-model $args printed the table header before its error" || ok
+  done
 fi
 
 finish ""
