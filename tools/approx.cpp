@@ -31,6 +31,7 @@ struct ApproxOptions {
   std::string model, features, tokens, text, json_out;
   std::vector<std::string> attention;
   int64_t seeds = 1;
+  int64_t repeat = 3;
   int threads = 0;
   bool verbose = false;
 };
@@ -145,6 +146,7 @@ Metrics compare(const Tensor& full, const Tensor& approx, const std::vector<int3
 void run_approx(const ApproxOptions& o) {
   set_threads(checked_threads(o.threads, "approx"));
   check_size(o.seeds, 1, kMaxCount, "approx: --seeds");
+  check_size(o.repeat, 1, 1000, "approx: --repeat");
   const int given = !o.features.empty() + !o.tokens.empty() + !o.text.empty();
   usage_check(given == 1, "approx: give exactly one of --features, --token-file, --text");
   usage_check(!o.attention.empty(), "approx: give at least one --attention plan");
@@ -209,11 +211,18 @@ void run_approx(const ApproxOptions& o) {
     if (enc) enc->set_attention(plan);
     else dec->set_attention(plan);
   };
+  // ms: the median of --repeat timed forwards (the caller runs one warm-up before).
   auto timed = [&](Outputs& out) {
-    const auto t0 = std::chrono::steady_clock::now();
-    out.logits = run();
-    out.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::vector<double> t;
+    for (int64_t r = 0; r < o.repeat; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      out.logits = run();
+      t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(t.begin(), t.end());
+    out.ms = t.size() % 2 ? t[t.size() / 2] : (t[t.size() / 2 - 1] + t[t.size() / 2]) / 2;
   };
+  auto warm_up = [&](Outputs& out) { out.logits = run(); };
   // Memory before allocation: the largest plan's forward on the whole input.
   {
     double need = 0;
@@ -239,7 +248,7 @@ void run_approx(const ApproxOptions& o) {
   set_plan("full");
   Outputs full;
   progress.set(done, "full attention (reference), warm-up");
-  timed(full);  // warm-up: first touch of activations and workspace
+  warm_up(full);  // first touch of activations and workspace
   progress.set(done, "full attention (reference)");
   timed(full);
   ++done;
@@ -296,7 +305,7 @@ void run_approx(const ApproxOptions& o) {
       set_plan(seeds > 1 ? with_seed(plan, s, st) : plan);
       Outputs out;
       progress.set(done, seeds > 1 ? detail::concat(plan, ", seed ", s, "/", seeds) : plan);
-      timed(out);  // warm-up
+      warm_up(out);
       timed(out);
       ++done;
       Metrics m = compare(full.logits, out.logits, labels);
@@ -382,6 +391,8 @@ void add_approx(CLI::App& app) {
                   "attention plan, repeatable: one spec for every layer, or 'spec0;spec1;...' per layer "
                   "(the last repeats)")->required()->check(spec_validator());
   sub->add_option("--seeds", o->seeds, "run randomized variants with seeds 0..S-1; report mean [min-max]")
+      ->capture_default_str();
+  sub->add_option("--repeat", o->repeat, "timed forwards per plan after one warm-up; ms is their median")
       ->capture_default_str();
   sub->add_option("--json", o->json_out, "also write {\"model\", \"results\": [...]} to this file");
   add_threads_option(sub, o->threads, "approx");

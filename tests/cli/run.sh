@@ -210,6 +210,9 @@ if need_data "the model commands" stories260k kwt1; then
   grep -q '"agreement"' "$dir/a.json" && grep -q '"ratio_to_full"' "$dir/a.json" && ok || bad "approx json: $(head -c 300 "$dir/a.json")"
   expect_ok "approx kwt seeds" "$bin" approx --model "$data/kwt1" --features "$data/kwt1/features_speech_commands.safetensors" --attention 'improved-clustered:clusters=25' --seeds 2
   grep -q "improved-clustered:clusters=25 .* 2 " "$dir/out" && ok || bad "approx kwt: $(cat "$dir/out")"
+  # ms is the median of --repeat timed forwards after a warm-up; 0 is a usage error.
+  expect_ok "approx --repeat 2" "$bin" approx --model "$data/kwt1" --features "$data/kwt1/features_speech_commands.safetensors" --attention full --repeat 2
+  expect_exit 2 "approx --repeat 0" "--repeat" "$bin" approx --model "$data/kwt1" --features "$data/kwt1/features_speech_commands.safetensors" --attention full --repeat 0
   expect_error "approx no input" "exactly one of" "$bin" approx --model "$data/kwt1" --attention full
   expect_error "approx bad plan" "unknown attention" "$bin" approx --model "$data/kwt1" --features "$data/kwt1/features_speech_commands.safetensors" --attention 'full;fulll'
   expect_error "approx missing model" "config" "$bin" approx --model "$dir/nothing" --features "$data/kwt1/features_speech_commands.safetensors" --attention full
