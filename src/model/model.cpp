@@ -2,6 +2,7 @@
 // Hugging Face names, loading and saving checkpoints, the attention stack, the arena, timed dense
 // layers, residual dropout and the loss heads.
 #include <algorithm>
+#include <regex>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -181,6 +182,15 @@ void Model::load_weights(Weights& w, bool verbose, const std::vector<std::string
   if (cfg_.kind == ModelKind::llama && cfg_.tie_embeddings && w.has("lm_head.weight"))
     (void)w.get("lm_head.weight", {cfg_.vocab, cfg_.hidden});
   att_->load_state(w);
+  // Tensors of a layer past the config's count (weights of 5 layers, a config of 4) would be
+  // dropped silently: the two disagree, and neither can be trusted.
+  for (const std::string& n : w.unused()) {
+    static const std::regex layer_re(R"((?:^|\.)(?:layers|layer|h)\.([0-9]+)\.)");
+    std::smatch m;
+    if (std::regex_search(n, m, layer_re) && std::stoll(m[1].str()) >= cfg_.layers)
+      fail("model '", w.dir(), "': tensor '", n, "' belongs to layer ", m[1].str(), ", but config.json has ",
+           cfg_.layers, " layers (num_hidden_layers): the weights and the config disagree");
+  }
   if (verbose)
     for (const std::string& n : w.unused())
       if (n.rfind("clattn.attention_state.", 0) != 0)

@@ -234,6 +234,14 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
   }
   a.seq = seq;
   task_->check_length(seq);
+  // --init trains the checkpoint's architecture: the log, train_state.json and the checks below
+  // name its sizes, not the fresh-model defaults.
+  if (init_cfg) {
+    a.layers = init_cfg->layers;
+    a.dim = init_cfg->hidden;
+    a.heads = init_cfg->heads;
+    a.ff = init_cfg->ffn;
+  }
   files_->args = run_args(a, seq, tokenizer_);
 
   // Fresh or resumed state.
@@ -257,9 +265,13 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
       f.state = train::read_train_state((f.root / "latest" / "train_state.json").string());
       const json& saved = f.state.args;
       std::string diff;
-      for (const auto& [k, v] : f.args.items())
+      for (const auto& [k, v] : f.args.items()) {
+        // An --init run's sizes are its checkpoint's (runs saved before they were recorded hold
+        // the defaults); the loaded model's config is checked against them below.
+        if (!a.init.empty() && (k == "layers" || k == "dim" || k == "heads" || k == "ff")) continue;
         if (!saved.contains(k) || saved[k] != v)
           diff += " --" + k + " " + (saved.contains(k) ? saved[k].dump() : "(absent)") + " (now " + v.dump() + ")";
+      }
       check(diff.empty(), "train: --resume needs the options of the saved run; they differ:", diff);
       model_ = Model::load((f.root / "latest").string());
       resumed_ = true;
@@ -277,6 +289,12 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
   }
   if (!model_) model_ = Model::create(fresh_config(a, *task_, seq), head, a.task.seed);
   const ModelConfig& c = model_->config();
+  // What is trained is what the run's options (and so its log) say: a resumed run whose
+  // latest/config.json was swapped for another model's would train that model under this log.
+  check(c.layers == a.layers && c.hidden == a.dim && c.heads == a.heads && c.ffn == a.ff, "train: the model (",
+        resumed_ ? (f.root / "latest").string() : !a.init.empty() ? a.init : std::string("fresh"), ") has ", c.layers,
+        " layers, dim ", c.hidden, ", ", c.heads, " heads, ff ", c.ffn, "; the run's options say ", a.layers,
+        " layers, dim ", a.dim, ", ", a.heads, " heads, ff ", a.ff);
   if (task_->feature_dim() > 0) {
     check(c.kind == ModelKind::kwt && c.input_dim == task_->feature_dim() && c.num_patches == seq, "train: the ",
           task_->name(), " task holds frames of ", task_->feature_dim(), " features x ", seq,

@@ -50,6 +50,25 @@ expect_ok "generate, --attention full" "$bin" generate --model "$dir/planned/lat
   --attention full
 grep -q "^generate: full;" "$dir/err" && ok || bad "generate --attention full: $(head -c 300 "$dir/err")"
 
+# --- What is trained is what is logged: --init logs the checkpoint's sizes (not the defaults,
+# dim 128); a resumed run whose latest/config.json and weights were swapped for another model's is
+# refused; a checkpoint whose weights hold more layers than its config says is refused by name.
+"$bin" train --task lm --data "$text" "${tiny[@]}" --steps 2 --checkpoint "$dir/arch2" >/dev/null 2>&1
+expect_ok "train --init" "$bin" train --task lm --data "$text" --init "$dir/arch2/latest" --seq 64 --batch 4 --warmup 1 \
+  --threads 1 --steps 2 --log "$dir/init.jsonl"
+head -1 "$dir/init.jsonl" | grep -q '"dim":16' && head -1 "$dir/init.jsonl" | grep -q '"layers":2' && ok ||
+  bad "--init log header does not name the checkpoint's sizes: $(head -c 300 "$dir/init.jsonl")"
+"$bin" train --task lm --data "$text" --layers 1 --dim 16 --heads 2 --ff 32 --batch 4 --warmup 2 --threads 1 --seq 64 \
+  --steps 2 --checkpoint "$dir/arch1" >/dev/null 2>&1
+cp "$dir/arch2/latest/config.json" "$dir/arch2/latest/model.safetensors" "$dir/arch1/latest/"
+expect_error "resume with a swapped model" "has 2 layers, dim 16, 2 heads, ff 32; the run's options say 1 layers" \
+  "$bin" train --task lm --data "$text" --layers 1 --dim 16 --heads 2 --ff 32 --batch 4 --warmup 2 --threads 1 --seq 64 \
+  --steps 2 --checkpoint "$dir/arch1" --resume
+cp -r "$dir/arch2/latest" "$dir/arch_lying"
+sed -i 's/"num_hidden_layers": 2/"num_hidden_layers": 1/' "$dir/arch_lying/config.json"
+expect_error "--init with more layers in the weights" "belongs to layer 1, but config.json has 1 layers" \
+  "$bin" train --task lm --data "$text" --init "$dir/arch_lying" --seq 64 --batch 4 --threads 1 --steps 2
+
 # --- mlm: the log's lines and fields; eval reproduces the logged evaluation.
 expect_ok "train mlm" "$bin" train --task mlm --data "$text" "${tiny[@]}" --steps 12 --eval-every 6 \
   --checkpoint "$dir/mlm" --log "$dir/mlm.jsonl"
