@@ -2,7 +2,6 @@
 // Hugging Face names, loading and saving checkpoints, the attention stack, the arena, timed dense
 // layers, residual dropout and the loss heads.
 #include <algorithm>
-#include <regex>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -170,6 +169,24 @@ void Model::init(uint64_t seed) {
   }
 }
 
+namespace {
+
+// The layer a tensor name belongs to: N of a "layers.N.", "layer.N." or "h.N." component (LLaMA,
+// BERT, GPT-2 naming), else -1.
+int64_t layer_of(const std::string& name) {
+  for (const std::string key : {"layers.", "layer.", "h."}) {
+    for (size_t at = name.find(key); at != std::string::npos; at = name.find(key, at + 1)) {
+      if (at != 0 && name[at - 1] != '.') continue;
+      size_t i = at + key.size(), j = i;
+      while (j < name.size() && j - i < 9 && name[j] >= '0' && name[j] <= '9') ++j;
+      if (j > i && j < name.size() && name[j] == '.') return std::stoll(name.substr(i, j - i));
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
 void Model::load_weights(Weights& w, bool verbose, const std::vector<std::string>& optional) {
   for (size_t i = 0; i < info_.size(); ++i) {
     const ParamInfo& pi = info_[i];
@@ -185,10 +202,9 @@ void Model::load_weights(Weights& w, bool verbose, const std::vector<std::string
   // Tensors of a layer past the config's count (weights of 5 layers, a config of 4) would be
   // dropped silently: the two disagree, and neither can be trusted.
   for (const std::string& n : w.unused()) {
-    static const std::regex layer_re(R"((?:^|\.)(?:layers|layer|h)\.([0-9]+)\.)");
-    std::smatch m;
-    if (std::regex_search(n, m, layer_re) && std::stoll(m[1].str()) >= cfg_.layers)
-      fail("model '", w.dir(), "': tensor '", n, "' belongs to layer ", m[1].str(), ", but config.json has ",
+    const int64_t layer = layer_of(n);
+    if (layer >= cfg_.layers)
+      fail("model '", w.dir(), "': tensor '", n, "' belongs to layer ", layer, ", but config.json has ",
            cfg_.layers, " layers (num_hidden_layers): the weights and the config disagree");
   }
   if (verbose)
