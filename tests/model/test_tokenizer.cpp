@@ -385,7 +385,9 @@ TEST_F(Stories, MalformedFiles) {
   };
   EXPECT_EQ(nested("normalizer", "normalizers", 31), "");
   expect(nested("normalizer", "normalizers", 33), "normalizer: Sequence nested more than 32 deep");
-  expect(nested("decoder", "decoders", 2000), "decoder: Sequence nested more than 32 deep");
+  // Not thousands deep here: the test's own json dump recurses, and AddressSanitizer's frames
+  // overflow the stack there (the loader stops at 33 whatever the depth).
+  expect(nested("decoder", "decoders", 40), "decoder: Sequence nested more than 32 deep");
   expect(load_error(json_text_, "{not json"), "(tokenizer_config.json): not valid JSON");
   expect(load_error(json_text_, R"({"bos_token": "<nope>"})"), "bos_token");
 
