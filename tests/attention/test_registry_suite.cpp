@@ -1,5 +1,8 @@
-// The registry suite (STYLE §5): every registered variant runs through the same shape, mask,
-// gradient and bad-input tests against its reference. Variants whose reference is not full
+// The registry suite: every registered variant runs through the same shape, mask, gradient and
+// bad-input tests against its reference. The convention it follows: one suite over the whole
+// registry rather than a test file per variant; outputs compared by NMSE with NaN/Inf checks;
+// gradients against a closed-form reference or by directional finite differences in double;
+// awkward sizes (1, 3, 63, 64, 65, 113); fixed seeds. Variants whose reference is not full
 // attention add their entry (spec + reference) to kEntries.
 #include <gtest/gtest.h>
 
