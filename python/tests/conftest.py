@@ -58,3 +58,13 @@ def two_threads():
 
 def randn(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
+
+
+def rand(*shape, seed, scale=1.0):
+    """A float32 torch tensor of standard normals times `scale`, the same for the same seed (a
+    generator of its own: the global torch seed is left alone). torch is imported here, not at the
+    top, so that the NumPy suites run without it."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float32) * scale

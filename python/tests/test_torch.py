@@ -6,6 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import clattn  # noqa: E402
 import clattn.torch as ct  # noqa: E402
+from conftest import rand  # noqa: E402
 
 
 def reference(q, k, v, causal=False, query_lengths=None, key_lengths=None, bias=None, scale=None):
@@ -29,11 +30,6 @@ def reference(q, k, v, causal=False, query_lengths=None, key_lengths=None, bias=
         mask = mask & (i.view(1, 1, N, 1) < torch.as_tensor(query_lengths).view(B, 1, 1, 1))
     p = torch.softmax(s.masked_fill(~mask, -1e30), dim=-1) * mask
     return p @ v
-
-
-def rand(*shape, seed):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=torch.float32)
 
 
 FULL_CASES = [

@@ -10,13 +10,9 @@ torch = pytest.importorskip("torch")
 import clattn  # noqa: E402
 import clattn._device as dv  # noqa: E402
 import clattn.torch as ct  # noqa: E402
+from conftest import rand  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-def rand(*shape, seed, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=torch.float32) * scale
 
 
 def rel(a, b):

@@ -8,6 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import clattn.torch as ct  # noqa: E402
+from conftest import rand  # noqa: E402
 
 
 def sdpa_reference(q, k, v, attn_mask=None, is_causal=False, scale=None):
@@ -24,11 +25,6 @@ def sdpa_reference(q, k, v, attn_mask=None, is_causal=False, scale=None):
             bias = attn_mask + bias
     w = torch.softmax(q @ k.transpose(-2, -1) * scale + bias, dim=-1)
     return w @ v
-
-
-def rand(*shape, seed):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=torch.float32)
 
 
 def leaves(*ts):
