@@ -9,6 +9,7 @@ The CMake build tree, in this order:
   otherwise build/ is configured here with the README's options (library, CLI and Python package;
   no tests or micro-benchmarks). $CLATTN_JOBS sets the build's parallelism (2).
 """
+import atexit
 import hashlib
 import os
 import re
@@ -16,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -113,4 +115,12 @@ class CMakeBuild(build_ext):
         shutil.copy2(match[0], dest)
 
 
-setup(version=version(), ext_modules=[Extension("clattn._clattn", sources=[])], cmdclass={"build_ext": CMakeBuild})
+# setuptools' own scratch goes to a temporary folder that is removed on exit: by default it would
+# write python/clattn.egg-info into the checkout and build/lib.*, build/bdist.* into build/, which is
+# the README's CMake build tree. The wheel, the metadata and the installed files go where the
+# caller asks as before.
+scratch = tempfile.mkdtemp(prefix="clattn-setuptools-")
+atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+
+setup(version=version(), ext_modules=[Extension("clattn._clattn", sources=[])], cmdclass={"build_ext": CMakeBuild},
+      options={"egg_info": {"egg_base": scratch}, "build": {"build_base": os.path.join(scratch, "build")}})

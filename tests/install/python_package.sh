@@ -15,15 +15,24 @@ fail=0
 ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
-# A copy of what packaging reads (the source tree stays clean of egg-info and wheels).
+# A copy of what packaging reads, so that nothing this script does can touch the checkout, and
+# so that what packaging leaves in a source tree is seen (left_in_src).
 mkdir -p "$work/src"
 (cd "$src" && cp -r pyproject.toml setup.py README.md LICENSE CMakeLists.txt python "$work/src/")
 rm -rf "$work/src/python/tests"
 export CLATTN_BUILD_DIR=$build PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# setuptools' scratch (an egg-info, build/lib.*, build/bdist.*) must not stay in the source: in a
+# checkout it would be python/clattn.egg-info and files inside the CMake tree build/.
+left_in_src() {
+  local left
+  left=$(cd "$work/src" && find . \( -name '*.egg-info' -o -name build -o -name dist \) -prune -print | sort)
+  if [ -z "$left" ]; then ok; else bad "$1 left in the source tree:" $left; fi
+}
 
 /usr/bin/python3 -m venv --system-site-packages "$work/venv" || { bad "python3 -m venv (Debian: python3-venv)"; exit 1; }
 if "$work/venv/bin/python" -m pip install -q "$work/src" >"$work/pip.log" 2>&1; then ok; else
   bad "pip install . failed:"; tail -n 30 "$work/pip.log"; fi
+left_in_src "pip install ."
 # Another source (here a copy with one Python file changed) with this build tree: refused, since
 # it would install this tree's extension under that source's files and version.
 cp -r "$work/src" "$work/other"
@@ -60,6 +69,7 @@ assert any(n.endswith(".dist-info/LICENSE") for n in names), names
 print("wheel ok:", sys.argv[1].rsplit("/", 1)[-1])
 PY
   then ok; else bad "the wheel lacks the extension, a module or the LICENSE"; fi
+  left_in_src "python3 -m build --wheel"
 else
   bad "python3 -m build --wheel --no-isolation failed (Debian: python3-build):"; tail -n 30 "$work/build.log"
 fi
