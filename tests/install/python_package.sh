@@ -33,6 +33,16 @@ left_in_src() {
 if "$work/venv/bin/python" -m pip install -q "$work/src" >"$work/pip.log" 2>&1; then ok; else
   bad "pip install . failed:"; tail -n 30 "$work/pip.log"; fi
 left_in_src "pip install ."
+# An interpreter that cannot import NumPy (here a venv without the system's packages; a pyenv
+# python3 is another) is refused before anything is built, naming the interpreter that works.
+if /usr/bin/python3 -m venv "$work/bare" >/dev/null 2>&1; then
+  if "$work/bare/bin/python" -m pip install -q "$work/src" >"$work/bare.log" 2>&1; then
+    bad "pip install . with a python3 that has no NumPy succeeded"
+  elif grep -q "cannot import NumPy" "$work/bare.log" &&
+       grep -q "Install with /usr/bin/python3" "$work/bare.log"; then ok; else
+    bad "pip install . with a python3 without NumPy failed without saying why:"; tail -n 15 "$work/bare.log"; fi
+  left_in_src "a refused pip install ."
+else bad "python3 -m venv (without system site packages)"; fi
 # Another source (here a copy with one Python file changed) with this build tree: refused, since
 # it would install this tree's extension under that source's files and version.
 cp -r "$work/src" "$work/other"
