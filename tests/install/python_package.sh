@@ -33,6 +33,11 @@ left_in_src() {
 if "$work/venv/bin/python" -m pip install -q "$work/src" >"$work/pip.log" 2>&1; then ok; else
   bad "pip install . failed:"; tail -n 30 "$work/pip.log"; fi
 left_in_src "pip install ."
+# No console script: `clattn` on PATH stays the C++ command; `python -m clattn` reports the package.
+if [ ! -e "$work/venv/bin/clattn" ]; then ok; else bad "pip install . installed a clattn command into the venv"; fi
+if (cd "$work" && "$work/venv/bin/python" -m clattn) >"$work/main.log" 2>&1 &&
+   head -n 1 "$work/main.log" | grep -q "^clattn [0-9.]* (Python package $work/venv/"; then ok; else
+  bad "python -m clattn from the venv:"; tail -n 10 "$work/main.log"; fi
 # An interpreter that cannot import NumPy (here a venv without the system's packages; a pyenv
 # python3 is another) is refused before anything is built, naming the interpreter that works.
 if /usr/bin/python3 -m venv "$work/bare" >/dev/null 2>&1; then
@@ -76,9 +81,12 @@ assert any(n.startswith("clattn/_clattn") and n.endswith(".so") for n in names),
 for f in ("clattn/__init__.py", "clattn/torch.py", "clattn/_torch_nn.py"):
     assert f in names, (f, names)
 assert any(n.endswith(".dist-info/LICENSE") for n in names), names
+assert "clattn/__main__.py" in names, names
+# No console script (no entry points at all): `clattn` is the C++ command's name.
+assert not any(n.endswith(".dist-info/entry_points.txt") for n in names), names
 print("wheel ok:", sys.argv[1].rsplit("/", 1)[-1])
 PY
-  then ok; else bad "the wheel lacks the extension, a module or the LICENSE"; fi
+  then ok; else bad "the wheel lacks the extension, a module or the LICENSE, or has entry points"; fi
   left_in_src "python3 -m build --wheel"
 else
   bad "python3 -m build --wheel --no-isolation failed (Debian: python3-build):"; tail -n 30 "$work/build.log"

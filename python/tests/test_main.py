@@ -1,0 +1,57 @@
+"""`python3 -m clattn` (python/clattn/__main__.py): the package's version and machine facts, the
+same line `clattn --version` prints, JSON, the variants and the usage. Run as a user would, in a
+subprocess of this interpreter, with this environment (PYTHONPATH names the package under test)."""
+import json
+import os
+import subprocess
+import sys
+
+import clattn
+
+
+def run_module(*args, **env):
+    return subprocess.run([sys.executable, "-m", "clattn", *args], capture_output=True, text=True,
+                          env=dict(os.environ, **env))
+
+
+def test_facts_are_those_of_config_and_the_cli(cli):
+    r = run_module()
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"clattn {clattn.__version__} (Python package {os.path.dirname(os.path.abspath(clattn.__file__))})", lines[0]
+    c = clattn.config()
+    assert lines[1].startswith(c["cpu"] or c["cpu_vendor"]) and f"ISA {c['isa']}" in lines[1], lines[1]
+    # The C++ command's --version, in the same environment: its second and third lines are the
+    # same facts, word for word.
+    v = cli("--version")
+    assert v.returncode == 0, v.stderr
+    assert lines[1:3] == v.stdout.splitlines()[1:3], (r.stdout, v.stdout)
+    assert f"Python {sys.version.split()[0]} ({sys.executable})" in r.stdout
+    assert "--help" in lines[-1]
+
+
+def test_json_is_config_and_more():
+    # A thread count other than the suites' 2: the report gives the process's own.
+    r = run_module("--json", OMP_NUM_THREADS="3")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    c = clattn.config()
+    for key in c:
+        if key != "threads":
+            assert d[key] == c[key], key
+    assert d["threads"] == 3
+    assert d["python"] == sys.executable
+    assert isinstance(d["torch_installed"], bool)
+
+
+def test_variants_and_help():
+    r = run_module("--variants")
+    assert r.returncode == 0, r.stderr
+    assert [ln.split()[0] for ln in r.stdout.splitlines()] == [v["name"] for v in clattn.variants()]
+    h = run_module("--help")
+    assert h.returncode == 0, h.stderr
+    assert "usage:" in h.stdout and "clattn.Attention(" in h.stdout
+    # The command line is the C++ program's, and the help says this package does not ship it.
+    assert "C++ program `clattn`" in h.stdout and "not part of this package" in h.stdout
+    bad = run_module("--no-such-option")
+    assert bad.returncode == 2 and "unrecognized arguments" in bad.stderr
