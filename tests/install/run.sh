@@ -7,9 +7,12 @@
 #   - uses the clattn source as a subproject (add_subdirectory) of a parent project that has its own
 #     tests/ folder: only the library is built, the parent's build type is kept, no GoogleTest,
 #     Google Benchmark or CLI11 is looked for, and the parent's tests/ is never globbed.
-# Usage: bash tests/install/run.sh /path/to/clattn/source   (CLATTN_JOBS: build jobs, default 2)
+# Usage: bash tests/install/run.sh /path/to/clattn/source [BUILD_DIR]   (CLATTN_JOBS: build jobs,
+# default 2). With BUILD_DIR (a configured and built tree of the same source, as scripts/test.sh
+# passes its warnings-as-errors build), the install is made from it and nothing is compiled again.
 set -u
-src=$(cd "${1:?usage: run.sh /path/to/clattn/source}" && pwd)
+src=$(cd "${1:?usage: run.sh /path/to/clattn/source [BUILD_DIR]}" && pwd)
+given_build=${2:-}
 jobs=${CLATTN_JOBS:-2}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 work=$(mktemp -d)
@@ -36,7 +39,7 @@ finish() {
   exit $?
 }
 # The directory of the OpenMP build of OpenBLAS the library was configured with.
-blas_dir() { sed -n 's/^CLATTN_OPENBLAS:FILEPATH=//p' "$work/build/CMakeCache.txt" | xargs -r dirname; }
+blas_dir() { sed -n 's/^CLATTN_OPENBLAS:FILEPATH=//p' "$build/CMakeCache.txt" | xargs -r dirname; }
 # loads_blas NAME EXE: EXE resolves libopenblas.so.0 from the configured (OpenMP) directory.
 loads_blas() {
   local got
@@ -48,12 +51,20 @@ loads_blas() {
 # --- 1. build and install ---------------------------------------------------------------------
 # Configured with the default prefix: the install below overrides it, so both packages must be
 # relocatable. Tests and benchmarks off: `all` is then the library and the CLI, what install needs.
-step configure cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCLATTN_BUILD_TESTS=OFF -DCLATTN_BUILD_BENCH=OFF || finish
-step build cmake --build "$work/build" -j "$jobs" || finish
-if grep -q 'warning:' "$work/build.log"; then bad "build has warnings"; grep 'warning:' "$work/build.log" | head; else ok "build has no warnings"; fi
-step install cmake --install "$work/build" --prefix "$prefix" || finish
-libdir=$(sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$work/build/CMakeCache.txt")
+if [ -n "$given_build" ]; then
+  build=$(cd "$given_build" && pwd)
+  check "the given build tree is of this source" \
+    test "$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt")" = "$src"
+  step build_up_to_date cmake --build "$build" -j "$jobs" || finish
+else
+  build=$work/build
+  step configure cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCLATTN_BUILD_TESTS=OFF -DCLATTN_BUILD_BENCH=OFF || finish
+  step build cmake --build "$build" -j "$jobs" || finish
+  if grep -q 'warning:' "$work/build.log"; then bad "build has warnings"; grep 'warning:' "$work/build.log" | head; else ok "build has no warnings"; fi
+fi
+step install cmake --install "$build" --prefix "$prefix" || finish
+libdir=$(sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$build/CMakeCache.txt")
 echo "      libdir: $libdir"
 for f in "$libdir/libclattn.a" include/clattn/attention.h include/clattn/parallel.h bin/clattn \
          "$libdir/cmake/clattn/clattnConfig.cmake" "$libdir/cmake/clattn/clattnConfigVersion.cmake" \
@@ -72,7 +83,7 @@ loads_blas "installed clattn loads the OpenMP OpenBLAS" "$prefix/bin/clattn"
 
 # The installed Python package (when built: pybind11 and NumPy found) imports from its folder
 # and runs an attention with the OpenMP OpenBLAS.
-pydir=$(sed -n 's/^CLATTN_PYTHON_INSTALL_DIR:STRING=//p' "$work/build/CMakeCache.txt")
+pydir=$(sed -n 's/^CLATTN_PYTHON_INSTALL_DIR:STRING=//p' "$build/CMakeCache.txt")
 if [ -n "$pydir" ]; then
   step python_import env -C "$work" PYTHONPATH="$prefix/$pydir" /usr/bin/python3 -c \
     'import numpy as np, clattn; q = np.ones((1, 1, 8, 4), np.float32); assert clattn.Attention("full").forward(q, q, q).shape == q.shape; assert "openblas-openmp" in clattn._clattn._blas_library() or "openmp" not in clattn._clattn._openblas_expected'
