@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -207,6 +208,51 @@ TEST(CausalClustered, DecodingWithQueriesInTheCacheEqualsThePrefill) {
   }
 }
 
+// Decoding with B·H below the thread count streams the centroids' attention over the prefix on the
+// whole team, in the blocks of kCb centroids one thread uses: every step's output equals the
+// single-thread one bit for bit. More than 64 clusters (two blocks), one token and 13 at a time,
+// GQA, and a rewind into an earlier segment.
+TEST(CausalClustered, DecodingSplitOverThreadsEqualsOneThreadBitForBit) {
+  for (const Problem& p : {Problem{.B = 1, .H = 1, .Hkv = 1, .N = 700, .M = 700, .Dk = 16, .Dv = 24, .causal = true},
+                           Problem{.B = 1, .H = 2, .Hkv = 1, .N = 500, .M = 500, .Dk = 8, .Dv = 8, .causal = true, .seed = 2}})
+    for (const char* spec : {"improved-clustered:clusters=80,topk=5,block=32,segment=128", "clustered:clusters=70,block=16,segment=128"})
+      for (int64_t chunk : {1, 13}) {
+        SCOPED_TRACE(std::string(spec) + " H=" + std::to_string(p.H) + " chunk " + std::to_string(chunk));
+        const ProblemData pd = structured(p, 90);
+        const int saved = max_threads();
+        std::vector<std::vector<float>> got;
+        for (int threads : {1, 2, 3}) {
+          set_threads(threads);
+          auto att = make_attention(spec);
+          KVCache kc(p.B, p.Hkv, p.M, p.Dk, p.Dv, p.H);
+          Context c = Context::for_inference();
+          std::vector<float> outs;
+          auto step_rows = [&](int64_t pos, int64_t n) {
+            kc.append(testing::rows(pd.k, pos, n), testing::rows(pd.v, pos, n), testing::rows(pd.q, pos, n));
+            AttentionInputs in;
+            in.q = testing::rows(pd.q, pos, n);
+            in.k = kc.keys();
+            in.v = kc.values();
+            in.cache = &kc;
+            in.causal = true;
+            Tensor o(Shape{p.B, p.H, n, p.Dv});
+            att->forward(in, o.view(), c);
+            outs.insert(outs.end(), o.data(), o.data() + o.numel());
+          };
+          for (int64_t pos = 0; pos < p.N; pos += chunk) step_rows(pos, std::min(chunk, p.N - pos));
+          kc.truncate(300);
+          for (int64_t pos = 300; pos < p.N; pos += chunk) step_rows(pos, std::min(chunk, p.N - pos));
+          got.push_back(std::move(outs));
+        }
+        set_threads(saved);
+        for (size_t x = 1; x < got.size(); ++x) {
+          ASSERT_EQ(got[x].size(), got[0].size());
+          EXPECT_EQ(std::memcmp(got[x].data(), got[0].data(), sizeof(float) * got[0].size()), 0)
+              << "decoded outputs differ on " << x + 1 << " threads";
+        }
+      }
+}
+
 // A cache that keeps no queries has no definers for the cached positions: a step attends its
 // prefix exactly (causal full attention), as docs/models.md says.
 TEST(CausalClustered, DecodingWithoutQueriesInTheCacheIsExact) {
@@ -278,6 +324,27 @@ TEST(CausalClustered, SpecAndBackwardMismatch) {
   AttentionInputs in = pd.inputs();
   in.causal = false;
   EXPECT_THROW(att->backward(in, out.view(), ctx, pd.dout.view(), dq.view(), dk.view(), dv.view()), Error);
+}
+
+// B·H below the thread count: the backward's dense pass over each segment's prefix runs on the
+// whole team in spans of keys (causal_internal.h kSpan), and every key's dK, dV and every span's
+// dQc are summed in the same order, so outputs and gradients equal the single-thread ones bit for
+// bit. Prefixes long enough for several spans (M up to 5037), N != M, padding, GQA; and short
+// lengths (1, 3, 65) where a head has one span or none.
+TEST(CausalClustered, HeadSplitOverThreadsEqualsOneThreadBitForBit) {
+  for (const char* spec : {"clustered:clusters=6,block=64,segment=256", "improved-clustered:clusters=5,topk=7,block=64,segment=512",
+                           "improved-clustered:clusters=2,topk=3,block=4,segment=8"})
+    for (const Problem& p :
+         {Problem{.B = 1, .H = 1, .Hkv = 1, .N = 5000, .M = 5037, .Dk = 16, .Dv = 24, .causal = true, .seed = 3},
+          Problem{.B = 1, .H = 2, .Hkv = 1, .N = 4500, .M = 4500, .Dk = 8, .Dv = 8, .causal = true,
+                  .qlen = {3900}, .klen = {4333}, .seed = 4},
+          Problem{.B = 1, .H = 1, .Hkv = 1, .N = 1000, .M = 1000, .Dk = 16, .Dv = 16, .causal = true},
+          Problem{.B = 1, .H = 1, .Hkv = 1, .N = 65, .M = 65, .Dk = 8, .Dv = 8, .causal = true},
+          Problem{.B = 1, .H = 1, .Hkv = 1, .N = 3, .M = 3, .Dk = 8, .Dv = 8, .causal = true},
+          Problem{.B = 1, .H = 1, .Hkv = 1, .N = 1, .M = 70, .Dk = 8, .Dv = 8, .causal = true}}) {
+      SCOPED_TRACE(std::string(spec) + " N=" + std::to_string(p.N) + " M=" + std::to_string(p.M));
+      testing::expect_same_bits_on_1_2_3_threads(spec, structured(p));
+    }
 }
 
 // Gradients against central finite differences of the double reference, clusters, definers and

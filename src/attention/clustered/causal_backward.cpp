@@ -23,6 +23,7 @@
 #include "attention/tile/gather.h"
 #include "attention/tile/tile_ops.h"
 #include "attention/validate.h"
+#include "clattn/parallel.h"
 #include "core/simd.h"
 
 namespace clattn::causal {
@@ -158,7 +159,8 @@ void members_bwd(const AttentionInputs& in, const AttentionDims& d, bool improve
 void prefix_bwd(const AttentionInputs& in, const AttentionDims& d, const ClusteredParams& p,
                 const Geometry& g, const CausalClusters& cz, int64_t t, ConstView out,
                 ConstView dout, View dq, const KeyGrads& kg, const float* kpan, const float* vpan,
-                const float* krow, int64_t Mp, CausalThread& sc) {
+                const float* krow, int64_t Mp, CausalWorkspace& ws, int owner, bool split) {
+  CausalThread& sc = ws.threads[static_cast<size_t>(owner)];
   const int64_t b = t / d.H, h = t % d.H, hk = h / d.group(), D = d.Dk, Dv = d.Dv;
   const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
   const int64_t Dkp = round_up(D, mk::kLanes), Dvp = round_up(Dv, mk::kLanes);
@@ -230,18 +232,29 @@ void prefix_bwd(const AttentionInputs& in, const AttentionDims& d, const Cluster
         delta[x * ce + j] += wgt * delta[(x + 1) * ce + j];
       }
     // 4. The dense pass, region by region: keys [P_(x−1), P_x) with block x's softmax as reference.
-    float* am = sc.am.floats(static_cast<size_t>(kCb * kBc));         // (Cb, Bc) A
-    float* da = sc.da.floats(static_cast<size_t>(kCb * kBc));         // (Cb, Bc) dA, then dS
-    float* dkacc = sc.dkacc.floats(static_cast<size_t>(kBc * Dkp));   // (Bc, Dkp)
-    float* dvacc = sc.dvacc.floats(static_cast<size_t>(kBc * Dvp));   // (Bc, Dvp)
+    // Keys go in spans of kSpan positions, over the team when the head is split: a span's keys
+    // take their dK, dV from it alone, and its dQc goes to its own partial, added in span order
+    // afterwards, so the result is the same on any thread count.
     const float inv_c = 1.f / c;
-    int64_t k0 = 0;
-    for (int64_t x = 0; x < nblk; ++x) {
-      const int64_t e = std::min((beta0 + x) * g.Lb, mv);
-      const float* lse = cz.lse_c.data() + snap(x) * static_cast<size_t>(cz.cmax);
-      const float* Gx = G + x * ce * Dvp;
-      const float* dx = delta + x * ce;
-      for (; k0 < e;) {
+    auto region_end = [&](int64_t x) { return std::min((beta0 + x) * g.Lb, mv); };
+    const int64_t kend = region_end(nblk - 1), nspan = (kend + kSpan - 1) / kSpan;
+    float* dqs = sc.dqspan.floats(static_cast<size_t>(std::max<int64_t>(nspan, 1) * ce * Dkp));  // (nspan, C, Dkp)
+    split_for(split, nspan, owner, [&](int64_t span, int thread) {
+      CausalThread& tc = ws.threads[static_cast<size_t>(thread)];
+      float* am = tc.am.floats(static_cast<size_t>(kCb * kBc));        // (Cb, Bc) A
+      float* da = tc.da.floats(static_cast<size_t>(kCb * kBc));        // (Cb, Bc) dA, then dS
+      float* dkacc = tc.dkacc.floats(static_cast<size_t>(kBc * Dkp));  // (Bc, Dkp)
+      float* dvacc = tc.dvacc.floats(static_cast<size_t>(kBc * Dvp));  // (Bc, Dvp)
+      float* part = dqs + span * ce * Dkp;                               // (C, Dkp)
+      std::memset(part, 0, sizeof(float) * static_cast<size_t>(ce * Dkp));
+      int64_t k0 = span * kSpan, x = 0;
+      const int64_t kstop = std::min(kend, k0 + kSpan);
+      while (k0 < kstop) {
+        while (region_end(x) <= k0) ++x;
+        const int64_t e = std::min(region_end(x), kstop);
+        const float* lse = cz.lse_c.data() + snap(x) * static_cast<size_t>(cz.cmax);
+        const float* Gx = G + x * ce * Dvp;
+        const float* dx = delta + x * ce;
         const int64_t k1 = std::min(e, (k0 / kBc + 1) * kBc), a0 = k0 / kPanel * kPanel;
         const int64_t npan = (k1 - a0 + kPanel - 1) / kPanel, width = npan * kPanel;
         std::memset(dkacc, 0, sizeof(float) * static_cast<size_t>(width * Dkp));
@@ -263,7 +276,7 @@ void prefix_bwd(const AttentionInputs& in, const AttentionDims& d, const Cluster
           }
           // dV += Aᵀ·G̃ ; dQc += dS·K ; dK += dSᵀ·(c·Qc) (c undone below)
           mk::gemm_ab(width, Dvp, rows, am, 1, kBc, Gx + j0 * Dvp, Dvp, dvacc, Dvp, nullptr);
-          mk::gemm_ab(rows, Dkp, width, da, kBc, 1, kr + a0 * Dkp, Dkp, dqc + j0 * Dkp, Dkp, nullptr);
+          mk::gemm_ab(rows, Dkp, width, da, kBc, 1, kr + a0 * Dkp, Dkp, part + j0 * Dkp, Dkp, nullptr);
           mk::gemm_ab(width, Dkp, rows, da, 1, kBc, qcs + j0 * Dkp, Dkp, dkacc, Dkp, nullptr);
         }
         for (int64_t l = k0; l < k1; ++l) {
@@ -272,7 +285,8 @@ void prefix_bwd(const AttentionInputs& in, const AttentionDims& d, const Cluster
         }
         k0 = k1;
       }
-    }
+    });
+    for (int64_t span = 0; span < nspan; ++span) simd::axpy_row(dqc, dqs + span * ce * Dkp, ce * Dkp);
     // 5. qc_j = mean of its definers.
     const int32_t* dord = cz.def_order.data() + ts * static_cast<size_t>(g.Ls);
     const int32_t* doff = cz.def_off.data() + ts * static_cast<size_t>(cz.cmax + 1);

@@ -294,13 +294,19 @@ void attn_causal_clustered_bwd(const AttentionInputs& in, const AttentionDims& d
   // segment's queries, so dq rows are shared across segments of a head). full's backward packed
   // K and V for every head; they are read from its workspace.
   float* part = G > 1 ? ws.part.floats(static_cast<size_t>(BH * Mp * (Dkp + Dvp))) : nullptr;  // (B, H, Mp, Dkp + Dvp)
-  parallel_for(BH, [&](int64_t t, int thread) {
+  auto head = [&](int64_t t, int owner, bool split) {
     const int64_t b = t / d.H, hk = (t % d.H) / G;
     KeyGrads kg{part ? part + t * Mp * (Dkp + Dvp) : nullptr, Dkp + Dvp, dk, dv, b, hk, Dkp};
     if (part) std::memset(kg.part, 0, sizeof(float) * static_cast<size_t>(Mp * (Dkp + Dvp)));
     prefix_bwd(in, d, p, g, cz, t, out, dout, dq, kg, full_key_panels(fws), full_value_panels(fws),
-               full_key_rows(fws), Mp, ws.threads[static_cast<size_t>(thread)]);
-  });
+               full_key_rows(fws), Mp, ws, owner, split);
+  };
+  // B·H below the thread count: one head at a time, its dense pass over the team.
+  if (split_tasks(BH)) {
+    for (int64_t t = 0; t < BH; ++t) head(t, 0, true);
+  } else {
+    parallel_for(BH, [&](int64_t t, int thread) { head(t, thread, false); });
+  }
   if (part) reduce_group_partials(in, d, part, Mp, Dkp + Dvp, Dkp, dk, dv);
 }
 
@@ -323,7 +329,7 @@ size_t causal_clustered_workspace_bytes(const AttentionDims& d, const ClusteredP
                 f * (round_up(std::max<int64_t>(k, 1), 16) * (D + Dvp) + k * D + kMb * (D + 64 + Dvp) + kMb);
   if (mode == Mode::training)
     per += f * (S * C * (Dvp + 2) + C * Dkp * 2 + 2 * kCb * kBc + kBc * (Dkp + Dvp) + 2 * k * (D + Dv) + 4 * Dv) +
-           8 * Ls;
+           8 * Ls + f * std::max<int64_t>(1, (d.M + kSpan - 1) / kSpan) * C * Dkp;
   int64_t shared = mode == Mode::training ? f * (BH * d.N + (d.group() > 1 ? BH * Mp * (Dkp + Dvp) : 0)) : 0;
   return static_cast<size_t>(threads * (per + static_cast<int64_t>(sizeof(CausalThread))) + shared + state) +
          full_workspace_bytes(d, mode, threads, Band{.block = Lb});

@@ -71,7 +71,7 @@ void decode_prefix(const AttentionInputs& in, const AttentionDims& d, const Clus
   float* rowbuf = ds.rows.floats(static_cast<size_t>(2 * BH * d.N));  // (2, BH, N) lzp, alpha
   const bool improved = p.topk > 0;
   const int64_t kmax = improved ? std::max<int64_t>(1, p.topk) : 0;
-  parallel_for(BH, [&](int64_t t, int thread) {
+  auto head = [&](int64_t t, int thread, bool split) {
     const int64_t b = t / d.H, h = t % d.H, hk = h / d.group();
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
     DecodeHead& dh = ds.heads[static_cast<size_t>(t)];
@@ -95,7 +95,11 @@ void decode_prefix(const AttentionInputs& in, const AttentionDims& d, const Clus
       const int64_t P = std::min(beta * g.Lb, mv);
       if (dh.beta != beta) {  // the stream at this block's prefix (from 0 again if it went past)
         if (P < dh.st.pos) dh.st.reset(dh.qc.data(), dh.ce, D, Dv, p.topk, g.c);
-        dh.st.advance(P, ko, tile);
+        if (split) {
+          dh.st.advance_over_team(P, ko, ws.threads);
+        } else {
+          dh.st.advance(P, ko, tile);
+        }
         dh.lse_c.resize(static_cast<size_t>(dh.ce));
         dh.mass.resize(static_cast<size_t>(dh.ce));
         dh.resid.resize(static_cast<size_t>(dh.ce * Dv));
@@ -112,7 +116,14 @@ void decode_prefix(const AttentionInputs& in, const AttentionDims& d, const Clus
                 rowbuf + (BH + t) * d.N, sc.ms);
       ra = rb;
     }
-  });
+  };
+  // B·H below the thread count: one head at a time, its stream (the one step that reads the
+  // whole prefix, C·P at a new segment) over the team; the rest of a step is a few rows.
+  if (split_tasks(BH)) {
+    for (int64_t t = 0; t < BH; ++t) head(t, 0, true);
+  } else {
+    parallel_for(BH, [&](int64_t t, int thread) { head(t, thread, false); });
+  }
 }
 
 }  // namespace clattn::causal

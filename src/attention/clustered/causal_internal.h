@@ -52,6 +52,8 @@ void pack_centroids(const float* qc, int64_t ce, int64_t D, std::vector<float>& 
 void nearest_centroids(const float* q, int64_t n, int64_t ldq, int64_t D, const float* qcpan,
                        const float* norms, int64_t ce, int32_t* out, Workspace& ws);
 
+struct CausalThread;
+
 // The running centroid attention of a segment's clusters over keys [0, pos): per centroid the
 // online softmax of FlashAttention (max m in log2 units, sum l, unnormalised accumulator) and,
 // improved, the streaming top-k candidates (2k per centroid). Tiles are cut at multiples of kBc
@@ -68,7 +70,14 @@ struct Stream {
   void reset(const float* qc, int64_t ce, int64_t D, int64_t Dv, int64_t topk, float c);
   // Streams keys [pos, to) into every centroid's state; tile holds kCb·kBc floats.
   void advance(int64_t to, const KeyOperands& ko, float* tile);
+  // The same, its blocks of kCb centroids over the team (each thread's own tile): equal bit for bit,
+  // since a centroid's state reads its own row only.
+  void advance_over_team(int64_t to, const KeyOperands& ko, std::vector<CausalThread>& team);
   size_t bytes() const { return held_bytes(qcs, m, l, acc, cand, ncand, thr); }
+
+ private:
+  // Centroids [j0, j0 + kCb) over keys [pos, to); acc is (ce, Dvp).
+  void advance_rows(int64_t j0, int64_t to, const KeyOperands& ko, float* acc, float* tile);
 };
 
 // What a block keeps of the stream at its prefix P (per cluster of the segment): the log-sum-exp
@@ -124,11 +133,12 @@ struct CausalThread {
   MemberScratch ms;
   // Backward.
   Workspace g, dz, delta, qcs, am, da, dkacc, dvacc, dqc, tmp, kgt, vgt, dkt, dvt;
+  Workspace dqspan;  // (ceil(M / kSpan), C, Dkp) the dense pass's dQc, per span of keys
   std::vector<int32_t> morder, moff;
   std::vector<char> has;
   size_t bytes() const {
     return held_bytes(assign, qcpan, near, norms, tile, g, dz, delta, qcs, am, da, dkacc, dvacc, dqc, tmp,
-                      kgt, vgt, dkt, dvt, morder, moff, has) +
+                      kgt, vgt, dkt, dvt, dqspan, morder, moff, has) +
            cs.km.bytes() + held_bytes(cs.codes, cs.centroids, cs.assign, cs.proj) + stream.bytes() + ms.bytes();
   }
 };
@@ -171,12 +181,17 @@ inline Rows block_rows(const Geometry& g, int64_t beta, Rows seg) {
 void decode_prefix(const AttentionInputs& in, const AttentionDims& d, const ClusteredParams& p,
                    uint64_t step, const Geometry& g, View out, const float* inl, Scratch& scratch);
 
+// Keys per span of the backward's dense pass: the unit it splits over the team.
+inline constexpr int64_t kSpan = 4 * kBc;
+
 // Backward of the prefix parts of head t (causal_backward.cpp): members, centroid attention over
-// every block's prefix, and the definers through the centroid means.
+// every block's prefix, and the definers through the centroid means, on ws.threads[owner]; with
+// `split` the dense pass over the prefix's keys runs on the whole team (B·H below the thread
+// count), with the same result.
 void prefix_bwd(const AttentionInputs& in, const AttentionDims& d, const ClusteredParams& p,
                 const Geometry& g, const CausalClusters& cz, int64_t t, ConstView out,
                 ConstView dout, View dq, const KeyGrads& kg, const float* kpan, const float* vpan,
-                const float* krow, int64_t Mp, CausalThread& sc);
+                const float* krow, int64_t Mp, CausalWorkspace& ws, int owner, bool split);
 
 // The log-sum-exp of row i's in-block part from full's saved lse and parts: −inf when it saw no
 // key (full's +inf marker).

@@ -87,32 +87,46 @@ void Stream::reset(const float* qc, int64_t ce_, int64_t D_, int64_t Dv_, int64_
   }
 }
 
-void Stream::advance(int64_t to, const KeyOperands& ko, float* sc /* (Cb, Bc) scores, then P */) {
-  const int64_t Dvp = round_up(Dv, mk::kLanes);
-  float* a = acc.floats(static_cast<size_t>(std::max<int64_t>(1, ce * Dvp)));  // (ce, Dvp)
+void Stream::advance_rows(int64_t j0, int64_t to, const KeyOperands& ko, float* accp, float* sc /* (Cb, Bc) scores, then P */) {
+  const int64_t Dvp = round_up(Dv, mk::kLanes), rows = std::min(kCb, ce - j0);
+  float* a = accp + j0 * Dvp;  // (rows, Dvp)
   float alpha[kCb];
-  while (pos < to) {
-    // Keys [pos, k1) in the panels from a0 (a multiple of 64); keys before pos are masked.
-    const int64_t k1 = std::min(to, (pos / kBc + 1) * kBc), a0 = pos / kPanel * kPanel;
+  for (int64_t k0 = pos; k0 < to;) {
+    // Keys [k0, k1) in the panels from a0 (a multiple of 64); keys before k0 are masked.
+    const int64_t k1 = std::min(to, (k0 / kBc + 1) * kBc), a0 = k0 / kPanel * kPanel;
     const int64_t npan = (k1 - a0 + kPanel - 1) / kPanel, width = npan * kPanel;
-    for (int64_t j0 = 0; j0 < ce; j0 += kCb) {
-      const int64_t rows = std::min(kCb, ce - j0);
-      mk::gemm_abt(rows, npan, D, qcs.data() + j0 * D, D, ko.kpan + a0 * D, sc, kBc);
-      for (int64_t x = 0; x < rows; ++x) {
-        const int64_t j = j0 + x;
-        float* row = sc + x * kBc;
-        std::fill(row, row + (pos - a0), -kInf);
-        tile::mask_tail(row, width, k1 - a0);
-        if (topk > 0)
-          top_scan(row, width, a0, cand.data() + j * 2 * topk, ncand[static_cast<size_t>(j)],
-                   thr[static_cast<size_t>(j)], topk);
-        alpha[x] = tile::online_softmax_row(row, width, m[static_cast<size_t>(j)], l[static_cast<size_t>(j)]);
-      }
-      // Acc = diag(alpha)·Acc + P·V
-      mk::gemm_ab(rows, Dvp, k1 - a0, sc, kBc, 1, ko.vrow + a0 * ko.vld, ko.vld, a + j0 * Dvp, Dvp, alpha);
+    mk::gemm_abt(rows, npan, D, qcs.data() + j0 * D, D, ko.kpan + a0 * D, sc, kBc);
+    for (int64_t x = 0; x < rows; ++x) {
+      const int64_t j = j0 + x;
+      float* row = sc + x * kBc;
+      std::fill(row, row + (k0 - a0), -kInf);
+      tile::mask_tail(row, width, k1 - a0);
+      if (topk > 0)
+        top_scan(row, width, a0, cand.data() + j * 2 * topk, ncand[static_cast<size_t>(j)], thr[static_cast<size_t>(j)],
+                 topk);
+      alpha[x] = tile::online_softmax_row(row, width, m[static_cast<size_t>(j)], l[static_cast<size_t>(j)]);
     }
-    pos = k1;
+    // Acc = diag(alpha)·Acc + P·V
+    mk::gemm_ab(rows, Dvp, k1 - a0, sc, kBc, 1, ko.vrow + a0 * ko.vld, ko.vld, a, Dvp, alpha);
+    k0 = k1;
   }
+}
+
+void Stream::advance(int64_t to, const KeyOperands& ko, float* tile) {
+  if (to <= pos) return;
+  float* a = acc.floats(static_cast<size_t>(std::max<int64_t>(1, ce * round_up(Dv, mk::kLanes))));  // (ce, Dvp)
+  for (int64_t j0 = 0; j0 < ce; j0 += kCb) advance_rows(j0, to, ko, a, tile);
+  pos = to;
+}
+
+void Stream::advance_over_team(int64_t to, const KeyOperands& ko, std::vector<CausalThread>& team) {
+  if (to <= pos) return;
+  float* a = acc.floats(static_cast<size_t>(std::max<int64_t>(1, ce * round_up(Dv, mk::kLanes))));  // (ce, Dvp)
+  // A centroid's state depends on its own row only, and the blocks are those of advance().
+  parallel_for((ce + kCb - 1) / kCb, [&](int64_t blk, int thread) {
+    advance_rows(blk * kCb, to, ko, a, team[static_cast<size_t>(thread)].tile.floats(static_cast<size_t>(kCb * kBc)));
+  });
+  pos = to;
 }
 
 int64_t snapshot_lse(const Stream& st, const Snapshot& out) {
