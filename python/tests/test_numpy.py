@@ -258,3 +258,29 @@ def test_attention_pickles_with_its_spec_and_layer_state():
     np.testing.assert_array_equal(b.forward(x, x, x), a.forward(x, x, x))
     with pytest.raises(TypeError, match="centroids must be a floating-point array"):
         b.set_state({"centroids": "nope"})
+
+
+@pytest.mark.parametrize("spec", ["clustered:clusters=3", "clustered:clusters=4", "clustered:clusters=3,seed=1",
+                                  "improved-clustered:clusters=3,topk=4"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_clustered_backward_stays_within_its_bound_at_huge_logits(spec, causal):
+    # One query and one key scaled by 1e5 make logits near 1e10, where one float ulp is 1024: the
+    # backward's recomputed centroid scores can round above the forward's log-sum-exp. Probabilities
+    # are clamped at 1, so dV_l = Σ_j A_jl G_j keeps |dV| <= Σ_j |G_j| <= N·max|dO|. Before the clamp,
+    # seed 3 with (query 0, key 300) gave max|dV| 1.5e6 against a bound of 1.2e3.
+    H, N, D = 2, 301, 16
+    if causal:
+        spec += ",block=32,segment=64"
+    for seed in range(12):
+        for qi, ki in [(5, 5), (5, 7), (0, 300), (150, 3)]:
+            rng = np.random.default_rng(seed)
+            q, k, v, do = [rng.standard_normal((1, H, N, D), dtype=np.float32) for _ in range(4)]
+            q[0, 0, qi] *= 1e5
+            k[0, 0, ki] *= 1e5
+            att = clattn.Attention(spec)
+            att.forward(q, k, v, causal=causal, train=True)
+            dq, dk, dv = att.backward(do)
+            bound = N * np.abs(do).max()
+            assert np.abs(dv).max() <= bound * 1.001, (seed, qi, ki, np.abs(dv).max(), bound)
+            for g in (dq, dk, dv):
+                assert np.isfinite(g).all(), (seed, qi, ki)

@@ -215,7 +215,7 @@ void prefix_bwd(const AttentionInputs& in, const AttentionDims& d, const Cluster
           const int32_t* tk = cz.topk_idx.data() + (tb * static_cast<size_t>(cz.cmax) + static_cast<size_t>(j)) * static_cast<size_t>(cz.kmax);
           for (int64_t y = 0; y < k; ++y) {
             const float* kl = in.k.ptr(b, hk, tk[y]);
-            const float A = std::exp2(simd::dot(qcs + j * Dkp, kl, D) - lse2);
+            const float A = tile::prob(simd::dot(qcs + j * Dkp, kl, D), lse2);
             const float dS = scale * A * (dzj - simd::dot(Gxj, in.v.ptr(b, hk, tk[y]), Dv));
             simd::axpy_row(dqc + j * Dkp, kl, D, dS);
             kg.add_k(tk[y], qc + j * D, D, dS);
@@ -268,7 +268,7 @@ void prefix_bwd(const AttentionInputs& in, const AttentionDims& d, const Cluster
             float* ar = am + y * kBc;
             std::fill(ar, ar + (k0 - a0), -kInf);
             tile::mask_tail(ar, width, k1 - a0);
-            tile::exp2_row(ar, width, lse[j0 + y] * kLog2e);
+            tile::prob_row(ar, width, lse[j0 + y] * kLog2e);
             float* dr = da + y * kBc;
             const simd::vf dj = simd::splat(dx[j0 + y]), sv = simd::splat(scale);
             for (int64_t z = 0; z < width; z += simd::kLanes)

@@ -172,7 +172,7 @@ void finish_cluster(const Stream& st, int64_t j, int64_t k, ConstView kh, ConstV
   const float lse2 = out.lse_c[j] * tile::kLog2e;
   double msum = 0;
   for (int64_t x = 0; x < k; ++x) {
-    const float w = std::exp2(cd[x].v - lse2);
+    const float w = tile::prob(cd[x].v, lse2);
     msum += w;
     simd::axpy_row(res, vt + x * Dvp, Dv, -w);
   }

@@ -239,7 +239,7 @@ void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
       }
       double msum = 0;
       for (int64_t x = 0; x < k; ++x) {
-        const float a = std::exp2(cand[x].v - lse2);
+        const float a = tile::prob(cand[x].v, lse2);
         msum += a;
         simd::axpy_row(res, in.v.ptr(b, hk, cand[x].i), Dv, -a);
       }
@@ -404,7 +404,7 @@ void attn_clustered_bwd(const AttentionInputs& in, const AttentionDims& d,
           for (int64_t r = 0; r < rows; ++r) {
             float* row = a + r * kBc;
             tile::mask_tail(row, width, bc);
-            tile::exp2_row(row, width, lse_c[j0 + r] * kLog2e);
+            tile::prob_row(row, width, lse_c[j0 + r] * kLog2e);
           }
           // dA = G·Vᵀ, replaced by dm_j on T_j; dS = s·A∘(dA − δ); A loses its T_j entries (they
           // reach V through the member stage instead).

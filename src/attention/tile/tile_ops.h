@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -42,6 +43,20 @@ inline float exp2_row(float* row, int64_t width, float sub) {
   }
   return simd::hsum_n(acc);
 }
+
+// row <- 2^min(row − lse2, 0): probabilities of scores (log2 units) recomputed against a saved
+// log2-sum-exp2. Exactly min is a no-op (no score exceeds the log-sum-exp of its row), but a score
+// recomputed by another product, or a logit near 1e10 where one ulp is 1024, can round above the
+// saved value; a probability above 1 would then break the bound |dV| <= Σ|G| of the backward.
+inline void prob_row(float* row, int64_t width, float lse2) {
+  const simd::vn s = simd::splat_n(lse2), zero{};
+  for (int64_t j = 0; j < width; j += simd::kNative) {
+    const simd::vn x = simd::load_n(row + j) - s;
+    simd::store_n(row + j, simd::exp2_n(x > zero ? zero : x));
+  }
+}
+// The same for one score.
+inline float prob(float score2, float lse2) { return std::exp2(std::min(score2 - lse2, 0.f)); }
 
 // Softmax of each of `rows` rows of kw scores (log2 units) over their first k columns (the rest
 // masked; k >= 1): normalises the rows in place and writes each row's log2-sum-exp2 into lse2.
