@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <exception>
+#include <string>
 
 #include "attention/clustered/clustered.h"
 #include "attention/full/full.h"
@@ -60,6 +63,15 @@ int64_t SeqSplit::global(int rank, int64_t i) const {
 }
 
 namespace {
+
+// The local rows as a sequence of their own: lengths are global, and the mask is the split's.
+AttentionInputs local_inputs(const AttentionInputs& in) {
+  AttentionInputs local = in;
+  local.query_lengths = {};
+  local.key_lengths = {};
+  local.causal = false;
+  return local;
+}
 
 std::atomic<uint64_t> g_bytes{0}, g_messages{0}, g_wait_ns{0};
 
@@ -200,8 +212,54 @@ bool sequence_parallel_supported(const Attention& att, bool causal, std::string*
 
 namespace {
 
+// Runs fn on every rank and agrees on the outcome: when it threw on any rank, every rank throws,
+// the failing one its own error and the others the lowest failing rank's message. A check that
+// failed on one rank alone (its slice holds the NaN, its input file is short) would otherwise leave
+// the others waiting forever in the next collective.
+template <class F>
+void on_every_rank(Communicator& comm, F&& fn) {
+  std::exception_ptr err;
+  std::string what;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    err = std::current_exception();
+    what = e.what();
+  }
+  double first = err ? -static_cast<double>(comm.rank()) : -static_cast<double>(comm.size());  // max: lowest failing rank
+  comm.all_reduce_max(&first, 1);
+  const int root = static_cast<int>(-first);
+  if (root >= comm.size()) return;
+  char msg[1024] = {};
+  if (comm.rank() == root) std::snprintf(msg, sizeof msg, "%s", what.c_str());
+  comm.broadcast(msg, sizeof msg, root);
+  if (err) std::rethrow_exception(err);
+  throw Error(detail::concat("sequence parallel: rank ", root, " refused the call: ", msg));
+}
+
+// The largest magnitudes over every rank's rows (and max|dout| in slot 4): the overflow rule
+// (attention/validate.h) bounds the whole sequence's arithmetic, not one slice's.
+// Every rank must hold the same batch, heads and head sizes (only the sequence is split): a rank
+// that differs would otherwise exchange blocks of another size with its peers.
+void check_same_shapes(Communicator& comm, const AttentionDims& d) {
+  double x[10] = {double(d.B), double(d.H), double(d.Hkv), double(d.Dk), double(d.Dv)};
+  for (int i = 0; i < 5; ++i) x[5 + i] = -x[i];
+  comm.all_reduce_max(x, 10);
+  check(x[0] == -x[5] && x[1] == -x[6] && x[2] == -x[7] && x[3] == -x[8] && x[4] == -x[9],
+        "sequence parallel: the ranks hold inputs of different shapes (B, H, Hkv, Dk, Dv from (", -x[5], ", ", -x[6],
+        ", ", -x[7], ", ", -x[8], ", ", -x[9], ") to (", x[0], ", ", x[1], ", ", x[2], ", ", x[3], ", ", x[4],
+        ")); every rank holds the same batch and heads, and its own rows of the sequence");
+}
+
+Magnitudes global_magnitudes(Communicator& comm, const Magnitudes& m, double& max_dout) {
+  double x[5] = {m.q, m.k, m.v, m.bias, max_dout};
+  comm.all_reduce_max(x, 5);
+  max_dout = x[4];
+  return Magnitudes{x[0], x[1], x[2], x[3]};
+}
+
 const AttentionDims check_inputs(Communicator& comm, const SeqSplit& split, const Attention& att,
-                                 const AttentionInputs& in) {
+                                 const AttentionInputs& in, Magnitudes& mag) {
   std::string why;
   check(sequence_parallel_supported(att, in.causal, &why), "sequence parallel: ", why);
   check(split.ranks == comm.size(), "sequence parallel: the split is for ", split.ranks, " ranks, the communicator has ",
@@ -217,49 +275,69 @@ const AttentionDims check_inputs(Communicator& comm, const SeqSplit& split, cons
   for (int32_t len : in.key_lengths)
     check(len >= 0 && len <= split.N, "sequence parallel: key lengths are global and lie in [0, ", split.N, "], got ", len);
   // The local rows pass the contract as a sequence of their own (shapes, strides, NaN/Inf).
-  AttentionInputs local = in;
-  local.query_lengths = {};
-  local.key_lengths = {};
-  local.causal = false;
-  return validate_inputs(local, att.capabilities(), att.name());
+  return validate_inputs(local_inputs(in), att.capabilities(), att.name(), mag);
 }
 
 }  // namespace
 
 void sequence_parallel_forward(Communicator& comm, const SeqSplit& split, const Attention& att,
                                const AttentionInputs& in, View out, Context& ctx) {
-  const AttentionDims d = check_inputs(comm, split, att, in);
-  validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", att.name());
+  Magnitudes mag;
+  AttentionDims d;
+  on_every_rank(comm, [&] {
+    d = check_inputs(comm, split, att, in, mag);
+    validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", att.name());
+  });
+  check_same_shapes(comm, d);
+  double no_dout = 0;
+  const Magnitudes g = global_magnitudes(comm, mag, no_dout);
+  AttentionDims dg = d;  // the whole sequence's sizes
+  dg.N = dg.M = split.N;
   sp::SpState& st = ctx.state<sp::SpState>();
   float scale = 0;
   int64_t window = 0;
   if (full_attention_params(att, scale, window)) {
+    check_softmax_range(dg, g, softmax_scale(scale, d.Dk), att.name());
     sp::ring_forward(comm, split, softmax_scale(scale, d.Dk), in, out, st, ctx.scratch());
     return;
   }
   const ClusteredParams& p = *clustered_attention_params(att);
+  check_softmax_range(dg, g, softmax_scale(p.scale, d.Dk), att.name());
+  check_member_range(dg, g, false, att.name());  // centroids sum their member queries
   sp::clustered_forward(comm, split, p, in.step, in, out, st, ctx.scratch());
+  on_every_rank(comm, [&] { check_results_finite(dg, g, softmax_scale(p.scale, d.Dk), {out}, att.name()); });
 }
 
 void sequence_parallel_backward(Communicator& comm, const SeqSplit& split, const Attention& att,
                                 const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout,
                                 View dq, View dk, View dv) {
-  const AttentionDims d = check_inputs(comm, split, att, in);
-  AttentionInputs local = in;
-  local.query_lengths = {};
-  local.key_lengths = {};
-  local.causal = false;
-  validate_backward(local, d, out, dout, dq, dk, dv, att.name());
-  const sp::SpState& st = ctx.saved<sp::SpState>();
+  Magnitudes mag;
+  AttentionDims d;
+  double max_dout = 0;
   float scale = 0;
   int64_t window = 0;
-  if (full_attention_params(att, scale, window)) {
-    check(st.kind == 1, "sequence parallel: backward needs the forward of the same attention");
-    sp::ring_backward(comm, split, softmax_scale(scale, d.Dk), in, out, st, dout, dq, dk, dv, ctx.scratch());
+  const bool full = full_attention_params(att, scale, window);
+  const sp::SpState* st = nullptr;
+  on_every_rank(comm, [&] {
+    d = check_inputs(comm, split, att, in, mag);
+    max_dout = validate_backward_max(local_inputs(in), d, out, dout, dq, dk, dv, att.name());
+    st = &ctx.saved<sp::SpState>();
+    check(st->kind == (full ? 1 : 2), "sequence parallel: backward needs the forward of the same attention");
+  });
+  check_same_shapes(comm, d);
+  const Magnitudes g = global_magnitudes(comm, mag, max_dout);
+  AttentionDims dg = d;
+  dg.N = dg.M = split.N;
+  if (full) {
+    check_softmax_grad_range(dg, g, max_dout, softmax_scale(scale, d.Dk), att.name());
+    sp::ring_backward(comm, split, softmax_scale(scale, d.Dk), in, out, *st, dout, dq, dk, dv, ctx.scratch());
     return;
   }
-  check(st.kind == 2, "sequence parallel: backward needs the forward of the same attention");
-  sp::clustered_backward(comm, split, *clustered_attention_params(att), in, out, st, dout, dq, dk, dv, ctx.scratch());
+  const ClusteredParams& p = *clustered_attention_params(att);
+  check_softmax_grad_range(dg, g, max_dout, softmax_scale(p.scale, d.Dk), att.name());
+  check_member_range(dg, g, false, att.name());
+  sp::clustered_backward(comm, split, p, in, out, *st, dout, dq, dk, dv, ctx.scratch());
+  on_every_rank(comm, [&] { check_results_finite(dg, g, softmax_scale(p.scale, d.Dk), {dq, dk, dv}, att.name()); });
 }
 
 }  // namespace clattn

@@ -56,6 +56,27 @@ expect_error "bias refused" "bias" mpi 2 "$bin" attend --sequence-parallel --spe
   --output "$dir/x.safetensors"
 [ -e "$dir/x.safetensors" ] && bad "a refused run wrote its output" || ok
 
+# The overflow rule and the input checks hold for the whole sequence: a value, dout row or NaN in
+# rank 1's rows alone is refused by every rank, with the message one process gives (no rank waits
+# forever for a peer that refused).
+scale="/usr/bin/python3 $(dirname "$0")/st_scale.py"
+big=$dir/big.safetensors
+expect_ok "make-inputs 301" "$bin" make-inputs --output "$dir/in301.safetensors" --heads 2 --n 301 --dim 16 --with-grad
+for spec in clustered:clusters=3 improved-clustered:clusters=3,topk=4 full; do
+  $scale "$dir/in301.safetensors" "$big" v:200:1e36
+  expect_error "$spec: one process, huge v" "value-sum bound" "$bin" attend --spec "$spec" --input "$big" --output "$dir/x.safetensors"
+  expect_error "$spec: R = 2, huge v on rank 1" "value-sum bound" mpi 2 "$bin" attend --sequence-parallel --spec "$spec" \
+    --input "$big" --output "$dir/x.safetensors"
+  [ "$(grep -c 'value-sum bound' "$dir/err")" -ge 2 ] && ok || bad "$spec: not every rank named the bound: $(head -c 600 "$dir/err")"
+  $scale "$dir/in301.safetensors" "$big" do:200:1e35
+  expect_error "$spec: R = 2, huge dout on rank 1" "gradient-sum bound" mpi 2 "$bin" attend --sequence-parallel --spec "$spec" \
+    --input "$big" --output "$dir/x.safetensors"
+done
+$scale "$dir/in301.safetensors" "$big" q:200:nan
+expect_error "R = 2, NaN on rank 1" "rank 1 refused the call" mpi 2 "$bin" attend --sequence-parallel --spec clustered:clusters=3 \
+  --input "$big" --output "$dir/x.safetensors"
+[ -e "$dir/x.safetensors" ] && bad "a refused run wrote its output" || ok
+
 # bench-model: the encoder split over the ranks; its rows carry the ranks and the bytes per layer.
 bm=("$bin" bench-model --random-bert --layers 2 --hidden 32 --heads 2 --ffn 64 --lengths 512 --repeat 1 --threads 1)
 expect_ok "bench-model split" mpi 2 "${bm[@]}" --sequence-parallel --attention full \
