@@ -1,6 +1,7 @@
 #include "cli_util.h"
 
 #include "clattn/attention.h"
+#include "clattn/cpu.h"
 #include "clattn/spec.h"
 
 #include <omp.h>
@@ -190,17 +191,6 @@ int checked_threads(int requested, const char* cmd) {
 }  // namespace clattn::cli
 
 namespace clattn::cli {
-
-int64_t available_memory_bytes() {
-  std::FILE* f = std::fopen("/proc/meminfo", "r");
-  if (!f) return -1;
-  char line[256];
-  long long kib = -1;
-  while (std::fgets(line, sizeof line, f))
-    if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) break;
-  std::fclose(f);
-  return kib < 0 ? -1 : static_cast<int64_t>(kib) * 1024;
-}
 
 void check_memory(double bytes, const std::string& what) {
   const int64_t avail = available_memory_bytes();

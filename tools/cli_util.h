@@ -53,10 +53,8 @@ void check_elements(std::initializer_list<int64_t> dims, const char* what);
 // command and the input, e.g. "approx: 'x.safetensors'".
 void check_context(int64_t T, int64_t context, const std::string& what);
 
-// Memory: the bytes the kernel says can be allocated without swapping (MemAvailable of
-// /proc/meminfo; -1 when unknown), and a refusal — a runtime error naming the estimate, what it
-// is for and what is available — when a request would not fit (more than 90 % of it).
-int64_t available_memory_bytes();
+// Memory: a refusal — a runtime error naming the estimate, what it is for and what is available
+// (clattn::available_memory_bytes) — when a request would not fit (more than 90 % of it).
 void check_memory(double bytes, const std::string& what);
 
 // The processors this process may run on (its CPU affinity), at least 1.

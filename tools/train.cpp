@@ -71,41 +71,21 @@ struct TrainCli {
   bool sequence_parallel = false;
 };
 
+// The library's rules for the options (check_train_options, shared with Python's Trainer) with
+// the command line's names, as usage errors; and what only a command line can get wrong.
 void check_train_args(TrainCli& cl) {
   TrainOptions& a = cl.o;
+  a.task.kind = cl.task;
   (void)head_of(cl.task);
-  usage_check(!a.checkpoint.empty() || !a.resume, "train: --resume needs --checkpoint DIR");
   usage_check(a.init.empty() || !cl.sizes_given, "train: --init keeps the checkpoint's architecture; ",
               "--layers, --dim, --heads and --ff are for a fresh model");
-  check_size(a.layers, 1, 1024, "train: --layers");
-  check_size(a.dim, 1, 1 << 16, "train: --dim");
-  check_size(a.heads, 1, a.dim, "train: --heads");
-  usage_check(a.dim % a.heads == 0, "train: --dim (", a.dim, ") must be a multiple of --heads (", a.heads, ")");
-  if (a.ff == 0) a.ff = 2 * a.dim;
-  check_size(a.ff, 1, 1 << 20, "train: --ff");
   if (cl.seq_given) check_size(a.seq, 1, kMaxCount, "train: --seq");
-  check_size(a.batch, 1, 1 << 20, "train: --batch");
-  check_size(a.accum, 1, 1 << 20, "train: --accum");
-  check_size(a.steps, 1, kMaxCount, "train: --steps");
-  check_size(a.warmup, 0, kMaxCount, "train: --warmup");
-  check_size(a.eval_every, 1, kMaxCount, "train: --eval-every");
-  check_size(a.eval_examples, 0, kMaxCount, "train: --eval-examples (0: the whole held-out set)");
+  try {
+    check_train_options(a, OptionNames::cli);
+  } catch (const Error& e) {
+    usage_fail(e.what());
+  }
   check_elements({a.batch, std::max<int64_t>(a.seq, 1), std::max(a.dim, a.ff)}, "train: activations (batch, seq, max(dim, ff))");
-  usage_check(a.lr > 0 && std::isfinite(a.lr), "train: --lr must be > 0, got ", a.lr);
-  if (a.min_lr < 0) a.min_lr = a.lr / 10;
-  usage_check(a.min_lr <= a.lr && std::isfinite(a.min_lr), "train: --min-lr must be in [0, --lr], got ", a.min_lr);
-  usage_check(a.clip >= 0 && std::isfinite(a.clip), "train: --clip must be >= 0 (0: off), got ", a.clip);
-  usage_check(a.weight_decay >= 0 && std::isfinite(a.weight_decay), "train: --weight-decay must be >= 0, got ", a.weight_decay);
-  usage_check(a.dropout >= 0 && a.dropout < 1, "train: --dropout must be in [0, 1), got ", a.dropout);
-  usage_check(a.task.mask_prob > 0 && a.task.mask_prob <= 1, "train: --mask-prob must be in (0, 1], got ", a.task.mask_prob);
-  usage_check(a.time_budget >= 0 && std::isfinite(a.time_budget), "train: --time-budget must be >= 0 seconds, got ",
-              a.time_budget);
-  usage_check(a.task.min_length >= 1 && a.task.min_length <= a.task.max_length,
-              "train: listops lengths need 1 <= --min-length <= --max-length, got ", a.task.min_length, " and ",
-              a.task.max_length);
-  usage_check(cl.task == "listops" || !a.task.data.empty(), "train: --task ", cl.task,
-              cl.task == "features" ? " needs --data FEATURES.safetensors" : " needs --data TEXTFILE");
-  usage_check(cl.task != "features" || !a.init.empty(), "train: --task features fine-tunes a KWT model: give --init DIR");
 }
 
 void run_train(TrainCli cl) {
@@ -133,10 +113,8 @@ void run_train(TrainCli cl) {
                  "reaches --lr\n", static_cast<long long>(a.warmup), static_cast<long long>(a.steps));
   if (lead && a.resume && !a.checkpoint.empty() && !fs::exists(fs::path(a.checkpoint) / "latest" / "train_state.json"))
     std::fprintf(stderr, "train: no checkpoint in %s yet; starting from step 0\n", (fs::path(a.checkpoint) / "latest").c_str());
-  Trainer tr(a);
+  Trainer tr(a);  // refuses a model and batch that would not fit in memory
   const TrainOptions& o = tr.options();
-  check_memory(tr.step_bytes(), "train: the model, its optimizer state and the activations of batch " +
-                                    std::to_string(o.batch) + " x " + std::to_string(o.seq));
   if (!lead) {  // rank 0 speaks for the job
     tr.run();
     return;

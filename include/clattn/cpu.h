@@ -9,6 +9,7 @@
 // lacks it.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace clattn {
@@ -56,6 +57,10 @@ struct GemmBackend {
 
 // Chooses and checks the kernel at the first call (see src/core/gemm.cpp).
 const GemmBackend& gemm_backend();
+
+// Bytes the kernel says can be allocated without swapping (MemAvailable of /proc/meminfo); -1 when
+// unknown. What the command line and the Trainer compare their memory estimates with.
+int64_t available_memory_bytes();
 
 // "AMD EPYC 7B13 (avx2 fma ...), ISA avx2, OpenBLAS 0.3.21 Zen kernel, 2 threads": the line the
 // benchmarks print before their tables.

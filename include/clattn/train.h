@@ -151,6 +151,16 @@ struct TrainOptions {
   int sequence_ranks = 0;
 };
 
+// How check_train_options names an option: as the command line spells it ("--eval-every") or as
+// the Python Trainer's keyword ("eval_every").
+enum class OptionNames { cli, python };
+// The one set of rules for TrainOptions, for every front end: ranges (sizes of at most 1024
+// layers, 2^16 dim, 2^20 ff and batch; counts below 2^31), finite positive rates, what needs what
+// (a task's data, --resume's checkpoint, features' --init); then the derived defaults (ff 0 ->
+// 2·dim, min_lr < 0 -> lr / 10). Throws Error naming the first option out of range with the value
+// seen. The Trainer applies it (Python names); the command line first with its own names.
+void check_train_options(TrainOptions& o, OptionNames names);
+
 struct StepReport {
   int64_t step = 0;  // steps done
   double loss = 0, lr = 0, ms = 0, tokens_per_s = 0, grad_norm = 0;

@@ -69,6 +69,7 @@ auto run_locked(PyTrainer& p, F&& f) {
 }  // namespace
 
 void bind_train(pb::module_& m) {
+  static const TrainOptions kDefaults;
   pb::class_<PyTrainer>(m, "Trainer",
                         "The training loop of `clattn train`: a task, a model (fresh or from a checkpoint), "
                         "AdamW, held-out evaluation, checkpoints and exact resumption")
@@ -77,7 +78,8 @@ void bind_train(pb::module_& m) {
                        double lr, double min_lr, int64_t warmup, double clip, double weight_decay, double dropout,
                        int64_t eval_every, int64_t eval_examples, const std::string& checkpoint, const std::string& log,
                        bool resume, double time_budget, uint64_t seed, int64_t min_length, int64_t max_length,
-                       double mask_prob, bool data_parallel, bool reproducible, bool shard_optimizer, int sequence_ranks) {
+                       double mask_prob, bool data_parallel, bool reproducible, bool shard_optimizer, int sequence_ranks,
+                       int64_t accum, bool overlap) {
              TrainOptions o;
              o.task.kind = task;
              o.task.data = data;
@@ -108,10 +110,13 @@ void bind_train(pb::module_& m) {
              o.time_budget = time_budget;
              // Under mpirun every rank's script makes the same Trainer; they share each step's batch,
              // and with sequence_ranks S > 1 groups of S ranks split each sequence (-1: all ranks).
+             check(sequence_ranks >= -1, "train: sequence_ranks must be >= -1 (-1: all ranks), got ", sequence_ranks);
              if (data_parallel || sequence_ranks != 0) o.comm = &world();
              o.sequence_ranks = sequence_ranks < 0 ? world().size() : sequence_ranks;
              o.reproducible = reproducible;
              o.shard_optimizer = shard_optimizer;
+             o.accum = accum;
+             o.overlap = overlap;
              o.version = CLATTN_VERSION;
              o.commit = "python";
              o.threads = default_threads();
@@ -121,14 +126,22 @@ void bind_train(pb::module_& m) {
              p->t = std::make_unique<Trainer>(o);
              return p;
            }),
-           pb::arg("task"), pb::arg("data") = "", pb::arg("init") = "", pb::arg("attention") = "full",
-           pb::arg("layers") = 2, pb::arg("dim") = 128, pb::arg("heads") = 2, pb::arg("ff") = 0, pb::arg("seq") = 0,
-           pb::arg("batch") = 8, pb::arg("steps") = 1000, pb::arg("lr") = 1e-3, pb::arg("min_lr") = -1.0,
-           pb::arg("warmup") = 100, pb::arg("clip") = 1.0, pb::arg("weight_decay") = 0.01, pb::arg("dropout") = 0.0,
-           pb::arg("eval_every") = 100, pb::arg("eval_examples") = 256, pb::arg("checkpoint") = "", pb::arg("log") = "",
-           pb::arg("resume") = false, pb::arg("time_budget") = 0.0, pb::arg("seed") = 0, pb::arg("min_length") = 500,
-           pb::arg("max_length") = 2000, pb::arg("mask_prob") = 0.15, pb::arg("data_parallel") = false,
-           pb::arg("reproducible") = false, pb::arg("shard_optimizer") = false, pb::arg("sequence_ranks") = 0,
+           // The defaults are TrainOptions' own (kDefaults), so the command line and Python cannot drift.
+           pb::arg("task"), pb::arg("data") = kDefaults.task.data, pb::arg("init") = kDefaults.init,
+           pb::arg("attention") = kDefaults.attention, pb::arg("layers") = kDefaults.layers, pb::arg("dim") = kDefaults.dim,
+           pb::arg("heads") = kDefaults.heads, pb::arg("ff") = kDefaults.ff, pb::arg("seq") = kDefaults.seq,
+           pb::arg("batch") = kDefaults.batch, pb::arg("steps") = kDefaults.steps, pb::arg("lr") = kDefaults.lr,
+           pb::arg("min_lr") = kDefaults.min_lr, pb::arg("warmup") = kDefaults.warmup, pb::arg("clip") = kDefaults.clip,
+           pb::arg("weight_decay") = kDefaults.weight_decay, pb::arg("dropout") = kDefaults.dropout,
+           pb::arg("eval_every") = kDefaults.eval_every, pb::arg("eval_examples") = kDefaults.eval_examples,
+           pb::arg("checkpoint") = kDefaults.checkpoint, pb::arg("log") = kDefaults.log, pb::arg("resume") = kDefaults.resume,
+           pb::arg("time_budget") = kDefaults.time_budget, pb::arg("seed") = kDefaults.task.seed,
+           pb::arg("min_length") = kDefaults.task.min_length, pb::arg("max_length") = kDefaults.task.max_length,
+           pb::arg("mask_prob") = std::stod(std::to_string(kDefaults.task.mask_prob)),  // 0.15, as typed
+           pb::arg("data_parallel") = false,
+           pb::arg("reproducible") = kDefaults.reproducible, pb::arg("shard_optimizer") = kDefaults.shard_optimizer,
+           pb::arg("sequence_ranks") = kDefaults.sequence_ranks, pb::arg("accum") = kDefaults.accum,
+           pb::arg("overlap") = kDefaults.overlap,
            "Trainer(task, data=..., init=checkpoint folder or '', attention='full', sizes of a fresh model, seq=0 "
            "(the task's or checkpoint's own, else 512), batch, steps, lr, ..., checkpoint='', log='', resume=False)")
       .def("run", [](PyTrainer& p) { return run_locked(p, [&] { return p.t->run(); }); },

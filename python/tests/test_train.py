@@ -66,3 +66,28 @@ def test_bad_options_are_errors(text, tmp_path):
         clattn.Trainer(task="lm", data=str(text), resume=True)
     with pytest.raises(TypeError):
         clattn.Trainer(task="lm", data=str(text), layer=3)
+
+
+def test_options_have_the_command_lines_ranges_and_memory_check(text, tmp_path):
+    # One set of rules (check_train_options) for the command line and Python, named as Python spells
+    # the options; an absurd size is refused before anything is allocated (it once ran to 24 GB).
+    bad = {"layers": 10**7, "dim": 0, "heads": 3, "ff": -5, "batch": 0, "steps": 0, "eval_every": 0,
+           "lr": float("nan"), "min_lr": 1.0, "clip": float("inf"), "weight_decay": -1.0, "dropout": 1.0,
+           "mask_prob": 0.0, "time_budget": float("nan"), "accum": 0, "sequence_ranks": -5}
+    for name, value in bad.items():
+        with pytest.raises(RuntimeError, match=rf"train: .*\b{name}\b") as e:
+            clattn.Trainer(task="lm", data=str(text), **{name: value})
+        assert "--" not in str(e.value), (name, str(e.value))
+    with pytest.raises(RuntimeError, match=r"min_length <= max_length"):
+        clattn.Trainer(task="listops", min_length=50, max_length=10)
+    with pytest.raises(RuntimeError, match=r"needs about .* GB of memory"):
+        clattn.Trainer(task="lm", data=str(text), layers=1024, dim=65536, heads=1, ff=1 << 20)
+
+
+def test_defaults_come_from_the_library_and_accum_overlap_are_there(text, tmp_path):
+    sig = clattn.Trainer.__init__.__doc__.splitlines()[0]
+    for default in ("layers: int = 2", "dim: int = 128", "steps: int = 1000", "lr: float = 0.001",
+                    "mask_prob: float = 0.15,", "accum: int = 1", "overlap: bool = True"):
+        assert default in sig, (default, sig)
+    t = clattn.Trainer(**options(text, tmp_path / "run", accum=2, overlap=False))
+    assert math.isfinite(t.step()["loss"])

@@ -1,5 +1,6 @@
 #include "clattn/cpu.h"
 
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -181,6 +182,17 @@ std::string machine_summary() {
   return detail::concat(f.model_name.empty() ? f.vendor : f.model_name, " (family ", f.family, " model ",
                         f.model, "), ISA ", isa_name(active_isa()), ", ", g.name, " ", g.kernel,
                         " kernel, ", max_threads(), " threads");
+}
+
+int64_t available_memory_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return -1;
+  char line[256];
+  long long kib = -1;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib < 0 ? -1 : static_cast<int64_t>(kib) * 1024;
 }
 
 }  // namespace clattn

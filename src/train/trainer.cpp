@@ -1,4 +1,5 @@
 // The training loop (train.h): a run's model, task, optimizer, evaluation, checkpoints, log.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "clattn/atomic_file.h"
+#include "clattn/cpu.h"
 #include "clattn/error.h"
 #include "clattn/input_file.h"
 #include "clattn/nn.h"
@@ -39,6 +41,20 @@ TaskKind head_of(const std::string& task) {
   if (task == "mlm") return TaskKind::mlm;
   if (task == "lm") return TaskKind::lm;
   fail("train: unknown task '", task, "' (expected listops, mlm, lm or features)");
+}
+
+// Memory: a fresh model's parameters are at least L·(4·dim² + 2·dim·ff) floats (attention and
+// feed-forward weights), each held four times in training (value, gradient, two AdamW moments).
+// Checked before anything is allocated, so an absurd size is an error, not the kernel's OOM
+// killer; the exact figure (Model::train_bytes) is checked once the model exists.
+void check_fits(double bytes, const std::string& what) {
+  const int64_t avail = available_memory_bytes();
+  if (avail < 0) return;  // unknown: let the allocation decide
+  char need[32], have[32];
+  std::snprintf(need, sizeof need, "%.2f GB", bytes / 1e9);
+  std::snprintf(have, sizeof have, "%.2f GB", static_cast<double>(avail) / 1e9);
+  check(bytes <= 0.9 * static_cast<double>(avail), what, " needs about ", need, " of memory, but this machine has ",
+        have, " available");
 }
 
 // The shortest decimal that reads back as f: options logged as typed (0.15, not 0.150000006).
@@ -188,6 +204,56 @@ class Trainer::Files {
   train::Log log;
 };
 
+void check_train_options(TrainOptions& a, OptionNames names) {
+  // "eval_every" as the front end spells it.
+  const auto opt = [names](std::string field) {
+    if (names == OptionNames::python) return field;
+    std::replace(field.begin(), field.end(), '_', '-');
+    return "--" + field;
+  };
+  constexpr int64_t kMaxCount = int64_t{1} << 31;
+  const auto range = [&](int64_t v, int64_t lo, int64_t hi, const char* field) {
+    if (v >= lo && v <= hi) return;
+    if (hi == kMaxCount) fail("train: ", opt(field), " must be >= ", lo, ", got ", v);
+    fail("train: ", opt(field), " must be in [", lo, ", ", hi, "], got ", v);
+  };
+  (void)head_of(a.task.kind);
+  check(!a.checkpoint.empty() || !a.resume, "train: ", opt("resume"), " needs ", opt("checkpoint"));
+  range(a.layers, 1, 1024, "layers");
+  range(a.dim, 1, 1 << 16, "dim");
+  range(a.heads, 1, a.dim, "heads");
+  check(a.dim % a.heads == 0, "train: ", opt("dim"), " (", a.dim, ") must be a multiple of ", opt("heads"), " (", a.heads,
+        ")");
+  if (a.ff == 0) a.ff = 2 * a.dim;
+  range(a.ff, 1, 1 << 20, "ff");
+  range(a.seq, 0, kMaxCount, "seq");
+  range(a.batch, 1, 1 << 20, "batch");
+  range(a.accum, 1, 1 << 20, "accum");
+  range(a.steps, 1, kMaxCount, "steps");
+  range(a.warmup, 0, kMaxCount, "warmup");
+  range(a.eval_every, 1, kMaxCount, "eval_every");
+  range(a.eval_examples, 0, kMaxCount, "eval_examples");
+  range(a.sequence_ranks, 0, 1 << 20, "sequence_ranks");
+  check(a.lr > 0 && std::isfinite(a.lr), "train: ", opt("lr"), " must be > 0, got ", a.lr);
+  if (a.min_lr < 0) a.min_lr = a.lr / 10;
+  check(a.min_lr <= a.lr && std::isfinite(a.min_lr), "train: ", opt("min_lr"), " must be in [0, ", opt("lr"), "], got ",
+        a.min_lr);
+  check(a.clip >= 0 && std::isfinite(a.clip), "train: ", opt("clip"), " must be >= 0 (0: off), got ", a.clip);
+  check(a.weight_decay >= 0 && std::isfinite(a.weight_decay), "train: ", opt("weight_decay"), " must be >= 0, got ",
+        a.weight_decay);
+  check(a.dropout >= 0 && a.dropout < 1, "train: ", opt("dropout"), " must be in [0, 1), got ", a.dropout);
+  check(a.task.mask_prob > 0 && a.task.mask_prob <= 1, "train: ", opt("mask_prob"), " must be in (0, 1], got ",
+        a.task.mask_prob);
+  check(a.time_budget >= 0 && std::isfinite(a.time_budget), "train: ", opt("time_budget"),
+        " must be >= 0 seconds, got ", a.time_budget);
+  check(a.task.min_length >= 1 && a.task.min_length <= a.task.max_length, "train: listops lengths need 1 <= ",
+        opt("min_length"), " <= ", opt("max_length"), ", got ", a.task.min_length, " and ", a.task.max_length);
+  check(a.task.kind == "listops" || !a.task.data.empty(), "train: task ", a.task.kind, " needs ", opt("data"),
+        a.task.kind == "features" ? " FEATURES.safetensors" : " TEXTFILE");
+  check(a.task.kind != "features" || !a.init.empty(), "train: task features fine-tunes a KWT model: give ", opt("init"),
+        " DIR");
+}
+
 Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_unique<Files>()), best_(std::nan("")) {
   TrainOptions& a = opt_;
   comm_ = a.comm;
@@ -195,7 +261,7 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
     own_comm_ = single_process_communicator();
     comm_ = own_comm_.get();
   }
-  check(a.accum >= 1, "train: accum must be >= 1, got ", a.accum);
+  check_train_options(a, OptionNames::python);
   if (a.sequence_ranks > 1) {
     check(comm_->size() % a.sequence_ranks == 0, "train: ", a.sequence_ranks,
           " ranks per sequence (--sequence-ranks) must divide the ", comm_->size(), " ranks");
@@ -205,14 +271,8 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
           "are drawn per whole sequence)");
     seq_ranks_ = a.sequence_ranks;
   }
-  check(a.sequence_ranks >= 0, "train: sequence_ranks must be >= 0, got ", a.sequence_ranks);
   check(a.batch >= groups(), "train: a batch of ", a.batch, " sequences cannot be split over ", groups(),
         seq_ranks_ > 1 ? " groups of ranks" : " ranks", " (each needs one); use --batch >= ", groups());
-  check(!a.resume || !a.checkpoint.empty(), "train: resume needs a checkpoint folder");
-  check(a.batch >= 1 && a.steps >= 1 && a.warmup >= 0 && a.eval_every >= 1 && a.eval_examples >= 0 && a.seq >= 0,
-        "train: batch, steps and eval_every must be >= 1, warmup, eval_examples and seq >= 0");
-  if (a.min_lr < 0) a.min_lr = a.lr / 10;
-  if (a.ff <= 0) a.ff = 2 * a.dim;
   const TaskKind head = head_of(a.task.kind);
   // A pretrained language model reads its own tokens: its tokenizer, when its folder has one.
   TaskOptions to = a.task;
@@ -243,6 +303,10 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
     a.ff = init_cfg->ffn;
   }
   files_->args = run_args(a, seq, tokenizer_);
+  check_fits(16.0 * static_cast<double>(a.layers) *
+                 (4.0 * static_cast<double>(a.dim) * static_cast<double>(a.dim) + 2.0 * static_cast<double>(a.dim) * static_cast<double>(a.ff)),
+             detail::concat("train: a model of ", a.layers, " layers, dim ", a.dim, ", ff ", a.ff,
+                            " with its gradients and optimizer state"));
 
   // Fresh or resumed state.
   Files& f = *files_;
@@ -316,6 +380,8 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
     model_->set_sequence_parallel(seq_comm_.get());
   }
   check(model_->trainable(), "train: the attention plan '", a.attention, "' has a layer without a backward; it can only evaluate");
+  check_fits(step_bytes(), detail::concat("train: the model, its optimizer state and the activations of batch ", a.batch,
+                                          " x ", seq));
 
   OptimizerOptions oo;
   oo.lr = static_cast<float>(a.lr);
