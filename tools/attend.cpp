@@ -336,6 +336,7 @@ void add_attend(CLI::App& app) {
       ->required();
   sub->add_flag("--causal", opts->causal, "causal mask (query i sees keys j <= i + M - N)");
   add_threads_option(sub, opts->threads, "attend");
+  add_comm_timeout_option(sub);
   sub->add_option("--step", opts->step,
                   "random step of stochastic variants: same spec, inputs and step give the same output")
       ->capture_default_str();

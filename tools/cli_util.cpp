@@ -1,12 +1,14 @@
 #include "cli_util.h"
 
 #include "clattn/attention.h"
+#include "clattn/comm.h"
 #include "clattn/cpu.h"
 #include "clattn/spec.h"
 
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -192,16 +194,6 @@ int checked_threads(int requested, const char* cmd) {
 
 namespace clattn::cli {
 
-void check_memory(double bytes, const std::string& what) {
-  const int64_t avail = available_memory_bytes();
-  if (avail < 0) return;  // unknown: let the allocation decide
-  char need[32], have[32];
-  std::snprintf(need, sizeof need, "%.2f GB", bytes / 1e9);
-  std::snprintf(have, sizeof have, "%.2f GB", static_cast<double>(avail) / 1e9);
-  check(bytes <= 0.9 * static_cast<double>(avail), what, " needs about ", need,
-        " of memory, but this machine has ", have, " available");
-}
-
 void check_context(int64_t T, int64_t context, const std::string& what) {
   check(context <= 0 || T <= context, what, " holds ", T, " tokens per sequence, past the model's context of ",
         context, " (max_position_embeddings): give at most ", context, " tokens");
@@ -214,6 +206,21 @@ int local_ranks() {
       if (n >= 1) return n;
     }
   return 1;
+}
+
+}  // namespace clattn::cli
+
+namespace clattn::cli {
+
+void add_comm_timeout_option(CLI::App* sub) {
+  sub->add_option_function<double>(
+      "--comm-timeout",
+      [](double s) {
+        usage_check(s >= 0 && std::isfinite(s), "--comm-timeout must be >= 0 seconds (0: wait for ever), got ", s);
+        set_comm_timeout(s);
+      },
+      "under mpirun: seconds a rank may wait in one exchange before it ends the job, naming it (a stopped or hung "
+      "peer; default 300, or $CLATTN_COMM_TIMEOUT; 0 waits for ever)");
 }
 
 }  // namespace clattn::cli

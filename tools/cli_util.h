@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "clattn/cpu.h"
 #include "clattn/error.h"
 
 namespace clattn::cli {
@@ -53,9 +54,6 @@ void check_elements(std::initializer_list<int64_t> dims, const char* what);
 // command and the input, e.g. "approx: 'x.safetensors'".
 void check_context(int64_t T, int64_t context, const std::string& what);
 
-// Memory: a refusal — a runtime error naming the estimate, what it is for and what is available
-// (clattn::available_memory_bytes) — when a request would not fit (more than 90 % of it).
-void check_memory(double bytes, const std::string& what);
 
 // The processors this process may run on (its CPU affinity), at least 1.
 int available_processors();
@@ -66,6 +64,9 @@ int local_ranks();
 // Registers `--threads N` on sub: an explicit value must be >= 1 (a usage error otherwise, at
 // parse time); absent leaves `threads` at 0.
 CLI::Option* add_threads_option(CLI::App* sub, int& threads, const char* cmd);
+// --comm-timeout SECONDS of the commands that run under mpirun (clattn::set_comm_timeout): how long
+// a rank may wait in one exchange before it ends the job (default 300 s, 0: for ever).
+void add_comm_timeout_option(CLI::App* sub);
 
 // The thread count to run with: 0 (option absent) is all available (OpenMP's default, which
 // OMP_NUM_THREADS sets); negative is a usage error; more than available_processors() is capped

@@ -350,6 +350,7 @@ void add_train(CLI::App& app) {
                   "ranks per sequence (a divisor of the ranks; the groups run data parallel); implies "
                   "--sequence-parallel (default: all ranks)");
   add_threads_option(sub, a.threads, "train");
+  add_comm_timeout_option(sub);
   sub->callback([cl, sizes, seq] {
     for (CLI::Option* o : sizes) cl->sizes_given = cl->sizes_given || o->count() > 0;
     cl->seq_given = seq->count() > 0;

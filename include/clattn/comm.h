@@ -81,6 +81,15 @@ std::unique_ptr<Communicator> single_process_communicator();
 // the first call (thread level funneled: only the calling thread communicates) and finalised at
 // exit.
 Communicator& world();
+// The progress watchdog of the MPI communicator: a rank that has waited in one blocking collective
+// (or in the wait of a non-blocking one) for longer than `seconds` prints which operation stalled
+// and ends the job, instead of spinning for ever on a peer that was stopped (SIGSTOP), hangs or
+// runs other work. Default 300 s, or $CLATTN_COMM_TIMEOUT (a malformed value is warned about and
+// ignored); 0 waits for ever. Read at each wait,
+// so it may be set before or after world(); a single process never waits.
+void set_comm_timeout(double seconds);
+double comm_timeout();
+
 // Whether this build has the Open MPI communicator (CMake option CLATTN_MPI).
 bool built_with_mpi();
 // Whether the environment says an MPI launcher started this process (OMPI_COMM_WORLD_SIZE,

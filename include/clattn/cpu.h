@@ -61,6 +61,9 @@ const GemmBackend& gemm_backend();
 // Bytes the kernel says can be allocated without swapping (MemAvailable of /proc/meminfo); -1 when
 // unknown. What the command line and the Trainer compare their memory estimates with.
 int64_t available_memory_bytes();
+// Refuses (an Error naming `what`, the estimate and what is available) a request of `bytes` above
+// 90 % of the available memory; does nothing when that is unknown.
+void check_memory(double bytes, const std::string& what);
 
 // "AMD EPYC 7B13 (avx2 fma ...), ISA avx2, OpenBLAS 0.3.21 Zen kernel, 2 threads": the line the
 // benchmarks print before their tables.

@@ -5,10 +5,15 @@
 // ever on a peer that died.
 #include <mpi.h>
 
+#include <atomic>
+#include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "clattn/comm.h"
@@ -29,13 +34,87 @@ std::vector<int> as_ints(std::span<const size_t> v, const char* what) {
   return out;
 }
 
+// The progress watchdog (set_comm_timeout in clattn/comm.h): the main thread marks when it starts
+// to wait in MPI; a thread of its own checks twice a second and, past the timeout, names the stalled
+// operation and ends this process, which makes mpirun end the job (a stopped peer included). Only
+// waiting counts: a request that is merely pending while the rank computes is not a stall.
+class Watchdog {
+ public:
+  struct Waiting {
+    explicit Waiting(const char* op) {
+      Watchdog& w = get();
+      w.op_.store(op);
+      w.since_.store(now_ns());
+    }
+    ~Waiting() { get().since_.store(0); }
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
+  };
+  static Watchdog& get() {
+    static Watchdog w;
+    return w;
+  }
+  void start(int rank, int size) {
+    if (thread_.joinable()) return;
+    (void)comm_timeout();  // read (and any warning about CLATTN_COMM_TIMEOUT printed) on this thread
+    rank_ = rank;
+    size_ = size;
+    thread_ = std::thread([this] { loop(); });
+  }
+  void stop() {
+    {
+      const std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  ~Watchdog() { stop(); }
+
+ private:
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  void loop() {
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (cv_.wait_for(lock, std::chrono::milliseconds(500), [this] { return stop_; })) return;
+      }
+      const int64_t since = since_.load();
+      const double limit = comm_timeout();
+      if (since == 0 || limit <= 0) continue;
+      const double waited = static_cast<double>(now_ns() - since) * 1e-9;
+      if (waited <= limit) continue;
+      std::fprintf(stderr,
+                   "clattn: rank %d of %d: error: no progress for %.0f s waiting in %s: a peer rank stopped, hung "
+                   "or runs other work; ending the job (--comm-timeout or CLATTN_COMM_TIMEOUT sets the limit, 0 "
+                   "waits for ever)\n",
+                   rank_, size_, waited, op_.load());
+      std::fflush(stderr);
+      std::_Exit(3);
+    }
+  }
+  std::atomic<int64_t> since_{0};
+  std::atomic<const char*> op_{""};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;  // under mu_
+  std::thread thread_;
+  int rank_ = 0, size_ = 1;
+};
+using Waiting = Watchdog::Waiting;
+
 // A request with the count arrays a non-blocking collective reads until it completes.
 class MpiRequest final : public CommRequest {
  public:
   MPI_Request req = MPI_REQUEST_NULL;
   std::vector<int> a, b, c, d;
   ~MpiRequest() override {
-    if (req != MPI_REQUEST_NULL) MPI_Wait(&req, MPI_STATUS_IGNORE);  // never free a live operation's arrays
+    if (req == MPI_REQUEST_NULL) return;
+    const Waiting w("the wait of a non-blocking exchange");
+    MPI_Wait(&req, MPI_STATUS_IGNORE);  // never free a live operation's arrays
   }
   bool test() override {
     if (req == MPI_REQUEST_NULL) return true;
@@ -44,7 +123,9 @@ class MpiRequest final : public CommRequest {
     return flag != 0;
   }
   void wait() override {
-    if (req != MPI_REQUEST_NULL) MPI_Wait(&req, MPI_STATUS_IGNORE);
+    if (req == MPI_REQUEST_NULL) return;
+    const Waiting w("the wait of a non-blocking exchange");
+    MPI_Wait(&req, MPI_STATUS_IGNORE);
   }
 };
 
@@ -53,6 +134,7 @@ template <class T>
 void chunked(MPI_Comm comm, T* data, size_t n, MPI_Datatype type, MPI_Op op) {
   for (size_t off = 0; off < n;) {
     const size_t k = std::min(n - off, static_cast<size_t>(INT_MAX));
+    const Waiting w("an all-reduce");
     MPI_Allreduce(MPI_IN_PLACE, data + off, static_cast<int>(k), type, op, comm);
     off += k;
   }
@@ -69,6 +151,7 @@ class Mpi final : public Communicator {
       owns_ = true;
     }
     set_comm(MPI_COMM_WORLD, "");
+    if (size_ > 1) Watchdog::get().start(rank_, size_);
   }
   // A sub-communicator of split(): owns comm (freed before MPI is finalised), not MPI itself.
   Mpi(MPI_Comm comm, const std::string& what) : sub_(true) { set_comm(comm, what); }
@@ -77,7 +160,10 @@ class Mpi final : public Communicator {
     MPI_Finalized(&finalized);
     if (finalized) return;
     if (sub_) MPI_Comm_free(&comm_);
-    if (owns_) MPI_Finalize();
+    if (owns_) {
+      Watchdog::get().stop();
+      MPI_Finalize();
+    }
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -85,12 +171,17 @@ class Mpi final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override {
     check(color >= 0, "communicator: split needs a color >= 0, got ", color);
     MPI_Comm sub = MPI_COMM_NULL;
+    const Waiting w("a communicator split");
     MPI_Comm_split(comm_, color, key, &sub);
     return std::make_unique<Mpi>(sub, "group " + std::to_string(color) + " of ");
   }
-  void barrier() override { MPI_Barrier(comm_); }
+  void barrier() override {
+    const Waiting w("a barrier");
+    MPI_Barrier(comm_);
+  }
   void broadcast(void* data, size_t bytes, int root) override {
     check_rank(root, "broadcast");
+    const Waiting w("a broadcast");
     MPI_Bcast(data, as_int(bytes, "broadcast"), MPI_BYTE, root, comm_);
   }
   void all_reduce_sum(double* data, size_t n) override { chunked(comm_, data, n, MPI_DOUBLE, MPI_SUM); }
@@ -99,12 +190,14 @@ class Mpi final : public Communicator {
   void all_reduce_max(double* data, size_t n) override { chunked(comm_, data, n, MPI_DOUBLE, MPI_MAX); }
   void all_gather(const void* send, size_t bytes, void* recv) override {
     const int n = as_int(bytes, "all_gather");
+    const Waiting w("an all-gather");
     MPI_Allgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_);
   }
   void reduce_scatter_sum(const float* send, float* recv, std::span<const size_t> counts) override {
     check(static_cast<int>(counts.size()) == size_, "communicator: reduce_scatter_sum needs one count per rank (", size_,
           "), got ", counts.size());
     const std::vector<int> c = as_ints(counts, "reduce_scatter_sum");
+    const Waiting w("a reduce-scatter");
     MPI_Reduce_scatter(send, recv, c.data(), MPI_FLOAT, MPI_SUM, comm_);
   }
   std::unique_ptr<CommRequest> iall_to_allv(const void* send, std::span<const size_t> send_counts,

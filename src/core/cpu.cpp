@@ -195,4 +195,15 @@ int64_t available_memory_bytes() {
   return kib < 0 ? -1 : static_cast<int64_t>(kib) * 1024;
 }
 
+
+void check_memory(double bytes, const std::string& what) {
+  const int64_t avail = available_memory_bytes();
+  if (avail < 0) return;  // unknown: let the allocation decide
+  char need[32], have[32];
+  std::snprintf(need, sizeof need, "%.2f GB", bytes / 1e9);
+  std::snprintf(have, sizeof have, "%.2f GB", static_cast<double>(avail) / 1e9);
+  check(bytes <= 0.9 * static_cast<double>(avail), what, " needs about ", need, " of memory, but this machine has ",
+        have, " available");
+}
+
 }  // namespace clattn

@@ -43,20 +43,6 @@ TaskKind head_of(const std::string& task) {
   fail("train: unknown task '", task, "' (expected listops, mlm, lm or features)");
 }
 
-// Memory: a fresh model's parameters are at least L·(4·dim² + 2·dim·ff) floats (attention and
-// feed-forward weights), each held four times in training (value, gradient, two AdamW moments).
-// Checked before anything is allocated, so an absurd size is an error, not the kernel's OOM
-// killer; the exact figure (Model::train_bytes) is checked once the model exists.
-void check_fits(double bytes, const std::string& what) {
-  const int64_t avail = available_memory_bytes();
-  if (avail < 0) return;  // unknown: let the allocation decide
-  char need[32], have[32];
-  std::snprintf(need, sizeof need, "%.2f GB", bytes / 1e9);
-  std::snprintf(have, sizeof have, "%.2f GB", static_cast<double>(avail) / 1e9);
-  check(bytes <= 0.9 * static_cast<double>(avail), what, " needs about ", need, " of memory, but this machine has ",
-        have, " available");
-}
-
 // The shortest decimal that reads back as f: options logged as typed (0.15, not 0.150000006).
 double as_typed(float f) {
   char buf[32];
@@ -204,6 +190,69 @@ class Trainer::Files {
   train::Log log;
 };
 
+// FNV-1a: the fingerprint of an option's value or of a file's bytes.
+uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// A file's size and a hash of 16 blocks of 64 KiB spread over it (the first and the last among
+// them): one read of at most 1 MiB, so a start-up check costs milliseconds on a file of any size,
+// and a copy that differs in length, head, tail or any sampled block is told apart.
+std::string file_fingerprint(const std::string& path) {
+  std::error_code ec;
+  if (path.empty() || !fs::is_regular_file(path, ec)) return "(no regular file)";
+  const auto size = static_cast<int64_t>(fs::file_size(path, ec));
+  std::ifstream in(path, std::ios::binary);
+  constexpr int64_t kBlock = 64 * 1024, kBlocks = 16;
+  std::vector<char> buf(static_cast<size_t>(kBlock));
+  uint64_t h = fnv1a(&size, sizeof size);
+  for (int64_t b = 0; b < kBlocks && in; ++b) {
+    const int64_t at = size <= kBlock ? 0 : (size - kBlock) * b / (kBlocks - 1);
+    in.seekg(at);
+    in.read(buf.data(), kBlock);
+    h = fnv1a(buf.data(), static_cast<size_t>(in.gcount()), h);
+    if (size <= kBlock) break;
+  }
+  return detail::concat(size, " bytes, sampled hash ", h);
+}
+
+// Every rank of a data- or sequence-parallel run must run the same command on the same data: ranks
+// that differ would deadlock in a collective, exchange buffers of other sizes, or train copies
+// that silently diverge. One all-gather of one hash per option compares them at start-up; a
+// difference ends the job on every rank, naming the option, this rank's value and the ranks.
+void check_ranks_agree(Communicator& comm, const TrainOptions& a) {
+  if (comm.size() <= 1) return;
+  const std::vector<std::pair<const char*, std::string>> facts = {
+      {"task", a.task.kind}, {"data", canonical(a.task.data)}, {"data file", file_fingerprint(a.task.data)},
+      {"init", canonical(a.init)}, {"init config.json", a.init.empty() ? "" : file_fingerprint((fs::path(a.init) / "config.json").string())},
+      {"attention", a.attention}, {"layers", std::to_string(a.layers)}, {"dim", std::to_string(a.dim)},
+      {"heads", std::to_string(a.heads)}, {"ff", std::to_string(a.ff)}, {"seq", std::to_string(a.seq)},
+      {"batch", std::to_string(a.batch)}, {"steps", std::to_string(a.steps)}, {"warmup", std::to_string(a.warmup)},
+      {"eval_every", std::to_string(a.eval_every)}, {"eval_examples", std::to_string(a.eval_examples)},
+      {"lr", detail::concat(a.lr)}, {"min_lr", detail::concat(a.min_lr)}, {"clip", detail::concat(a.clip)},
+      {"weight_decay", detail::concat(a.weight_decay)}, {"dropout", detail::concat(a.dropout)},
+      {"time_budget", detail::concat(a.time_budget)}, {"seed", std::to_string(a.task.seed)},
+      {"min_length", std::to_string(a.task.min_length)}, {"max_length", std::to_string(a.task.max_length)},
+      {"mask_prob", detail::concat(a.task.mask_prob)}, {"checkpoint", canonical(a.checkpoint)},
+      {"resume", a.resume ? "on" : "off"}, {"accum", std::to_string(a.accum)},
+      {"reproducible", a.reproducible ? "on" : "off"}, {"shard_optimizer", a.shard_optimizer ? "on" : "off"},
+      {"overlap", a.overlap ? "on" : "off"}, {"sequence_ranks", std::to_string(a.sequence_ranks)}};
+  const size_t n = facts.size(), R = static_cast<size_t>(comm.size());
+  std::vector<uint64_t> mine(n), all(n * R);
+  for (size_t i = 0; i < n; ++i) mine[i] = fnv1a(facts[i].second.data(), facts[i].second.size());
+  comm.all_gather(mine.data(), n * sizeof(uint64_t), all.data());
+  for (size_t i = 0; i < n; ++i) {
+    std::string differ;
+    for (size_t r = 1; r < R; ++r)
+      if (all[r * n + i] != all[i]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    check(differ.empty(), "train: the ranks were started with different ", facts[i].first, ": rank(s) ", differ,
+          " differ from rank 0 (this rank, ", comm.rank(), ", has '", facts[i].second,
+          "'); every rank must run the same command on the same data");
+  }
+}
+
 void check_train_options(TrainOptions& a, OptionNames names) {
   // "eval_every" as the front end spells it.
   const auto opt = [names](std::string field) {
@@ -261,6 +310,7 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
     own_comm_ = single_process_communicator();
     comm_ = own_comm_.get();
   }
+  check_ranks_agree(*comm_, a);  // first: a check that failed on one rank alone would leave the others waiting
   check_train_options(a, OptionNames::python);
   if (a.sequence_ranks > 1) {
     check(comm_->size() % a.sequence_ranks == 0, "train: ", a.sequence_ranks,
@@ -303,7 +353,11 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
     a.ff = init_cfg->ffn;
   }
   files_->args = run_args(a, seq, tokenizer_);
-  check_fits(16.0 * static_cast<double>(a.layers) *
+  // Before anything is allocated: a model's parameters are at least L·(4·dim² + 2·dim·ff) floats
+  // (attention and feed-forward weights), each held four times in training (value, gradient, two
+  // AdamW moments), so an absurd size is an error, not the kernel's OOM killer. The exact figure
+  // (Model::train_bytes) is checked once the model exists.
+  check_memory(16.0 * static_cast<double>(a.layers) *
                  (4.0 * static_cast<double>(a.dim) * static_cast<double>(a.dim) + 2.0 * static_cast<double>(a.dim) * static_cast<double>(a.ff)),
              detail::concat("train: a model of ", a.layers, " layers, dim ", a.dim, ", ff ", a.ff,
                             " with its gradients and optimizer state"));
@@ -380,7 +434,7 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
     model_->set_sequence_parallel(seq_comm_.get());
   }
   check(model_->trainable(), "train: the attention plan '", a.attention, "' has a layer without a backward; it can only evaluate");
-  check_fits(step_bytes(), detail::concat("train: the model, its optimizer state and the activations of batch ", a.batch,
+  check_memory(step_bytes(), detail::concat("train: the model, its optimizer state and the activations of batch ", a.batch,
                                           " x ", seq));
 
   OptimizerOptions oo;

@@ -4,7 +4,9 @@
 # checkpoints bit for bit for R = 2, 3 (an uneven split of the batch) and 4, with the optimizer
 # sharded (ZeRO-1) or not (--reproducible); a run resumes with another R; the all-reduce path
 # (the default) repeats itself run to run; a rank killed with SIGKILL ends the whole job within 30 s, and the
-# run resumes from its last checkpoint with the losses of an uninterrupted run.
+# run resumes from its last checkpoint with the losses of an uninterrupted run; ranks started with
+# different options end at start-up naming the option; a rank stopped with SIGSTOP ends the job
+# through its peer's progress watchdog.
 # Usage: bash tests/cli/mpi.sh /path/to/clattn
 set -u
 bin=${1:?usage: mpi.sh /path/to/clattn}
@@ -91,6 +93,59 @@ step_losses "$dir/k.jsonl" >"$dir/kl"
 step_losses "$dir/ref.jsonl" >"$dir/rl"
 [ -z "$(comm -13 "$dir/rl" "$dir/kl")" ] && [ "$(wc -l <"$dir/kl")" -ge 400 ] && ok ||
   bad "resume after the kill: losses differ from the uninterrupted run: $(comm -13 "$dir/rl" "$dir/kl" | head -2)"
+
+# Ranks started with different options or data (mpirun's MPMD form: one command per rank) end at
+# start-up on every rank, naming the option, instead of hanging or training diverging copies.
+base=(train --task lm --layers 2 --dim 16 --heads 2 --ff 32 --seq 64 --eval-examples 8 --warmup 2 --threads 1
+      --batch 4 --eval-every 3)
+# refused WHAT NEEDLE CMD...: CMD exits non-zero and its stderr has NEEDLE (both ranks call
+# MPI_Abort, and mpirun's own exit status then depends on which abort it saw first)
+refused() {
+  local what=$1 needle=$2; shift 2
+  "$@" >"$dir/out" 2>"$dir/err"
+  local rc=$?
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -qi -- "$needle" "$dir/err"; then ok
+  else bad "$what: exit $rc, stderr: $(head -c 600 "$dir/err")"; fi
+}
+# mpmd "RANK 0 OPTIONS" "RANK 1 OPTIONS" (words without spaces)
+# shellcheck disable=SC2086  # the options split into words
+mpmd() { timeout 120 mpirun --oversubscribe -np 1 "$bin" "${base[@]}" $1 : -np 1 "$bin" "${base[@]}" $2; }
+cp "$text" "$dir/text2.txt"
+echo "one more line" >>"$dir/text2.txt"
+refused "ranks with different --lr" "started with different lr: rank(s) 1 differ" \
+  mpmd "--data $text --lr 1e-3" "--data $text --lr 2e-3"
+refused "ranks with different --steps" "different steps" mpmd "--data $text --steps 6" "--data $text --steps 7"
+refused "ranks with different --data" "different data" mpmd "--data $text" "--data $dir/text2.txt"
+refused "ranks with different --attention" "different attention" \
+  mpmd "--data $text" "--data $text --attention local:window=8"
+refused "ranks with and without --reproducible" "different reproducible" \
+  mpmd "--data $text" "--data $text --reproducible"
+
+# A rank stopped with SIGSTOP: its peer's progress watchdog (--comm-timeout) ends the job with a
+# message naming the stalled exchange, instead of spinning for ever.
+endless=("${model[@]}" --batch 4 --steps 100000000 --eval-every 100000000)
+mpi 2 "$bin" "${endless[@]}" --comm-timeout 3 --log "$dir/w.jsonl" >"$dir/w.out" 2>&1 &
+job=$!
+for _ in $(seq 1 3000); do grep -q '"loss"' "$dir/w.jsonl" 2>/dev/null && break; sleep 0.01; done
+victim=""
+for p in $(pgrep -f -- "--log $dir/w.jsonl"); do
+  grep -qa OMPI_COMM_WORLD_RANK=1 "/proc/$p/environ" 2>/dev/null && victim=$p
+done
+if [ -n "$victim" ]; then
+  kill -STOP "$victim"
+  t0=$SECONDS
+  wait "$job"
+  rc=$?
+  kill -9 "$victim" 2>/dev/null
+  [ "$rc" -ne 0 ] && [ $((SECONDS - t0)) -le 60 ] && ok || bad "stopped rank: exit $rc after $((SECONDS - t0)) s"
+  grep -q "no progress for .* s waiting in" "$dir/w.out" && ok || bad "stopped rank: no watchdog message: $(tail -5 "$dir/w.out")"
+else
+  wait "$job"
+  bad "stopped rank: no rank 1 process found to stop"
+fi
+expect_exit 2 "--comm-timeout -1" "comm-timeout must be" "$bin" "${fast[@]}" --comm-timeout -1
+CLATTN_COMM_TIMEOUT=soon expect_exit 0 "CLATTN_COMM_TIMEOUT=soon: warned, default kept" "CLATTN_COMM_TIMEOUT='soon' is not" \
+  mpi 2 "$bin" "${fast[@]}"
 
 # Errors: every rank refuses the same way, and the job exits non-zero.
 expect_exit 1 "batch smaller than the ranks" "cannot be split" mpi 3 "$bin" "${model[@]}" --batch 2 --steps 2
