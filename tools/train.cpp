@@ -36,13 +36,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-TaskKind head_of(const std::string& task) {
-  if (task == "listops" || task == "features") return TaskKind::classify;
-  if (task == "mlm") return TaskKind::mlm;
-  if (task == "lm") return TaskKind::lm;
-  usage_fail("unknown task '", task, "' (expected listops, mlm, lm or features)");
-}
-
 TaskOptions task_options(const std::string& task, const std::string& data, uint64_t seed, int64_t min_length,
                          int64_t max_length, double mask_prob) {
   TaskOptions t;
@@ -76,7 +69,6 @@ struct TrainCli {
 void check_train_args(TrainCli& cl) {
   TrainOptions& a = cl.o;
   a.task.kind = cl.task;
-  (void)head_of(cl.task);
   usage_check(a.init.empty() || !cl.sizes_given, "train: --init keeps the checkpoint's architecture; ",
               "--layers, --dim, --heads and --ff are for a fresh model");
   if (cl.seq_given) check_size(a.seq, 1, kMaxCount, "train: --seq");
@@ -242,7 +234,12 @@ void run_eval(EvalArgs o) {
     if (!o.has_batch) o.batch = integer("batch", o.batch, 1, 1 << 20);
   }
   usage_check(!o.task.empty(), "eval: --task is needed (", folder.string(), " has no train_state.json to read it from)");
-  const TaskKind head = head_of(o.task);
+  TaskKind head{};
+  try {
+    head = task_head(o.task, "eval");
+  } catch (const Error& e) {
+    usage_fail(e.what());
+  }
   std::unique_ptr<Model> model = Model::load(folder.string());
   check(model->has_head() && model->head() == head, "eval: the checkpoint's head does not fit task '", o.task, "'");
   if (o.seq == 0) o.seq = std::min<int64_t>(model->config().max_positions, o.task == "features" ? kMaxCount : 512);

@@ -70,6 +70,9 @@ Batch batch_slice(const Batch& b, int64_t from, int64_t n);
 
 enum class TaskKind { classify, mlm, lm };
 const char* task_kind_name(TaskKind k);         // "classify", "mlm", "lm"
+// The head a task trains: listops and features classify, mlm and lm their own; any other name is
+// an Error "<who>: unknown task '...' (expected listops, mlm, lm or features)".
+TaskKind task_head(const std::string& task, const char* who);
 TaskKind task_kind_from_name(const std::string& s);  // an Error naming the accepted ones
 
 class Task {

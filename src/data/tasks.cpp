@@ -34,6 +34,13 @@ std::unique_ptr<Task> make_task(const TaskOptions& opt) {
   fail("data: unknown task '", opt.kind, "' (expected listops, mlm, lm or features)");
 }
 
+TaskKind task_head(const std::string& task, const char* who) {
+  if (task == "listops" || task == "features") return TaskKind::classify;
+  if (task == "mlm") return TaskKind::mlm;
+  if (task == "lm") return TaskKind::lm;
+  fail(who, ": unknown task '", task, "' (expected listops, mlm, lm or features)");
+}
+
 const char* task_kind_name(TaskKind k) {
   switch (k) {
     case TaskKind::classify: return "classify";

@@ -36,13 +36,6 @@ std::string canonical(const std::string& path) {
   return ec ? path : p.string();
 }
 
-TaskKind head_of(const std::string& task) {
-  if (task == "listops" || task == "features") return TaskKind::classify;
-  if (task == "mlm") return TaskKind::mlm;
-  if (task == "lm") return TaskKind::lm;
-  fail("train: unknown task '", task, "' (expected listops, mlm, lm or features)");
-}
-
 // The shortest decimal that reads back as f: options logged as typed (0.15, not 0.150000006).
 double as_typed(float f) {
   char buf[32];
@@ -266,7 +259,7 @@ void check_train_options(TrainOptions& a, OptionNames names) {
     if (hi == kMaxCount) fail("train: ", opt(field), " must be >= ", lo, ", got ", v);
     fail("train: ", opt(field), " must be in [", lo, ", ", hi, "], got ", v);
   };
-  (void)head_of(a.task.kind);
+  (void)task_head(a.task.kind, "train");
   check(!a.checkpoint.empty() || !a.resume, "train: ", opt("resume"), " needs ", opt("checkpoint"));
   range(a.layers, 1, 1024, "layers");
   range(a.dim, 1, 1 << 16, "dim");
@@ -323,7 +316,7 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
   }
   check(a.batch >= groups(), "train: a batch of ", a.batch, " sequences cannot be split over ", groups(),
         seq_ranks_ > 1 ? " groups of ranks" : " ranks", " (each needs one); use --batch >= ", groups());
-  const TaskKind head = head_of(a.task.kind);
+  const TaskKind head = task_head(a.task.kind, "train");
   // A pretrained language model reads its own tokens: its tokenizer, when its folder has one.
   TaskOptions to = a.task;
   if (!a.init.empty() && to.kind == "lm" && to.tokenizer.empty() && fs::exists(fs::path(a.init) / "tokenizer.json"))
