@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -267,86 +266,6 @@ TEST(Train, ClipAndNonFiniteGradients) {
   EXPECT_NEAR(std::sqrt(s), 1e-3, 1e-6);  // clipped in place
   m->grads()[7] = NAN;
   EXPECT_THROW(opt.step(), Error);
-}
-
-// Throughput of one training step (forward, backward, AdamW) of the model of docs/training.md's
-// step-speed table: 4 layers, hidden 128, 2 heads of 64, ff 256, batch 1, mlm head on bytes.
-// Run by hand: test_train --gtest_also_run_disabled_tests --gtest_filter='*Throughput*'
-// (CLATTN_TRAIN_N=2048,4096 and CLATTN_TRAIN_STEPS=5 override the defaults).
-TEST(Train, DISABLED_Throughput) {
-  std::vector<int64_t> lengths = {2048, 4096};
-  if (const char* e = std::getenv("CLATTN_TRAIN_N")) {
-    lengths.clear();
-    for (std::string s = e; !s.empty();) {
-      const size_t c = s.find(',');
-      lengths.push_back(std::stoll(s.substr(0, c)));
-      s = c == std::string::npos ? "" : s.substr(c + 1);
-    }
-  }
-  const int steps = std::getenv("CLATTN_TRAIN_STEPS") ? std::atoi(std::getenv("CLATTN_TRAIN_STEPS")) : 5;
-  const double peak = measure_sgemm_gflops(1024, 3);
-  std::printf("sgemm rate (1024^3, %d threads): %.1f GFLOP/s\n", max_threads(), peak);
-  for (int64_t N : lengths) {
-    std::vector<std::string> specs = {"full", "improved-clustered:clusters=100,topk=32", "clustered:clusters=100"};
-    if (const char* e = std::getenv("CLATTN_TRAIN_SPECS")) {  // ';'-separated
-      specs.clear();
-      for (std::string s = e; !s.empty();) {
-        const size_t c = s.find(';');
-        specs.push_back(s.substr(0, c));
-        s = c == std::string::npos ? "" : s.substr(c + 1);
-      }
-    }
-    for (const std::string& spec : specs) {
-      ModelConfig c;
-      c.kind = ModelKind::bert;
-      c.hidden = 128;
-      c.layers = 4;
-      c.heads = 2;
-      c.ffn = 256;
-      c.vocab = 256;
-      c.max_positions = N;
-      c.eps = 1e-5f;
-      std::unique_ptr<Model> m = Model::create(c, TaskKind::mlm, 1);
-      m->set_attention(spec);
-      Optimizer opt(*m, OptimizerOptions{});
-      Batch b = tiny_batch(TaskKind::lm, N, {static_cast<int32_t>(N)}, 256, 0, 1);
-      for (size_t i = 0; i < b.targets.size(); ++i)
-        if (i % 20 >= 3) b.targets[i] = -1;  // 15 % of the positions are targets, as in mlm
-      double tot = 0, att = 0, dense = 0, optms = 0;
-      for (int s = 0; s <= steps; ++s) {
-        m->zero_grads();
-        const StepResult r = m->forward_backward(b, true, static_cast<uint64_t>(s));
-        const auto t0 = std::chrono::steady_clock::now();
-        opt.step();
-        const double o = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        if (s == 0) continue;  // the first step sizes the arena
-        tot += r.total_ms + o;
-        att += r.attention_ms;
-        dense += r.dense_ms;
-        optms += o;
-      }
-      tot /= steps;
-      att /= steps;
-      dense /= steps;
-      optms /= steps;
-      // Dense FLOPs: per layer q|k|v, output, two FFN products, forward once and backward twice
-      // (dx and dW), plus the output layer over the target rows.
-      int64_t targets = 0;
-      for (int32_t t : b.targets) targets += t != -1;
-      const double H = 128, F = 256;
-      const double flops = 3.0 * (4 * 2.0 * N * H * (3 * H + H + 2 * F) + 2.0 * static_cast<double>(targets) * H * 256);
-      long rss_kb = 0;
-      if (std::ifstream st("/proc/self/status"); st)
-        for (std::string line; std::getline(st, line);)
-          if (line.rfind("VmHWM:", 0) == 0) rss_kb = std::atol(line.c_str() + 6);
-      std::printf("N=%-6lld %-42s %8.1f ms/step  attention %5.1f%%  dense %5.1f%% (%.0f GFLOP/s)  optimizer %4.1f%%  other %5.1f%%  "
-                  "(%d threads; train_bytes %.0f MB, peak RSS so far %.0f MB)\n",
-                  static_cast<long long>(N), spec.c_str(), tot, 100 * att / tot, 100 * dense / tot, flops / dense / 1e6,
-                  100 * optms / tot, 100 * (tot - att - dense - optms) / tot, max_threads(), m->train_bytes(1, N) / 1e6,
-                  static_cast<double>(rss_kb) / 1e3);
-      std::fflush(stdout);
-    }
-  }
 }
 
 }  // namespace
