@@ -217,21 +217,21 @@ std::string file_fingerprint(const std::string& path) {
 // difference ends the job on every rank, naming the option, this rank's value and the ranks.
 void check_ranks_agree(Communicator& comm, const TrainOptions& a) {
   if (comm.size() <= 1) return;
-  const std::vector<std::pair<const char*, std::string>> facts = {
-      {"task", a.task.kind}, {"data", canonical(a.task.data)}, {"data file", file_fingerprint(a.task.data)},
-      {"init", canonical(a.init)}, {"init config.json", a.init.empty() ? "" : file_fingerprint((fs::path(a.init) / "config.json").string())},
-      {"attention", a.attention}, {"layers", std::to_string(a.layers)}, {"dim", std::to_string(a.dim)},
-      {"heads", std::to_string(a.heads)}, {"ff", std::to_string(a.ff)}, {"seq", std::to_string(a.seq)},
-      {"batch", std::to_string(a.batch)}, {"steps", std::to_string(a.steps)}, {"warmup", std::to_string(a.warmup)},
-      {"eval_every", std::to_string(a.eval_every)}, {"eval_examples", std::to_string(a.eval_examples)},
-      {"lr", detail::concat(a.lr)}, {"min_lr", detail::concat(a.min_lr)}, {"clip", detail::concat(a.clip)},
-      {"weight_decay", detail::concat(a.weight_decay)}, {"dropout", detail::concat(a.dropout)},
-      {"time_budget", detail::concat(a.time_budget)}, {"seed", std::to_string(a.task.seed)},
-      {"min_length", std::to_string(a.task.min_length)}, {"max_length", std::to_string(a.task.max_length)},
-      {"mask_prob", detail::concat(a.task.mask_prob)}, {"checkpoint", canonical(a.checkpoint)},
-      {"resume", a.resume ? "on" : "off"}, {"accum", std::to_string(a.accum)},
-      {"reproducible", a.reproducible ? "on" : "off"}, {"shard_optimizer", a.shard_optimizer ? "on" : "off"},
-      {"overlap", a.overlap ? "on" : "off"}, {"sequence_ranks", std::to_string(a.sequence_ranks)}};
+  // The options that shape the trajectory (as a resumed run's are compared) and those that shape
+  // the job: every rank must stop, evaluate and checkpoint at the same steps.
+  std::vector<std::pair<std::string, std::string>> facts;
+  json args = run_args(a, a.seq, "");
+  args["init"] = canonical(a.init);  // present on every rank: the ranks' lists must be as long
+  for (const auto& [k, v] : args.items()) facts.emplace_back(k, v.is_string() ? v.get<std::string>() : v.dump());
+  for (auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
+           {"data file", file_fingerprint(a.task.data)},
+           {"init config.json", a.init.empty() ? "" : file_fingerprint((fs::path(a.init) / "config.json").string())},
+           {"eval_every", std::to_string(a.eval_every)}, {"eval_examples", std::to_string(a.eval_examples)},
+           {"time_budget", detail::concat(a.time_budget)}, {"checkpoint", canonical(a.checkpoint)},
+           {"resume", a.resume ? "on" : "off"}, {"accum", std::to_string(a.accum)},
+           {"reproducible", a.reproducible ? "on" : "off"}, {"shard_optimizer", a.shard_optimizer ? "on" : "off"},
+           {"overlap", a.overlap ? "on" : "off"}, {"sequence_ranks", std::to_string(a.sequence_ranks)}})
+    facts.emplace_back(std::move(k), std::move(v));
   const size_t n = facts.size(), R = static_cast<size_t>(comm.size());
   std::vector<uint64_t> mine(n), all(n * R);
   for (size_t i = 0; i < n; ++i) mine[i] = fnv1a(facts[i].second.data(), facts[i].second.size());

@@ -36,6 +36,21 @@ Tensor causal_full(const AttentionInputs& in) {
   return out;
 }
 
+// Appends rows [pos, pos + n) of pd's keys, values and queries to kc and attends those queries
+// over the cache: one decode call, its output (B, H, n, Dv).
+Tensor decode_rows(const Attention& att, const ProblemData& pd, KVCache& kc, Context& ctx, int64_t pos, int64_t n) {
+  kc.append(testing::rows(pd.k, pos, n), testing::rows(pd.v, pos, n), testing::rows(pd.q, pos, n));
+  AttentionInputs in;
+  in.q = testing::rows(pd.q, pos, n);
+  in.k = kc.keys();
+  in.v = kc.values();
+  in.cache = &kc;
+  in.causal = true;
+  Tensor o(Shape{pd.q.dim(0), pd.q.dim(1), n, pd.v.dim(3)});
+  att.forward(in, o.view(), ctx);
+  return o;
+}
+
 // Largest |a − b| relative to the largest |b|.
 double max_rel(ConstView a, ConstView b) {
   double num = 0, den = 0;
@@ -182,15 +197,7 @@ TEST(CausalClustered, DecodingWithQueriesInTheCacheEqualsThePrefill) {
       Context c = Context::for_inference();
       double worst = 0, scale = 0;
       auto step_rows = [&](int64_t pos, int64_t n) {
-        kc.append(testing::rows(pd.k, pos, n), testing::rows(pd.v, pos, n), testing::rows(pd.q, pos, n));
-        AttentionInputs in;
-        in.q = testing::rows(pd.q, pos, n);
-        in.k = kc.keys();
-        in.v = kc.values();
-        in.cache = &kc;
-        in.causal = true;
-        Tensor o(Shape{p.B, p.H, n, p.Dv});
-        att->forward(in, o.view(), c);
+        const Tensor o = decode_rows(*att, pd, kc, c, pos, n);
         for (int64_t b = 0; b < p.B; ++b)
           for (int64_t h = 0; h < p.H; ++h)
             for (int64_t i = 0; i < n; ++i)
@@ -228,15 +235,7 @@ TEST(CausalClustered, DecodingSplitOverThreadsEqualsOneThreadBitForBit) {
           Context c = Context::for_inference();
           std::vector<float> outs;
           auto step_rows = [&](int64_t pos, int64_t n) {
-            kc.append(testing::rows(pd.k, pos, n), testing::rows(pd.v, pos, n), testing::rows(pd.q, pos, n));
-            AttentionInputs in;
-            in.q = testing::rows(pd.q, pos, n);
-            in.k = kc.keys();
-            in.v = kc.values();
-            in.cache = &kc;
-            in.causal = true;
-            Tensor o(Shape{p.B, p.H, n, p.Dv});
-            att->forward(in, o.view(), c);
+            const Tensor o = decode_rows(*att, pd, kc, c, pos, n);
             outs.insert(outs.end(), o.data(), o.data() + o.numel());
           };
           for (int64_t pos = 0; pos < p.N; pos += chunk) step_rows(pos, std::min(chunk, p.N - pos));
