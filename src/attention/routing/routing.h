@@ -39,6 +39,7 @@ struct RoutingState : ContextState {
 };
 
 struct RoutingWorkspace;  // per-thread scratch and partial gradients; kept in the caller's Scratch
+RoutingWorkspace& routing_workspace(Scratch& scratch);
 size_t routing_workspace_bytes(const AttentionDims& d, const RoutingParams& p, Mode mode,
                                int threads);
 
