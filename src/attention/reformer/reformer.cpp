@@ -49,7 +49,7 @@ using tile::kLog2e;
 
 namespace {
 
-constexpr int64_t kMaxChunk = 64;
+constexpr int64_t kMaxChunk = kReformerMaxChunk;
 
 // One chunk's rows, staged once per round: a chunk is the "current" chunk of its own queries and
 // the "previous" chunk of the next one, so keeping two consecutive chunks (plus the last chunk,
@@ -113,6 +113,10 @@ std::pair<int64_t, int64_t> factorise(int64_t buckets) {
 }
 
 }  // namespace
+
+int64_t reformer_perm_len(int64_t n, int64_t nb, int64_t ch, bool causal) {
+  return causal ? round_up(n + std::min(nb, n) * (ch - 1), ch) : n;
+}
 
 int64_t reformer_buckets(const ReformerParams& p, int64_t n) {
   if (p.buckets > 0) {
@@ -178,11 +182,6 @@ int64_t partition(const int32_t* bucket, int64_t n, int64_t nb, int64_t ch, bool
   return len / ch;
 }
 
-// Stride of a round's perm: N, or with causal the longest padded length (each non-empty bucket
-// adds at most ch - 1 entries of padding).
-int64_t perm_len(int64_t n, int64_t nb, int64_t ch, bool causal) {
-  return causal ? round_up(n + std::min(nb, n) * (ch - 1), ch) : n;
-}
 
 struct Dims {
   int64_t N, D, Dv, Dkp, Dvp;
@@ -475,7 +474,7 @@ void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const 
   st.chunk = ch;
   st.buckets = nb;
   st.causal = in.causal;
-  st.len = perm_len(d.N, nb, ch, in.causal);
+  st.len = reformer_perm_len(d.N, nb, ch, in.causal);
   st.perm.resize(static_cast<size_t>(d.B * d.H * R * st.len));
   st.nch.assign(static_cast<size_t>(d.B * d.H * R), 0);
   st.cbucket.resize(in.causal ? static_cast<size_t>(d.B * d.H * R * (st.len / ch)) : 0);
@@ -802,7 +801,7 @@ size_t reformer_workspace_bytes(const AttentionDims& d, const ReformerParams& p,
     dp = W * 2 * W;
   }
   per += f * (64 * ncol + 3 * slot + W * 2 * W + o + go + dp);
-  const int64_t len = perm_len(N, nb, p.chunk, true);  // the causal bound covers both
+  const int64_t len = reformer_perm_len(N, nb, p.chunk, true);  // the causal bound covers both
   const int64_t state = i32 * BH * R * (len + len / p.chunk + 1) + f * BH * N;  // perm, cbucket, nch, lse2
   // A split head's backward: one borrowed slot per span of chunks, and their flags.
   const int64_t spans = (len / p.chunk + kSpan - 1) / kSpan + 1;
@@ -810,90 +809,6 @@ size_t reformer_workspace_bytes(const AttentionDims& d, const ReformerParams& p,
   return static_cast<size_t>(threads * (per + static_cast<int64_t>(sizeof(ThreadScratch))) + state + borrowed);
 }
 
-namespace {
-
-class ReformerAttention final : public Attention {
- public:
-  explicit ReformerAttention(const ReformerParams& p) : p_(p) {
-    caps_ = Capabilities{.causal = true, .query_lengths = true, .key_lengths = true, .bias = false,
-                         .cross = false, .gqa = false, .trainable = true, .shared_qk = true,
-                         .stochastic = true, .stateful = false};
-  }
-  std::string name() const override {
-    return detail::concat("reformer:rounds=", p_.rounds, ",chunk=", p_.chunk,
-                          p_.buckets > 0 ? detail::concat(",buckets=", p_.buckets) : std::string(),
-                          ",seed=", p_.seed);
-  }
-  const Capabilities& capabilities() const override { return caps_; }
-
-  // Shared QK: validate_inputs refuses a k that is not q itself (caps_.shared_qk).
-  void forward(const AttentionInputs& in, View out, Context& ctx) const override {
-    Magnitudes mag;
-    const AttentionDims d = validate_inputs(in, caps_, "reformer", mag);
-    validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "reformer");
-    check_member_range(d, mag, true, "reformer");  // unit keys: |q|² in float
-    // Logits q·k_unit with unit keys and no scale: |logit| <= |q| <= sqrt(Dk)·max|q|, the rule's
-    // scale·Dk·max|q|·max|k| with scale 1 and max|k| 1/sqrt(Dk).
-    mag.k = 1.0 / std::sqrt(static_cast<double>(d.Dk));
-    check_softmax_range(d, mag, 1.0, "reformer");
-    ReformerState& st = ctx.state<ReformerState>();
-    attn_reformer_fwd(in, d, p_, in.step, out, st, ctx.scratch().get<ReformerWorkspace>());
-  }
-
-  void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
-                View dk, View dv) const override {
-    Magnitudes mag;
-    const AttentionDims d = validate_inputs(in, caps_, "reformer", mag);
-    check_member_range(d, mag, true, "reformer");
-    mag.k = 1.0 / std::sqrt(static_cast<double>(d.Dk));
-    const ReformerState& st = ctx.saved<ReformerState>();
-    check(st.lse2.shape() == Shape{d.B, d.H, d.N} && st.causal == in.causal &&
-              st.perm.size() == static_cast<size_t>(d.B * d.H * st.rounds * st.len) &&
-              st.len == perm_len(d.N, st.buckets, st.chunk, in.causal),
-          "reformer: backward inputs have shapes other than the forward's (q is now ",
-          in.q.shape, ")");
-    validate_softmax_backward(in, d, mag, 1.0, out, dout, dq, dk, dv, "reformer");
-    attn_reformer_bwd(in, d, st, out, dout, dq, dv, ctx.scratch().get<ReformerWorkspace>());
-  }
-
-  // Each position's chunk of round 0: its place in the sorted order (with causal, the order of
-  // bucket runs padded to whole chunks) divided by the chunk size.
-  QueryGroups query_groups(const AttentionInputs& in, const Context& ctx, int64_t b, int64_t h) const override {
-    const AttentionDims d = query_groups_dims(in, caps_, b, h, "reformer");
-    const ReformerState& st = query_groups_state<ReformerState>(ctx, "reformer");
-    check_query_groups_shapes(st.lse2.shape() == Shape{d.B, d.H, d.N} && st.causal == in.causal &&
-                                  st.perm.size() == static_cast<size_t>(d.B * d.H * st.rounds * st.len) &&
-                                  st.len == perm_len(d.N, st.buckets, st.chunk, in.causal),
-                              in, "reformer");
-    const int64_t nv = valid_queries(in, d, b);
-    QueryGroups g{std::vector<int32_t>(static_cast<size_t>(d.N), -1), "chunk"};
-    const ReformerState::Round r0 = st.round(b * d.H + h, 0, d.N);
-    for (int64_t x = 0; x < r0.len; ++x)
-      if (r0.perm[x] >= 0 && r0.perm[x] < nv) g.ids[static_cast<size_t>(r0.perm[x])] = static_cast<int32_t>(x / st.chunk);
-    return g;
-  }
-
-  size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {
-    return reformer_workspace_bytes(d, p_, mode, threads);
-  }
-
- private:
-  ReformerParams p_;
-  Capabilities caps_;
-};
-
-}  // namespace
-
-std::unique_ptr<Attention> make_reformer(const Spec& spec) {
-  SpecReader r(spec);
-  ReformerParams p;
-  p.rounds = r.get_int("rounds", 1, 1, 64);
-  p.chunk = r.get_int("chunk", 32, 1, kMaxChunk);
-  p.buckets = r.get_int("buckets", 0, 2, int64_t{1} << 30, "2*N/chunk");
-  p.seed = static_cast<uint64_t>(r.get_int("seed", 0, 0, int64_t{1} << 62));
-  r.finish();
-  if (p.buckets > 0) reformer_buckets(p, 0);  // validates an explicit count now
-  return std::make_unique<ReformerAttention>(p);
-}
+ReformerWorkspace& reformer_workspace(Scratch& scratch) { return scratch.get<ReformerWorkspace>(); }
 
 }  // namespace clattn

@@ -41,7 +41,12 @@ struct ReformerState : ContextState {
   }
 };
 
+inline constexpr int64_t kReformerMaxChunk = 64;  // the longest chunk= (a chunk's rows live on the stack)
 struct ReformerWorkspace;  // reformer.cpp; kept in the caller's Scratch
+ReformerWorkspace& reformer_workspace(Scratch& scratch);
+// Stride of a round's perm: N, or with causal the longest padded length (each non-empty bucket
+// adds at most ch - 1 entries of padding).
+int64_t reformer_perm_len(int64_t n, int64_t nb, int64_t ch, bool causal);
 // Upper bound of the Scratch and saved state of one call.
 size_t reformer_workspace_bytes(const AttentionDims& d, const ReformerParams& p, Mode mode,
                                 int threads);
