@@ -84,9 +84,9 @@ void assign_nearest_isa(const uint64_t* codes, int64_t n, const uint64_t* centro
   assign_nearest_ref(codes, n, centroids, C, assign, dist);
 }
 
-// counts (C, 64) += bits of each member's code.
+// counts (C, 64) += bits of each member's code; sizes (C) += members.
 void count_bits_isa(const uint64_t* codes, const int32_t* assign, int64_t n, uint32_t* counts,
-                    int64_t* sizes) {
+                    uint32_t* sizes) {
   for (int64_t i = 0; i < n; ++i) {
     uint32_t* cnt = counts + static_cast<int64_t>(assign[i]) * 64;
     ++sizes[assign[i]];

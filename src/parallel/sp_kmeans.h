@@ -1,9 +1,10 @@
-// Hamming k-means over queries split across ranks (sequence parallelism), computing exactly what
-// cluster::hamming_kmeans computes on the whole sequence in one process: the same distinct-code
-// rule, the same seeded initial draws, the same assignments, votes, re-seeding of empty clusters
-// and early stop. Each round adds the per-cluster bit counts and sizes across ranks (integers:
-// exact); draws and re-seeding fetch the few codes they need from their owners. Communication
-// per round: O(C·64) integers per task, independent of the sequence length.
+// Hamming k-means over queries split across ranks (sequence parallelism): cluster::hamming_kmeans
+// itself, its exchanges over the communicator. Each rank computes on its own codes and every rank
+// ends with the clusters one process gets on the whole sequence: the same distinct-code rule,
+// initial draws, assignments, votes, re-seeding of empty clusters and early stop. Each round adds
+// the per-cluster bit counts and sizes across ranks (C·65 32-bit integers per task, exact); the
+// draws and the re-seeding fetch the few codes they need from their owners. Communication per
+// round is independent of the sequence length.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 
 #include "clattn/comm.h"
 #include "clattn/rng.h"
+#include "cluster/cluster.h"
 
 namespace clattn::sp {
 
@@ -25,6 +27,22 @@ struct KmTask {
   std::vector<uint64_t> centroids;
   std::vector<int64_t> sizes;
   int64_t ce = 0;
+};
+
+// k-means' exchanges over the communicator, counted as sequence-parallel traffic. Vote counts
+// travel as 32-bit integers.
+class KMeansCommPeers : public cluster::KMeansPeers {
+ public:
+  explicit KMeansCommPeers(Communicator& comm) : comm_(comm) {}
+  int rank() const override { return comm_.rank(); }
+  int size() const override { return comm_.size(); }
+  void sum(int64_t* x, size_t n) override;
+  void sum_counts(uint32_t* x, size_t n) override;
+  void gather(const int64_t* mine, size_t n, int64_t* all) override;
+
+ private:
+  Communicator& comm_;
+  std::vector<int64_t> lanes_;  // ((n + 1) / 2) two counts each
 };
 
 // Every rank calls it with the same tasks in the same order (codes differ). C >= 1 clusters.
