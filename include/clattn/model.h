@@ -1,8 +1,10 @@
 // Transformers around the attention (docs/design.md): one implementation per architecture, the
 // same object for inference and for training.
 //
-//   Encoder  BERT family (post-LN or pre-LN, token types, pooler, GELU erf or tanh) and KWT (a
-//            linear input projection of feature frames, a class token, learned positions)
+//   Encoder  BERT family (post-LN or pre-LN, token types, pooler, GELU erf or tanh), read from and
+//            written as BERT, RoBERTa or DistilBERT checkpoints (model_type bert, roberta,
+//            distilbert: each family's tensor names and config.json fields), and KWT (a linear
+//            input projection of feature frames, a class token, learned positions)
 //   Decoder  LLaMA family (RMSNorm, rotate-half RoPE, grouped-query attention, SwiGLU, tied or
 //            untied output layer), with KV-cache decoding
 //
@@ -52,9 +54,14 @@ enum class ModelKind { bert, kwt, llama };
 
 struct ModelConfig {
   ModelKind kind = ModelKind::bert;
+  // model_type names the checkpoint family of an encoder (bert, roberta, distilbert, kwt): its
+  // tensor names and config.json fields. The computation differs only as the fields below say.
   std::string model_type, architecture;
   int64_t hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0;
-  int64_t vocab = 0, max_positions = 0, type_vocab = 0, num_labels = 0;
+  // max_positions is the longest sequence the model takes. RoBERTa numbers its positions from
+  // pad_token_id + 1 (position_offset), so its table holds max_positions + position_offset rows
+  // and config.json's max_position_embeddings counts them all.
+  int64_t vocab = 0, max_positions = 0, type_vocab = 0, num_labels = 0, position_offset = 0;
   float eps = 1e-12f;
   bool gelu_tanh = false;      // hidden_act gelu_tanh / gelu_new / gelu_pytorch_tanh
   bool pre_ln = false;         // norm_placement "pre" (default post, as BERT)
@@ -63,6 +70,9 @@ struct ModelConfig {
   // each sequence's valid tokens; otherwise the first token (BERT's [CLS], KWT's class token).
   bool mean_pooling = false;
   bool qkv_bias = true;
+  // The pooler before the classifier: tanh (BERT's pooler, RoBERTa's classifier.dense) or ReLU
+  // (DistilBERT's pre_classifier).
+  bool pooler_relu = false;
   float attention_scale = 0;   // 0 = 1/sqrt(head_dim)
   // KWT input path
   int64_t input_dim = 0, num_patches = 0;
@@ -71,6 +81,10 @@ struct ModelConfig {
   bool tie_embeddings = false;
   int32_t bos = -1, eos = -1;
   std::vector<std::string> labels;  // id2label, when the config has it
+  // clattn's own keys of a checkpoint it wrote: the task head ("clattn_head") and the attention
+  // plan ("clattn_attention"); absent in other checkpoints (no head stated, full attention).
+  std::optional<TaskKind> saved_head;
+  std::string saved_plan = "full";
 };
 
 // Reads config.json (errors name the file and the field).
@@ -213,6 +227,8 @@ class Model {
  protected:
   enum class Init { normal, one, zero };
   explicit Model(const ModelConfig& cfg);
+  // load() with config.json already read (the checkpoint's folder is read once).
+  static std::unique_ptr<Model> load(const std::string& dir, const ModelConfig& cfg, const LoadOptions& opt);
   // Layout: every parameter once, in order (adjacent tensors that form one fused matrix must be
   // added in that order), then allocate().
   int64_t add(const std::string& name, std::vector<int64_t> shape, Init init);

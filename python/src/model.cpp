@@ -232,6 +232,11 @@ void bind_model(pb::module_& m) {
            "Attention of every layer: one spec, or ';'-separated specs per layer (the last repeats); "
            "each must honour a causal mask")
       .def_property_readonly("attention_specs", [](PyDecoder& p) { return p.m->attention_specs(); })
+      .def("save", [](PyDecoder& p, const std::filesystem::path& dir) {
+             run_locked(p, [&] { p.m->save(dir.string()); });
+           }, pb::arg("dir"),
+           "Write the model as a checkpoint folder (config.json + model.safetensors, atomically) in its "
+           "family's naming, with its attention plan")
       .def("forward", [](PyDecoder& p, pb::handle ids_obj, pb::handle lengths) {
              const Ids ids = ids_arg(ids_obj, p.m->config().vocab, "ids");
              check_positions(ids, p.m->config());
@@ -292,6 +297,11 @@ void bind_model(pb::module_& m) {
              set_plan([&] { run_locked(p, [&] { p.m->set_attention(plan); }); });
            }, pb::arg("plan"), "Attention of every layer: one spec, or ';'-separated specs per layer")
       .def_property_readonly("attention_specs", [](PyEncoder& p) { return p.m->attention_specs(); })
+      .def("save", [](PyEncoder& p, const std::filesystem::path& dir) {
+             run_locked(p, [&] { p.m->save(dir.string()); });
+           }, pb::arg("dir"),
+           "Write the model as a checkpoint folder (config.json + model.safetensors, atomically) in its "
+           "family's naming (BERT, RoBERTa, DistilBERT, KWT), with its attention plan")
       .def("forward", [](PyEncoder& p, pb::handle ids_obj, pb::handle lengths, pb::handle types) {
              const Ids ids = ids_arg(ids_obj, p.m->config().vocab, "ids");
              check_positions(ids, p.m->config());

@@ -55,6 +55,46 @@ struct Fields {
   }
 };
 
+// id2label: {"0": "neg", "1": "pos"} into c.labels.
+void read_labels(const json& j, const std::string& path, ModelConfig& c) {
+  c.labels.resize(j["id2label"].size());
+  for (const auto& [k, v] : j["id2label"].items()) {
+    size_t idx = 0;
+    try {
+      idx = std::stoul(k);
+    } catch (...) {
+      throw Error(detail::concat("config '", path, "': id2label key \"", k, "\" is not an index"));
+    }
+    check(idx < c.labels.size() && v.is_string(), "config '", path, "': id2label entry \"", k, "\" is out of range or not a string");
+    c.labels[idx] = v.get<std::string>();
+  }
+}
+
+// DistilBERT's config.json names its sizes differently (dim, n_layers, n_heads, hidden_dim,
+// activation) and fixes the rest: post-LN with eps 1e-12, no token types, a ReLU pre_classifier.
+ModelConfig read_distilbert(const json& j, const Fields& f, const std::string& path, ModelConfig c) {
+  c.hidden = f.integer("dim");
+  c.layers = f.integer("n_layers");
+  c.heads = f.integer("n_heads");
+  c.ffn = f.integer("hidden_dim");
+  c.vocab = f.integer("vocab_size");
+  c.max_positions = f.integer("max_position_embeddings");
+  check(c.hidden >= 1 && c.layers >= 1 && c.heads >= 1 && c.ffn >= 1 && c.vocab >= 1 && c.max_positions >= 1,
+        "config '", path, "': dim, n_layers, n_heads, hidden_dim, vocab_size and max_position_embeddings must be >= 1");
+  check(c.hidden % c.heads == 0, "config '", path, "': dim (", c.hidden, ") must be a multiple of n_heads (", c.heads, ")");
+  c.kv_heads = c.heads;
+  c.head_dim = c.hidden / c.heads;
+  const std::string act = f.string_or("activation", "gelu");
+  check(act == "gelu", "config '", path, "': activation \"", act, "\" is not supported for distilbert (gelu)");
+  c.gelu_tanh = false;
+  c.eps = 1e-12f;
+  c.type_vocab = 0;
+  c.pooler_relu = true;
+  if (j.contains("id2label") && j["id2label"].is_object()) read_labels(j, path, c);
+  c.num_labels = f.integer_or("num_labels", static_cast<int64_t>(c.labels.size()));
+  return c;
+}
+
 }  // namespace
 
 ModelConfig read_model_config(const std::string& path) {
@@ -73,19 +113,29 @@ ModelConfig read_model_config(const std::string& path) {
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
       j["architectures"][0].is_string())
     c.architecture = j["architectures"][0].get<std::string>();
-  if (c.model_type == "bert") c.kind = ModelKind::bert;
+  const bool roberta = c.model_type == "roberta", distil = c.model_type == "distilbert";
+  if (c.model_type == "bert" || roberta || distil) c.kind = ModelKind::bert;
   else if (c.model_type == "kwt") c.kind = ModelKind::kwt;
   else if (c.model_type == "llama") c.kind = ModelKind::llama;
   else
     throw Error(detail::concat("config '", path, "': model_type \"", c.model_type,
-                               "\" is not supported (supported: bert, kwt, llama)"));
-  static const std::vector<std::string> kArch = {"BertModel", "BertForSequenceClassification",
-                                                 "KWTForKeywordSpotting", "LlamaForCausalLM", ""};
+                               "\" is not supported (supported: bert, roberta, distilbert, kwt, llama)"));
+  // The heads each family's checkpoints can carry here (a masked-LM head with its own transform,
+  // or a token-classification head, would be silently dropped, so they are refused).
+  static const std::vector<std::string> kArch = {
+      "BertModel", "BertForSequenceClassification", "RobertaModel", "RobertaForSequenceClassification",
+      "DistilBertModel", "DistilBertForSequenceClassification", "KWTForKeywordSpotting", "LlamaForCausalLM", ""};
   bool known = false;
   for (const auto& a : kArch) known |= a == c.architecture;
   check(known, "config '", path, "': architectures entry \"", c.architecture,
-        "\" is not supported (supported: BertModel, BertForSequenceClassification, "
+        "\" is not supported (supported: BertModel, BertForSequenceClassification, RobertaModel, "
+        "RobertaForSequenceClassification, DistilBertModel, DistilBertForSequenceClassification, "
         "KWTForKeywordSpotting, LlamaForCausalLM)");
+  if (j.contains("clattn_head") && j["clattn_head"].is_string())
+    c.saved_head = task_kind_from_name(j["clattn_head"].get<std::string>());
+  if (j.contains("clattn_attention") && j["clattn_attention"].is_string())
+    c.saved_plan = j["clattn_attention"].get<std::string>();
+  if (distil) return read_distilbert(j, f, path, c);
 
   c.hidden = f.integer("hidden_size");
   c.layers = f.integer("num_hidden_layers");
@@ -104,19 +154,7 @@ ModelConfig read_model_config(const std::string& path) {
   if (f.number_or("attention_scale", 0.0) != 0.0)
     c.attention_scale = static_cast<float>(
         f.number_in("attention_scale", 0.0, 1e-6, 1e6, "the attention scale (0 or absent: 1/sqrt(head_dim))"));
-  if (j.contains("id2label") && j["id2label"].is_object()) {
-    c.labels.resize(j["id2label"].size());
-    for (const auto& [k, v] : j["id2label"].items()) {
-      size_t idx = 0;
-      try {
-        idx = std::stoul(k);
-      } catch (...) {
-        throw Error(detail::concat("config '", path, "': id2label key \"", k, "\" is not an index"));
-      }
-      check(idx < c.labels.size() && v.is_string(), "config '", path, "': id2label entry \"", k, "\" is out of range or not a string");
-      c.labels[idx] = v.get<std::string>();
-    }
-  }
+  if (j.contains("id2label") && j["id2label"].is_object()) read_labels(j, path, c);
   c.num_labels = f.integer_or("num_labels", static_cast<int64_t>(c.labels.size()));
 
   if (c.kind == ModelKind::llama) {
@@ -166,6 +204,16 @@ ModelConfig read_model_config(const std::string& path) {
           pooling, "\"");
     c.mean_pooling = pooling == "mean";
     check(c.max_positions >= 1, "config '", path, "': max_position_embeddings is required");
+    if (roberta) {
+      // RoBERTa numbers positions from padding_idx + 1 (transformers'
+      // create_position_ids_from_input_ids), so the first padding_idx + 1 rows are never used.
+      const int64_t pad = f.integer_or("pad_token_id", 1);
+      c.position_offset = pad + 1;
+      check(c.max_positions > c.position_offset, "config '", path, "': max_position_embeddings (", c.max_positions,
+            ") must exceed pad_token_id + 1 (", c.position_offset, "), where RoBERTa's positions start");
+      c.max_positions -= c.position_offset;
+      c.type_vocab = f.integer_or("type_vocab_size", 1);
+    }
   }
   return c;
 }
@@ -217,14 +265,37 @@ std::vector<std::unique_ptr<Attention>> make_plan_attentions(const std::vector<s
 
 std::string model_config_json(const ModelConfig& c, const std::optional<TaskKind>& head, const std::string& plan) {
   json j;
-  j["model_type"] = c.kind == ModelKind::llama ? "llama" : c.kind == ModelKind::kwt ? "kwt" : "bert";
-  j["hidden_size"] = c.hidden;
-  j["num_hidden_layers"] = c.layers;
-  j["num_attention_heads"] = c.heads;
-  j["intermediate_size"] = c.ffn;
-  j["max_position_embeddings"] = c.max_positions;
+  const bool classifier = c.kind != ModelKind::llama && c.num_labels >= 1 && (!head || *head == TaskKind::classify);
+  if (classifier) {
+    j["num_labels"] = c.num_labels;
+    if (static_cast<int64_t>(c.labels.size()) == c.num_labels) {
+      json id2label = json::object();
+      for (size_t i = 0; i < c.labels.size(); ++i) id2label[std::to_string(i)] = c.labels[i];
+      j["id2label"] = id2label;
+    }
+  }
+  if (c.model_type == "distilbert") {
+    // DistilBERT's own field names, so transformers reads the folder back as it wrote it.
+    j["model_type"] = "distilbert";
+    j["architectures"] = {classifier ? "DistilBertForSequenceClassification" : "DistilBertModel"};
+    j["dim"] = c.hidden;
+    j["n_layers"] = c.layers;
+    j["n_heads"] = c.heads;
+    j["hidden_dim"] = c.ffn;
+    j["vocab_size"] = c.vocab;
+    j["max_position_embeddings"] = c.max_positions;
+    j["activation"] = "gelu";
+    j["sinusoidal_pos_embds"] = false;
+  } else {
+    j["hidden_size"] = c.hidden;
+    j["num_hidden_layers"] = c.layers;
+    j["num_attention_heads"] = c.heads;
+    j["intermediate_size"] = c.ffn;
+    j["max_position_embeddings"] = c.max_positions + c.position_offset;
+  }
   if (c.attention_scale > 0) j["attention_scale"] = c.attention_scale;
   if (c.kind == ModelKind::llama) {
+    j["model_type"] = "llama";
     j["architectures"] = {"LlamaForCausalLM"};
     j["vocab_size"] = c.vocab;
     j["num_key_value_heads"] = c.kv_heads;
@@ -235,14 +306,18 @@ std::string model_config_json(const ModelConfig& c, const std::optional<TaskKind
     j["hidden_act"] = "silu";
     if (c.bos >= 0) j["bos_token_id"] = c.bos;
     if (c.eos >= 0) j["eos_token_id"] = c.eos;
-  } else {
-    const bool classifier = c.num_labels >= 1 && (!head || *head == TaskKind::classify);
+  } else if (c.model_type != "distilbert") {
     if (c.kind == ModelKind::kwt) {
+      j["model_type"] = "kwt";
       j["architectures"] = {"KWTForKeywordSpotting"};
       j["input_dim"] = c.input_dim;
       j["num_patches"] = c.num_patches;
     } else {
-      j["architectures"] = {classifier ? "BertForSequenceClassification" : "BertModel"};
+      const bool roberta = c.model_type == "roberta";
+      j["model_type"] = roberta ? "roberta" : "bert";
+      j["architectures"] = {roberta ? (classifier ? "RobertaForSequenceClassification" : "RobertaModel")
+                                    : (classifier ? "BertForSequenceClassification" : "BertModel")};
+      if (roberta) j["pad_token_id"] = c.position_offset - 1;
       j["vocab_size"] = c.vocab;
       j["type_vocab_size"] = c.type_vocab;
       j["classifier_pooling"] = c.mean_pooling ? "mean" : "first";
@@ -252,14 +327,6 @@ std::string model_config_json(const ModelConfig& c, const std::optional<TaskKind
     j["norm_placement"] = c.pre_ln ? "pre" : "post";
     j["final_layer_norm"] = c.final_layer_norm;
     j["qkv_bias"] = c.qkv_bias;
-    if (classifier) {
-      j["num_labels"] = c.num_labels;
-      if (static_cast<int64_t>(c.labels.size()) == c.num_labels) {
-        json id2label = json::object();
-        for (size_t i = 0; i < c.labels.size(); ++i) id2label[std::to_string(i)] = c.labels[i];
-        j["id2label"] = id2label;
-      }
-    }
   }
   // clattn's own keys: the head the checkpoint trains, and the attention it runs with.
   if (head) j["clattn_head"] = task_kind_name(*head);

@@ -74,34 +74,46 @@ Encoder::Encoder(const ModelConfig& cfg_in, const std::optional<TaskKind>& head,
     L.pos = add("embeddings.position_embeddings", {c.max_positions, H}, Init::normal);
   } else {
     L.word = add("embeddings.word_embeddings.weight", {c.vocab, H}, Init::normal);
-    L.pos = add("embeddings.position_embeddings.weight", {c.max_positions, H}, Init::normal);
+    L.pos = add("embeddings.position_embeddings.weight", {c.max_positions + c.position_offset, H}, Init::normal);
     if (c.type_vocab > 0) L.type = add("embeddings.token_type_embeddings.weight", {c.type_vocab, H}, Init::normal);
     L.elng = add("embeddings.LayerNorm.weight", {H}, Init::one);
     L.elnb = add("embeddings.LayerNorm.bias", {H}, Init::zero);
   }
+  // Each family's names for the same tensors (BERT and RoBERTa share them).
+  const bool distil = c.model_type == "distilbert", roberta = c.model_type == "roberta";
+  struct Names {
+    const char *layer, *q, *k, *v, *o, *ln1, *ff1, *ff2, *ln2;
+  };
+  static constexpr Names kBert{"encoder.layer.", "attention.self.query", "attention.self.key",
+                               "attention.self.value", "attention.output.dense", "attention.output.LayerNorm",
+                               "intermediate.dense", "output.dense", "output.LayerNorm"};
+  static constexpr Names kDistil{"transformer.layer.", "attention.q_lin", "attention.k_lin", "attention.v_lin",
+                                 "attention.out_lin", "sa_layer_norm", "ffn.lin1", "ffn.lin2", "output_layer_norm"};
+  const Names& n = distil ? kDistil : kBert;
+  const auto name = [](const std::string& p, const char* t, const char* what) { return p + t + what; };
   for (int64_t l = 0; l < c.layers; ++l) {
-    const std::string p = "encoder.layer." + std::to_string(l) + ".";
+    const std::string p = n.layer + std::to_string(l) + ".";
     Layout::Layer y;
     // query, key and value adjacent: one (3H, H) matrix and one (3H) bias for a fused GEMM (at
     // KWT's H = 64 a narrow product runs at half the sgemm rate).
-    y.wqkv = add(p + "attention.self.query.weight", {H, H}, Init::normal);
-    add(p + "attention.self.key.weight", {H, H}, Init::normal);
-    add(p + "attention.self.value.weight", {H, H}, Init::normal);
+    y.wqkv = add(name(p, n.q, ".weight"), {H, H}, Init::normal);
+    add(name(p, n.k, ".weight"), {H, H}, Init::normal);
+    add(name(p, n.v, ".weight"), {H, H}, Init::normal);
     if (c.qkv_bias) {
-      y.bqkv = add(p + "attention.self.query.bias", {H}, Init::zero);
-      add(p + "attention.self.key.bias", {H}, Init::zero);
-      add(p + "attention.self.value.bias", {H}, Init::zero);
+      y.bqkv = add(name(p, n.q, ".bias"), {H}, Init::zero);
+      add(name(p, n.k, ".bias"), {H}, Init::zero);
+      add(name(p, n.v, ".bias"), {H}, Init::zero);
     }
-    y.wo = add(p + "attention.output.dense.weight", {H, H}, Init::normal);
-    y.bo = add(p + "attention.output.dense.bias", {H}, Init::zero);
-    y.ln1g = add(p + "attention.output.LayerNorm.weight", {H}, Init::one);
-    y.ln1b = add(p + "attention.output.LayerNorm.bias", {H}, Init::zero);
-    y.w1 = add(p + "intermediate.dense.weight", {F, H}, Init::normal);
-    y.b1 = add(p + "intermediate.dense.bias", {F}, Init::zero);
-    y.w2 = add(p + "output.dense.weight", {H, F}, Init::normal);
-    y.b2 = add(p + "output.dense.bias", {H}, Init::zero);
-    y.ln2g = add(p + "output.LayerNorm.weight", {H}, Init::one);
-    y.ln2b = add(p + "output.LayerNorm.bias", {H}, Init::zero);
+    y.wo = add(name(p, n.o, ".weight"), {H, H}, Init::normal);
+    y.bo = add(name(p, n.o, ".bias"), {H}, Init::zero);
+    y.ln1g = add(name(p, n.ln1, ".weight"), {H}, Init::one);
+    y.ln1b = add(name(p, n.ln1, ".bias"), {H}, Init::zero);
+    y.w1 = add(name(p, n.ff1, ".weight"), {F, H}, Init::normal);
+    y.b1 = add(name(p, n.ff1, ".bias"), {F}, Init::zero);
+    y.w2 = add(name(p, n.ff2, ".weight"), {H, F}, Init::normal);
+    y.b2 = add(name(p, n.ff2, ".bias"), {H}, Init::zero);
+    y.ln2g = add(name(p, n.ln2, ".weight"), {H}, Init::one);
+    y.ln2b = add(name(p, n.ln2, ".bias"), {H}, Init::zero);
     y.begin = y.wqkv;
     y.end = y.ln2b + H;
     L.layers.push_back(y);
@@ -110,13 +122,18 @@ Encoder::Encoder(const ModelConfig& cfg_in, const std::optional<TaskKind>& head,
     L.flng = add("encoder.final_layer_norm.weight", {H}, Init::one);
     L.flnb = add("encoder.final_layer_norm.bias", {H}, Init::zero);
   }
+  // The dense layer between the first token and the classifier: BERT's pooler, RoBERTa's
+  // classification head (dense, tanh, out_proj), DistilBERT's pre_classifier (ReLU).
+  const bool classifier = c.num_labels >= 1 && (!head_ || *head_ == TaskKind::classify);
   if (pooler_) {
-    L.pool_w = add("pooler.dense.weight", {H, H}, Init::normal);
-    L.pool_b = add("pooler.dense.bias", {H}, Init::zero);
+    const std::string pool = roberta ? "classifier.dense" : distil ? "pre_classifier" : "pooler.dense";
+    L.pool_w = add(pool + ".weight", {H, H}, Init::normal);
+    L.pool_b = add(pool + ".bias", {H}, Init::zero);
   }
-  if (c.num_labels >= 1 && (!head_ || *head_ == TaskKind::classify)) {
-    L.cls_w = add("classifier.weight", {c.num_labels, H}, Init::normal);
-    L.cls_b = add("classifier.bias", {c.num_labels}, Init::zero);
+  if (classifier) {
+    const std::string cls = roberta ? "classifier.out_proj" : "classifier";
+    L.cls_w = add(cls + ".weight", {c.num_labels, H}, Init::normal);
+    L.cls_b = add(cls + ".bias", {c.num_labels}, Init::zero);
   }
   if (head_ && *head_ == TaskKind::mlm) {
     check(c.kind == ModelKind::bert, "encoder: the mlm head needs a token model (bert)");
@@ -133,9 +150,14 @@ Encoder::~Encoder() = default;
 
 std::unique_ptr<Encoder> Encoder::for_checkpoint(ModelConfig cfg, const Weights& w, const LoadOptions& opt,
                                                  std::vector<std::string>& optional) {
-  const bool bert_prefix = w.has("bert.embeddings.word_embeddings.weight") || w.has("bert.encoder.layer.0.attention.self.query.weight");
-  const std::string pre = bert_prefix ? "bert." : "";
-  const bool has_classifier = w.has("classifier.weight");
+  // A task model stores its encoder under the family's name ("bert.", "roberta.",
+  // "distilbert."); a bare encoder (BertModel) stores it unprefixed.
+  const std::string family = cfg.kind == ModelKind::kwt ? "" : cfg.model_type + ".";
+  const bool prefixed = !family.empty() && w.has(family + "embeddings.word_embeddings.weight");
+  const std::string pre = prefixed ? family : "";
+  const bool roberta = cfg.model_type == "roberta", distil = cfg.model_type == "distilbert";
+  const std::string cls_name = roberta ? "classifier.out_proj" : "classifier";
+  const bool has_classifier = w.has(cls_name + ".weight");
   std::optional<TaskKind> head = opt.head;
   if (!head && (has_classifier || cfg.kind == ModelKind::kwt)) head = TaskKind::classify;
   check(!head || *head != TaskKind::lm, "model '", w.dir(), "': an encoder takes the classify or mlm head, not lm");
@@ -146,7 +168,7 @@ std::unique_ptr<Encoder> Encoder::for_checkpoint(ModelConfig cfg, const Weights&
   if (head && *head == TaskKind::classify) {
     if (has_classifier) {
       // A config without num_labels (or id2label): the classifier's own rows say it.
-      const std::vector<int64_t> cs = w.shape("classifier.weight");
+      const std::vector<int64_t> cs = w.shape(cls_name + ".weight");
       if (cfg.num_labels < 1 && cs.size() == 2) cfg.num_labels = cs[0];
       check(cfg.num_labels >= 1, "model '", w.dir(), "': the checkpoint has a classifier but the config no num_labels");
       check(opt.num_labels <= cfg.num_labels, "model '", w.dir(), "': its classifier has ", cfg.num_labels,
@@ -155,8 +177,14 @@ std::unique_ptr<Encoder> Encoder::for_checkpoint(ModelConfig cfg, const Weights&
       check(opt.num_labels >= 1, "model '", w.dir(), "' has no classifier; the classify head needs a number of classes");
       cfg.num_labels = opt.num_labels;
       cfg.labels.clear();
-      optional.push_back("classifier.weight");
-      optional.push_back("classifier.bias");
+      optional.push_back(cls_name + ".weight");
+      optional.push_back(cls_name + ".bias");
+      // A new classifier on RoBERTa or DistilBERT comes with the dense layer before it.
+      if (roberta || distil) {
+        const std::string pool = roberta ? "classifier.dense" : "pre_classifier";
+        optional.push_back(pool + ".weight");
+        optional.push_back(pool + ".bias");
+      }
     }
   } else if (!has_classifier) {
     cfg.num_labels = 0;
@@ -166,7 +194,11 @@ std::unique_ptr<Encoder> Encoder::for_checkpoint(ModelConfig cfg, const Weights&
     cfg.num_labels = 0;  // a classifier the checkpoint may have is not part of this model
     cfg.labels.clear();
   }
-  const bool pooler = cfg.kind == ModelKind::bert && w.has(pre + "pooler.dense.weight");
+  // RoBERTa and DistilBERT have their dense layer exactly when they classify; BERT's pooler is
+  // part of the encoder checkpoint, with or without a classifier.
+  const bool classify = head && *head == TaskKind::classify;
+  const bool pooler = cfg.kind == ModelKind::bert &&
+                      ((roberta || distil) ? classify : w.has(pre + "pooler.dense.weight"));
   std::unique_ptr<Encoder> e(new Encoder(cfg, head, pooler));
   e->prefix_ = pre;
   e->init(opt.seed);  // what the checkpoint lacks (a new head) starts from here
@@ -300,7 +332,7 @@ void Encoder::embed_tokens(const int32_t* ids, const int32_t* types, int64_t B, 
   const float* pe = p(L.pos);
   const float* te = L.type >= 0 ? p(L.type) : nullptr;
   for_rows(rows, H, [&](int64_t r) {
-    const float* pr = pe + static_cast<int64_t>(local_pos_[static_cast<size_t>(r % T)]) * H;  // global position
+    const float* pr = pe + (local_pos_[static_cast<size_t>(r % T)] + c.position_offset) * H;  // global position
     const float* tr = te ? te + static_cast<int64_t>(types ? types[r] : 0) * H : nullptr;
     for (int64_t k = 0; k < H; ++k) e[r * H + k] += pr[k] + (tr ? tr[k] : 0.f);
   });
@@ -413,7 +445,8 @@ void Encoder::pool(int64_t B, int64_t T, std::span<const int32_t> lengths) {
   if (split) sp_->all_reduce_sum(first, static_cast<size_t>(B * H));
   if (!pooler_) return;
   lin(hs, H, first, H, p(L_->pool_w), p(L_->pool_b), B, H, H);
-  for (int64_t i = 0; i < B * H; ++i) hs[i] = std::tanh(hs[i]);
+  if (cfg_.pooler_relu) for (int64_t i = 0; i < B * H; ++i) hs[i] = std::max(hs[i], 0.f);
+  else for (int64_t i = 0; i < B * H; ++i) hs[i] = std::tanh(hs[i]);
 }
 
 void Encoder::pool_backward(int64_t B, int64_t T, std::span<const int32_t> lengths, float* dxf) {
@@ -432,10 +465,11 @@ void Encoder::pool_backward(int64_t B, int64_t T, std::span<const int32_t> lengt
     return;
   }
   if (pooler_) {
-    // hs = tanh(first·Wpᵀ + bp): d(pre) = dhs ∘ (1 − hs²), then the linear layer's backward
+    // hs = tanh(first·Wpᵀ + bp): d(pre) = dhs ∘ (1 − hs²) (ReLU: dhs where hs > 0), then the linear layer's backward
     // gives d(first) (dt as scratch: dxf is dt2). Every rank of a split computes the pooler
     // alike; rank 0 alone adds its parameter gradient.
-    for (int64_t i = 0; i < B * H; ++i) dhs[i] *= 1.f - b_->hs[i] * b_->hs[i];
+    if (cfg_.pooler_relu) for (int64_t i = 0; i < B * H; ++i) dhs[i] = b_->hs[i] > 0.f ? dhs[i] : 0.f;
+    else for (int64_t i = 0; i < B * H; ++i) dhs[i] *= 1.f - b_->hs[i] * b_->hs[i];
     const bool lead = split_lead();
     lin_bwd(b_->dt, H, lead ? g(L_->pool_w) : nullptr, lead ? g(L_->pool_b) : nullptr, dhs, H, b_->pool_in, H,
             p(L_->pool_w), B, H, H);
@@ -540,7 +574,7 @@ void Encoder::embed_backward(const Batch& bt) {
   nn::layernorm_bwd(de, g(L.elng), g(L.elnb), dx, b_->e, p(L.elng), b_->em, b_->er, rows, H);
   nn::embedding_bwd(g(L.word), bt.ids.data(), de, rows, H, c.vocab);
   if (L.type >= 0) nn::embedding_bwd(g(L.type), zero_types_.data(), de, rows, H, c.type_vocab);
-  float* dpos = g(L.pos);
+  float* dpos = g(L.pos) + c.position_offset * H;
   for_rows(T, B * H, [&](int64_t t) {  // fixed order over the batch: deterministic
     float* row = dpos + static_cast<int64_t>(local_pos_[static_cast<size_t>(t)]) * H;  // global position
     for (int64_t s = 0; s < B; ++s)

@@ -127,8 +127,10 @@ int64_t Model::add(const std::string& name, std::vector<int64_t> shape, Init ini
   const int64_t off = info_.empty() ? 0 : info_.back().offset + info_.back().size;
   info_.push_back({name, std::move(shape), off, n, init == Init::normal});
   inits_.push_back(init);
-  // Only an encoder's own tensors take the checkpoint's "bert." prefix, never the task heads.
-  prefixed_.push_back(name.rfind("classifier.", 0) != 0 && name.rfind("cls.", 0) != 0);
+  // Only an encoder's own tensors take the checkpoint's family prefix ("bert.", "roberta.",
+  // "distilbert."), never the task heads.
+  prefixed_.push_back(name.rfind("classifier.", 0) != 0 && name.rfind("cls.", 0) != 0 &&
+                      name.rfind("pre_classifier.", 0) != 0);
   return off;
 }
 
@@ -399,30 +401,6 @@ StepResult Model::timed(StepResult r, double t0) const {
 
 // ---- factories
 
-namespace {
-
-// config.json of dir as JSON (read_model_config has checked it is readable and valid).
-nlohmann::json config_json(const std::string& dir) {
-  const std::string path = (std::filesystem::path(dir) / "config.json").string();
-  return nlohmann::json::parse(read_input_file(path, "config", kMaxJsonBytes), nullptr, false);
-}
-
-std::optional<TaskKind> saved_head(const std::string& dir) {
-  const nlohmann::json j = config_json(dir);
-  if (j.is_object() && j.contains("clattn_head") && j["clattn_head"].is_string())
-    return task_kind_from_name(j["clattn_head"].get<std::string>());
-  return std::nullopt;
-}
-
-std::string saved_plan(const std::string& dir) {
-  const nlohmann::json j = config_json(dir);
-  if (j.is_object() && j.contains("clattn_attention") && j["clattn_attention"].is_string())
-    return j["clattn_attention"].get<std::string>();
-  return "full";
-}
-
-}  // namespace
-
 std::unique_ptr<Model> Model::create(const ModelConfig& cfg, TaskKind head, uint64_t seed) {
   std::unique_ptr<Model> m;
   if (cfg.kind == ModelKind::llama) {
@@ -440,30 +418,34 @@ std::unique_ptr<Model> Model::create(const ModelConfig& cfg, TaskKind head, uint
 }
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const LoadOptions& opt) {
-  const ModelConfig cfg = read_model_config((std::filesystem::path(dir) / "config.json").string());
+  return load(dir, read_model_config((std::filesystem::path(dir) / "config.json").string()), opt);
+}
+
+std::unique_ptr<Model> Model::load(const std::string& dir, const ModelConfig& cfg, const LoadOptions& opt) {
   LoadOptions o = opt;
-  if (!o.head) o.head = saved_head(dir);
+  if (!o.head) o.head = cfg.saved_head;
   std::unique_ptr<Weights> w = Weights::open(dir);
   std::unique_ptr<Model> m;
   std::vector<std::string> optional;
   if (cfg.kind == ModelKind::llama) m = Decoder::for_checkpoint(cfg, *w, o);
   else m = Encoder::for_checkpoint(cfg, *w, o, optional);
   // A clattn checkpoint runs with the attention it was trained with, and its layer state.
-  m->set_attention(saved_plan(dir));
+  m->set_attention(cfg.saved_plan);
   m->load_weights(*w, o.verbose, optional);
   return m;
 }
 
 std::unique_ptr<Encoder> Encoder::load(const std::string& dir, const LoadOptions& opt) {
-  check(model_kind(dir) != ModelKind::llama, "model '", dir, "' is a decoder (model_type llama), not an encoder");
-  std::unique_ptr<Model> m = Model::load(dir, opt);
+  const ModelConfig cfg = read_model_config((std::filesystem::path(dir) / "config.json").string());
+  check(cfg.kind != ModelKind::llama, "model '", dir, "' is a decoder (model_type ", cfg.model_type, "), not an encoder");
+  std::unique_ptr<Model> m = Model::load(dir, cfg, opt);
   return std::unique_ptr<Encoder>(static_cast<Encoder*>(m.release()));
 }
 
 std::unique_ptr<Decoder> Decoder::load(const std::string& dir, const LoadOptions& opt) {
   const ModelConfig cfg = read_model_config((std::filesystem::path(dir) / "config.json").string());
   check(cfg.kind == ModelKind::llama, "model '", dir, "' is an encoder (model_type ", cfg.model_type, "), not a decoder");
-  std::unique_ptr<Model> m = Model::load(dir, opt);
+  std::unique_ptr<Model> m = Model::load(dir, cfg, opt);
   return std::unique_ptr<Decoder>(static_cast<Decoder*>(m.release()));
 }
 

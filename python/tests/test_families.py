@@ -1,0 +1,311 @@
+"""RoBERTa and DistilBERT checkpoints as transformers writes them: tiny models in the exact folder
+layout (tensor names and shapes, F32 safetensors, config.json with every field transformers puts
+there, the sharded index form), read by clattn.load_model and compared with an independent NumPy
+forward in float64 that follows transformers' modeling_roberta.py / modeling_distilbert.py."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+import clattn
+
+H, HEADS, F, LAYERS, VOCAB, LABELS = 32, 4, 48, 2, 50, 3
+
+
+def rng_tensor(rng, shape, scale=0.3, offset=0.0):
+    return (offset + scale * rng.standard_normal(shape)).astype(np.float32)
+
+
+def linear(rng, out, inp, scale=0.3):
+    return rng_tensor(rng, (out, inp), scale), rng_tensor(rng, (out,), 0.1)
+
+
+def layer_norm(rng):
+    return rng_tensor(rng, (H,), 0.1, 1.0), rng_tensor(rng, (H,), 0.1)
+
+
+def write_folder(path, config, tensors, shards=1):
+    """config.json and the weights, one file or `shards` files with transformers' index."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if shards == 1:
+        clattn.write_safetensors(path / "model.safetensors", tensors, {"format": "pt"})
+        return
+    names = sorted(tensors)
+    weight_map, total = {}, 0
+    for i in range(shards):
+        part = {n: tensors[n] for n in names[i::shards]}
+        fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        clattn.write_safetensors(path / fname, part, {"format": "pt"})
+        weight_map.update({n: fname for n in part})
+        total += sum(t.nbytes for t in part.values())
+    (path / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+
+
+# ---- checkpoints
+
+ROBERTA_CONFIG = {
+    "_name_or_path": "tiny-roberta", "architectures": ["RobertaForSequenceClassification"],
+    "attention_probs_dropout_prob": 0.1, "bos_token_id": 0, "classifier_dropout": None, "eos_token_id": 2,
+    "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": H, "initializer_range": 0.02,
+    "intermediate_size": F, "layer_norm_eps": 1e-05, "max_position_embeddings": 40, "model_type": "roberta",
+    "num_attention_heads": HEADS, "num_hidden_layers": LAYERS, "pad_token_id": 1,
+    "position_embedding_type": "absolute", "problem_type": "single_label_classification",
+    "torch_dtype": "float32", "transformers_version": "4.44.2", "type_vocab_size": 1, "use_cache": True,
+    "vocab_size": VOCAB, "id2label": {"0": "NEG", "1": "NEU", "2": "POS"},
+    "label2id": {"NEG": 0, "NEU": 1, "POS": 2},
+}
+
+DISTIL_CONFIG = {
+    "_name_or_path": "tiny-distilbert", "activation": "gelu", "architectures": ["DistilBertForSequenceClassification"],
+    "attention_dropout": 0.1, "dim": H, "dropout": 0.1, "hidden_dim": F, "initializer_range": 0.02,
+    "max_position_embeddings": 40, "model_type": "distilbert", "n_heads": HEADS, "n_layers": LAYERS,
+    "pad_token_id": 0, "qa_dropout": 0.1, "seq_classif_dropout": 0.2, "sinusoidal_pos_embds": False,
+    "tie_weights_": True, "torch_dtype": "float32", "transformers_version": "4.44.2", "vocab_size": VOCAB,
+    "id2label": {"0": "A", "1": "B", "2": "C"}, "label2id": {"A": 0, "B": 1, "C": 2},
+}
+
+
+def roberta_tensors(seed, classifier=True):
+    rng = np.random.default_rng(seed)
+    t = {}
+    e = "roberta.embeddings."
+    t[e + "word_embeddings.weight"] = rng_tensor(rng, (VOCAB, H))
+    t[e + "position_embeddings.weight"] = rng_tensor(rng, (40, H))
+    t[e + "token_type_embeddings.weight"] = rng_tensor(rng, (1, H))
+    t[e + "LayerNorm.weight"], t[e + "LayerNorm.bias"] = layer_norm(rng)
+    for layer in range(LAYERS):
+        p = f"roberta.encoder.layer.{layer}."
+        for n in ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"):
+            t[p + n + ".weight"], t[p + n + ".bias"] = linear(rng, H, H)
+        t[p + "attention.output.LayerNorm.weight"], t[p + "attention.output.LayerNorm.bias"] = layer_norm(rng)
+        t[p + "intermediate.dense.weight"], t[p + "intermediate.dense.bias"] = linear(rng, F, H)
+        t[p + "output.dense.weight"], t[p + "output.dense.bias"] = linear(rng, H, F)
+        t[p + "output.LayerNorm.weight"], t[p + "output.LayerNorm.bias"] = layer_norm(rng)
+    if classifier:
+        t["classifier.dense.weight"], t["classifier.dense.bias"] = linear(rng, H, H)
+        t["classifier.out_proj.weight"], t["classifier.out_proj.bias"] = linear(rng, LABELS, H)
+    return t
+
+
+def distil_tensors(seed):
+    rng = np.random.default_rng(seed)
+    t = {}
+    e = "distilbert.embeddings."
+    t[e + "word_embeddings.weight"] = rng_tensor(rng, (VOCAB, H))
+    t[e + "position_embeddings.weight"] = rng_tensor(rng, (40, H))
+    t[e + "LayerNorm.weight"], t[e + "LayerNorm.bias"] = layer_norm(rng)
+    for layer in range(LAYERS):
+        p = f"distilbert.transformer.layer.{layer}."
+        for n in ("attention.q_lin", "attention.k_lin", "attention.v_lin", "attention.out_lin"):
+            t[p + n + ".weight"], t[p + n + ".bias"] = linear(rng, H, H)
+        t[p + "sa_layer_norm.weight"], t[p + "sa_layer_norm.bias"] = layer_norm(rng)
+        t[p + "ffn.lin1.weight"], t[p + "ffn.lin1.bias"] = linear(rng, F, H)
+        t[p + "ffn.lin2.weight"], t[p + "ffn.lin2.bias"] = linear(rng, H, F)
+        t[p + "output_layer_norm.weight"], t[p + "output_layer_norm.bias"] = layer_norm(rng)
+    t["pre_classifier.weight"], t["pre_classifier.bias"] = linear(rng, H, H)
+    t["classifier.weight"], t["classifier.bias"] = linear(rng, LABELS, H)
+    return t
+
+
+# ---- the NumPy reference (float64)
+
+def ln(x, g, b, eps):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * g + b
+
+
+def gelu(x):  # the erf form ("gelu" in transformers)
+    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
+def lin(x, w, b):
+    return x @ w.astype(np.float64).T + b.astype(np.float64)
+
+
+def attention(x, wq, bq, wk, bk, wv, bv, length):
+    """Multi-head self-attention of one sequence x (T, H); keys past `length` masked out."""
+    T = x.shape[0]
+    dh = H // HEADS
+    q = lin(x, wq, bq).reshape(T, HEADS, dh).transpose(1, 0, 2)
+    k = lin(x, wk, bk).reshape(T, HEADS, dh).transpose(1, 0, 2)
+    v = lin(x, wv, bv).reshape(T, HEADS, dh).transpose(1, 0, 2)
+    s = q @ k.transpose(0, 2, 1) / math.sqrt(dh)
+    s[:, :, length:] = -np.inf
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return (p @ v).transpose(1, 0, 2).reshape(T, H)
+
+
+def roberta_reference(t, ids, length, classifier=True):
+    w = {k: v.astype(np.float64) for k, v in t.items()}
+    e = "roberta.embeddings."
+    T = len(ids)
+    # modeling_roberta.create_position_ids_from_input_ids: padding_idx + 1 + index for real tokens.
+    pos = np.arange(T) + 2
+    x = w[e + "word_embeddings.weight"][ids] + w[e + "position_embeddings.weight"][pos] + \
+        w[e + "token_type_embeddings.weight"][0]
+    x = ln(x, w[e + "LayerNorm.weight"], w[e + "LayerNorm.bias"], 1e-5)
+    for layer in range(LAYERS):
+        p = f"roberta.encoder.layer.{layer}."
+        g = lambda n: (w[p + n + ".weight"], w[p + n + ".bias"])  # noqa: E731
+        a = attention(x, *g("attention.self.query"), *g("attention.self.key"), *g("attention.self.value"), length)
+        x = ln(lin(a, *g("attention.output.dense")) + x, *g("attention.output.LayerNorm"), 1e-5)
+        h = gelu(lin(x, *g("intermediate.dense")))
+        x = ln(lin(h, *g("output.dense")) + x, *g("output.LayerNorm"), 1e-5)
+    if not classifier:
+        return x
+    # RobertaClassificationHead: <s> -> dense -> tanh -> out_proj.
+    c = np.tanh(lin(x[0], w["classifier.dense.weight"], w["classifier.dense.bias"]))
+    return lin(c, w["classifier.out_proj.weight"], w["classifier.out_proj.bias"])
+
+
+def distil_reference(t, ids, length):
+    w = {k: v.astype(np.float64) for k, v in t.items()}
+    e = "distilbert.embeddings."
+    x = w[e + "word_embeddings.weight"][ids] + w[e + "position_embeddings.weight"][np.arange(len(ids))]
+    x = ln(x, w[e + "LayerNorm.weight"], w[e + "LayerNorm.bias"], 1e-12)
+    for layer in range(LAYERS):
+        p = f"distilbert.transformer.layer.{layer}."
+        g = lambda n: (w[p + n + ".weight"], w[p + n + ".bias"])  # noqa: E731
+        a = attention(x, *g("attention.q_lin"), *g("attention.k_lin"), *g("attention.v_lin"), length)
+        x = ln(lin(a, *g("attention.out_lin")) + x, *g("sa_layer_norm"), 1e-12)
+        h = gelu(lin(x, *g("ffn.lin1")))
+        x = ln(lin(h, *g("ffn.lin2")) + x, *g("output_layer_norm"), 1e-12)
+    # DistilBertForSequenceClassification: hidden[:, 0] -> pre_classifier -> ReLU -> classifier.
+    c = np.maximum(lin(x[0], w["pre_classifier.weight"], w["pre_classifier.bias"]), 0.0)
+    return lin(c, w["classifier.weight"], w["classifier.bias"])
+
+
+def close(got, want, rel=1e-4):
+    return np.abs(got - want).max() <= rel * max(np.abs(want).max(), 1e-30)
+
+
+# ---- tests
+
+IDS = np.array([[0, 5, 17, 42, 9, 33, 2, 8, 11, 3, 30, 2],
+                [0, 21, 7, 49, 2, 1, 1, 1, 1, 1, 1, 1]], dtype=np.int32)  # row 1: 5 tokens, then <pad>
+LENGTHS = [12, 5]
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_roberta_classifier_matches_numpy(tmp_path, shards):
+    t = roberta_tensors(1)
+    write_folder(tmp_path / "roberta", ROBERTA_CONFIG, t, shards)
+    m = clattn.load_model(str(tmp_path / "roberta"))
+    assert isinstance(m, clattn.Encoder) and m.head == "classify"
+    # 40 position rows, the first pad_token_id + 1 = 2 never used: 38 positions.
+    assert m.config["max_positions"] == 38
+    logits = m.forward(IDS, lengths=LENGTHS)
+    assert logits.shape == (2, LABELS)
+    for b in range(2):
+        want = roberta_reference(t, IDS[b, :LENGTHS[b]], LENGTHS[b])
+        assert close(logits[b], want), (b, logits[b], want)
+    # The whole context: 38 tokens reach the last position row; 39 are refused by name.
+    long_ids = (np.arange(38) % 45 + 3).astype(np.int32)
+    assert close(m.forward(long_ids), roberta_reference(t, long_ids, 38))
+    with pytest.raises(ValueError, match="max_position"):
+        m.forward(np.full(39, 5, dtype=np.int32))
+
+
+def test_roberta_encoder_without_head_gives_hidden_states(tmp_path):
+    t = roberta_tensors(2, classifier=False)
+    cfg = dict(ROBERTA_CONFIG, architectures=["RobertaModel"])
+    for k in ("id2label", "label2id", "problem_type"):
+        cfg.pop(k)
+    write_folder(tmp_path / "roberta", cfg, t)
+    m = clattn.load_model(str(tmp_path / "roberta"))
+    assert m.head is None
+    hidden = m.forward(IDS[:1])
+    assert hidden.shape == (1, 12, H)
+    assert close(hidden[0], roberta_reference(t, IDS[0], 12, classifier=False))
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_distilbert_classifier_matches_numpy(tmp_path, shards):
+    t = distil_tensors(3)
+    write_folder(tmp_path / "distil", DISTIL_CONFIG, t, shards)
+    m = clattn.load_model(str(tmp_path / "distil"))
+    assert m.head == "classify" and m.config["max_positions"] == 40
+    logits = m.forward(IDS, lengths=LENGTHS)
+    for b in range(2):
+        assert close(logits[b], distil_reference(t, IDS[b, :LENGTHS[b]], LENGTHS[b]))
+    with pytest.raises(ValueError, match="token_types"):  # DistilBERT has no token types
+        m.forward(IDS, token_types=np.ones_like(IDS))
+
+
+@pytest.mark.parametrize("family", ["roberta", "distilbert"])
+def test_every_attention_and_per_layer_plans_run(tmp_path, family):
+    if family == "roberta":
+        write_folder(tmp_path / family, ROBERTA_CONFIG, roberta_tensors(4))
+    else:
+        write_folder(tmp_path / family, DISTIL_CONFIG, distil_tensors(4))
+    m = clattn.load_model(str(tmp_path / family))
+    full = m.forward(IDS, lengths=LENGTHS)
+    # C = N clusters and top-k = M keys are full attention (the paper's limits), so they agree.
+    for spec in ("clustered:clusters=12", "improved-clustered:clusters=2,topk=12", "topk:topk=12"):
+        m.set_attention(spec)
+        assert np.abs(m.forward(IDS, lengths=LENGTHS) - full).max() < 1e-4, spec
+    ran = 0
+    for v in clattn.variants():
+        if not v["capabilities"]["key_lengths"]:  # padded batches need key lengths
+            continue
+        m.set_attention(v["example"])
+        out = m.forward(IDS, lengths=LENGTHS)
+        assert out.shape == full.shape and np.isfinite(out).all(), v["example"]
+        ran += 1
+    assert ran >= 8
+    m.set_attention("full;improved-clustered:clusters=3,topk=4")
+    assert m.attention_specs[0].startswith("full") and m.attention_specs[1].startswith("improved")
+    assert np.isfinite(m.forward(IDS, lengths=LENGTHS)).all()
+
+
+def test_family_configs_and_weights_that_disagree_are_refused(tmp_path):
+    t = roberta_tensors(5)
+    bad = dict(t)
+    del bad["roberta.encoder.layer.1.output.dense.bias"]
+    write_folder(tmp_path / "missing", ROBERTA_CONFIG, bad)
+    with pytest.raises(RuntimeError, match="output.dense.bias"):
+        clattn.load_model(str(tmp_path / "missing"))
+    write_folder(tmp_path / "pad", dict(ROBERTA_CONFIG, pad_token_id=39), t)
+    with pytest.raises(RuntimeError, match="pad_token_id"):
+        clattn.load_model(str(tmp_path / "pad"))
+    write_folder(tmp_path / "relu", dict(DISTIL_CONFIG, activation="relu"), distil_tensors(5))
+    with pytest.raises(RuntimeError, match="activation"):
+        clattn.load_model(str(tmp_path / "relu"))
+    write_folder(tmp_path / "mlm", dict(ROBERTA_CONFIG, architectures=["RobertaForMaskedLM"]), t)
+    with pytest.raises(RuntimeError, match="RobertaForMaskedLM"):
+        clattn.load_model(str(tmp_path / "mlm"))
+    d = {k: v for k, v in distil_tensors(5).items() if k != "distilbert.transformer.layer.0.ffn.lin1.weight"}
+    write_folder(tmp_path / "d", DISTIL_CONFIG, d)
+    with pytest.raises(RuntimeError, match="ffn.lin1.weight"):
+        clattn.load_model(str(tmp_path / "d"))
+
+
+@pytest.mark.parametrize("family", ["roberta", "distilbert"])
+def test_saved_checkpoint_keeps_the_family_layout(tmp_path, family):
+    """save() writes the tensor names and config fields transformers reads, and loads back equal."""
+    t = roberta_tensors(6) if family == "roberta" else distil_tensors(6)
+    cfg = ROBERTA_CONFIG if family == "roberta" else DISTIL_CONFIG
+    write_folder(tmp_path / "in", cfg, t)
+    m = clattn.load_model(str(tmp_path / "in"))
+    m.set_attention("full;clustered:clusters=3")
+    m.save(tmp_path / "out")
+    saved = clattn.read_safetensors(str(tmp_path / "out" / "model.safetensors"))
+    assert sorted(saved) == sorted(t)
+    for name in t:
+        assert np.array_equal(saved[name], t[name]), name
+    out_cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    keys = (["model_type", "dim", "n_layers", "n_heads", "hidden_dim", "vocab_size", "max_position_embeddings"]
+            if family == "distilbert" else
+            ["model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+             "vocab_size", "max_position_embeddings", "pad_token_id", "type_vocab_size"])
+    for k in keys:
+        assert out_cfg[k] == cfg[k], k
+    assert out_cfg["architectures"] == cfg["architectures"] and out_cfg["id2label"] == cfg["id2label"]
+    again = clattn.load_model(str(tmp_path / "out"))
+    assert again.attention_specs[1].startswith("clustered")
+    assert np.array_equal(again.forward(IDS, lengths=LENGTHS), m.forward(IDS, lengths=LENGTHS))
