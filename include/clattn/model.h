@@ -6,7 +6,8 @@
 //            distilbert: each family's tensor names and config.json fields), and KWT (a linear
 //            input projection of feature frames, a class token, learned positions)
 //   Decoder  LLaMA family (RMSNorm, rotate-half RoPE, grouped-query attention, SwiGLU, tied or
-//            untied output layer), with KV-cache decoding
+//            untied output layer) and GPT-2 (LayerNorm, learned positions, biases, GELU-tanh
+//            MLP, tied output layer), with KV-cache decoding
 //
 // Both derive from Model: the parameters in one flat buffer in Hugging Face naming (loaded from
 // safetensors + config.json, saved the same way, atomically), any registered attention per layer,
@@ -50,6 +51,8 @@ std::vector<std::string> parse_attention_plan(const std::string& plan, int64_t l
 std::vector<std::unique_ptr<Attention>> make_plan_attentions(const std::vector<std::string>& specs,
                                                              bool causal, bool gqa);
 
+// bert: token encoders (model_type bert, roberta, distilbert); kwt: feature encoders; llama: the
+// decoder (model_type llama or gpt2).
 enum class ModelKind { bert, kwt, llama };
 
 struct ModelConfig {
@@ -76,7 +79,7 @@ struct ModelConfig {
   float attention_scale = 0;   // 0 = 1/sqrt(head_dim)
   // KWT input path
   int64_t input_dim = 0, num_patches = 0;
-  // LLaMA
+  // LLaMA (GPT-2 has learned positions, no rotary base)
   float rope_theta = 10000.f;
   bool tie_embeddings = false;
   int32_t bos = -1, eos = -1;
@@ -231,7 +234,9 @@ class Model {
   static std::unique_ptr<Model> load(const std::string& dir, const ModelConfig& cfg, const LoadOptions& opt);
   // Layout: every parameter once, in order (adjacent tensors that form one fused matrix must be
   // added in that order), then allocate().
-  int64_t add(const std::string& name, std::vector<int64_t> shape, Init init);
+  // `transposed`: the checkpoint stores this matrix as (in, out) (GPT-2's Conv1D) while the model
+  // holds it (out, in) like every other linear layer; load and save transpose it.
+  int64_t add(const std::string& name, std::vector<int64_t> shape, Init init, bool transposed = false);
   void allocate();
   void init(uint64_t seed);
   // Copies each parameter from the checkpoint folder's tensors (prefix_ applied to the names
@@ -294,7 +299,7 @@ class Model {
 
   ModelConfig cfg_;
   std::optional<TaskKind> head_;
-  std::string prefix_;  // "bert." when the checkpoint named its encoder tensors so
+  std::string prefix_;  // "bert.", "roberta.", "transformer." ... when the checkpoint names its tensors so
   std::unique_ptr<LayerAttention> att_;
   float dropout_ = 0;
   Communicator* sp_ = nullptr;
@@ -305,6 +310,7 @@ class Model {
   std::vector<ParamInfo> info_;
   std::vector<Init> inits_;
   std::vector<bool> prefixed_;  // per parameter: its checkpoint name takes prefix_
+  std::vector<bool> transposed_;  // per parameter: stored (in, out) in the checkpoint
   Tensor arena_;
   // Head workspace (carved from the arena): selected rows, their targets, gathered hidden states.
   std::vector<int32_t> sel_, tsel_;
@@ -385,7 +391,8 @@ struct SamplingOptions {
 // Picks a token from logits (vocab) with the draw `step` of `seed` (reproducible).
 int32_t sample_token(std::span<const float> logits, const SamplingOptions& opt, uint64_t step);
 
-// Decoder: LLaMA family (RMSNorm, rotate-half RoPE, GQA, SwiGLU, tied or untied embeddings).
+// Decoder: LLaMA family (RMSNorm, rotate-half RoPE, GQA, SwiGLU, tied or untied embeddings) and
+// GPT-2 (model_type gpt2: LayerNorm, learned positions up to n_positions, biases, GELU-tanh MLP).
 class Decoder final : public Model {
  public:
   static std::unique_ptr<Decoder> load(const std::string& dir, const LoadOptions& opt = {});
@@ -428,12 +435,23 @@ class Decoder final : public Model {
   void inference_logits(float* out, int64_t n);
   // posbuf_ (B·T): each local row's position, local_pos_ plus offset (the cache's length).
   void set_positions(int64_t B, int64_t T, int64_t offset);
+  // The first layer's input for `rows` ids at posbuf_: token embeddings, plus GPT-2's learned
+  // positions (an Error past n_positions).
+  void embed(const int32_t* ids, int64_t rows);
+  // Gradients of embed() from dx (rows, H).
+  void embed_backward(const int32_t* ids, int64_t B, int64_t T, const float* dx);
+  // The family's norm over `rows` rows of hidden: RMSNorm (gain), or GPT-2's LayerNorm (gain,
+  // bias). stat: 1/rms (rows), or mean | 1/std (2, rows); nullptr in inference.
+  void norm_fwd(float* y, const float* x, int64_t gain, int64_t bias, int64_t rows, float* stat);
+  void norm_bwd(float* dx, int64_t gain, int64_t bias, const float* dy, const float* x, const float* stat,
+                int64_t rows, bool accumulate);
   // prefill() with the sequence split: no cache; the last position's logits on every rank.
   std::vector<float> split_prefill(std::span<const int32_t> ids);
   std::unique_ptr<Layout> L_;
   std::unique_ptr<Bufs> b_;
   std::vector<KVCache> cache_;
   std::vector<int32_t> posbuf_;
+  bool gpt2_ = false;  // model_type gpt2 (see the class comment)
   int64_t B_ = -1, T_ = -1, pos_ = 0;
   bool train_layout_ = false, head_layout_ = false, split_prefill_ = false;
 };

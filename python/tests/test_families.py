@@ -309,3 +309,146 @@ def test_saved_checkpoint_keeps_the_family_layout(tmp_path, family):
     again = clattn.load_model(str(tmp_path / "out"))
     assert again.attention_specs[1].startswith("clustered")
     assert np.array_equal(again.forward(IDS, lengths=LENGTHS), m.forward(IDS, lengths=LENGTHS))
+
+
+# ---- GPT-2
+
+GPT2_POS = 24
+GPT2_CONFIG = {
+    "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+    "bos_token_id": VOCAB - 1, "embd_pdrop": 0.1, "eos_token_id": VOCAB - 1, "initializer_range": 0.02,
+    "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": GPT2_POS, "n_embd": H, "n_head": HEADS,
+    "n_inner": None, "n_layer": LAYERS, "n_positions": GPT2_POS, "reorder_and_upcast_attn": False,
+    "resid_pdrop": 0.1, "scale_attn_by_inverse_layer_idx": False, "scale_attn_weights": True,
+    "summary_activation": None, "summary_first_dropout": 0.1, "summary_proj_to_labels": True,
+    "summary_type": "cls_index", "summary_use_proj": True,
+    "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}},
+    "torch_dtype": "float32", "transformers_version": "4.44.2", "use_cache": True, "vocab_size": VOCAB,
+}
+
+
+def gpt2_tensors(seed, prefix="transformer.", mask_buffers=False):
+    """GPT2LMHeadModel's tensors (prefix "transformer.", lm_head tied and not stored), or the
+    original gpt2 files' (no prefix, with the attn.bias causal-mask buffers)."""
+    rng = np.random.default_rng(seed)
+    F4 = 4 * H
+    t = {prefix + "wte.weight": rng_tensor(rng, (VOCAB, H)), prefix + "wpe.weight": rng_tensor(rng, (GPT2_POS, H))}
+    for layer in range(LAYERS):
+        p = f"{prefix}h.{layer}."
+        t[p + "ln_1.weight"], t[p + "ln_1.bias"] = layer_norm(rng)
+        # Conv1D: weight (in, out), y = x @ W + b.
+        t[p + "attn.c_attn.weight"], t[p + "attn.c_attn.bias"] = rng_tensor(rng, (H, 3 * H)), rng_tensor(rng, (3 * H,), 0.1)
+        t[p + "attn.c_proj.weight"], t[p + "attn.c_proj.bias"] = rng_tensor(rng, (H, H)), rng_tensor(rng, (H,), 0.1)
+        t[p + "ln_2.weight"], t[p + "ln_2.bias"] = layer_norm(rng)
+        t[p + "mlp.c_fc.weight"], t[p + "mlp.c_fc.bias"] = rng_tensor(rng, (H, F4)), rng_tensor(rng, (F4,), 0.1)
+        t[p + "mlp.c_proj.weight"], t[p + "mlp.c_proj.bias"] = rng_tensor(rng, (F4, H), 0.15), rng_tensor(rng, (H,), 0.1)
+        if mask_buffers:
+            t[p + "attn.bias"] = np.tril(np.ones((GPT2_POS, GPT2_POS), np.float32))[None, None]
+            t[p + "attn.masked_bias"] = np.array(-1e4, np.float32)
+    t[prefix + "ln_f.weight"], t[prefix + "ln_f.bias"] = layer_norm(rng)
+    return t
+
+
+def gelu_new(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gpt2_reference(t, ids, prefix="transformer."):
+    """modeling_gpt2.GPT2LMHeadModel in float64: logits (T, vocab) of one sequence."""
+    w = {k: v.astype(np.float64) for k, v in t.items()}
+    T, dh = len(ids), H // HEADS
+    x = w[prefix + "wte.weight"][ids] + w[prefix + "wpe.weight"][np.arange(T)]
+    causal = np.triu(np.full((T, T), -np.inf), 1)
+    for layer in range(LAYERS):
+        p = f"{prefix}h.{layer}."
+        a = ln(x, w[p + "ln_1.weight"], w[p + "ln_1.bias"], 1e-5)
+        qkv = a @ w[p + "attn.c_attn.weight"] + w[p + "attn.c_attn.bias"]
+        q, k, v = (qkv[:, i * H:(i + 1) * H].reshape(T, HEADS, dh).transpose(1, 0, 2) for i in range(3))
+        s = q @ k.transpose(0, 2, 1) / math.sqrt(dh) + causal
+        pr = np.exp(s - s.max(-1, keepdims=True))
+        pr /= pr.sum(-1, keepdims=True)
+        ctx = (pr @ v).transpose(1, 0, 2).reshape(T, H)
+        x = x + ctx @ w[p + "attn.c_proj.weight"] + w[p + "attn.c_proj.bias"]
+        m = ln(x, w[p + "ln_2.weight"], w[p + "ln_2.bias"], 1e-5)
+        x = x + gelu_new(m @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"]) @ w[p + "mlp.c_proj.weight"] + \
+            w[p + "mlp.c_proj.bias"]
+    x = ln(x, w[prefix + "ln_f.weight"], w[prefix + "ln_f.bias"], 1e-5)
+    return x @ w[prefix + "wte.weight"].T  # the tied LM head
+
+
+GPT2_IDS = np.array([[VOCAB - 1, 3, 17, 42, 9, 33, 2, 8, 11, 3, 30, 2, 5, 19, 23, 40],
+                     [VOCAB - 1, 21, 7, 44, 2, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]], dtype=np.int32)
+GPT2_LENGTHS = [16, 6]
+
+
+@pytest.mark.parametrize("layout", ["lm_head_model_sharded", "original_gpt2_files"])
+def test_gpt2_matches_numpy_and_decode_equals_prefill(tmp_path, layout):
+    prefix = "transformer." if layout.startswith("lm_head") else ""
+    t = gpt2_tensors(7, prefix, mask_buffers=not prefix)
+    cfg = GPT2_CONFIG if prefix else dict(GPT2_CONFIG, architectures=["GPT2Model"])
+    write_folder(tmp_path / "gpt2", cfg, t, shards=2 if prefix else 1)
+    m = clattn.load_model(str(tmp_path / "gpt2"))
+    assert isinstance(m, clattn.Decoder) and m.config["max_positions"] == GPT2_POS
+    logits = m.forward(GPT2_IDS, lengths=GPT2_LENGTHS)
+    assert logits.shape == (2, 16, VOCAB)
+    for b in range(2):
+        n = GPT2_LENGTHS[b]
+        assert close(logits[b, :n], gpt2_reference(t, GPT2_IDS[b, :n], prefix)), b
+    # KV-cache decoding: a 5-token prompt, then one token at a time, equals the full forward.
+    m.start(GPT2_POS)
+    assert close(m.prefill(GPT2_IDS[0, :5]), logits[0, 4])
+    for i in range(5, 16):
+        assert close(m.step(int(GPT2_IDS[0, i])), logits[0, i]), i
+    # The 24 learned positions are the context: a 25th is refused by name, never read past the table.
+    full = (np.arange(GPT2_POS) % 40).astype(np.int32)
+    assert close(m.forward(full), gpt2_reference(t, full, prefix))
+    with pytest.raises(ValueError, match="n_positions|max_position"):
+        m.forward(np.zeros(GPT2_POS + 1, np.int32))
+    m.start(GPT2_POS + 8)
+    m.prefill(full)
+    with pytest.raises((ValueError, RuntimeError), match="n_positions"):
+        m.step(3)
+
+
+def test_gpt2_runs_every_causal_attention_and_saves_its_layout(tmp_path):
+    t = gpt2_tensors(8)
+    write_folder(tmp_path / "gpt2", GPT2_CONFIG, t)
+    m = clattn.load_model(str(tmp_path / "gpt2"))
+    full = m.forward(GPT2_IDS, lengths=GPT2_LENGTHS)
+    ran = 0
+    for v in clattn.variants():
+        caps = v["capabilities"]
+        if not (caps["causal"] and caps["key_lengths"]):
+            continue
+        m.set_attention(v["example"])
+        out = m.forward(GPT2_IDS, lengths=GPT2_LENGTHS)
+        assert out.shape == full.shape and np.isfinite(out).all(), v["example"]
+        ran += 1
+    assert ran >= 3
+    m.set_attention("full;clustered:clusters=3")
+    m.save(tmp_path / "out")
+    saved = clattn.read_safetensors(str(tmp_path / "out" / "model.safetensors"))
+    assert sorted(saved) == sorted(t)  # prefixed names, no lm_head (tied)
+    for name in t:
+        assert np.array_equal(saved[name], t[name]), name  # Conv1D matrices back as (in, out)
+    out_cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    for k in ("model_type", "n_embd", "n_layer", "n_head", "n_positions", "vocab_size", "architectures"):
+        assert out_cfg[k] == GPT2_CONFIG[k], k
+    again = clattn.load_model(str(tmp_path / "out"))
+    assert np.array_equal(again.forward(GPT2_IDS, lengths=GPT2_LENGTHS), m.forward(GPT2_IDS, lengths=GPT2_LENGTHS))
+
+
+def test_gpt2_configs_it_cannot_honour_are_refused(tmp_path):
+    t = gpt2_tensors(9)
+    for change, word in ((dict(scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx"),
+                         (dict(activation_function="relu"), "activation_function"),
+                         (dict(tie_word_embeddings=False), "tie_word_embeddings"),
+                         (dict(n_head=5), "n_head")):
+        write_folder(tmp_path / word, dict(GPT2_CONFIG, **change), t)
+        with pytest.raises(RuntimeError, match=word):
+            clattn.load_model(str(tmp_path / word))
+    bad = dict(t)
+    bad["transformer.h.0.attn.c_attn.weight"] = bad["transformer.h.0.attn.c_attn.weight"].T.copy()  # (3H, H)
+    write_folder(tmp_path / "shape", GPT2_CONFIG, bad)
+    with pytest.raises(RuntimeError, match="c_attn.weight"):
+        clattn.load_model(str(tmp_path / "shape"))

@@ -95,6 +95,37 @@ ModelConfig read_distilbert(const json& j, const Fields& f, const std::string& p
   return c;
 }
 
+// GPT-2's config.json (n_embd, n_layer, n_head, n_inner, n_positions, layer_norm_epsilon,
+// activation_function): a decoder with LayerNorm, learned positions and a tied output layer.
+ModelConfig read_gpt2(const Fields& f, const std::string& path, ModelConfig c) {
+  c.hidden = f.integer("n_embd");
+  c.layers = f.integer("n_layer");
+  c.heads = f.integer("n_head");
+  c.max_positions = f.integer("n_positions");
+  c.vocab = f.integer("vocab_size");
+  check(c.hidden >= 1 && c.layers >= 1 && c.heads >= 1 && c.max_positions >= 1 && c.vocab >= 1, "config '", path,
+        "': n_embd, n_layer, n_head, n_positions and vocab_size must be >= 1");
+  check(c.hidden % c.heads == 0, "config '", path, "': n_embd (", c.hidden, ") must be a multiple of n_head (", c.heads, ")");
+  c.ffn = f.integer_or("n_inner", 4 * c.hidden);  // null: 4 x n_embd, as transformers
+  check(c.ffn >= 1, "config '", path, "': n_inner must be >= 1");
+  c.kv_heads = c.heads;
+  c.head_dim = c.hidden / c.heads;
+  c.eps = static_cast<float>(f.number_in("layer_norm_epsilon", 1e-5, 0, 1, "the LayerNorm epsilon"));
+  const std::string act = f.string_or("activation_function", "gelu_new");
+  check(act == "gelu_new" || act == "gelu_pytorch_tanh", "config '", path, "': activation_function \"", act,
+        "\" is not supported for gpt2 (gelu_new, gelu_pytorch_tanh)");
+  c.gelu_tanh = true;
+  c.tie_embeddings = f.boolean_or("tie_word_embeddings", true);
+  check(c.tie_embeddings, "config '", path, "': tie_word_embeddings false is not supported for gpt2");
+  check(f.boolean_or("scale_attn_weights", true), "config '", path, "': scale_attn_weights false is not supported");
+  check(!f.boolean_or("scale_attn_by_inverse_layer_idx", false), "config '", path,
+        "': scale_attn_by_inverse_layer_idx is not supported (one attention scale for every layer)");
+  check(!f.boolean_or("add_cross_attention", false), "config '", path, "': add_cross_attention is not supported");
+  c.bos = static_cast<int32_t>(f.integer_or("bos_token_id", -1));
+  c.eos = static_cast<int32_t>(f.integer_or("eos_token_id", -1));
+  return c;
+}
+
 }  // namespace
 
 ModelConfig read_model_config(const std::string& path) {
@@ -116,26 +147,28 @@ ModelConfig read_model_config(const std::string& path) {
   const bool roberta = c.model_type == "roberta", distil = c.model_type == "distilbert";
   if (c.model_type == "bert" || roberta || distil) c.kind = ModelKind::bert;
   else if (c.model_type == "kwt") c.kind = ModelKind::kwt;
-  else if (c.model_type == "llama") c.kind = ModelKind::llama;
+  else if (c.model_type == "llama" || c.model_type == "gpt2") c.kind = ModelKind::llama;
   else
     throw Error(detail::concat("config '", path, "': model_type \"", c.model_type,
-                               "\" is not supported (supported: bert, roberta, distilbert, kwt, llama)"));
+                               "\" is not supported (supported: bert, roberta, distilbert, kwt, llama, gpt2)"));
   // The heads each family's checkpoints can carry here (a masked-LM head with its own transform,
   // or a token-classification head, would be silently dropped, so they are refused).
   static const std::vector<std::string> kArch = {
       "BertModel", "BertForSequenceClassification", "RobertaModel", "RobertaForSequenceClassification",
-      "DistilBertModel", "DistilBertForSequenceClassification", "KWTForKeywordSpotting", "LlamaForCausalLM", ""};
+      "DistilBertModel", "DistilBertForSequenceClassification", "KWTForKeywordSpotting", "LlamaForCausalLM",
+      "GPT2LMHeadModel", "GPT2Model", ""};
   bool known = false;
   for (const auto& a : kArch) known |= a == c.architecture;
   check(known, "config '", path, "': architectures entry \"", c.architecture,
         "\" is not supported (supported: BertModel, BertForSequenceClassification, RobertaModel, "
         "RobertaForSequenceClassification, DistilBertModel, DistilBertForSequenceClassification, "
-        "KWTForKeywordSpotting, LlamaForCausalLM)");
+        "KWTForKeywordSpotting, LlamaForCausalLM, GPT2LMHeadModel, GPT2Model)");
   if (j.contains("clattn_head") && j["clattn_head"].is_string())
     c.saved_head = task_kind_from_name(j["clattn_head"].get<std::string>());
   if (j.contains("clattn_attention") && j["clattn_attention"].is_string())
     c.saved_plan = j["clattn_attention"].get<std::string>();
   if (distil) return read_distilbert(j, f, path, c);
+  if (c.model_type == "gpt2") return read_gpt2(f, path, c);
 
   c.hidden = f.integer("hidden_size");
   c.layers = f.integer("num_hidden_layers");
@@ -274,7 +307,22 @@ std::string model_config_json(const ModelConfig& c, const std::optional<TaskKind
       j["id2label"] = id2label;
     }
   }
-  if (c.model_type == "distilbert") {
+  if (c.model_type == "gpt2") {
+    j["model_type"] = "gpt2";
+    j["architectures"] = {"GPT2LMHeadModel"};
+    j["n_embd"] = c.hidden;
+    j["n_layer"] = c.layers;
+    j["n_head"] = c.heads;
+    j["n_inner"] = c.ffn;
+    j["n_positions"] = c.max_positions;
+    j["n_ctx"] = c.max_positions;
+    j["vocab_size"] = c.vocab;
+    j["layer_norm_epsilon"] = c.eps;
+    j["activation_function"] = "gelu_new";
+    j["tie_word_embeddings"] = true;
+    if (c.bos >= 0) j["bos_token_id"] = c.bos;
+    if (c.eos >= 0) j["eos_token_id"] = c.eos;
+  } else if (c.model_type == "distilbert") {
     // DistilBERT's own field names, so transformers reads the folder back as it wrote it.
     j["model_type"] = "distilbert";
     j["architectures"] = {classifier ? "DistilBertForSequenceClassification" : "DistilBertModel"};
@@ -294,7 +342,7 @@ std::string model_config_json(const ModelConfig& c, const std::optional<TaskKind
     j["max_position_embeddings"] = c.max_positions + c.position_offset;
   }
   if (c.attention_scale > 0) j["attention_scale"] = c.attention_scale;
-  if (c.kind == ModelKind::llama) {
+  if (c.kind == ModelKind::llama && c.model_type != "gpt2") {
     j["model_type"] = "llama";
     j["architectures"] = {"LlamaForCausalLM"};
     j["vocab_size"] = c.vocab;
@@ -306,7 +354,7 @@ std::string model_config_json(const ModelConfig& c, const std::optional<TaskKind
     j["hidden_act"] = "silu";
     if (c.bos >= 0) j["bos_token_id"] = c.bos;
     if (c.eos >= 0) j["eos_token_id"] = c.eos;
-  } else if (c.model_type != "distilbert") {
+  } else if (c.kind != ModelKind::llama && c.model_type != "distilbert") {
     if (c.kind == ModelKind::kwt) {
       j["model_type"] = "kwt";
       j["architectures"] = {"KWTForKeywordSpotting"};

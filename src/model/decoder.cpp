@@ -3,6 +3,10 @@
 // backward. A layer, with drop() the residual dropout of training:
 //   a = RMS1(x)   q|k|v = a·Wqkv, q and k rotated   u1 = x + drop(attn(q, k, v)·Wo)
 //   f = RMS2(u1)  g|u = f·Wgu                       x' = u1 + drop((silu(g) ∘ u)·Wdown)
+// GPT-2 (model_type gpt2) is the same loop with LayerNorms (gain and bias) for the RMSNorms,
+// biases on every linear layer, learned positions added to the embeddings instead of rotation,
+// and h = gelu_tanh(f·Wfc + bfc) for the SwiGLU; its Conv1D matrices, stored (in, out), are held
+// (out, in) like every other (Model::add's `transposed`), so q|k|v is still one GEMM.
 // Activations are token-major (rows = B·T); attention reads them through strided (B, H, T, D)
 // views. Inference keeps one set of buffers for every layer and updates the residual stream in
 // place; training keeps each layer's x, a, qkv, attention output, u1, f, g|u and 1/rms.
@@ -27,14 +31,16 @@ using model::ms_now;
 struct Decoder::Layout {
   struct Layer {
     int64_t in_norm, wqkv, wo, post_norm, wgu, down;
+    int64_t in_norm_b = -1, bqkv = -1, bo = -1, post_norm_b = -1, bgu = -1, bdown = -1;  // GPT-2
     int64_t begin, end;  // the layer's range of the flat buffer
   };
   std::vector<Layer> layers;
-  int64_t embed = -1, norm = -1, lm_head = -1;
+  int64_t embed = -1, pos = -1, norm = -1, norm_b = -1, lm_head = -1;
 };
 
 struct Decoder::Bufs {
   struct Saved {  // per layer (training), or one set every layer shares (inference)
+    // r1, r2: 1/rms (rows), or LayerNorm's mean then 1/std (2·rows) for GPT-2.
     float *x, *xn1, *r1, *qkv, *ao, *u1, *xn2, *r2, *gu;
   };
   std::vector<Saved> S;
@@ -48,20 +54,49 @@ Decoder::Decoder(const ModelConfig& cfg_in)
     : Model(cfg_in), L_(std::make_unique<Layout>()), b_(std::make_unique<Bufs>()) {
   ModelConfig& c = cfg_;
   head_ = TaskKind::lm;
+  if (c.model_type.empty()) c.model_type = "llama";
+  gpt2_ = c.model_type == "gpt2";
   if (c.kv_heads == 0) c.kv_heads = c.heads;
   if (c.head_dim == 0 && c.heads > 0) c.head_dim = c.hidden / c.heads;
-  check(c.hidden >= 1 && c.layers >= 1 && c.heads >= 1 && c.ffn >= 1 && c.vocab >= 1 && c.head_dim >= 2 &&
-            c.head_dim % 2 == 0 && c.kv_heads >= 1 && c.heads % c.kv_heads == 0,
-        "decoder: sizes must be >= 1 (hidden, layers, heads, ffn, vocab), head_dim even, heads a multiple of kv_heads");
-  c.model_type = "llama";
-  if (!(c.eps > 0)) c.eps = 1e-6f;
+  check(c.hidden >= 1 && c.layers >= 1 && c.heads >= 1 && c.ffn >= 1 && c.vocab >= 1 && c.head_dim >= 1 &&
+            c.kv_heads >= 1 && c.heads % c.kv_heads == 0,
+        "decoder: sizes must be >= 1 (hidden, layers, heads, ffn, vocab), heads a multiple of kv_heads");
+  check(gpt2_ || c.head_dim % 2 == 0, "decoder: head_dim must be even for rotary embeddings, got ", c.head_dim);
+  check(!gpt2_ || (c.max_positions >= 1 && c.kv_heads == c.heads && c.heads * c.head_dim == c.hidden),
+        "decoder: GPT-2 needs n_positions >= 1 and n_head x head_dim = n_embd, without grouped heads");
+  check(c.model_type == "llama" || gpt2_, "decoder: model_type must be llama or gpt2, got \"", c.model_type, "\"");
+  if (!(c.eps > 0)) c.eps = gpt2_ ? 1e-5f : 1e-6f;
   if (!(c.rope_theta > 0)) c.rope_theta = 10000.f;
   const int64_t H = c.hidden, F = c.ffn, Q = c.heads * c.head_dim, KV = c.kv_heads * c.head_dim;
   Layout& L = *L_;
-  L.embed = add("model.embed_tokens.weight", {c.vocab, H}, Init::normal);
+  if (gpt2_) {
+    L.embed = add("wte.weight", {c.vocab, H}, Init::normal);
+    L.pos = add("wpe.weight", {c.max_positions, H}, Init::normal);
+  } else {
+    L.embed = add("model.embed_tokens.weight", {c.vocab, H}, Init::normal);
+  }
   for (int64_t l = 0; l < c.layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
     Layout::Layer y;
+    if (gpt2_) {
+      const std::string p = "h." + std::to_string(l) + ".";
+      y.in_norm = add(p + "ln_1.weight", {H}, Init::one);
+      y.in_norm_b = add(p + "ln_1.bias", {H}, Init::zero);
+      y.wqkv = add(p + "attn.c_attn.weight", {3 * H, H}, Init::normal, true);
+      y.bqkv = add(p + "attn.c_attn.bias", {3 * H}, Init::zero);
+      y.wo = add(p + "attn.c_proj.weight", {H, H}, Init::normal, true);
+      y.bo = add(p + "attn.c_proj.bias", {H}, Init::zero);
+      y.post_norm = add(p + "ln_2.weight", {H}, Init::one);
+      y.post_norm_b = add(p + "ln_2.bias", {H}, Init::zero);
+      y.wgu = add(p + "mlp.c_fc.weight", {F, H}, Init::normal, true);
+      y.bgu = add(p + "mlp.c_fc.bias", {F}, Init::zero);
+      y.down = add(p + "mlp.c_proj.weight", {H, F}, Init::normal, true);
+      y.bdown = add(p + "mlp.c_proj.bias", {H}, Init::zero);
+      y.begin = y.in_norm;
+      y.end = y.bdown + H;
+      L.layers.push_back(y);
+      continue;
+    }
+    const std::string p = "model.layers." + std::to_string(l) + ".";
     y.in_norm = add(p + "input_layernorm.weight", {H}, Init::one);
     // q, k, v adjacent (one (Q + 2KV, H) matrix: one GEMM), and gate, up (one (2F, H) matrix).
     y.wqkv = add(p + "self_attn.q_proj.weight", {Q, H}, Init::normal);
@@ -76,7 +111,13 @@ Decoder::Decoder(const ModelConfig& cfg_in)
     y.end = y.down + H * F;
     L.layers.push_back(y);
   }
-  L.norm = add("model.norm.weight", {H}, Init::one);
+  if (gpt2_) {
+    L.norm = add("ln_f.weight", {H}, Init::one);
+    L.norm_b = add("ln_f.bias", {H}, Init::zero);
+    check(c.tie_embeddings, "decoder: GPT-2's output layer is tied to wte (tie_word_embeddings true)");
+  } else {
+    L.norm = add("model.norm.weight", {H}, Init::one);
+  }
   L.lm_head = c.tie_embeddings ? L.embed : add("lm_head.weight", {c.vocab, H}, Init::normal);
   allocate();
   att_ = std::make_unique<LayerAttention>(c.layers, true, c.kv_heads != c.heads);
@@ -88,6 +129,9 @@ Decoder::~Decoder() = default;
 std::unique_ptr<Decoder> Decoder::for_checkpoint(ModelConfig cfg, const Weights& w, const LoadOptions& opt) {
   check(!opt.head || *opt.head == TaskKind::lm, "model '", w.dir(), "': a decoder takes the lm head");
   std::unique_ptr<Decoder> d(new Decoder(cfg));
+  // GPT2LMHeadModel stores the model under "transformer."; GPT2Model (the original gpt2 files)
+  // stores it bare.
+  if (d->gpt2_ && w.has("transformer.wte.weight")) d->prefix_ = "transformer.";
   d->init(opt.seed);
   return d;
 }
@@ -97,6 +141,7 @@ std::unique_ptr<Decoder> Decoder::for_checkpoint(ModelConfig cfg, const Weights&
 Decoder::Bufs Decoder::plan(int64_t B, int64_t T, bool train, bool head, float* base, int64_t* used) const {
   const ModelConfig& c = cfg_;
   const int64_t rows = B * T, H = c.hidden, F = c.ffn, Q = c.heads * c.head_dim, QKV = Q + 2 * c.kv_heads * c.head_dim;
+  const int64_t nstat = gpt2_ ? 2 * rows : rows;
   model::Carver a(base);
   Bufs b;
   if (train) {
@@ -104,17 +149,17 @@ Decoder::Bufs Decoder::plan(int64_t B, int64_t T, bool train, bool head, float* 
     for (Bufs::Saved& s : b.S) {
       s.x = a.take(rows * H);      // (rows, H) layer input
       s.xn1 = a.take(rows * H);    // (rows, H) RMSNorm output
-      s.r1 = a.take(rows);         // (rows) 1/rms
+      s.r1 = a.take(nstat);        // (rows) 1/rms, or (2, rows) LayerNorm's mean | 1/std
       s.qkv = a.take(rows * QKV);  // (rows, Q + 2KV) q | k | v, q and k rotated
       s.ao = a.take(rows * Q);     // (rows, Q) attention output
       s.u1 = a.take(rows * H);     // (rows, H) residual after attention
       s.xn2 = a.take(rows * H);
-      s.r2 = a.take(rows);
-      s.gu = a.take(rows * 2 * F); // (rows, 2F) gate | up
+      s.r2 = a.take(nstat);
+      s.gu = a.take(rows * 2 * F); // (rows, 2F) gate | up; GPT-2: (rows, F) c_fc's output
     }
     b.xl = a.take(rows * H);
     b.xf = a.take(rows * H);
-    b.fr = a.take(rows);
+    b.fr = a.take(nstat);
     b.dx = a.take(rows * H);       // (rows, H) gradient of the residual stream
     b.dt = a.take(rows * H);
     b.dt2 = a.take(rows * H);
@@ -184,19 +229,22 @@ void Decoder::forward_layers(int64_t B, int64_t T, std::span<const int32_t> leng
                              bool train, uint64_t step, int64_t first) {
   const ModelConfig& c = cfg_;
   const int64_t rows = B * T, H = c.hidden, F = c.ffn, nh = c.heads, kvh = c.kv_heads, hd = c.head_dim;
-  const int64_t Q = nh * hd, KV = kvh * hd, QKV = Q + 2 * KV;
+  const int64_t Q = nh * hd, KV = kvh * hd, QKV = Q + 2 * KV, GU = gpt2_ ? F : 2 * F;
   const bool drop = train && dropout_ > 0;
   const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_T_);  // global lengths
   auto hv = [&](float* base, int64_t heads, int64_t ld) { return model::heads_view(base, B, heads, T, hd, ld); };
+  auto bias = [&](int64_t off) -> const float* { return off >= 0 ? p(off) : nullptr; };
   Bufs& b = *b_;
   for (int64_t l = 0; l < c.layers; ++l) {
     const Layout::Layer& y = L_->layers[static_cast<size_t>(l)];
     Bufs::Saved& s = b.S[static_cast<size_t>(l)];
     float* xnext = l + 1 < c.layers ? b.S[static_cast<size_t>(l + 1)].x : b.xl;
-    nn::rmsnorm_fwd(s.xn1, s.x, p(y.in_norm), rows, H, c.eps, s.r1);
-    lin(s.qkv, QKV, s.xn1, H, p(y.wqkv), nullptr, rows, H, QKV);
-    nn::rope_fwd(s.qkv, QKV, hd, pos, rows, nh, hd, c.rope_theta);
-    nn::rope_fwd(s.qkv + Q, QKV, hd, pos, rows, kvh, hd, c.rope_theta);
+    norm_fwd(s.xn1, s.x, y.in_norm, y.in_norm_b, rows, s.r1);
+    lin(s.qkv, QKV, s.xn1, H, p(y.wqkv), bias(y.bqkv), rows, H, QKV);
+    if (!gpt2_) {
+      nn::rope_fwd(s.qkv, QKV, hd, pos, rows, nh, hd, c.rope_theta);
+      nn::rope_fwd(s.qkv + Q, QKV, hd, pos, rows, kvh, hd, c.rope_theta);
+    }
     AttentionInputs ai = att_->inputs(l, hv(s.qkv, nh, QKV), hv(s.qkv + Q, kvh, QKV), hv(s.qkv + Q + KV, kvh, QKV), lens,
                                       step, train);
     if (use_cache) {
@@ -208,22 +256,23 @@ void Decoder::forward_layers(int64_t B, int64_t T, std::span<const int32_t> leng
       ai.cache = &kc;
     }
     att_->forward(l, ai, hv(s.ao, nh, Q), train);
-    // u1 = x + drop(ao·Wo)
+    // u1 = x + drop(ao·Wo + bo)
     if (drop) {
-      lin(b.dt, H, s.ao, Q, p(y.wo), nullptr, rows, Q, H);
+      lin(b.dt, H, s.ao, Q, p(y.wo), bias(y.bo), rows, Q, H);
       residual_dropout(s.u1, s.x, b.dt, B, T, H, l, 0, step, first);
     } else {
-      lin(s.u1, H, s.ao, Q, p(y.wo), nullptr, rows, Q, H, s.x);
+      lin(s.u1, H, s.ao, Q, p(y.wo), bias(y.bo), rows, Q, H, s.x);
     }
-    nn::rmsnorm_fwd(s.xn2, s.u1, p(y.post_norm), rows, H, c.eps, s.r2);
-    lin(s.gu, 2 * F, s.xn2, H, p(y.wgu), nullptr, rows, H, 2 * F);
-    nn::swiglu_rows_fwd(b.sbuf, F, s.gu, 2 * F, rows, F);
-    // x' = u1 + drop(s·Wdown)
+    norm_fwd(s.xn2, s.u1, y.post_norm, y.post_norm_b, rows, s.r2);
+    lin(s.gu, GU, s.xn2, H, p(y.wgu), bias(y.bgu), rows, H, GU);
+    if (gpt2_) nn::gelu_fwd(b.sbuf, s.gu, rows * F, nn::Gelu::tanh);
+    else nn::swiglu_rows_fwd(b.sbuf, F, s.gu, 2 * F, rows, F);
+    // x' = u1 + drop(s·Wdown + bdown)
     if (drop) {
-      lin(b.dt, H, b.sbuf, F, p(y.down), nullptr, rows, F, H);
+      lin(b.dt, H, b.sbuf, F, p(y.down), bias(y.bdown), rows, F, H);
       residual_dropout(xnext, s.u1, b.dt, B, T, H, l, 1, step, first);
     } else {
-      lin(xnext, H, b.sbuf, F, p(y.down), nullptr, rows, F, H, s.u1);
+      lin(xnext, H, b.sbuf, F, p(y.down), bias(y.bdown), rows, F, H, s.u1);
     }
   }
 }
@@ -231,7 +280,9 @@ void Decoder::forward_layers(int64_t B, int64_t T, std::span<const int32_t> leng
 void Decoder::final_norm(int64_t rows, int64_t from) {
   const int64_t H = cfg_.hidden;
   float* xf = b_->xf + from * H;
-  nn::rmsnorm_fwd(xf, b_->xl + from * H, p(L_->norm), rows - from, H, cfg_.eps, b_->fr ? b_->fr + from : nullptr);
+  // Statistics are kept only by training, which normalises every row (from = 0).
+  check(from == 0 || b_->fr == nullptr, "decoder: internal: a partial final norm keeps no statistics");
+  norm_fwd(xf, b_->xl + from * H, L_->norm, L_->norm_b, rows - from, b_->fr);
   xf_ = xf;
   rows_xf_ = rows - from;
 }
@@ -240,52 +291,95 @@ void Decoder::inference_logits(float* out, int64_t n) {
   lin(out, cfg_.vocab, xf_, cfg_.hidden, p(L_->lm_head), nullptr, n, cfg_.hidden, cfg_.vocab);
 }
 
+void Decoder::norm_fwd(float* y, const float* x, int64_t gain, int64_t bias, int64_t rows, float* stat) {
+  if (gpt2_) nn::layernorm_fwd(y, x, p(gain), p(bias), rows, cfg_.hidden, cfg_.eps, stat, stat ? stat + rows : nullptr);
+  else nn::rmsnorm_fwd(y, x, p(gain), rows, cfg_.hidden, cfg_.eps, stat);
+}
+
+void Decoder::norm_bwd(float* dx, int64_t gain, int64_t bias, const float* dy, const float* x, const float* stat,
+                       int64_t rows, bool accumulate) {
+  if (gpt2_) nn::layernorm_bwd(dx, g(gain), g(bias), dy, x, p(gain), stat, stat + rows, rows, cfg_.hidden, accumulate);
+  else nn::rmsnorm_bwd(dx, g(gain), dy, x, p(gain), stat, rows, cfg_.hidden, accumulate);
+}
+
+void Decoder::embed(const int32_t* ids, int64_t rows) {
+  const int64_t H = cfg_.hidden;
+  float* x = b_->S[0].x;  // (rows, H)
+  nn::embedding_fwd(x, ids, p(L_->embed), rows, H, cfg_.vocab);
+  if (!gpt2_) return;
+  const int32_t last = *std::max_element(posbuf_.begin(), posbuf_.begin() + rows);
+  check(last < cfg_.max_positions, "decoder: position ", last, " is past GPT-2's ", cfg_.max_positions,
+        " learned positions (n_positions)");
+  const float* wpe = p(L_->pos);
+  model::for_rows(rows, H, [&](int64_t r) {
+    const float* pr = wpe + static_cast<int64_t>(posbuf_[static_cast<size_t>(r)]) * H;
+    for (int64_t k = 0; k < H; ++k) x[r * H + k] += pr[k];
+  });
+}
+
+void Decoder::embed_backward(const int32_t* ids, int64_t B, int64_t T, const float* dx) {
+  const int64_t H = cfg_.hidden;
+  nn::embedding_bwd(g(L_->embed), ids, dx, B * T, H, cfg_.vocab);
+  if (!gpt2_) return;
+  float* dpos = g(L_->pos);
+  model::for_rows(T, B * H, [&](int64_t t) {  // each position's row summed over the batch in order
+    float* row = dpos + static_cast<int64_t>(posbuf_[static_cast<size_t>(t)]) * H;
+    for (int64_t s = 0; s < B; ++s)
+      for (int64_t k = 0; k < H; ++k) row[k] += dx[(s * T + t) * H + k];
+  });
+}
+
 // ---- backward
 
 void Decoder::backward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, const int32_t* pos, uint64_t step,
                               int64_t first) {
   const ModelConfig& c = cfg_;
   const int64_t rows = B * T, H = c.hidden, F = c.ffn, nh = c.heads, kvh = c.kv_heads, hd = c.head_dim;
-  const int64_t Q = nh * hd, KV = kvh * hd, QKV = Q + 2 * KV;
+  const int64_t Q = nh * hd, KV = kvh * hd, QKV = Q + 2 * KV, GU = gpt2_ ? F : 2 * F;
   const bool drop = dropout_ > 0;
   const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_T_);  // global lengths
   auto hv = [&](float* base, int64_t heads, int64_t ld) { return model::heads_view(base, B, heads, T, hd, ld); };
+  auto dbias = [&](int64_t off) -> float* { return off >= 0 ? g(off) : nullptr; };
   Bufs& b = *b_;
   float* dx = b.dx;  // (rows, H) gradient of the residual stream
   for (int64_t l = c.layers - 1; l >= 0; --l) {
     const Layout::Layer& y = L_->layers[static_cast<size_t>(l)];
     Bufs::Saved& s = b.S[static_cast<size_t>(l)];
-    // x' = u1 + drop(swiglu(f·Wgu)·Wdown)
+    // x' = u1 + drop(act(f·Wgu + bgu)·Wdown + bdown)
     const float* dff = dx;
     if (drop) {
       dropout_grad(b.dt, dx, B, T, H, l, 1, step, first);
       dff = b.dt;
     }
-    nn::swiglu_rows_fwd(b.sbuf, F, s.gu, 2 * F, rows, F);
-    lin_bwd(b.dgu, 2 * F, g(y.down), nullptr, dff, H, b.sbuf, F, p(y.down), rows, F, H);
-    // dgu holds d(swiglu) in the first F columns of each row; SwiGLU's backward writes dgate
-    // over it and dup beside it.
-    nn::swiglu_rows_bwd(b.dgu, 2 * F, b.dgu, 2 * F, s.gu, 2 * F, rows, F);
-    lin_bwd(b.dt2, H, g(y.wgu), nullptr, b.dgu, 2 * F, s.xn2, H, p(y.wgu), rows, H, 2 * F);
-    // f = RMS2(u1): du1 = dx + RMS2'(df)
-    nn::rmsnorm_bwd(dx, g(y.post_norm), b.dt2, s.u1, p(y.post_norm), s.r2, rows, H, true);
-    // u1 = x + drop(attn·Wo)
+    if (gpt2_) nn::gelu_fwd(b.sbuf, s.gu, rows * F, nn::Gelu::tanh);
+    else nn::swiglu_rows_fwd(b.sbuf, F, s.gu, 2 * F, rows, F);
+    lin_bwd(b.dgu, GU, g(y.down), dbias(y.bdown), dff, H, b.sbuf, F, p(y.down), rows, F, H);
+    // dgu holds d(act) in the first F columns of each row. SwiGLU's backward writes dgate over
+    // it and dup beside it; GELU's takes it in place.
+    if (gpt2_) nn::gelu_bwd(b.dgu, b.dgu, s.gu, rows * F, nn::Gelu::tanh);
+    else nn::swiglu_rows_bwd(b.dgu, 2 * F, b.dgu, 2 * F, s.gu, 2 * F, rows, F);
+    lin_bwd(b.dt2, H, g(y.wgu), dbias(y.bgu), b.dgu, GU, s.xn2, H, p(y.wgu), rows, H, GU);
+    // f = norm2(u1): du1 = dx + norm2'(df)
+    norm_bwd(dx, y.post_norm, y.post_norm_b, b.dt2, s.u1, s.r2, rows, true);
+    // u1 = x + drop(attn·Wo + bo)
     const float* dat = dx;
     if (drop) {
       dropout_grad(b.dt, dx, B, T, H, l, 0, step, first);
       dat = b.dt;
     }
-    lin_bwd(b.dao, Q, g(y.wo), nullptr, dat, H, s.ao, Q, p(y.wo), rows, Q, H);
+    lin_bwd(b.dao, Q, g(y.wo), dbias(y.bo), dat, H, s.ao, Q, p(y.wo), rows, Q, H);
     std::memset(b.dqkv, 0, sizeof(float) * static_cast<size_t>(rows * QKV));
     const AttentionInputs ai = att_->inputs(l, hv(s.qkv, nh, QKV), hv(s.qkv + Q, kvh, QKV), hv(s.qkv + Q + KV, kvh, QKV),
                                             lens, step, true);
     att_->backward(l, ai, hv(s.ao, nh, Q), hv(b.dao, nh, Q), hv(b.dqkv, nh, QKV), hv(b.dqkv + Q, kvh, QKV),
                    hv(b.dqkv + Q + KV, kvh, QKV));
-    nn::rope_bwd(b.dqkv, QKV, hd, pos, rows, nh, hd, c.rope_theta);
-    nn::rope_bwd(b.dqkv + Q, QKV, hd, pos, rows, kvh, hd, c.rope_theta);
-    // a = RMS1(x): dx = du1 + RMS1'(da)
-    lin_bwd(b.dt2, H, g(y.wqkv), nullptr, b.dqkv, QKV, s.xn1, H, p(y.wqkv), rows, H, QKV);
-    nn::rmsnorm_bwd(dx, g(y.in_norm), b.dt2, s.x, p(y.in_norm), s.r1, rows, H, true);
+    if (!gpt2_) {
+      nn::rope_bwd(b.dqkv, QKV, hd, pos, rows, nh, hd, c.rope_theta);
+      nn::rope_bwd(b.dqkv + Q, QKV, hd, pos, rows, kvh, hd, c.rope_theta);
+    }
+    // a = norm1(x): dx = du1 + norm1'(da)
+    lin_bwd(b.dt2, H, g(y.wqkv), dbias(y.bqkv), b.dqkv, QKV, s.xn1, H, p(y.wqkv), rows, H, QKV);
+    norm_bwd(dx, y.in_norm, y.in_norm_b, b.dt2, s.x, s.r1, rows, true);
     layer_grads_ready(y.begin, y.end);
   }
 }
@@ -299,29 +393,28 @@ StepResult Decoder::forward_backward(const Batch& bt, bool train, uint64_t step,
     att_->check_trainable();
     (void)grads();
   }
-  const ModelConfig& c = cfg_;
   // With the sequence split: this rank's positions (zig-zag), and (unless given) the divisor of
   // the whole batch, which no rank counts alone.
   if (split_on() && divisor <= 0)
     divisor = static_cast<double>(std::max<int64_t>(1, std::count_if(bt.targets.begin(), bt.targets.end(),
                                                                      [](int32_t t) { return t != -1; })));
-  const int64_t B = bt.B, T = begin_split(bt.T), rows = B * T, H = c.hidden;
+  const int64_t B = bt.B, T = begin_split(bt.T), rows = B * T;
   Batch part;
   if (split_on()) part = local_batch(bt);
   const Batch& b = split_on() ? part : bt;
   carve(B, T, train, true);
   att_->ms = dense_ms_ = 0;
   set_positions(B, T, 0);
-  nn::embedding_fwd(b_->S[0].x, b.ids.data(), p(L_->embed), rows, H, c.vocab);
+  embed(b.ids.data(), rows);
   forward_layers(B, T, bt.lengths, posbuf_.data(), false, train, step, bt.first);
   final_norm(rows, 0);
   StepResult res;
   const float scale = divisor > 0 ? static_cast<float>(1.0 / divisor) : 0.f;
   token_loss(b, b_->xf, b_->dt2, L_->lm_head, -1, train, scale, res);
   if (!train) return timed(res, t0);
-  nn::rmsnorm_bwd(b_->dx, g(L_->norm), b_->dt2, b_->xl, p(L_->norm), b_->fr, rows, H);
+  norm_bwd(b_->dx, L_->norm, L_->norm_b, b_->dt2, b_->xl, b_->fr, rows, false);
   backward_layers(B, T, bt.lengths, posbuf_.data(), step, bt.first);
-  nn::embedding_bwd(g(L_->embed), b.ids.data(), b_->dx, rows, H, c.vocab);
+  embed_backward(b.ids.data(), B, T, b_->dx);
   other_grads_ready(L_->layers.front().begin, L_->layers.back().end);
   return timed(res, t0);
 }
@@ -341,8 +434,8 @@ Tensor Decoder::forward(std::span<const int32_t> ids, int64_t B, int64_t T, std:
   const ThreadLimit threads(threads_for_flops(inference_flops(B * T, 0.5 * static_cast<double>(T))));
   carve(B, T, false, false);
   att_->ms = dense_ms_ = 0;
-  nn::embedding_fwd(b_->S[0].x, ids.data(), p(L_->embed), B * T, c.hidden, c.vocab);
   set_positions(B, T, 0);
+  embed(ids.data(), B * T);
   forward_layers(B, T, lengths, posbuf_.data(), false, false, 0, 0);
   final_norm(B * T, 0);
   Tensor out(Shape{B, T, c.vocab});  // (B, n, vocab): this rank's positions when split
@@ -379,13 +472,15 @@ std::vector<float> Decoder::prefill(std::span<const int32_t> ids) {
         "the KV cache spread over them; decoding after it is not supported (start() again, or prefill in one process)");
   if (split_on()) return split_prefill(ids);
   check(pos_ + T <= cache_[0].capacity(), "decoder: ", pos_ + T, " positions exceed the cache capacity ", cache_[0].capacity());
+  check(!gpt2_ || pos_ + T <= cfg_.max_positions, "decoder: ", pos_ + T, " positions exceed GPT-2's ",
+        cfg_.max_positions, " learned positions (n_positions)");
   // A decode step (T = 1) or a short prompt: on one thread, or as many as the work pays for.
   const ThreadLimit threads(threads_for_flops(inference_flops(T, static_cast<double>(pos_) + 0.5 * static_cast<double>(T))));
   carve(1, T, false, false);
   att_->ms = dense_ms_ = 0;
-  nn::embedding_fwd(b_->S[0].x, ids.data(), p(L_->embed), T, cfg_.hidden, cfg_.vocab);
   (void)begin_split(T);
   set_positions(1, T, pos_);
+  embed(ids.data(), T);
   forward_layers(1, T, {}, posbuf_.data(), true, false, 0, 0);
   final_norm(T, T - 1);
   std::vector<float> out(static_cast<size_t>(cfg_.vocab));
@@ -410,8 +505,8 @@ std::vector<float> Decoder::split_prefill(std::span<const int32_t> ids) {
   take_local(ids, 1, local_ids);
   carve(1, T, false, false);
   att_->ms = dense_ms_ = 0;
-  nn::embedding_fwd(b_->S[0].x, local_ids.data(), p(L_->embed), T, cfg_.hidden, cfg_.vocab);
   set_positions(1, T, 0);
+  embed(local_ids.data(), T);
   forward_layers(1, T, {}, posbuf_.data(), false, false, 0, 0);
   // The zig-zag layout gives rank 0 the last chunk: its last row is the prompt's last position.
   std::vector<float> out(static_cast<size_t>(cfg_.vocab));

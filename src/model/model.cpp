@@ -121,7 +121,8 @@ double Model::train_bytes(int64_t B, int64_t T) const {
   return 4.0 * arena_floats(B, T, true) + att_->workspace_bytes(d, true) + 4.0 * 4.0 * static_cast<double>(params_.size());
 }
 
-int64_t Model::add(const std::string& name, std::vector<int64_t> shape, Init init) {
+int64_t Model::add(const std::string& name, std::vector<int64_t> shape, Init init, bool transposed) {
+  check(!transposed || shape.size() == 2, "model: internal: only a matrix is stored transposed");
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   const int64_t off = info_.empty() ? 0 : info_.back().offset + info_.back().size;
@@ -131,6 +132,7 @@ int64_t Model::add(const std::string& name, std::vector<int64_t> shape, Init ini
   // "distilbert."), never the task heads.
   prefixed_.push_back(name.rfind("classifier.", 0) != 0 && name.rfind("cls.", 0) != 0 &&
                       name.rfind("pre_classifier.", 0) != 0);
+  transposed_.push_back(transposed);
   return off;
 }
 
@@ -194,6 +196,14 @@ void Model::load_weights(Weights& w, bool verbose, const std::vector<std::string
     const ParamInfo& pi = info_[i];
     const std::string name = (prefixed_[i] ? prefix_ : "") + pi.name;
     if (!w.has(name) && std::find(optional.begin(), optional.end(), pi.name) != optional.end()) continue;
+    if (transposed_[i]) {
+      const int64_t out = pi.shape[0], in = pi.shape[1];
+      const float* src = w.get(name, {in, out});  // (in, out)
+      float* dst = p(pi.offset);                  // (out, in)
+      for (int64_t r = 0; r < in; ++r)
+        for (int64_t c = 0; c < out; ++c) dst[c * in + r] = src[r * out + c];
+      continue;
+    }
     const float* src = w.get(name, pi.shape);
     std::memcpy(p(pi.offset), src, sizeof(float) * static_cast<size_t>(pi.size));
   }
@@ -221,8 +231,20 @@ void Model::save(const std::string& dir) const {
   fs::create_directories(dir, ec);
   check(fs::is_directory(dir), "model: cannot create the checkpoint folder '", dir, "'");
   SafetensorsWriter w;
-  for (size_t i = 0; i < info_.size(); ++i)
-    w.add((prefixed_[i] ? prefix_ : "") + info_[i].name, make_view(params_.data() + info_[i].offset, Shape(info_[i].shape)));
+  for (size_t i = 0; i < info_.size(); ++i) {
+    const ParamInfo& pi = info_[i];
+    const std::string name = (prefixed_[i] ? prefix_ : "") + pi.name;
+    if (!transposed_[i]) {
+      w.add(name, make_view(params_.data() + pi.offset, Shape(pi.shape)));
+      continue;
+    }
+    const int64_t out = pi.shape[0], in = pi.shape[1];
+    Tensor t(Shape{in, out});  // (in, out) as the checkpoint stores it; add() copies it
+    const float* src = p(pi.offset);
+    for (int64_t r = 0; r < in; ++r)
+      for (int64_t c = 0; c < out; ++c) t.data()[r * out + c] = src[c * in + r];
+    w.add(name, t.view());
+  }
   // Layer state of stateful attentions (routing's EMA centroids) beside the weights.
   att_->save_state(w);
   w.set_metadata("format", "pt");

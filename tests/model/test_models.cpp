@@ -407,8 +407,8 @@ TEST(Checkpoints, BadOnesAreNamedErrors) {
     std::ofstream(dir + "/config.json") << R"({"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2,
       "num_attention_heads": 2, "intermediate_size": 24, "vocab_size": 50, "max_position_embeddings": 40})";
     expect_load_error(dir, "but the config implies");
-    std::ofstream(dir + "/config.json") << R"({"model_type": "gpt2", "hidden_size": 16})";
-    expect_load_error(dir, "model_type \"gpt2\" is not supported");
+    std::ofstream(dir + "/config.json") << R"({"model_type": "t5", "hidden_size": 16})";
+    expect_load_error(dir, "model_type \"t5\" is not supported");
     std::ofstream(dir + "/config.json") << R"({"model_type": "bert", "hidden_size": 16, "num_hidden_layers": 2})";
     expect_load_error(dir, "\"num_attention_heads\" is missing");
     std::ofstream(dir + "/config.json") << R"({"model_type": "bert", "architectures": ["BertForMaskedLM"]})";

@@ -260,8 +260,9 @@ ModelConfig post_ln_bert() {
 
 // A post-LN classifier whose checkpoint has BERT's pooler (dense + tanh on the first token):
 // written as a Hugging Face folder and loaded, the way a pretrained BERT arrives.
-std::unique_ptr<Model> bert_with_pooler(const std::string& dir) {
-  std::unique_ptr<Model> m = Model::create(post_ln_bert(), TaskKind::classify, 1);
+std::unique_ptr<Model> bert_with_pooler(const std::string& dir, const ModelConfig& cfg = post_ln_bert(),
+                                        const std::string& pooler = "pooler.dense") {
+  std::unique_ptr<Model> m = Model::create(cfg, TaskKind::classify, 1);
   roughen(*m, 2);
   m->save(dir);
   const SafetensorsFile f = SafetensorsFile::open(dir + "/model.safetensors");
@@ -275,8 +276,8 @@ std::unique_ptr<Model> bert_with_pooler(const std::string& dir) {
   const Rng rng(9);
   for (int64_t i = 0; i < pw.numel(); ++i) pw.data()[i] = 0.3f * rng.normal(1, static_cast<uint64_t>(i));
   for (int64_t i = 0; i < pb.numel(); ++i) pb.data()[i] = 0.1f * rng.normal(2, static_cast<uint64_t>(i));
-  w.add("pooler.dense.weight", pw.view());
-  w.add("pooler.dense.bias", pb.view());
+  w.add(pooler + ".weight", pw.view());
+  w.add(pooler + ".bias", pb.view());
   w.write(dir + "/model.safetensors");
   return Model::load(dir);
 }
@@ -291,6 +292,50 @@ TEST(TrainGradcheck, PostLnBertWithPoolerTypesAndScale) {
   m->set_attention("full;improved-clustered:clusters=3,bits=16,topk=4");
   gradcheck(*m, b, "post-LN bert/classify pooler full;improved-clustered");
   std::filesystem::remove_all(dir);
+}
+
+// RoBERTa (positions from pad_token_id + 1, one token type, classifier.dense + tanh) and
+// DistilBERT (its own names, no token types, pre_classifier + ReLU) train through the same code.
+TEST(TrainGradcheck, RobertaAndDistilbertClassifiers) {
+  for (const std::string family : {"roberta", "distilbert"}) {
+    ModelConfig c = post_ln_bert();
+    c.model_type = family;
+    c.attention_scale = 0;
+    if (family == "roberta") {
+      c.position_offset = 2;
+      c.type_vocab = 1;
+    } else {
+      c.type_vocab = 0;
+    }
+    const std::string dir = ::testing::TempDir() + "clattn_gradcheck_" + family;
+    std::unique_ptr<Model> m = bert_with_pooler(dir, c, family == "roberta" ? "classifier.dense" : "pre_classifier");
+    ASSERT_EQ(m->config().model_type, family);
+    ASSERT_EQ(m->config().pooler_relu, family == "distilbert");
+    ASSERT_EQ(m->param("embeddings.position_embeddings.weight").shape[0], c.max_positions + c.position_offset);
+    const Batch b = tiny_batch(TaskKind::classify, 11, {11, 6, 9}, 11, 3, 6);
+    gradcheck(*m, b, family + "/classify full");
+    m->set_attention("full;improved-clustered:clusters=3,bits=16,topk=4");
+    gradcheck(*m, b, family + "/classify full;improved-clustered");
+    std::filesystem::remove_all(dir);
+  }
+}
+
+// GPT-2: LayerNorms with biases, biased Conv1D layers held transposed, learned positions, GELU-tanh.
+TEST(TrainGradcheck, Gpt2Decoder) {
+  ModelConfig c = tiny_llama(13, 2);
+  c.model_type = "gpt2";
+  c.max_positions = 20;
+  std::unique_ptr<Model> m = Model::create(c, TaskKind::lm, 1);
+  ASSERT_EQ(m->param("h.0.attn.c_attn.weight").shape, (std::vector<int64_t>{48, 16}));  // held (out, in)
+  roughen(*m, 2);
+  const Batch b = tiny_batch(TaskKind::lm, 17, {17, 10}, 13, 0, 7);
+  gradcheck(*m, b, "gpt2/lm full");
+  m->set_attention("improved-clustered:clusters=2,topk=3,block=4");
+  gradcheck(*m, b, "gpt2/lm improved-clustered");
+  g_train_evals = true;
+  m->set_dropout(0.2f);
+  gradcheck(*m, b, "gpt2/lm dropout 0.2");
+  g_train_evals = false;
 }
 
 TEST(TrainGradcheck, PreLnMlmWithTanhGelu) {
