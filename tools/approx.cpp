@@ -21,7 +21,9 @@
 #include "clattn/safetensors.h"
 #include "clattn/spec.h"
 #include "clattn/tokenizer.h"
+#include "bench_util.h"
 #include "commands.h"
+#include "plan_search.h"
 #include "progress.h"
 
 namespace clattn::cli {
@@ -34,6 +36,12 @@ struct ApproxOptions {
   int64_t repeat = 3;
   int threads = 0;
   bool verbose = false;
+  // Plan search (--target): the metric and its target, the deployment length (0: the data's),
+  // the candidate specs ("" : the defaults for the model), the plan file to write, and for a
+  // decoder's text the sequences to cut it into (half calibrate, half are held out).
+  std::optional<double> target;
+  std::string metric = "agreement", candidates, plan_out = "plan.json";
+  int64_t length = 0, sequences = 8;
 };
 
 // The model's outputs on one input set: logits (rows, classes) compared row by row; for a decoder
@@ -143,70 +151,117 @@ Metrics compare(const Tensor& full, const Tensor& approx, const std::vector<int3
   return m;
 }
 
+// The model and what it runs on: B clips or sequences of T positions, labels per row of its
+// logits (a clip's or sequence's class, or for a decoder each position's next token; -1 none).
+struct Workload {
+  std::unique_ptr<Encoder> enc;
+  std::unique_ptr<Decoder> dec;
+  Tensor features;              // (B, patches, dim): KWT
+  std::vector<int32_t> ids;     // (B, T) tokens
+  int64_t B = 1, T = 0;
+  std::vector<int32_t> labels;  // (rows) or empty
+  int64_t rows_per_item() const { return dec ? T : 1; }
+  int64_t length() const { return enc && enc->config().kind == ModelKind::kwt ? enc->config().num_patches + 1 : T; }
+  Model& model() { return enc ? static_cast<Model&>(*enc) : static_cast<Model&>(*dec); }
+  // Logits (rows, classes) of items [begin, end).
+  Tensor run(int64_t begin, int64_t end) {
+    const int64_t n = end - begin;
+    if (dec) {
+      const Tensor l = dec->forward(std::span<const int32_t>(ids).subspan(static_cast<size_t>(begin * T), static_cast<size_t>(n * T)), n, T);
+      Tensor r(Shape{n * T, dec->config().vocab});  // (rows, vocab): each position a row
+      std::copy(l.data(), l.data() + l.numel(), r.data());
+      return r;
+    }
+    if (enc->config().kind == ModelKind::kwt) {
+      const int64_t per = features.numel() / features.dim(0);
+      const Shape s{n, features.dim(1), features.dim(2)};
+      return enc->forward_features(make_view(features.data() + begin * per, s));
+    }
+    return enc->forward_tokens(std::span<const int32_t>(ids).subspan(static_cast<size_t>(begin * T), static_cast<size_t>(n * T)), n, T);
+  }
+  Tensor run() { return run(0, B); }
+  std::vector<int32_t> labels_of(int64_t begin, int64_t end) const {
+    if (labels.empty()) return {};
+    return {labels.begin() + begin * rows_per_item(), labels.begin() + end * rows_per_item()};
+  }
+};
+
+// Loads the model and the input the options name. A text for a decoder becomes `sequences`
+// sequences of up to the model's context (1: the text's first context of tokens).
+Workload load_workload(const ApproxOptions& o, int64_t sequences) {
+  const ModelKind kind = model_kind(o.model);
+  LoadOptions lo;
+  lo.verbose = o.verbose;
+  Workload w;
+  if (kind == ModelKind::llama) {
+    check(o.features.empty(), "approx: --features is for KWT encoders; this model is a decoder");
+    w.dec = Decoder::load(o.model, lo);
+    if (!o.tokens.empty()) {
+      read_tokens(o.tokens, "targets", w.ids, w.B, w.T, w.labels);
+      check_context(w.T, w.dec->config().max_positions, "approx: '" + o.tokens + "'");
+    } else {
+      // Bounded (a text is tokenized whole) and never blocking on a FIFO or device.
+      const std::string text = read_input_file(o.text, "approx: --text", kMaxTextBytes);
+      const Tokenizer tok = Tokenizer::from_file((std::filesystem::path(o.model) / "tokenizer.json").string());
+      std::vector<int32_t> all = tok.encode(text);
+      const int64_t context = w.dec->config().max_positions > 0 ? w.dec->config().max_positions : 512;
+      const int64_t n = static_cast<int64_t>(all.size());
+      w.T = std::min(n, context);
+      w.B = w.T > 0 ? std::max<int64_t>(1, std::min(sequences, n / w.T)) : 1;
+      if (n > w.B * w.T)
+        std::fprintf(stderr, "approx: note: '%s' has %lld tokens; the first %lld (%lld x the model's context %lld) are used\n",
+                     o.text.c_str(), static_cast<long long>(n), static_cast<long long>(w.B * w.T),
+                     static_cast<long long>(w.B), static_cast<long long>(w.T));
+      w.ids.assign(all.begin(), all.begin() + w.B * w.T);
+      // Next-token targets: position t predicts token t + 1 of its sequence (the last one has none).
+      w.labels.assign(static_cast<size_t>(w.B * w.T), -1);
+      for (int64_t s = 0; s < w.B; ++s)
+        for (int64_t t = 0; t + 1 < w.T; ++t) w.labels[static_cast<size_t>(s * w.T + t)] = w.ids[static_cast<size_t>(s * w.T + t + 1)];
+    }
+    check(w.T >= 1 && static_cast<int64_t>(w.ids.size()) == w.B * w.T, "approx: no tokens to run");
+    return w;
+  }
+  w.enc = Encoder::load(o.model, lo);
+  if (kind == ModelKind::kwt) {
+    check(!o.features.empty(), "approx: a KWT model takes --features");
+    const SafetensorsFile f = SafetensorsFile::open(o.features);
+    check(f.has("features"), "approx: '", o.features, "' has no tensor 'features' [n, patches, dim]");
+    w.features = f.get_f32("features");
+    check(w.features.rank() == 3 && w.features.dim(0) >= 1, "approx: 'features' must be [n >= 1, patches, dim]");
+    w.B = w.features.dim(0);
+    if (f.has("labels")) w.labels = f.get_i32("labels");
+    return w;
+  }
+  // BERT-style classifier: --token-file holds ids [T] or [B, T] (and optional 'labels' [B]).
+  check(!o.tokens.empty(), "approx: a BERT-style encoder takes --token-file");
+  read_tokens(o.tokens, "labels", w.ids, w.B, w.T, w.labels);
+  check_context(w.T, w.enc->config().max_positions, "approx: '" + o.tokens + "'");
+  check(w.enc->config().num_labels >= 1, "approx: this encoder has no classifier to compare predictions of");
+  return w;
+}
+
+void run_search(const ApproxOptions& o, Workload& w);
+
 void run_approx(const ApproxOptions& o) {
   set_threads(checked_threads(o.threads, "approx"));
   check_size(o.seeds, 1, kMaxCount, "approx: --seeds");
   check_size(o.repeat, 1, 1000, "approx: --repeat");
   const int given = !o.features.empty() + !o.tokens.empty() + !o.text.empty();
   usage_check(given == 1, "approx: give exactly one of --features, --token-file, --text");
-  usage_check(!o.attention.empty(), "approx: give at least one --attention plan");
-  const ModelKind kind = model_kind(o.model);
-  LoadOptions lo;
-  lo.verbose = o.verbose;
-  std::unique_ptr<Encoder> enc;
-  std::unique_ptr<Decoder> dec;
-  std::vector<int32_t> labels;
-  std::function<Tensor()> run;  // the model on the input, logits (rows, classes)
-  Tensor features;
-  std::vector<int32_t> ids;
-  int64_t B = 1, T = 0;
-  if (kind == ModelKind::llama) {
-    check(o.features.empty(), "approx: --features is for KWT encoders; this model is a decoder");
-    dec = Decoder::load(o.model, lo);
-    if (!o.tokens.empty()) {
-      read_tokens(o.tokens, "targets", ids, B, T, labels);
-      check_context(T, dec->config().max_positions, "approx: '" + o.tokens + "'");
-    } else {
-      // Bounded (a text is tokenized whole) and never blocking on a FIFO or device.
-      const std::string text = read_input_file(o.text, "approx: --text", kMaxTextBytes);
-      const Tokenizer tok = Tokenizer::from_file((std::filesystem::path(o.model) / "tokenizer.json").string());
-      ids = tok.encode(text);
-      const int64_t context = dec->config().max_positions > 0 ? dec->config().max_positions : 512;
-      if (static_cast<int64_t>(ids.size()) > context) {
-        std::fprintf(stderr, "approx: note: '%s' has %zu tokens; the first %lld (the model's context) are used\n",
-                     o.text.c_str(), ids.size(), static_cast<long long>(context));
-        ids.resize(static_cast<size_t>(context));
-      }
-      T = static_cast<int64_t>(ids.size());
-      // Next-token targets: position t predicts token t + 1 (the last one has none).
-      labels.assign(ids.begin() + 1, ids.end());
-      labels.push_back(-1);
-    }
-    check(T >= 1 && static_cast<int64_t>(ids.size()) == B * T, "approx: no tokens to run");
-    run = [&] {
-      Tensor l = dec->forward(ids, B, T);
-      Tensor r(Shape{B * T, dec->config().vocab});
-      std::copy(l.data(), l.data() + l.numel(), r.data());
-      return r;
-    };
-  } else {
-    enc = Encoder::load(o.model, lo);
-    if (kind == ModelKind::kwt) {
-      check(!o.features.empty(), "approx: a KWT model takes --features");
-      const SafetensorsFile f = SafetensorsFile::open(o.features);
-      check(f.has("features"), "approx: '", o.features, "' has no tensor 'features' [n, patches, dim]");
-      features = f.get_f32("features");
-      if (f.has("labels")) labels = f.get_i32("labels");
-      run = [&] { return enc->forward_features(features.view()); };
-    } else {
-      // BERT-style classifier: --token-file holds ids [T] or [B, T] (and optional 'labels' [B]).
-      check(!o.tokens.empty(), "approx: a BERT-style encoder takes --token-file");
-      read_tokens(o.tokens, "labels", ids, B, T, labels);
-      check_context(T, enc->config().max_positions, "approx: '" + o.tokens + "'");
-      check(enc->config().num_labels >= 1, "approx: this encoder has no classifier to compare predictions of");
-      run = [&] { return enc->forward_tokens(ids, B, T); };
-    }
+  if (o.target) {
+    usage_check(o.attention.empty(), "approx: --target searches for a plan; --attention and --plan measure given ones");
+    Workload w = load_workload(o, o.sequences);
+    run_search(o, w);
+    return;
   }
+  usage_check(!o.attention.empty(), "approx: give at least one --attention plan (or --plan FILE, or --target)");
+  Workload w = load_workload(o, 1);
+  std::unique_ptr<Encoder>& enc = w.enc;
+  std::unique_ptr<Decoder>& dec = w.dec;
+  const std::vector<int32_t>& labels = w.labels;
+  const Tensor& features = w.features;
+  const int64_t B = w.B, T = w.T;
+  std::function<Tensor()> run = [&] { return w.run(); };  // the model on the input, logits (rows, classes)
   auto set_plan = [&](const std::string& plan) {
     if (enc) enc->set_attention(plan);
     else dec->set_attention(plan);
@@ -324,6 +379,144 @@ void run_approx(const ApproxOptions& o) {
   }
 }
 
+// The default candidates of the plan search at the data's length n: clustered and improved-
+// clustered with fewer clusters and keys than n (at or above it they attend every key, a costlier
+// full attention); for a decoder their causal forms with blocks shorter than n (a block covering
+// the sequence is exact) and segments of 8 blocks, the cheapest at long lengths (at N = 16384,
+// 8 heads of 8: 0.11-0.22x causal full, against 0.6-2.8x for segments of one block), and local
+// windows.
+std::vector<std::string> default_candidates(bool causal, int64_t n) {
+  std::vector<std::string> out;
+  auto add = [&](int64_t clusters, int64_t topk, int64_t block) {
+    if (clusters >= n || topk >= n || block >= n) return;
+    const std::string blk = block ? detail::concat(",block=", block) : "";
+    out.push_back(topk ? detail::concat("improved-clustered:clusters=", clusters, ",topk=", topk, blk)
+                       : detail::concat("clustered:clusters=", clusters, blk));
+  };
+  if (causal) {
+    add(8, 16, 64);
+    add(25, 32, 64);
+    add(25, 32, 128);
+    add(25, 64, 128);
+    for (int64_t wdw : {64, 128})
+      if (wdw < n) out.push_back(detail::concat("local:window=", wdw));
+    return out;
+  }
+  for (int64_t c : {25, 50}) add(c, 0, 0);
+  for (const auto& [c, k] : std::vector<std::pair<int64_t, int64_t>>{{10, 16}, {25, 32}, {50, 32}, {25, 64}, {50, 64}})
+    add(c, k, 0);
+  return out;
+}
+
+// ms of one layer's attention with `spec` at length n (batch 1, the model's heads), on the
+// structured inputs of `clattn bench`: the median of three calls after a warm-up.
+double layer_attention_ms(const std::string& spec, const ModelConfig& c, int64_t n, bool causal) {
+  const bench::Inputs in = bench::make_inputs({1, c.heads, c.kv_heads, n, c.head_dim}, 1);
+  std::unique_ptr<Attention> att = make_attention(spec);
+  AttentionInputs ai;
+  ai.q = in.q.view();
+  ai.k = in.k.view();
+  ai.v = in.v.view();
+  ai.causal = causal;
+  AttentionState state;
+  ai.state = &state;
+  Tensor out(Shape{1, c.heads, n, c.head_dim});  // (1, H, n, D)
+  Context ctx = Context::for_inference();
+  att->forward(ai, out.view(), ctx);
+  std::vector<double> t;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    att->forward(ai, out.view(), ctx);
+    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[1];
+}
+
+void run_search(const ApproxOptions& o, Workload& w) {
+  const double target = *o.target;
+  usage_check(o.metric == "agreement" || o.metric == "kl" || o.metric == "accuracy",
+              "approx: --metric must be agreement, kl or accuracy, got '", o.metric, "'");
+  usage_check(std::isfinite(target) && (o.metric == "kl" ? target >= 0 : target > 0 && target <= 1),
+              "approx: --target must be in (0, 1] for ", o.metric, " (a KL bound >= 0 for kl), got ", target);
+  check(w.B >= 2, "approx: the search calibrates on half of the input and reports the other half, so it needs at ",
+        "least 2 ", w.dec ? "sequences (a longer --text, or --sequences)" : "clips or sequences", "; got 1");
+  usage_check(o.length >= 0 && o.length <= kMaxCount, "approx: --length must be in [1, ", kMaxCount, "]");
+  const ModelConfig& cfg = w.model().config();
+  const bool causal = w.dec != nullptr;
+  const int64_t n_data = w.length(), n_cost = o.length > 0 ? o.length : n_data;
+  std::vector<std::string> cands = o.candidates.empty() ? default_candidates(causal, n_data)
+                                                        : bench::split_specs(o.candidates);
+  check(!cands.empty(), "approx: no candidate attention approximates at the data's length ", n_data,
+        " (give --candidates)");
+  for (const std::string& c : cands) {
+    const std::unique_ptr<Attention> a = make_attention(c);
+    check(!causal || a->capabilities().causal, "approx: candidate '", c, "' cannot honour the causal mask of a decoder");
+  }
+  check_memory(2.0 * w.model().forward_bytes(w.B, w.T > 0 ? w.T : n_data), "approx: " + o.model);
+  const int64_t half = (w.B + 1) / 2;
+  w.model().set_attention("full");
+  const Tensor full_cal = w.run(0, half), full_held = w.run(half, w.B);
+  const std::vector<int32_t> lab_cal = w.labels_of(0, half), lab_held = w.labels_of(half, w.B);
+  const Metrics self = compare(full_cal, full_cal, lab_cal);
+  double absolute = target;
+  if (o.metric == "accuracy") {
+    check(self.accuracy >= 0, "approx: --metric accuracy needs labels in the input");
+    absolute = target * self.accuracy;  // a share of full attention's own accuracy
+  }
+  std::printf("search: %s, %lld calibration %s (%lld predictions), %lld held out; %s >= %g%s; cost at N = %lld\n",
+              o.model.c_str(), static_cast<long long>(half), w.dec ? "sequences" : "items",
+              static_cast<long long>(full_cal.dim(0)), static_cast<long long>(w.B - half), o.metric.c_str(), target,
+              o.metric == "accuracy" ? detail::concat(" x full's ", self.accuracy).c_str() : "",
+              static_cast<long long>(n_cost));
+  if (o.metric == "kl") std::printf("search: (kl: the plan's mean KL(full || plan) must stay <= the target)\n");
+  std::fflush(stdout);
+  PlanSearch ps;
+  ps.layers = cfg.layers;
+  ps.candidates = cands;
+  ps.target = absolute;
+  ps.higher_better = o.metric != "kl";
+  ps.evaluate = [&](const std::string& plan) {
+    w.model().set_attention(plan);
+    const Metrics m = compare(full_cal, w.run(0, half), lab_cal);
+    return o.metric == "agreement" ? m.agreement : o.metric == "kl" ? m.kl : m.accuracy;
+  };
+  ps.cost = [&](const std::string& spec) { return layer_attention_ms(spec, cfg, n_cost, causal); };
+  Progress progress("approx", 0);
+  const PlanFound f = search_plan(ps, progress);
+  progress.finish();
+  const std::string plan = f.plan();
+  w.model().set_attention(plan);
+  const Metrics held = compare(full_held, w.run(half, w.B), lab_held);
+  const double ratio = f.attention_ms / f.full_ms;
+  const bool approximated = std::any_of(f.layers.begin(), f.layers.end(), [](const std::string& l) { return l != "full"; });
+  std::printf("plan: %s\n", plan.c_str());
+  std::printf("calibration (%lld): %s %.4f; held out (%lld): agreement %.4f, KL %.3e%s\n", static_cast<long long>(half),
+              o.metric.c_str(), f.value, static_cast<long long>(w.B - half), held.agreement, held.kl,
+              held.accuracy >= 0 ? detail::concat(", accuracy ", held.accuracy).c_str() : "");
+  std::printf("attention at N = %lld: %.1f ms per forward, %.3fx full attention's %.1f ms (%lld evaluations)\n",
+              static_cast<long long>(n_cost), f.attention_ms, ratio, f.full_ms, static_cast<long long>(f.evaluations));
+  if (!approximated)
+    std::printf("search: the target cannot be met with any layer approximated by these candidates: the best plan "
+                "is full attention (give a lower --target or other --candidates)\n");
+  const bool held_ok = o.metric == "agreement" ? held.agreement >= target
+                     : o.metric == "kl"        ? held.kl <= target
+                                               : held.accuracy >= target * compare(full_held, full_held, lab_held).accuracy;
+  if (!held_ok) std::printf("search: note: on the held-out half the plan misses the target\n");
+  nlohmann::json layers = nlohmann::json::array();
+  for (const std::string& l : f.layers) layers.push_back(l);
+  const nlohmann::json doc = {
+      {"plan", plan}, {"layers", layers}, {"model", o.model}, {"metric", o.metric}, {"target", target},
+      {"calibration", {{"items", half}, {"value", f.value}}},
+      {"held_out", {{"items", w.B - half}, {"agreement", held.agreement}, {"kl", held.kl},
+                    {"accuracy", held.accuracy < 0 ? nlohmann::json(nullptr) : nlohmann::json(held.accuracy)}}},
+      {"length", n_cost}, {"attention_ms", f.attention_ms}, {"full_attention_ms", f.full_ms},
+      {"attention_cost_ratio", ratio}, {"target_met", approximated}, {"threads", max_threads()},
+      {"cpu", bench::cpu_model()}};
+  write_file_atomic(o.plan_out, doc.dump(2) + "\n");
+  std::printf("wrote %s (use it with --plan)\n", o.plan_out.c_str());
+}
+
 struct GenerateOptions {
   std::string model, prompt, attention;  // empty: the plan the model was saved with
   int64_t tokens = 128;
@@ -389,7 +582,22 @@ void add_approx(CLI::App& app) {
   sub->add_option("--text", o->text, "decoder input: a UTF-8 text file, tokenized with the model's tokenizer.json");
   sub->add_option("--attention", o->attention,
                   "attention plan, repeatable: one spec for every layer, or 'spec0;spec1;...' per layer "
-                  "(the last repeats)")->required()->check(spec_validator());
+                  "(the last repeats)")->check(spec_validator());
+  add_plan_file_option(sub, o->attention);
+  sub->add_option("--target", o->target,
+                  "search the cheapest per-layer plan whose --metric on half of the input reaches this "
+                  "(e.g. 0.99), report it on the other half and write it to --plan-out");
+  sub->add_option("--metric", o->metric,
+                  "what --target bounds: agreement (top-1 with full), kl (mean KL(full || plan), at most), "
+                  "accuracy (a share of full's accuracy on the labels)")->capture_default_str();
+  sub->add_option("--length", o->length,
+                  "sequence length the plan's cost is measured at (default: the input's)");
+  sub->add_option("--candidates", o->candidates,
+                  "';'-separated specs a layer may take (default: clustered and improved-clustered settings "
+                  "that approximate at the input's length; causal forms and local windows for a decoder)");
+  sub->add_option("--plan-out", o->plan_out, "where --target writes the plan it found")->capture_default_str();
+  sub->add_option("--sequences", o->sequences,
+                  "with --target and --text: sequences of the model's context cut from the text")->capture_default_str();
   sub->add_option("--seeds", o->seeds, "run randomized variants with seeds 0..S-1; report mean [min-max]")
       ->capture_default_str();
   sub->add_option("--repeat", o->repeat, "timed forwards per plan after one warm-up; ms is their median")
@@ -411,6 +619,7 @@ void add_generate(CLI::App& app) {
                   "full for a Hugging Face checkpoint)")
       ->check(spec_validator())
       ->capture_default_str();
+  add_plan_file_option(sub, o->attention);
   sub->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
   sub->add_option("--top-k", o->top_k, "keep the k most likely tokens (0 = all)")->capture_default_str();
   sub->add_option("--top-p", o->top_p, "nucleus: keep the smallest set with this mass (1 = all)")->capture_default_str();

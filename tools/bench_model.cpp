@@ -354,6 +354,7 @@ void add_bench_model(CLI::App& app) {
   sub->add_option("--batch", o->batch, "random BERT: batch (0 = 1); KWT: clips per forward (0 = all)")->capture_default_str();
   sub->add_option("--decode", o->decode, "decoder: tokens decoded after the prefill")->capture_default_str();
   sub->add_option("--attention", o->attention, "attention plan, repeatable")->check(spec_validator())->capture_default_str();
+  add_plan_file_option(sub, o->attention);
   sub->add_option("--repeat", o->repeat, "timed runs after one warm-up")->capture_default_str();
   sub->add_flag("--sequence-parallel", o->sequence_parallel,
                 "under mpirun, split every sequence across the ranks (encoder forward, decoder prefill); rows "

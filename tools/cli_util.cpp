@@ -3,6 +3,7 @@
 #include "clattn/attention.h"
 #include "clattn/comm.h"
 #include "clattn/cpu.h"
+#include "clattn/model.h"
 #include "clattn/spec.h"
 
 #include <omp.h>
@@ -168,6 +169,20 @@ CLI::Validator spec_validator() {
         return {};
       },
       "SPEC");
+}
+
+namespace {
+const char* const kPlanHelp = "attention plan file written by `clattn approx --target` (JSON with \"plan\")";
+}
+
+CLI::Option* add_plan_file_option(CLI::App* sub, std::string& attention) {
+  return sub->add_option_function<std::string>(
+      "--plan", [&attention](const std::string& path) { attention = read_plan_file(path); }, kPlanHelp);
+}
+
+CLI::Option* add_plan_file_option(CLI::App* sub, std::vector<std::string>& attention) {
+  return sub->add_option_function<std::string>(
+      "--plan", [&attention](const std::string& path) { attention.push_back(read_plan_file(path)); }, kPlanHelp);
 }
 
 CLI::Option* add_format_option(CLI::App* sub, std::string& format) {

@@ -79,6 +79,12 @@ int checked_threads(int requested, const char* cmd);
 // the command's own checks. Use as sub->add_option(...)->check(spec_validator()).
 CLI::Validator spec_validator();
 
+// `--plan FILE`: a plan file (`clattn approx --target` writes one; read_plan_file in model.h)
+// wherever an attention plan is accepted. Its plan replaces a single --attention value or is added
+// to a repeatable one; the file is read and checked as the option is parsed.
+CLI::Option* add_plan_file_option(CLI::App* sub, std::string& attention);
+CLI::Option* add_plan_file_option(CLI::App* sub, std::vector<std::string>& attention);
+
 // `-o,--format`: what goes to stdout — text (the default), md, csv, json or jsonl (result_table.h).
 // The old spelling `--output-format` still works, with a note naming the new one.
 CLI::Option* add_format_option(CLI::App* sub, std::string& format);

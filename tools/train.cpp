@@ -304,6 +304,7 @@ void add_train(CLI::App& app) {
                   "lm reads its tokenizer.json when it has one");
   sub->add_option("--attention", a.attention, "attention plan: a spec, or 'spec0;spec1;...' per layer (default full)")
       ->check(spec_validator());
+  add_plan_file_option(sub, a.attention);
   CLI::Option* sizes[] = {
       sub->add_option("--layers", a.layers, "layers of a fresh model")->capture_default_str(),
       sub->add_option("--dim", a.dim, "hidden size of a fresh model")->capture_default_str(),
@@ -363,6 +364,7 @@ void add_eval(CLI::App& app) {
       ->required();
   sub->add_option("--attention", o->attention, "attention plan, repeatable (default: the one it was trained with)")
       ->check(spec_validator());
+  add_plan_file_option(sub, o->attention);
   sub->add_option_function<std::string>("--task", [o](const std::string& v) { o->task = v; o->has_task = true; },
                                         "listops, mlm or lm (default: the training run's)");
   sub->add_option_function<std::string>("--data", [o](const std::string& v) { o->data = v; o->has_data = true; },

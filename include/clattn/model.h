@@ -46,6 +46,10 @@ namespace clattn {
 
 // One spec per layer, parsed from a plan string (errors name the layer and the spec).
 std::vector<std::string> parse_attention_plan(const std::string& plan, int64_t layers);
+// The plan of a plan file: JSON whose "plan" is a plan string, beside what found it (`clattn
+// approx --target` writes "layers", "metric", "target", the calibration and held-out figures,
+// "length" and the attention cost). Every spec is checked; errors name the file and the field.
+std::string read_plan_file(const std::string& path);
 // The attention of each layer of a plan, refusing (by layer) a spec that cannot run there: for
 // decoders a missing causal mask or grouped heads.
 std::vector<std::unique_ptr<Attention>> make_plan_attentions(const std::vector<std::string>& specs,

@@ -21,6 +21,7 @@ from ._clattn import (  # noqa: F401
     config,
     get_num_threads,
     load_model,
+    read_plan,
     read_safetensors,
     set_num_threads,
     variants,
@@ -29,5 +30,5 @@ from ._clattn import (  # noqa: F401
 
 __all__ = [
     "Attention", "Call", "Decoder", "Encoder", "Tokenizer", "Trainer", "__version__", "config", "get_num_threads", "load_model",
-    "read_safetensors", "set_num_threads", "variants", "write_safetensors",
+    "read_plan", "read_safetensors", "set_num_threads", "variants", "write_safetensors",
 ]

@@ -335,6 +335,8 @@ void bind_model(pb::module_& m) {
       .def_property_readonly("last_attention_ms", [](PyEncoder& p) { return p.m->last_attention_ms(); })
       .def("__repr__", [](PyEncoder& p) { return "clattn.Encoder(" + p.m->config().model_type + ")"; });
 
+  m.def("read_plan", [](const std::filesystem::path& path) { return read_plan_file(path.string()); }, pb::arg("path"),
+        "The attention plan of a plan file (`clattn approx --target` writes one), for set_attention()");
   m.def("load_model", [](const std::filesystem::path& dir) -> pb::object {
           ModelKind kind;
           {

@@ -452,3 +452,16 @@ def test_gpt2_configs_it_cannot_honour_are_refused(tmp_path):
     write_folder(tmp_path / "shape", GPT2_CONFIG, bad)
     with pytest.raises(RuntimeError, match="c_attn.weight"):
         clattn.load_model(str(tmp_path / "shape"))
+
+
+def test_read_plan_gives_a_plan_set_attention_takes(tmp_path):
+    (tmp_path / "plan.json").write_text(json.dumps({"plan": "full;clustered:clusters=3", "layers": ["full"]}))
+    plan = clattn.read_plan(tmp_path / "plan.json")
+    assert plan == "full;clustered:clusters=3"
+    write_folder(tmp_path / "d", DISTIL_CONFIG, distil_tensors(10))
+    m = clattn.load_model(str(tmp_path / "d"))
+    m.set_attention(plan)
+    assert m.attention_specs[1].startswith("clustered")
+    (tmp_path / "bad.json").write_text(json.dumps({"plan": "full;nope"}))
+    with pytest.raises(RuntimeError, match="nope"):
+        clattn.read_plan(tmp_path / "bad.json")

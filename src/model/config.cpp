@@ -280,6 +280,33 @@ namespace clattn {
 using nlohmann::json;
 
 
+std::string read_plan_file(const std::string& path) {
+  const std::string text = read_input_file(path, "plan file", kMaxJsonBytes);
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const std::exception& e) {
+    throw Error(detail::concat("plan file '", path, "': not valid JSON: ", e.what()));
+  }
+  check(j.is_object() && j.contains("plan") && j["plan"].is_string(), "plan file '", path,
+        "': needs a string field \"plan\" (one spec, or ';'-separated specs per layer)");
+  const std::string plan = j["plan"].get<std::string>();
+  check(!plan.empty(), "plan file '", path, "': \"plan\" is empty");
+  size_t start = 0;
+  while (true) {
+    const size_t e = plan.find(';', start);
+    const std::string spec = plan.substr(start, e == std::string::npos ? std::string::npos : e - start);
+    try {
+      (void)make_attention(spec);
+    } catch (const Error& err) {
+      throw Error(detail::concat("plan file '", path, "': \"plan\" item '", spec, "': ", err.what()));
+    }
+    if (e == std::string::npos) break;
+    start = e + 1;
+  }
+  return plan;
+}
+
 std::vector<std::unique_ptr<Attention>> make_plan_attentions(const std::vector<std::string>& specs,
                                                              bool causal, bool gqa) {
   std::vector<std::unique_ptr<Attention>> att;

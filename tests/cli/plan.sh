@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The plan search (`clattn approx --target`) on KWT-1's FSDD clips, and plan files: written by the
+# search, read back by --plan wherever a plan is accepted, and refused by name when malformed.
+# Usage: bash tests/cli/plan.sh /path/to/clattn
+set -u
+bin=${1:?usage: plan.sh /path/to/clattn}
+source "$(dirname "$0")/lib.sh"
+
+# --- usage errors first, before any model is read
+expect_exit 2 "target with attention" "searches for a plan" "$bin" approx --model x --features y --target 0.99 --attention full
+expect_exit 2 "neither target nor plan" "give at least one --attention" "$bin" approx --model x --features y
+echo '{"layers": ["full"]}' >"$dir/noplan.json"
+expect_error "plan file without plan" "needs a string field" "$bin" generate --model x --plan "$dir/noplan.json"
+echo '{"plan": "full;clusterd:clusters=3"}' >"$dir/badspec.json"
+expect_error "plan file with a bad spec" "clusterd" "$bin" bench-model --random-bert --plan "$dir/badspec.json"
+echo '{"plan": ' >"$dir/trunc.json"
+expect_error "truncated plan file" "not valid JSON" "$bin" eval --checkpoint x --plan "$dir/trunc.json"
+expect_error "missing plan file" "missing.json" "$bin" approx --model x --features y --plan "$dir/missing.json"
+
+if need_data "plan search on KWT-1" kwt1/model.safetensors kwt1/features_fsdd_test.safetensors; then
+  kwt=$data/kwt1
+  fsdd=$kwt/features_fsdd_test.safetensors
+  expect_exit 2 "bad metric" "--metric must be" "$bin" approx --model "$kwt" --features "$fsdd" --target 0.9 --metric top5
+  expect_exit 2 "target out of range" "--target must be in" "$bin" approx --model "$kwt" --features "$fsdd" --target 1.5
+  # Two candidates, cost at N = 512, a target the cheap one reaches on most layers.
+  cands='clustered:clusters=25;improved-clustered:clusters=25,topk=32'
+  expect_ok "search" "$bin" approx --model "$kwt" --features "$fsdd" --target 0.97 --length 512 --threads 2 \
+    --candidates "$cands" --plan-out "$dir/plan.json"
+  grep -q "^plan: " "$dir/out" && grep -q "held out (150)" "$dir/out" && ok || bad "search report: $(head -c 800 "$dir/out")"
+  /usr/bin/python3 - "$dir/plan.json" <<'PY' && ok || bad "plan.json: $(head -c 600 "$dir/plan.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+layers = d["layers"]
+assert len(layers) == 12 and d["plan"] == ";".join(layers), d
+assert all(l in ("full", "clustered:clusters=25", "improved-clustered:clusters=25,topk=32") for l in layers), layers
+assert any(l != "full" for l in layers), "nothing approximated at a 0.97 target"
+assert d["calibration"]["items"] == 150 and d["calibration"]["value"] >= 0.97, d["calibration"]
+assert d["held_out"]["items"] == 150 and 0 <= d["held_out"]["agreement"] <= 1
+assert d["length"] == 512 and 0 < d["attention_cost_ratio"] < 1, d
+PY
+  # The file is a plan wherever one is accepted: approx measures it as --attention would.
+  expect_ok "approx --plan" "$bin" approx --model "$kwt" --features "$fsdd" --plan "$dir/plan.json" --repeat 1
+  plan=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["plan"])' "$dir/plan.json")
+  grep -qF "${plan:0:40}" "$dir/out" && ok || bad "approx --plan did not run the plan: $(head -c 600 "$dir/out")"
+  expect_ok "bench-model --plan" "$bin" bench-model --model "$kwt" --features "$fsdd" --plan "$dir/plan.json" --repeat 1 --threads 1
+  grep -qF "${plan:0:40}" "$dir/out" && ok || bad "bench-model --plan did not run the plan: $(head -c 600 "$dir/out")"
+  # A KL bound: the metric's direction is at most.
+  expect_ok "search by KL" "$bin" approx --model "$kwt" --features "$fsdd" --target 0.05 --metric kl --length 256 \
+    --threads 2 --candidates 'clustered:clusters=25' --plan-out "$dir/kl.json"
+  /usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["metric"]=="kl" and d["calibration"]["value"] <= 0.05, d' \
+    "$dir/kl.json" && ok || bad "kl plan: $(head -c 400 "$dir/kl.json")"
+  # A target nothing reaches: said, and the plan is full attention.
+  expect_ok "unreachable target" "$bin" approx --model "$kwt" --features "$fsdd" --target 1 --length 256 --threads 2 \
+    --candidates 'clustered:clusters=3' --plan-out "$dir/none.json"
+  grep -q "cannot be met" "$dir/out" && ok || bad "unreachable target not said: $(tail -c 400 "$dir/out")"
+fi
+finish "cli plan: "

@@ -1,0 +1,104 @@
+// The greedy plan search of plan_search.h.
+#include "plan_search.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <numeric>
+
+#include "clattn/error.h"
+
+namespace clattn::cli {
+
+std::string PlanFound::plan() const {
+  std::string out;
+  for (const std::string& s : layers) out += (out.empty() ? "" : ";") + s;
+  return out;
+}
+
+PlanFound search_plan(const PlanSearch& s, Progress& progress) {
+  check(s.layers >= 1 && !s.candidates.empty(), "approx: the plan search needs layers and candidate specs");
+  const int64_t L = s.layers;
+  // Candidates cheapest first, each measured once (every layer has the same shape).
+  std::map<std::string, double> cost;
+  for (const std::string& c : s.candidates) {
+    progress.set(0, "cost of " + c);
+    cost[c] = s.cost(c);
+  }
+  progress.set(0, "cost of full");
+  const double full = s.cost("full");
+  std::vector<std::string> cands = s.candidates;
+  std::stable_sort(cands.begin(), cands.end(), [&](const std::string& a, const std::string& b) { return cost[a] < cost[b]; });
+  progress.above([&] {
+    std::printf("search: attention of one layer at the deployment length: full %.2f ms\n", full);
+    for (const std::string& c : cands) std::printf("search:   %-56s %8.2f ms  %6.3fx full\n", c.c_str(), cost[c], cost[c] / full);
+    std::fflush(stdout);
+  });
+  // Candidates no cheaper than full are never worth taking.
+  cands.erase(std::remove_if(cands.begin(), cands.end(), [&](const std::string& c) { return cost[c] >= full; }), cands.end());
+  PlanFound f;
+  f.layers.assign(static_cast<size_t>(L), "full");
+  f.full_ms = full * static_cast<double>(L);
+  auto join = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const std::string& x : v) out += (out.empty() ? "" : ";") + x;
+    return out;
+  };
+  auto eval = [&](const std::vector<std::string>& plan, const std::string& what) {
+    progress.set(f.evaluations, what);
+    ++f.evaluations;
+    return s.evaluate(join(plan));
+  };
+  f.value = eval(f.layers, "full attention");
+  if (cands.empty()) {
+    progress.above([&] { std::printf("search: no candidate is cheaper than full attention at this length\n"); });
+    f.attention_ms = f.full_ms;
+    return f;
+  }
+  // 1. Sensitivity of each layer alone to the cheapest candidate.
+  std::vector<double> alone(static_cast<size_t>(L));
+  for (int64_t l = 0; l < L; ++l) {
+    std::vector<std::string> p = f.layers;
+    p[static_cast<size_t>(l)] = cands.front();
+    alone[static_cast<size_t>(l)] = eval(p, "sensitivity of layer " + std::to_string(l));
+  }
+  // 2. Least sensitive first: the layer whose approximation alone moves the metric least.
+  const bool higher_better = s.higher_better;
+  std::vector<int64_t> order(static_cast<size_t>(L));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    const double va = alone[static_cast<size_t>(a)], vb = alone[static_cast<size_t>(b)];
+    return higher_better ? va > vb : va < vb;
+  });
+  progress.above([&] {
+    std::printf("search: each layer alone with %s:", cands.front().c_str());
+    for (int64_t l = 0; l < L; ++l) std::printf(" %lld:%.4f", static_cast<long long>(l), alone[static_cast<size_t>(l)]);
+    std::printf("\n");
+    std::fflush(stdout);
+  });
+  for (int64_t l : order) {
+    std::string taken = "full";
+    double value = f.value;
+    for (const std::string& c : cands) {
+      std::vector<std::string> p = f.layers;
+      p[static_cast<size_t>(l)] = c;
+      const double v = eval(p, "layer " + std::to_string(l) + ": " + c);
+      if (s.meets(v)) {
+        taken = c;
+        value = v;
+        break;
+      }
+    }
+    f.layers[static_cast<size_t>(l)] = taken;
+    f.value = value;
+    progress.above([&] {
+      std::printf("search: layer %lld -> %s (%.4f)\n", static_cast<long long>(l), taken.c_str(), value);
+      std::fflush(stdout);
+    });
+  }
+  f.attention_ms = 0;
+  for (const std::string& spec : f.layers) f.attention_ms += spec == "full" ? full : cost[spec];
+  return f;
+}
+
+}  // namespace clattn::cli

@@ -1,0 +1,52 @@
+// `clattn approx --target`: the cheapest per-layer attention plan whose agreement with full
+// attention reaches a target on calibration data.
+//
+// Cost is what a plan's attention takes at the deployment length (--length), measured on this
+// machine: each candidate spec, and full, runs once per layer shape on the structured inputs of
+// `clattn bench`, and a plan costs the sum over its layers. Calibration data may be much shorter
+// than the deployment (KWT's 99 frames, a decoder's 512-token context): quality is measured at
+// the data's length, time at the length the model will run at.
+//
+// Search, greedy by sensitivity (L layers, K candidates ordered by cost):
+//   1. each layer alone gets the cheapest candidate, the rest full: how much that layer alone
+//      moves the metric (L evaluations);
+//   2. from the least sensitive layer to the most, each layer takes the cheapest candidate with
+//      which the plan so far still reaches the target, or stays full (at most L·K evaluations).
+// Every accepted plan meets the target on the calibration data, so the result does; whether it
+// generalises is what the held-out report says.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "progress.h"
+
+namespace clattn::cli {
+
+struct PlanSearch {
+  int64_t layers = 0;
+  std::vector<std::string> candidates;  // any order; searched cheapest first
+  // The metric of a plan (';'-joined per-layer specs) on the calibration data, and the value it
+  // must reach: at least `target` (agreement, accuracy) or, with higher_better false, at most (KL).
+  std::function<double(const std::string& plan)> evaluate;
+  double target = 0;
+  bool higher_better = true;
+  bool meets(double v) const { return higher_better ? v >= target : v <= target; }
+  // The ms of one layer's attention with `spec` at the deployment length.
+  std::function<double(const std::string& spec)> cost;
+};
+
+struct PlanFound {
+  std::vector<std::string> layers;  // one spec per layer
+  double value = 0;                 // the metric on the calibration data
+  double attention_ms = 0, full_ms = 0;  // the plan's and full attention's, summed over layers
+  int64_t evaluations = 0;
+  std::string plan() const;  // ';'-joined
+};
+
+// Runs the search, printing each step through `progress`.
+PlanFound search_plan(const PlanSearch& s, Progress& progress);
+
+}  // namespace clattn::cli
