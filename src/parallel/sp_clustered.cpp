@@ -285,7 +285,7 @@ void clustered_forward(Communicator& comm, const SeqSplit& split, const Clustere
         double msum = 0;
         for (const Cand& cd : chosen[x0]) {
           const int64_t slot = std::lower_bound(tk, tk + k, static_cast<int64_t>(cd.i)) - tk;
-          const float a = std::exp2(cd.v - lse2);
+          const float a = tile::prob(cd.v, lse2);  // clamped at 1, as one process
           msum += a;
           simd::axpy_row(res, st.vrows.data() + (t * cmax * kcap + j * kcap + slot) * Dv, Dv, -a);
         }
@@ -422,7 +422,7 @@ void clustered_backward(Communicator& comm, const SeqSplit& split, const Cluster
           for (int64_t x = 0; x < rows; ++x) {
             float* row = a + x * kBc;
             tile::mask_tail(row, width, bc);
-            tile::exp2_row(row, width, lse_c[j0 + x] * kLog2e);
+            tile::prob_row(row, width, lse_c[j0 + x] * kLog2e);
           }
           mk::gemm_abt(rows, npan, Dv, gsp + j0 * Dvp, Dvp, vpan + k0 * Dv, da, kBc);
           for (int64_t x = 0; x < rows; ++x) {
