@@ -154,6 +154,12 @@ void all_gather(Communicator& c, const void* send, size_t bytes, void* recv) {
   Blocked b;
   c.all_gather(send, bytes, recv);
 }
+void all_gatherv(Communicator& c, const void* send, size_t bytes, void* recv, std::span<const size_t> counts,
+                 std::span<const size_t> displs) {
+  if (c.size() > 1) count_bytes(bytes * static_cast<size_t>(c.size() - 1));
+  Blocked b;
+  c.iall_gatherv(send, bytes, recv, counts, displs)->wait();
+}
 std::unique_ptr<CommRequest> isend(Communicator& c, const void* data, size_t bytes, int to, int tag) {
   if (to != c.rank()) count_bytes(bytes);
   return std::make_unique<TimedRequest>(c.isend(data, bytes, to, tag));

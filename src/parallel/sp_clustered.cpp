@@ -235,10 +235,11 @@ void clustered_forward(Communicator& comm, const SeqSplit& split, const Clustere
     st.topk.assign(static_cast<size_t>(BH * cmax * kcap), -1);
     st.krows.resize(Shape{BH, cmax * kcap, D});
     st.vrows.resize(Shape{BH, cmax * kcap, Dv});
-    std::vector<float> rows(static_cast<size_t>(BH * cmax * kcap * (D + Dv)), 0.f);
+    std::fill(st.krows.data(), st.krows.data() + st.krows.numel(), 0.f);
+    std::fill(st.vrows.data(), st.vrows.data() + st.vrows.numel(), 0.f);
     std::vector<std::vector<Cand>> chosen(static_cast<size_t>(BH * cmax));
     for (int64_t t = 0; t < BH; ++t) {
-      const int64_t b = t / z.H, hk = (t % z.H) / z.G, mv = z.nv(in.key_lengths, b);
+      const int64_t b = t / z.H, mv = z.nv(in.key_lengths, b);
       const int64_t k = std::min(p.topk, mv);
       st.ksel[static_cast<size_t>(t)] = static_cast<int32_t>(k);
       for (int64_t j = 0; j < st.ncl[static_cast<size_t>(t)]; ++j) {
@@ -253,22 +254,52 @@ void clustered_forward(Communicator& comm, const SeqSplit& split, const Clustere
         int64_t* tk = st.topk.data() + (t * cmax + j) * kcap;
         for (int64_t x = 0; x < k; ++x) tk[x] = ch[static_cast<size_t>(x)].i;
         std::sort(tk, tk + k);
-        for (int64_t x = 0; x < k; ++x) {  // rows this rank owns
+      }
+    }
+    // Each chosen row travels once, from the rank that owns it. Every rank knows every centroid's
+    // top-k, so every rank knows who sends which rows and in which order: each packs its own rows
+    // in (head, centroid, slot) order, one all-gather delivers them, and each unpacks in the same
+    // order. (The sum of zero-filled tables over the ranks moved each table 2(R−1)/R times.)
+    auto owner = [&](int64_t g) {  // the contiguous split: rank q holds [first_q, first_q + len_q)
+      int q = 0;
+      while (q + 1 < R && g >= split.segments[static_cast<size_t>(q + 1)][0].first) ++q;
+      return q;
+    };
+    const size_t row = static_cast<size_t>(D + Dv);
+    std::vector<size_t> counts(static_cast<size_t>(R), 0), displs(static_cast<size_t>(R), 0);
+    std::vector<float> mine;  // (rows this rank owns, D + Dv) k | v
+    for (int64_t t = 0; t < BH; ++t) {
+      const int64_t b = t / z.H, hk = (t % z.H) / z.G, k = st.ksel[static_cast<size_t>(t)];
+      for (int64_t j = 0; j < st.ncl[static_cast<size_t>(t)]; ++j) {
+        const int64_t* tk = st.topk.data() + (t * cmax + j) * kcap;
+        for (int64_t x = 0; x < k; ++x) {
           const int64_t g = tk[x];
-          if (g < z.a0 || g >= z.a0 + z.n) continue;
-          float* dst = rows.data() + ((t * cmax + j) * kcap + x) * (D + Dv);
-          std::memcpy(dst, in.k.ptr(b, hk, g - z.a0), sizeof(float) * static_cast<size_t>(D));
-          std::memcpy(dst + D, in.v.ptr(b, hk, g - z.a0), sizeof(float) * static_cast<size_t>(Dv));
+          const int q = owner(g);
+          counts[static_cast<size_t>(q)] += row * sizeof(float);
+          if (q != comm.rank()) continue;
+          mine.insert(mine.end(), in.k.ptr(b, hk, g - z.a0), in.k.ptr(b, hk, g - z.a0) + D);
+          mine.insert(mine.end(), in.v.ptr(b, hk, g - z.a0), in.v.ptr(b, hk, g - z.a0) + Dv);
         }
       }
     }
-    all_reduce(comm, rows.data(), rows.size());
-    for (int64_t t = 0; t < BH; ++t)
-      for (int64_t x = 0; x < cmax * kcap; ++x) {
-        const float* src = rows.data() + (t * cmax * kcap + x) * (D + Dv);
-        std::memcpy(st.krows.data() + (t * cmax * kcap + x) * D, src, sizeof(float) * static_cast<size_t>(D));
-        std::memcpy(st.vrows.data() + (t * cmax * kcap + x) * Dv, src + D, sizeof(float) * static_cast<size_t>(Dv));
+    for (int q = 1; q < R; ++q) displs[static_cast<size_t>(q)] = displs[static_cast<size_t>(q - 1)] + counts[static_cast<size_t>(q - 1)];
+    std::vector<float> rows((displs.back() + counts.back()) / sizeof(float));  // every owner's pack, by rank
+    all_gatherv(comm, mine.data(), sizeof(float) * mine.size(), rows.data(), counts, displs);
+    std::vector<size_t> at(static_cast<size_t>(R));
+    for (int q = 0; q < R; ++q) at[static_cast<size_t>(q)] = displs[static_cast<size_t>(q)] / sizeof(float);
+    for (int64_t t = 0; t < BH; ++t) {
+      const int64_t k = st.ksel[static_cast<size_t>(t)];
+      for (int64_t j = 0; j < st.ncl[static_cast<size_t>(t)]; ++j) {
+        const int64_t* tk = st.topk.data() + (t * cmax + j) * kcap;
+        for (int64_t x = 0; x < k; ++x) {
+          size_t& src = at[static_cast<size_t>(owner(tk[x]))];
+          const int64_t slot = t * cmax * kcap + j * kcap + x;
+          std::memcpy(st.krows.data() + slot * D, rows.data() + src, sizeof(float) * static_cast<size_t>(D));
+          std::memcpy(st.vrows.data() + slot * Dv, rows.data() + src + static_cast<size_t>(D), sizeof(float) * static_cast<size_t>(Dv));
+          src += row;
+        }
       }
+    }
     // m_j and R_j = Vc_j − Σ_{T_j} A_jl v_l, in the candidates' order as clustered.cpp.
     for (int64_t t = 0; t < BH; ++t) {
       const int64_t b = t / z.H, mv = z.nv(in.key_lengths, b), k = st.ksel[static_cast<size_t>(t)];

@@ -24,6 +24,9 @@ void all_reduce(Communicator& c, int64_t* x, size_t n);
 void all_reduce(Communicator& c, float* x, size_t n);
 void all_reduce_max(Communicator& c, double* x, size_t n);
 void all_gather(Communicator& c, const void* send, size_t bytes, void* recv);
+// Each rank contributes `bytes`; rank i's counts[i] bytes land at displs[i] of recv on every rank.
+void all_gatherv(Communicator& c, const void* send, size_t bytes, void* recv, std::span<const size_t> counts,
+                 std::span<const size_t> displs);
 std::unique_ptr<CommRequest> isend(Communicator& c, const void* data, size_t bytes, int to, int tag);
 std::unique_ptr<CommRequest> irecv(Communicator& c, void* data, size_t bytes, int from, int tag);
 
