@@ -19,7 +19,7 @@ import pytest
 import regex
 
 import clattn
-from conftest import SOURCE_DIR, data_dir
+from conftest import SOURCE_DIR, data_dir, data_required
 
 
 def corpus():
@@ -29,8 +29,11 @@ def corpus():
 
 def load(name):
     d = data_dir() / name
-    if not (d / "tokenizer.json").is_file():
-        pytest.fail(f"{d / 'tokenizer.json'} is missing from the shared data")
+    if not (d / "tokenizer.json").is_file():  # skipped locally, failed in CI (as data_dir)
+        msg = f"{d / 'tokenizer.json'} is missing from the shared data"
+        if data_required():
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
     with open(d / "tokenizer.json", encoding="utf-8") as f:
         return clattn.Tokenizer(d), json.load(f)
 
@@ -274,3 +277,15 @@ def test_published_examples_and_pairs():
         "a<|endoftext|>b")
     assert gpt2.decode([64, 50256, 65]) == "ab" and gpt2.decode([64, 50256, 65], skip_special_tokens=False) == \
         "a<|endoftext|>b"
+
+
+def test_shakespeare_matches_references():
+    # 1.1 MB of ordinary English in one text: every common merge and word of both files.
+    path = data_dir() / "tinyshakespeare" / "input.txt"
+    if not path.is_file():
+        pytest.skip(f"{path} is missing")
+    text = path.read_text(encoding="utf-8")
+    gpt2, gspec = load("tokenizers/gpt2")
+    bert, bspec = load("tokenizers/bert-base-uncased")
+    assert list(gpt2.encode(text)) == Gpt2Reference(gspec).encode(text)
+    assert list(bert.encode(text)) == [101, *BertReference(bspec).encode(text), 102]
