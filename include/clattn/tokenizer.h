@@ -23,7 +23,8 @@
 // each normalized piece; single_word, lstrip and rstrip honoured), each remaining piece goes
 // through normalizer, pre-tokenizer and model, and the post-processor puts its template around:
 // TemplateProcessing (single and pair, with type ids), RobertaProcessing (<s> A </s> and
-// <s> A </s></s> B </s>, type ids 0) or ByteLevel (nothing added). decode() skips special tokens
+// <s> A </s></s> B </s>, type ids 0), BertProcessing ([CLS] A [SEP] B [SEP], B's part type 1),
+// ByteLevel (nothing added), or a Sequence of ByteLevel and at most one of the others. decode() skips special tokens
 // (skip_special_tokens=True, the `tokenizers` default) and runs the decoder chain.
 //
 // Added tokens in the text: HF parity by default in encoding(); encoding(..., literal = true) and

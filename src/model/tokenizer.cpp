@@ -412,36 +412,63 @@ std::vector<TemplatePiece> Tokenizer::Impl::load_template(const json& list, cons
   return out;
 }
 
-void Tokenizer::Impl::load_post(const json& post) {
+void Tokenizer::Impl::load_processor(const json& post, const std::string& field, bool top) {
   const json* tj = post.is_object() ? opt(post, "type") : nullptr;
-  const auto token_of = [&](const char* k) {  // RobertaProcessing's ["<s>", 0]
+  const auto token_of = [&](const char* k) {  // RobertaProcessing's and BertProcessing's ["<s>", 0]
     const json* v = opt(post, k);
     if (!v || !v->is_array() || v->size() != 2 || !(*v)[0].is_string() || !(*v)[1].is_number_integer())
-      bad("post_processor.", k, " must be [token, id], not ", v ? v->dump() : "missing");
+      bad(field, ".", k, " must be [token, id], not ", v ? v->dump() : "missing");
     const int64_t id = (*v)[1].get<int64_t>();
     if (id < 0 || id >= static_cast<int64_t>(tokens.size()))
-      bad("post_processor.", k, " id ", id, " is out of range [0, ", tokens.size(), ")");
+      bad(field, ".", k, " id ", id, " is out of range [0, ", tokens.size(), ")");
     return static_cast<int32_t>(id);
   };
   if (tj && *tj == "TemplateProcessing") {
     const json* single = opt(post, "single");
-    if (!single || !single->is_array()) bad("post_processor.single must be an array");
+    if (!single || !single->is_array()) bad(field, ".single must be an array");
     const json* specials = opt(post, "special_tokens");
-    single_tpl = load_template(*single, specials, "post_processor.single", false);
-    if (const json* pair = opt(post, "pair")) pair_tpl = load_template(*pair, specials, "post_processor.pair", true);
+    single_tpl = load_template(*single, specials, field + ".single", false);
+    pair_tpl.clear();
+    if (const json* pair = opt(post, "pair")) pair_tpl = load_template(*pair, specials, field + ".pair", true);
   } else if (tj && *tj == "RobertaProcessing") {
     // <s> A </s> and <s> A </s></s> B </s>, every type id 0 (RoBERTa has one token type).
     const int32_t cls = token_of("cls"), sep = token_of("sep");
     single_tpl = {{-1, {cls}, 0}, {0, {}, 0}, {-1, {sep}, 0}};
     pair_tpl = {{-1, {cls}, 0}, {0, {}, 0}, {-1, {sep, sep}, 0}, {1, {}, 0}, {-1, {sep}, 0}};
+  } else if (tj && *tj == "BertProcessing") {
+    // [CLS] A [SEP] and [CLS] A [SEP] B [SEP], B's part type 1: what TemplateProcessing files say.
+    const int32_t cls = token_of("cls"), sep = token_of("sep");
+    single_tpl = {{-1, {cls}, 0}, {0, {}, 0}, {-1, {sep}, 0}};
+    pair_tpl = {{-1, {cls}, 0}, {0, {}, 0}, {-1, {sep}, 0}, {1, {}, 1}, {-1, {sep}, 1}};
   } else if (tj && *tj == "ByteLevel") {
     // Only offsets change (trim_offsets): ids pass through, a pair is A then B.
     single_tpl = {{0, {}, 0}};
     pair_tpl = {{0, {}, 0}, {1, {}, 1}};
+  } else if (tj && *tj == "Sequence" && top) {
+    // Llama 3 style: ByteLevel (ids unchanged) and at most one processor that adds tokens, which
+    // then decides alone. One level deep: tokenizers writes no deeper nesting.
+    const json* list = opt(post, "processors");
+    if (!list || !list->is_array()) bad(field, ".processors must be an array");
+    single_tpl = {{0, {}, 0}};
+    pair_tpl = {{0, {}, 0}, {1, {}, 1}};
+    bool adds = false;
+    for (size_t i = 0; i < list->size(); ++i) {
+      const json& p = (*list)[i];
+      const std::string f = field + ".processors[" + std::to_string(i) + "]";
+      const json* pt = p.is_object() ? opt(p, "type") : nullptr;
+      if (pt && *pt == "ByteLevel") continue;
+      if (adds) bad(f, ": a second processor that adds tokens (only one besides ByteLevel is supported)");
+      adds = true;
+      load_processor(p, f, false);
+    }
   } else {
-    bad("post_processor ", tj ? tj->dump() : post.dump(),
-        " is not supported (TemplateProcessing, RobertaProcessing, ByteLevel or null)");
+    bad(field, " ", tj ? tj->dump() : post.dump(), " is not supported (TemplateProcessing, RobertaProcessing, "
+        "BertProcessing, ByteLevel", top ? ", Sequence of those" : "", " or null)");
   }
+}
+
+void Tokenizer::Impl::load_post(const json& post) {
+  load_processor(post, "post_processor", true);
   prefix.clear();
   suffix.clear();
   bool after = false;

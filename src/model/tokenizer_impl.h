@@ -129,6 +129,8 @@ struct Tokenizer::Impl {
   static constexpr int kMaxNesting = 32;
   void load_steps(const json& j, const std::string& field, bool normalizer_chain, int depth = 0);
   void load_post(const json& post);
+  // One post-processor into single_tpl / pair_tpl; top: a Sequence may hold processors.
+  void load_processor(const json& post, const std::string& field, bool top);
   void load_pre(const json& pre);
   std::vector<TemplatePiece> load_template(const json& list, const json* specials, const std::string& field, bool pair);
   void set_templates_from_prefix_suffix();

@@ -371,7 +371,8 @@ TEST_F(Stories, MalformedFiles) {
   expect(with([](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; }), "pre_tokenizer \"Metaspace\"");
   expect(with([](json& j) { j["normalizer"]["normalizers"][1]["pattern"] = {{"Regex", " "}}; }), "Regex");
   expect(with([](json& j) { j["decoder"]["decoders"][0] = {{"type", "Metaspace"}}; }), "\"Metaspace\" is not supported");
-  expect(with([](json& j) { j["post_processor"] = {{"type", "BertProcessing"}}; }), "post_processor \"BertProcessing\"");
+  expect(with([](json& j) { j["post_processor"] = {{"type", "Foo"}}; }), "post_processor \"Foo\" is not supported");
+  expect(with([](json& j) { j["post_processor"] = {{"type", "BertProcessing"}}; }), "post_processor.cls must be");
   expect(with([](json& j) { j["added_tokens"][1]["content"] = "<bos>"; }), "added_tokens[1]");
   expect(with([](json& j) { j["added_tokens"].push_back({{"id", 600}, {"content", "<pad>"}}); }),
          "next free id is 512");

@@ -116,6 +116,15 @@ TEST_F(Gpt2, RobertaProcessing) {
   const Encoding e = t.encoding("Hello", std::string_view("world"));
   EXPECT_THAT(e.ids, ElementsAreArray(Ids{50256, 15496, 50256, 50256, 6894, 50256}));  // world without Ġ
   EXPECT_THAT(e.type_ids, ElementsAreArray(Ids{0, 0, 0, 0, 0, 0}));
+  // Llama 3 style: a Sequence of ByteLevel and the processor that adds tokens gives the same.
+  json seq = j;
+  seq["post_processor"] = {{"type", "Sequence"},
+                           {"processors", json::array({json{{"type", "ByteLevel"}, {"trim_offsets", false}},
+                                                       j["post_processor"]})}};
+  const Tokenizer s = Tokenizer::from_json(seq.dump(), "sequence.json");
+  EXPECT_THAT(s.encoding("Hello", std::string_view("world")).ids, ElementsAreArray(e.ids));
+  seq["post_processor"]["processors"].push_back(j["post_processor"]);
+  EXPECT_THAT(load_error(seq.dump()), HasSubstr("post_processor.processors[2]: a second processor"));
   j["pre_tokenizer"]["add_prefix_space"] = true;  // RoBERTa-style files: " world" then
   const Tokenizer spaced = Tokenizer::from_json(j.dump(), "roberta.json");
   EXPECT_THAT(spaced.encoding("world", std::nullopt, false).ids, ElementsAreArray(Ids{995}));
@@ -157,6 +166,19 @@ TEST_F(Bert, PairsAndAddedTokens) {
   EXPECT_THAT(tok_->encoding("[mask]", std::nullopt, false).ids, ElementsAreArray(Ids{1031, 7308, 1033}));
   EXPECT_THAT(tok_->encoding("i [MASK]", std::nullopt, false, /*literal=*/true).ids,
               ElementsAreArray(Ids{1045, 1031, 7308, 1033}));
+}
+
+// Older BERT files carry BertProcessing instead of the template: the same ids and type ids.
+TEST_F(Bert, BertProcessing) {
+  json j = json::parse(slurp(path_));
+  j["post_processor"] = {{"type", "BertProcessing"}, {"sep", {"[SEP]", 102}}, {"cls", {"[CLS]", 101}}};
+  const Tokenizer t = Tokenizer::from_json(j.dump(), "bert_processing.json");
+  for (const auto& [a, b] : {std::pair{"i like", "strawberries"}, std::pair{"", "x"}}) {
+    const Encoding want = tok_->encoding(a, std::string_view(b)), got = t.encoding(a, std::string_view(b));
+    EXPECT_THAT(got.ids, ElementsAreArray(want.ids));
+    EXPECT_THAT(got.type_ids, ElementsAreArray(want.type_ids));
+    EXPECT_THAT(t.encoding(a).ids, ElementsAreArray(tok_->encoding(a).ids));
+  }
 }
 
 TEST_F(Bert, Decode) {
