@@ -22,10 +22,10 @@
 // the text first (leftmost-longest; those with normalized = false in the raw text, the others in
 // each normalized piece; single_word, lstrip and rstrip honoured), each remaining piece goes
 // through normalizer, pre-tokenizer and model, and the post-processor puts its template around:
-// TemplateProcessing (single and pair, with type ids), RobertaProcessing (<s> A </s> and
-// <s> A </s></s> B </s>, type ids 0), BertProcessing ([CLS] A [SEP] B [SEP], B's part type 1),
-// ByteLevel (nothing added), or a Sequence of ByteLevel and at most one of the others. decode() skips special tokens
-// (skip_special_tokens=True, the `tokenizers` default) and runs the decoder chain.
+// TemplateProcessing (single and pair, with type ids), RobertaProcessing (<s> A </s> and <s> A
+// </s></s> B </s>, type ids 0), BertProcessing ([CLS] A [SEP] B [SEP], B's part type 1), ByteLevel
+// (nothing added), or a Sequence of ByteLevel and at most one of the others. decode() skips special
+// tokens (skip_special_tokens=True, the `tokenizers` default) and runs the decoder chain.
 //
 // Added tokens in the text: HF parity by default in encoding(); encoding(..., literal = true) and
 // encode(text, add_bos) take the text literally ("<s>" is three characters, never the BOS token).
@@ -54,8 +54,9 @@
 //   Unicode versions than 14.0.0, so characters assigned or changed since can differ. NFD here
 //   decomposes each code point without reordering combining marks, which only matters for marks
 //   that strip_accents keeps (not Mn). single_word's word characters are L, N, Mn and '_' (the
-//   regex crate's \w also has other marks and connector punctuation). Offsets, truncation and
-//   padding are not implemented (truncation in the file is refused).
+//   regex crate's \w also has other marks and connector punctuation), and where a single_word
+//   token is refused a shorter added token may still match at that position. Offsets,
+//   truncation and padding are not implemented (truncation in the file is refused).
 //
 // Byte-level models (`clattn train --task lm` or `mlm` on a text file: include/clattn/data.h) save
 // byte_tokenizer_json() beside their weights: a BPE model without merges whose vocabulary is the
@@ -114,9 +115,10 @@ class Tokenizer {
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = true) const;
   // Text of `id` when streaming right after `prev` (prev < 0: start of the stream). Byte-fallback
   // and byte-level tokens give their raw bytes, possibly part of a UTF-8 character, so concatenated
-  // pieces are the UTF-8 text. A WordPiece token after the first loses its "##" or gets a space. The leading-space Strip of decode applies to the first piece: prev < 0 or prev ==
-  // BOS. Concatenating the pieces of a sequence equals decode() of it, except that decode() strips
-  // only once while a BOS in mid-stream strips again here (the llama2.c rule).
+  // pieces are the UTF-8 text. A WordPiece token after the first loses its "##" or gets a space.
+  // The leading-space Strip of decode applies to the first piece: prev < 0 or prev == BOS.
+  // Concatenating the pieces of a sequence equals decode() of it, except that decode() strips only
+  // once while a BOS in mid-stream strips again here (the llama2.c rule).
   std::string decode_piece(int32_t prev, int32_t id) const;
 
   // The byte-level tokenizer (see above), its tokenizer.json text, and whether this tokenizer maps

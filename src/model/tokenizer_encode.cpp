@@ -133,32 +133,23 @@ std::string Tokenizer::Impl::normalize(std::string_view text) const {
 }
 
 void Tokenizer::Impl::tokenize_normalized(std::string_view norm, std::vector<int32_t>& out) const {
+  const auto model = [&](std::string_view word) {
+    if (model_kind == ModelKind::Bpe) return bpe(word, out);
+    tok::wordpiece(word, wp_prefix, wp_max_chars, unk, [&](std::string_view w) { return model_id(w); }, out);
+  };
   switch (pre) {
     case PreTokenizer::None:
-      if (model_kind == ModelKind::Bpe) return bpe(norm, out);
-      return tok::wordpiece(norm, wp_prefix, wp_max_chars, unk, [&](std::string_view w) { return model_id(w); }, out);
+      return model(norm);
     case PreTokenizer::Bert: {
-      std::vector<std::string_view> words;
+      std::vector<std::string_view> words;  // views into norm
       tok::bert_pre_tokenize(norm, words);
-      for (std::string_view w : words) {
-        if (model_kind == ModelKind::Bpe) {
-          bpe(w, out);
-        } else {
-          tok::wordpiece(w, wp_prefix, wp_max_chars, unk, [&](std::string_view x) { return model_id(x); }, out);
-        }
-      }
+      for (std::string_view w : words) model(w);
       return;
     }
     case PreTokenizer::ByteLevel: {
-      std::vector<std::string> words;
+      std::vector<std::string> words;  // byte characters: no longer views into norm
       tok::byte_level_split(norm, bl_prefix_space, bl_regex, words);
-      for (const std::string& w : words) {
-        if (model_kind == ModelKind::Bpe) {
-          bpe(w, out);
-        } else {
-          tok::wordpiece(w, wp_prefix, wp_max_chars, unk, [&](std::string_view x) { return model_id(x); }, out);
-        }
-      }
+      for (const std::string& w : words) model(w);
       return;
     }
   }
