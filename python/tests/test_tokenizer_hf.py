@@ -1,6 +1,7 @@
 """clattn.Tokenizer on real Hugging Face tokenizer.json files (gpt2, bert-base-uncased, stories260k)
 against independent reference tokenizers written here from the published algorithms, over the
-stress corpus tests/data/tokenizer_stress.json (scripts/make_tokenizer_stress.py):
+stress corpus tests/data/tokenizer_stress.json (scripts/make_tokenizer_stress.py), tiny-shakespeare
+and seeded random strings:
 
 - GPT-2: OpenAI's encoder.py (bytes_to_unicode, the split pattern run by the `regex` module, BPE
   merging the lowest-ranked pair everywhere until none is left);
@@ -12,6 +13,7 @@ stress corpus tests/data/tokenizer_stress.json (scripts/make_tokenizer_stress.py
 Each reference reads only vocab / merges from the file, so a wrong id in clattn shows as a mismatch.
 """
 import json
+import random
 import unicodedata
 
 import numpy as np
@@ -289,3 +291,23 @@ def test_shakespeare_matches_references():
     bert, bspec = load("tokenizers/bert-base-uncased")
     assert list(gpt2.encode(text)) == Gpt2Reference(gspec).encode(text)
     assert list(bert.encode(text)) == [101, *BertReference(bspec).encode(text), 102]
+
+
+def test_random_strings_match_references():
+    # Seeded random strings over ASCII, 20 000 code points drawn from U+0080..U+2FFFF (assigned or
+    # not), every White_Space and near-space character, combining accents and contraction letters.
+    # literal=True: the references know nothing of added tokens.
+    rng = random.Random(5)
+    pool = ([chr(c) for c in range(0x20, 0x7F)] * 20 +
+            [chr(c) for c in rng.sample(range(0x80, 0x30000), 20000) if not 0xD800 <= c <= 0xDFFF] +
+            list(" \t\n\r\x0b\x0c\x1c\x1f\x85\xa0\u1680\u2000\u2028\u2029\u202f\u205f\u3000\u200b\ufeff"
+                 "\u0301\u0300") * 30 + list("'sStTlLdDmMrReEvV") * 30)
+    cases = [("tokenizers/gpt2", Gpt2Reference, lambda ids: ids, 1000),
+             ("tokenizers/bert-base-uncased", BertReference, lambda ids: [101, *ids, 102], 1000),
+             ("stories260k", StoriesReference, lambda ids: [1, *ids], 300)]
+    for name, reference, wrap, n in cases:
+        tok, spec = load(name)
+        ref = reference(spec)
+        for _ in range(n):
+            s = "".join(rng.choice(pool) for _ in range(rng.randint(0, 40)))
+            assert list(tok.encode(s, literal=True)) == wrap(ref.encode(s)), (name, s)
