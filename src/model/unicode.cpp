@@ -73,6 +73,10 @@ bool valid_utf8(std::string_view s) {
 
 char32_t next_cp(std::string_view s, size_t& i) {
   const size_t n = utf8_len(s, i);
+  if (n == 0) {  // callers pass valid UTF-8; should one not, step on rather than loop forever
+    ++i;
+    return 0xFFFD;
+  }
   const unsigned char c0 = static_cast<unsigned char>(s[i]);
   char32_t c = n == 1 ? c0 : n == 2 ? c0 & 0x1Fu : n == 3 ? c0 & 0x0Fu : c0 & 0x07u;
   for (size_t k = 1; k < n; ++k) c = c << 6 | (static_cast<unsigned char>(s[i + k]) & 0x3Fu);

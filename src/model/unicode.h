@@ -14,7 +14,8 @@ namespace clattn::unicode {
 // surrogates and values above U+10FFFF included).
 size_t utf8_len(std::string_view s, size_t i);
 bool valid_utf8(std::string_view s);
-// The code point at s[i] of a string already known to be valid UTF-8; i moves past it.
+// The code point at s[i] of a string already known to be valid UTF-8; i moves past it (an
+// invalid byte would give U+FFFD and move i by one).
 char32_t next_cp(std::string_view s, size_t& i);
 void append_utf8(std::string& out, char32_t c);
 // Bytes as String::from_utf8_lossy reads them: each maximal invalid subsequence becomes U+FFFD.
