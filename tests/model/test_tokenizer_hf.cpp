@@ -168,6 +168,34 @@ TEST_F(Bert, PairsAndAddedTokens) {
               ElementsAreArray(Ids{1045, 1031, 7308, 1033}));
 }
 
+// Each BertNormalizer switch on its own, ids read off the vocab: "caf" 24689 exists but "##é" does
+// not, so an unstripped "café" is [UNK] 100; "cafe" 7668, "hello" 7592, no "H"; "ab" 11113;
+// "日" 1864, "本" 1876, "##本" 30402.
+TEST_F(Bert, NormalizerSwitches) {
+  const json good = json::parse(slurp(path_));
+  const auto with = [&](const char* key, json value) {
+    json j = good;
+    j["normalizer"][key] = std::move(value);
+    return Tokenizer::from_json(j.dump(), "switches.json");
+  };
+  const auto plain = [](const Tokenizer& t, std::string_view s) { return t.encoding(s, std::nullopt, false).ids; };
+  const Tokenizer keep_accents = with("strip_accents", false);
+  EXPECT_THAT(plain(keep_accents, "caf\u00e9"), ElementsAreArray(Ids{100}));
+  EXPECT_THAT(plain(keep_accents, "CAFE"), ElementsAreArray(Ids{7668}));
+  const Tokenizer cased = with("lowercase", false);  // strip_accents null follows: no stripping
+  EXPECT_THAT(plain(cased, "hello"), ElementsAreArray(Ids{7592}));
+  EXPECT_THAT(plain(cased, "Hello"), ElementsAreArray(Ids{100}));
+  EXPECT_THAT(plain(cased, "cafe\u0301"), ElementsAreArray(Ids{100}));
+  json j = good;
+  j["normalizer"]["lowercase"] = false;
+  j["normalizer"]["strip_accents"] = true;
+  EXPECT_THAT(plain(Tokenizer::from_json(j.dump(), "switches.json"), "caf\u00e9"), ElementsAreArray(Ids{7668}));
+  EXPECT_THAT(plain(*tok_, std::string("a\0b", 3)), ElementsAreArray(Ids{11113}));  // NUL dropped
+  EXPECT_THAT(plain(with("clean_text", false), std::string("a\0b", 3)), ElementsAreArray(Ids{100}));
+  EXPECT_THAT(plain(*tok_, "\u65e5\u672c"), ElementsAreArray(Ids{1864, 1876}));
+  EXPECT_THAT(plain(with("handle_chinese_chars", false), "\u65e5\u672c"), ElementsAreArray(Ids{1864, 30402}));
+}
+
 // Older BERT files carry BertProcessing instead of the template: the same ids and type ids.
 TEST_F(Bert, BertProcessing) {
   json j = json::parse(slurp(path_));
