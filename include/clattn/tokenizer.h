@@ -64,7 +64,8 @@
 // "<pad>" (256) and "<mask>" (257) as special added tokens; a post-processor of "$A" alone, so
 // neither BOS nor EOS is added (the tasks train on raw bytes); a ByteFallback + Fuse decoder. So
 // encode() of any UTF-8 text gives exactly its bytes, decode() gives them back, and the
-// `tokenizers` library reads the file the same way. is_bytes() recognises such a tokenizer, so
+// `tokenizers` library reads the file the same way (encoding() without literal, like HF, reads
+// "<pad>" and "<mask>" in a text as those two tokens). is_bytes() recognises such a tokenizer, so
 // the text tasks keep their byte mode (bits per character, any bytes) for it.
 // Unsupported pipeline parts (other pre-tokenizers, normalizers, post-processors or decoders, Regex
 // patterns, other models, dropout, BPE subword prefixes) are refused at load with an Error naming
