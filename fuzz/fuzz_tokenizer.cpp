@@ -1,5 +1,6 @@
 // tokenizer.json (and tokenizer_config.json): from_json must refuse a malformed file with a
-// clattn::Error; a tokenizer it accepts must encode, decode and stream a fixed text safely.
+// clattn::Error; a tokenizer it accepts must encode (literally, and as a pair with added tokens
+// split out), decode and stream a fixed text safely.
 // Input: the tokenizer.json, optionally followed by "\n#config\n" and a tokenizer_config.json.
 #include <cstdint>
 #include <string_view>
@@ -22,6 +23,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       try {
         const std::vector<int32_t> ids = t.encode(text, true);
         (void)t.decode(ids);
+        // The HF-parity path too: added tokens split out, a pair through the template.
+        const Encoding e = t.encoding(text, std::string_view("a [MASK] <s></s><|endoftext|> b"));
+        (void)t.decode(e.ids, /*skip_special_tokens=*/false);
         int32_t prev = -1;
         for (int32_t id : ids) {
           (void)t.decode_piece(prev, id);

@@ -102,6 +102,30 @@ def nested(depth):
 put("tokenizer", "nested_31", nested(31))
 put("tokenizer", "nested_40", nested(40))
 
+
+# The WordPiece and byte-level families, cut to their first ids (and the merges among them) so the
+# seeds stay small: every normalizer, pre-tokenizer, post-processor and decoder type they use.
+def cut(path, keep):
+    with open(path, "rb") as f:
+        t = json.load(f)
+    vocab = {k: v for k, v in t["model"]["vocab"].items() if v < keep}
+    t["model"]["vocab"] = vocab
+    if "merges" in t["model"]:
+        pairs = [m.split(" ") if isinstance(m, str) else m for m in t["model"]["merges"]]
+        t["model"]["merges"] = [" ".join(m) for m in pairs if m[0] in vocab and m[1] in vocab and m[0] + m[1] in vocab]
+    t["added_tokens"] = [a for a in t["added_tokens"] if a["id"] < keep]
+    return t
+bert = cut(f"{DATA}/tokenizers/bert-base-uncased/tokenizer.json", 1100)
+put("tokenizer", "bert_wordpiece", json.dumps(bert))
+gpt2 = cut(f"{DATA}/tokenizers/gpt2/tokenizer.json", 600)
+gpt2["added_tokens"] = [{"id": 600, "content": "<|endoftext|>", "single_word": False, "lstrip": False,
+                         "rstrip": False, "normalized": True, "special": True},
+                        {"id": 601, "content": "<mask>", "single_word": True, "lstrip": True,
+                         "rstrip": False, "normalized": False, "special": True}]
+gpt2["post_processor"] = {"type": "RobertaProcessing", "sep": ["<|endoftext|>", 600], "cls": ["<|endoftext|>", 600],
+                          "trim_offsets": True, "add_prefix_space": True}
+put("tokenizer", "gpt2_bytelevel", json.dumps(gpt2))
+
 # checkpoints: 4-byte length, config.json, model.safetensors
 def checkpoint(cfg, tensors):
     c = json.dumps(cfg).encode()

@@ -17,6 +17,8 @@ set -euo pipefail
 #   python3-dev, pybind11-dev,   the `clattn` Python package (bindings built by the same CMake);
 #   python3-pybind11,            Debian's python3 (/usr/bin/python3) is the interpreter it targets
 #   python3-numpy, python3-pytest
+#   python3-regex                the reference GPT-2 tokenizer of python/tests/test_tokenizer_hf.py
+#                                (encoder.py's pattern needs \p{L} / \p{N}, which re lacks)
 #   python3-torch                the clattn.torch adapter and its tests against PyTorch's autograd
 #                                (about 30 s to install, so CI tests it)
 #   python3-setuptools,          `pip install .` and `python3 -m build --wheel --no-isolation`
@@ -30,7 +32,7 @@ set -euo pipefail
 #                                across ranks launched by mpirun (tested over shared memory)
 packages=(cmake ninja-build g++ libopenblas-dev libopenblas0-openmp nlohmann-json3-dev
           libcli11-dev libgtest-dev libbenchmark-dev pkg-config
-          gnuplot-nox python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest
+          gnuplot-nox python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest python3-regex
           python3-torch python3-setuptools python3-wheel python3-pip python3-build python3-venv
           clang libomp-dev libclang-rt-14-dev libopenmpi-dev openmpi-bin qemu-user)
 

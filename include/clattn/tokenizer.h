@@ -1,24 +1,62 @@
-// A Hugging Face `tokenizer.json` BPE tokenizer (the Llama / sentencepiece-converted family, e.g.
-// ../shared/data/stories260k), reproducing what the `tokenizers` library does with such a file:
+// A Hugging Face `tokenizer.json` tokenizer, reproducing the ids the `tokenizers` library gives for
+// three families of files:
 //
-//   encode: normalizer steps (Prepend, Replace with a String pattern) -> no pre-tokenizer -> BPE over
-//           the code points of the whole normalized text (merges applied lowest rank first, leftmost
-//           on ties; a code point absent from the vocab becomes its UTF-8 bytes as "<0xNN>" tokens when
-//           byte_fallback is on, else <unk> fused as HF does) -> BOS / EOS around the result.
-//   decode: special added tokens skipped (skip_special_tokens=True, the `tokenizers` default) ->
-//           decoder steps (Replace, ByteFallback, Fuse, Strip) -> concatenation.
+// - Llama / SentencePiece-converted BPE (e.g. ../shared/data/stories260k): normalizer steps
+//   (Prepend, Replace with a String pattern), no pre-tokenizer, BPE over the code points of the
+//   whole normalized text (merges applied lowest rank first, leftmost on ties; a code point absent
+//   from the vocab becomes its UTF-8 bytes as "<0xNN>" tokens when byte_fallback is on, else <unk>
+//   fused as HF does); decoder steps Replace, ByteFallback, Fuse, Strip.
+// - WordPiece (BERT, e.g. ../shared/data/tokenizers/bert-base-uncased): the BertNormalizer
+//   (clean_text, handle_chinese_chars, strip_accents, lowercase; strip_accents null follows
+//   lowercase), the BertPreTokenizer (split on White_Space, each punctuation code point a word:
+//   Unicode P* and ASCII 33-47, 58-64, 91-96, 123-126), greedy longest-match-first WordPiece with
+//   the continuing_subword_prefix ("##"), a word over max_input_chars_per_word code points being
+//   unk_token; the WordPiece decoder (prefix removed, else a space; its cleanup replacements).
+// - Byte-level BPE (GPT-2, RoBERTa, e.g. ../shared/data/tokenizers/gpt2): the ByteLevel
+//   pre-tokenizer (add_prefix_space, use_regex with GPT-2's pattern 's|'t|'re|'ve|'m|'ll|'d|
+//   ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+, then each byte as its bytes_to_unicode()
+//   character), BPE by rank over each piece, the ByteLevel post-processor (ids unchanged) and
+//   decoder (bytes back, read as lossy UTF-8).
 //
-// Where we differ from `tokenizers`, on purpose:
-// - Text is always literal: "<s>" in the input is three characters, never the BOS token (HF splits
-//   added tokens out first). Prompts are data; only encode()'s flag adds control tokens.
-// - A character that byte_fallback cannot cover because a "<0xNN>" token is missing is an Error,
-//   not a silent <unk>: such a file cannot round-trip and should be fixed, not guessed around.
-// - Invalid UTF-8 input is an Error (HF only accepts valid str).
-// - Out-of-range ids are an Error in decode (HF drops them silently).
-// - BOS / EOS policy: tokenizer_config.json beside the file wins when present (add_bos_token default
-//   true, add_eos_token default false, bos_token / eos_token), as transformers' LlamaTokenizerFast
-//   rebuilds its post-processor from it; otherwise the TemplateProcessing post-processor's special
-//   tokens before / after $A; otherwise BOS only.
+// encoding(text, pair, add_special_tokens) is tokenizers' encode(): added tokens are split out of
+// the text first (leftmost-longest; those with normalized = false in the raw text, the others in
+// each normalized piece; single_word, lstrip and rstrip honoured), each remaining piece goes
+// through normalizer, pre-tokenizer and model, and the post-processor puts its template around:
+// TemplateProcessing (single and pair, with type ids), RobertaProcessing (<s> A </s> and <s> A
+// </s></s> B </s>, type ids 0), BertProcessing ([CLS] A [SEP] B [SEP], B's part type 1), ByteLevel
+// (nothing added), or a Sequence of ByteLevel and at most one of the others. decode() skips special
+// tokens (skip_special_tokens=True, the `tokenizers` default) and runs the decoder chain.
+//
+// Added tokens in the text: HF parity by default in encoding(); encoding(..., literal = true) and
+// encode(text, add_bos) take the text literally ("<s>" is three characters, never the BOS token).
+// The literal form is what the CLI and the text tasks use: prompts and training text are data, and
+// only the flag adds control tokens. Python's Tokenizer.encode follows encoding() (literal=False)
+// unless given add_bos.
+//
+// Unicode: categories (L, N, P, Mn, C), White_Space, full lowercase and canonical decomposition
+// come from tables generated from Python's unicodedata (src/model/unicode_tables.inc, Unicode
+// 14.0.0). GPT-2's pattern runs on Oniguruma in HF; its \s is the White_Space property there (and
+// here): U+00A0, U+0085, U+2028, U+3000 are spaces, U+001C..U+001F and U+200B are not.
+//
+// Where we differ from `tokenizers`:
+// - On purpose: a character that byte_fallback cannot cover because a "<0xNN>" token is missing
+//   is an Error, not a silent <unk>: such a file cannot round-trip and should be fixed.
+// - On purpose: invalid UTF-8 input is an Error naming the byte and its offset (HF only accepts a
+//   valid str, so there is nothing to match).
+// - On purpose: out-of-range ids are an Error in decode (HF drops them silently).
+// - On purpose: BOS / EOS policy: tokenizer_config.json beside the file wins when present
+//   (add_bos_token default true, add_eos_token default false, bos_token / eos_token), as
+//   transformers' LlamaTokenizerFast rebuilds its post-processor from it (pair: prefix A suffix
+//   prefix B suffix, B's part type 1); otherwise the post-processor; a file with neither gets
+//   BOS only (HF would add nothing).
+// - Not settled: HF's Rust tables (the unicode_categories crate for BertNormalizer /
+//   BertPreTokenizer, Oniguruma's for \p{L} / \p{N}, Rust's std for lowercase) may be of other
+//   Unicode versions than 14.0.0, so characters assigned or changed since can differ. NFD here
+//   decomposes each code point without reordering combining marks, which only matters for marks
+//   that strip_accents keeps (not Mn). single_word's word characters are L, N, Mn and '_' (the
+//   regex crate's \w also has other marks and connector punctuation), and where a single_word
+//   token is refused a shorter added token may still match at that position. Offsets,
+//   truncation and padding are not implemented (truncation in the file is refused).
 //
 // Byte-level models (`clattn train --task lm` or `mlm` on a text file: include/clattn/data.h) save
 // byte_tokenizer_json() beside their weights: a BPE model without merges whose vocabulary is the
@@ -26,14 +64,17 @@
 // "<pad>" (256) and "<mask>" (257) as special added tokens; a post-processor of "$A" alone, so
 // neither BOS nor EOS is added (the tasks train on raw bytes); a ByteFallback + Fuse decoder. So
 // encode() of any UTF-8 text gives exactly its bytes, decode() gives them back, and the
-// `tokenizers` library reads the file the same way. is_bytes() recognises such a tokenizer, so
+// `tokenizers` library reads the file the same way (encoding() without literal, like HF, reads
+// "<pad>" and "<mask>" in a text as those two tokens). is_bytes() recognises such a tokenizer, so
 // the text tasks keep their byte mode (bits per character, any bytes) for it.
-// Unsupported pipeline parts (pre-tokenizers, Regex patterns, other models or decoders, dropout,
-// subword prefixes) are refused at load with an Error naming them, rather than half-honoured.
+// Unsupported pipeline parts (other pre-tokenizers, normalizers, post-processors or decoders, Regex
+// patterns, other models, dropout, BPE subword prefixes) are refused at load with an Error naming
+// the file and the field, rather than half-honoured.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -41,6 +82,14 @@
 #include <vector>
 
 namespace clattn {
+
+// Ids of one text or a text pair with what the post-processor adds, as tokenizers' Encoding.
+struct Encoding {
+  std::vector<int32_t> ids;
+  // (ids.size()) the segment of each id, from the template's type_id (BERT: 0 for [CLS] A [SEP],
+  // 1 for B [SEP]); the model's token-type embedding reads it.
+  std::vector<int32_t> type_ids;
+};
 
 class Tokenizer {
  public:
@@ -51,17 +100,26 @@ class Tokenizer {
   static Tokenizer from_json(std::string_view json, const std::string& name_for_errors,
                              std::string_view config_json = {});
 
-  // Token ids of text (valid UTF-8, taken literally). The BOS prefix is added when add_bos and the
-  // configuration asks for it; the EOS suffix whenever the configuration asks for it.
+  // Token ids of text (valid UTF-8, taken literally: added tokens are not split out). The BOS prefix
+  // (the single template's part before $A) is added when add_bos and the configuration asks for it;
+  // the EOS suffix (after $A) whenever the configuration asks for it.
   std::vector<int32_t> encode(std::string_view text, bool add_bos = true) const;
-  // Text of a whole sequence: special tokens skipped, then the decoder chain (this strips the space
-  // that encode's normalizer prepended). Invalid byte-fallback runs decode to U+FFFD per byte, as HF.
-  std::string decode(std::span<const int32_t> ids) const;
+  // What tokenizers' encode(text, pair, add_special_tokens) gives: added tokens in the text are
+  // split out first (unless literal), then normalizer, pre-tokenizer and model on each piece, then
+  // the post-processor's template (single, or pair when `pair` is given) when add_special_tokens.
+  // literal = true takes text as plain characters, as encode(text, add_bos) does.
+  Encoding encoding(std::string_view text, std::optional<std::string_view> pair = std::nullopt,
+                    bool add_special_tokens = true, bool literal = false) const;
+  // Text of a whole sequence: special tokens skipped (unless skip_special_tokens is false), then the
+  // decoder chain (this strips the space that encode's normalizer prepended). Invalid byte runs
+  // decode to U+FFFD (ByteFallback: one per byte; ByteLevel: one per invalid subsequence), as HF.
+  std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = true) const;
   // Text of `id` when streaming right after `prev` (prev < 0: start of the stream). Byte-fallback
-  // tokens give their raw byte, possibly part of a UTF-8 character, so concatenated pieces are the
-  // UTF-8 text. The leading-space Strip of decode applies to the first piece: prev < 0 or prev ==
-  // BOS. Concatenating the pieces of a sequence equals decode() of it, except that decode() strips
-  // only once while a BOS in mid-stream strips again here (the llama2.c rule).
+  // and byte-level tokens give their raw bytes, possibly part of a UTF-8 character, so concatenated
+  // pieces are the UTF-8 text. A WordPiece token after the first loses its "##" or gets a space.
+  // The leading-space Strip of decode applies to the first piece: prev < 0 or prev == BOS.
+  // Concatenating the pieces of a sequence equals decode() of it, except that decode() strips only
+  // once while a BOS in mid-stream strips again here (the llama2.c rule).
   std::string decode_piece(int32_t prev, int32_t id) const;
 
   // The byte-level tokenizer (see above), its tokenizer.json text, and whether this tokenizer maps

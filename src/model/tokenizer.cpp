@@ -1,13 +1,6 @@
-// Hugging Face tokenizer.json BPE (see include/clattn/tokenizer.h for the semantics and where we
-// differ from `tokenizers`).
-//
-// The merge loop is the one of tokenizers' `Word::merge_all`: symbols in a doubly linked list over
-// an array, candidate pairs in a binary heap ordered by (merge rank, position), stale candidates
-// dropped when popped. Each merge pushes at most two candidates, so a text of n code points costs
-// O(n log n) even though the whole text is a single "word" (there is no pre-tokenizer). To keep the
-// heap small and in cache, the text is first cut where the merges provably cannot join (before
-// "▁" in Llama vocabularies, see Impl::can_start), which gives the same ids: 1.1 MB of
-// tiny-shakespeare encodes in ~60 ms instead of ~240 ms with one heap over the whole text.
+// Hugging Face tokenizer.json: loading, decoding and the byte-level file (see
+// include/clattn/tokenizer.h for the semantics and where we differ from `tokenizers`; the encode
+// pipeline and the BPE merge loop are in tokenizer_encode.cpp).
 #include "clattn/tokenizer.h"
 
 #include <algorithm>
@@ -25,69 +18,18 @@
 
 #include "clattn/error.h"
 #include "clattn/input_file.h"
+#include "model/tokenizer_impl.h"
+#include "model/tokenizer_parts.h"
+#include "model/unicode.h"
 
 namespace clattn {
+
+using namespace tok;  // NOLINT: this file loads tok's types into Impl
+
 namespace {
 
-using json = nlohmann::json;
-
-// Heterogeneous lookup, so code points and merge halves are looked up as string_views.
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
-};
-using TokenMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
-
-// One step of the normalizer or decoder chains, flattened out of nested Sequences.
-enum class StepKind { Prepend, Replace, ByteFallback, Fuse, Strip };
-struct Step {
-  StepKind kind;
-  std::string from, to;   // Prepend: to = prefix; Replace: from -> to; Strip: from = the character
-  int64_t start = 0, stop = 0;  // Strip: at most this many characters from each end
-};
-
-struct MergeRule {
-  int32_t rank;    // position in model.merges: lower merges first
-  int32_t new_id;  // id of left + right
-};
-
-// Length of the valid UTF-8 code point at s[i], 0 if the bytes there are not one (overlong forms,
-// surrogates and values above U+10FFFF included).
-size_t utf8_len(std::string_view s, size_t i) {
-  if (i >= s.size()) return 0;
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
-  const size_t avail = s.size() - i;
-  const unsigned c = b(0);
-  if (c < 0x80) return 1;
-  size_t n;
-  unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-  if (c >= 0xC2 && c <= 0xDF) {
-    n = 2;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    n = 3;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    n = 4;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-  } else {
-    return 0;
-  }
-  if (avail < n || b(1) < lo || b(1) > hi) return 0;
-  for (size_t k = 2; k < n; ++k)
-    if (b(k) < 0x80 || b(k) > 0xBF) return 0;
-  return n;
-}
-
-bool valid_utf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const size_t n = utf8_len(s, i);
-    if (n == 0) return false;
-    i += n;
-  }
-  return true;
-}
+using unicode::utf8_len;
+using unicode::valid_utf8;
 
 // The byte of a "<0xNN>" token, or -1: the test of tokenizers' ByteFallback decoder.
 int byte_of_token(std::string_view t) {
@@ -101,18 +43,6 @@ int byte_of_token(std::string_view t) {
   return v;
 }
 
-void replace_all(std::string& s, std::string_view from, std::string_view to) {
-  if (s.find(from) == std::string::npos) return;
-  std::string out;
-  out.reserve(s.size() + s.size() / 4);
-  size_t i = 0;
-  for (size_t j; (j = s.find(from, i)) != std::string::npos; i = j + from.size()) {
-    out.append(s, i, j - i);
-    out.append(to);
-  }
-  out.append(s, i, std::string::npos);
-  s = std::move(out);
-}
 
 // Strip decoder: at most `start` leading and `stop` trailing copies of the character c.
 void strip(std::string& s, std::string_view c, int64_t start, int64_t stop) {
@@ -122,7 +52,6 @@ void strip(std::string& s, std::string_view c, int64_t start, int64_t stop) {
   s = s.substr(b, e - b);
 }
 
-std::string quoted(std::string_view s) { return json(std::string(s)).dump(); }
 
 std::string read_file(const std::string& path) {
   return read_input_file(path, "tokenizer", kMaxJsonBytes);
@@ -130,54 +59,6 @@ std::string read_file(const std::string& path) {
 
 }  // namespace
 
-struct Tokenizer::Impl {
-  std::string name;
-  std::vector<std::string> tokens;  // id -> string, model vocab then added tokens beyond it
-  std::vector<uint8_t> special;     // id -> skipped by decode
-  int32_t n_model = 0;              // ids below this are the BPE model's
-  TokenMap ids;                     // string -> id, over all of tokens
-  std::array<int32_t, 128> ascii;   // model id of each one-byte character, -1 if none
-  std::array<int32_t, 256> byte_token;  // model id of "<0xNN>", -1 if none
-  std::unordered_map<uint64_t, MergeRule> merges;  // (left << 32 | right) -> rule
-  // id -> the token is one code point c and no merge has a right half starting with c. Then no
-  // merge can ever join c to what precedes it: the first merge across that boundary would need a
-  // right symbol starting with c. In Llama-style vocabularies this holds for "▁", so the text falls
-  // into words exactly as a Metaspace pre-tokenizer would cut it, without assuming so.
-  std::vector<uint8_t> can_start;
-  bool byte_fallback = false, fuse_unk = false, ignore_merges = false;
-  int32_t unk = -1;
-  std::vector<Step> normalizer, decoder;
-  bool has_decoder = false;
-  std::vector<int32_t> prefix, suffix;  // around encode's result
-  int32_t bos = -1, eos = -1;
-
-  template <class... A>
-  [[noreturn]] void bad(const A&... a) const { fail("tokenizer ", name, ": ", a...); }
-
-  void load(const json& root);
-  void load_model(const json& model);
-  void load_added(const json& added);
-  // Sequences nest at most kMaxNesting deep: real files nest one or two, and the walk recurses.
-  static constexpr int kMaxNesting = 32;
-  void load_steps(const json& j, const std::string& field, bool normalizer_chain, int depth = 0);
-  void load_post(const json& post);
-  void load_config(const json& cfg, const std::string& cfg_name);
-  void check_growth(const std::vector<Step>& chain, const char* field) const;
-
-  const MergeRule* rule(int32_t a, int32_t b) const {
-    auto it = merges.find(static_cast<uint64_t>(a) << 32 | static_cast<uint32_t>(b));
-    return it == merges.end() ? nullptr : &it->second;
-  }
-  int32_t model_id(std::string_view s) const {
-    auto it = ids.find(s);
-    return it != ids.end() && it->second < n_model ? it->second : -1;
-  }
-  void bpe(std::string_view text, std::vector<int32_t>& out) const;
-  void check_id(int32_t id, const char* what) const {
-    check(id >= 0 && id < static_cast<int64_t>(tokens.size()), "tokenizer ", name, ": ", what, " id ", id,
-          " is out of range [0, ", tokens.size(), ")");
-  }
-};
 
 namespace {
 
@@ -196,9 +77,7 @@ void Tokenizer::Impl::load(const json& root) {
   if (!model->is_object()) bad("field \"model\" must be an object, not ", model->type_name());
   load_model(*model);
   if (const json* a = opt(root, "added_tokens")) load_added(*a);
-  if (const json* p = opt(root, "pre_tokenizer"))
-    bad("pre_tokenizer ", p->is_object() && p->contains("type") ? p->at("type").dump() : p->dump(),
-        " is not supported (only null)");
+  if (const json* p = opt(root, "pre_tokenizer")) load_pre(*p);
   if (opt(root, "truncation")) bad("truncation is not supported (only null)");
   if (const json* n = opt(root, "normalizer")) load_steps(*n, "normalizer", true);
   if (const json* d = opt(root, "decoder")) {
@@ -228,24 +107,37 @@ void Tokenizer::Impl::load(const json& root) {
     std::snprintf(t, sizeof t, "<0x%02X>", b);
     byte_token[static_cast<size_t>(b)] = model_id(t);
   }
+  // Longest first within a first byte, so the first match found at a position is the longest, as
+  // tokenizers' leftmost-longest automaton gives.
+  for (uint32_t k = 0; k < added.size(); ++k)
+    added_by_byte[static_cast<unsigned char>(added[k].content[0])].push_back(k);
+  for (auto& list : added_by_byte)
+    std::stable_sort(list.begin(), list.end(),
+                     [&](uint32_t x, uint32_t y) { return added[x].content.size() > added[y].content.size(); });
 }
 
-void Tokenizer::Impl::load_model(const json& model) {
-  if (const json* t = opt(model, "type"); t && *t != "BPE")
-    bad("model.type is ", t->dump(), "; only \"BPE\" is supported");
-  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
-    if (const json* v = opt(model, k); v && *v != "") bad("model.", k, " = ", v->dump(), " is not supported (only null)");
-  if (const json* d = opt(model, "dropout"); d && !(d->is_number() && d->get<double>() == 0.0))
-    bad("model.dropout = ", d->dump(), " is not supported (only null or 0): encoding must be deterministic");
-  const auto flag = [&](const char* k) {
-    const json* v = opt(model, k);
-    if (v && !v->is_boolean()) bad("model.", k, " must be true or false, not ", v->dump());
-    return v && v->get<bool>();
+void Tokenizer::Impl::load_pre(const json& p) {
+  const json* tj = p.is_object() ? opt(p, "type") : nullptr;
+  if (!tj || !tj->is_string()) bad("pre_tokenizer.type is missing");
+  const std::string& type = tj->get_ref<const std::string&>();
+  const auto flag = [&](const char* k, bool dflt) {
+    const json* v = opt(p, k);
+    if (v && !v->is_boolean()) bad("pre_tokenizer.", k, " must be true or false, not ", v->dump());
+    return v ? v->get<bool>() : dflt;
   };
-  byte_fallback = flag("byte_fallback");
-  fuse_unk = flag("fuse_unk");
-  ignore_merges = flag("ignore_merges");
+  if (type == "BertPreTokenizer") {
+    pre = PreTokenizer::Bert;
+  } else if (type == "ByteLevel") {
+    pre = PreTokenizer::ByteLevel;
+    bl_prefix_space = flag("add_prefix_space", true);  // tokenizers' defaults
+    bl_regex = flag("use_regex", true);
+    flag("trim_offsets", true);  // offsets only: no effect on ids
+  } else {
+    bad("pre_tokenizer ", tj->dump(), " is not supported (only null, \"BertPreTokenizer\" or \"ByteLevel\")");
+  }
+}
 
+void Tokenizer::Impl::load_vocab(const json& model) {
   const json* vocab = opt(model, "vocab");
   if (!vocab) bad("model.vocab is missing");
   if (!vocab->is_object()) bad("model.vocab must be an object {token: id}, not ", vocab->type_name());
@@ -268,6 +160,44 @@ void Tokenizer::Impl::load_model(const json& model) {
     ids.emplace(tok, static_cast<int32_t>(id));
   }
   special.assign(tokens.size(), 0);
+}
+
+void Tokenizer::Impl::load_wordpiece(const json& model) {
+  model_kind = ModelKind::WordPiece;
+  load_vocab(model);
+  const json* u = opt(model, "unk_token");
+  if (!u || !u->is_string()) bad("model.unk_token must be a string: WordPiece needs it for unknown words");
+  unk = model_id(u->get<std::string>());
+  if (unk < 0) bad("model.unk_token ", u->dump(), " is not in model.vocab");
+  wp_prefix = "##";
+  if (const json* v = opt(model, "continuing_subword_prefix")) {
+    if (!v->is_string()) bad("model.continuing_subword_prefix must be a string, not ", v->dump());
+    wp_prefix = v->get<std::string>();
+  }
+  if (const json* v = opt(model, "max_input_chars_per_word")) {
+    if (!v->is_number_unsigned()) bad("model.max_input_chars_per_word must be a non-negative integer, not ", v->dump());
+    wp_max_chars = static_cast<int64_t>(std::min<uint64_t>(v->get<uint64_t>(), INT64_MAX));
+  }
+}
+
+void Tokenizer::Impl::load_model(const json& model) {
+  if (const json* t = opt(model, "type"); t && *t != "BPE" && *t != "WordPiece")
+    bad("model.type is ", t->dump(), "; only \"BPE\" and \"WordPiece\" are supported");
+  if (const json* t = opt(model, "type"); t && *t == "WordPiece") return load_wordpiece(model);
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (const json* v = opt(model, k); v && *v != "") bad("model.", k, " = ", v->dump(), " is not supported (only null)");
+  if (const json* d = opt(model, "dropout"); d && !(d->is_number() && d->get<double>() == 0.0))
+    bad("model.dropout = ", d->dump(), " is not supported (only null or 0): encoding must be deterministic");
+  const auto flag = [&](const char* k) {
+    const json* v = opt(model, k);
+    if (v && !v->is_boolean()) bad("model.", k, " must be true or false, not ", v->dump());
+    return v && v->get<bool>();
+  };
+  byte_fallback = flag("byte_fallback");
+  fuse_unk = flag("fuse_unk");
+  ignore_merges = flag("ignore_merges");
+
+  load_vocab(model);
 
   if (const json* u = opt(model, "unk_token")) {
     if (!u->is_string()) bad("model.unk_token must be a string or null, not ", u->dump());
@@ -306,10 +236,10 @@ void Tokenizer::Impl::load_model(const json& model) {
   }
 }
 
-void Tokenizer::Impl::load_added(const json& added) {
-  if (!added.is_array()) bad("added_tokens must be an array, not ", added.type_name());
-  for (size_t i = 0; i < added.size(); ++i) {
-    const json& a = added[i];
+void Tokenizer::Impl::load_added(const json& list) {
+  if (!list.is_array()) bad("added_tokens must be an array, not ", list.type_name());
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json& a = list[i];
     const json* idj = a.is_object() ? opt(a, "id") : nullptr;
     const json* cj = a.is_object() ? opt(a, "content") : nullptr;
     if (!idj || !idj->is_number_integer() || !cj || !cj->is_string())
@@ -332,6 +262,15 @@ void Tokenizer::Impl::load_added(const json& added) {
       ids.emplace(content, static_cast<int32_t>(id));
     }
     special[static_cast<size_t>(id)] = sp && sp->get<bool>();
+    const auto flag = [&](const char* k, bool dflt) {
+      const json* v = opt(a, k);
+      if (v && !v->is_boolean()) bad("added_tokens[", i, "].", k, " must be true or false, not ", v->dump());
+      return v ? v->get<bool>() : dflt;
+    };
+    // tokenizers' AddedToken defaults: normalized unless special.
+    AddedToken t{content, static_cast<int32_t>(id), flag("single_word", false), flag("lstrip", false),
+                 flag("rstrip", false), flag("normalized", !(sp && sp->get<bool>()))};
+    if (!content.empty()) added.push_back(std::move(t));  // an empty token never matches
   }
 }
 
@@ -361,6 +300,30 @@ void Tokenizer::Impl::load_steps(const json& j, const std::string& field, bool n
     Step s{StepKind::Replace, (*p)["String"].get<std::string>(), str("content")};
     if (s.from.empty()) bad(field, ".pattern is the empty string");
     out.push_back(std::move(s));
+  } else if (normalizer_chain && type == "BertNormalizer") {
+    Step s{StepKind::Bert, "", ""};
+    const auto flag = [&](const char* k, bool dflt) {
+      const json* v = opt(j, k);
+      if (v && !v->is_boolean()) bad(field, ".", k, " must be true or false, not ", v->dump());
+      return v ? v->get<bool>() : dflt;
+    };
+    s.bert.clean_text = flag("clean_text", true);
+    s.bert.handle_chinese_chars = flag("handle_chinese_chars", true);
+    s.bert.lowercase = flag("lowercase", true);
+    s.bert.strip_accents = flag("strip_accents", s.bert.lowercase);  // null: follow lowercase
+    out.push_back(std::move(s));
+  } else if (!normalizer_chain && type == "ByteLevel") {
+    out.push_back(Step{StepKind::ByteLevel, "", ""});
+  } else if (!normalizer_chain && type == "WordPiece") {
+    Step s{StepKind::WordPiece, "##", ""};
+    if (const json* v = opt(j, "prefix")) {
+      if (!v->is_string()) bad(field, ".prefix must be a string, not ", v->dump());
+      s.from = v->get<std::string>();
+    }
+    const json* c = opt(j, "cleanup");
+    if (c && !c->is_boolean()) bad(field, ".cleanup must be true or false, not ", c->dump());
+    s.cleanup = !c || c->get<bool>();
+    out.push_back(std::move(s));
   } else if (normalizer_chain && type == "Prepend") {
     out.push_back(Step{StepKind::Prepend, "", str("prepend")});
   } else if (!normalizer_chain && (type == "ByteFallback" || type == "Fuse")) {
@@ -375,8 +338,8 @@ void Tokenizer::Impl::load_steps(const json& j, const std::string& field, bool n
     }
     out.push_back(std::move(s));
   } else {
-    bad(field, ".type ", quoted(type), " is not supported (", normalizer_chain ? "Sequence, Prepend, Replace" :
-        "Sequence, Replace, ByteFallback, Fuse, Strip", ")");
+    bad(field, ".type ", quoted(type), " is not supported (", normalizer_chain ? "Sequence, Prepend, Replace, BertNormalizer" :
+        "Sequence, Replace, ByteFallback, Fuse, Strip, ByteLevel, WordPiece", ")");
   }
 }
 
@@ -400,26 +363,32 @@ void Tokenizer::Impl::check_growth(const std::vector<Step>& chain, const char* f
         "·n + ", kMaxConstant, " is accepted (Replace and Prepend steps whose output outgrows their input)");
 }
 
-void Tokenizer::Impl::load_post(const json& post) {
-  const json* tj = post.is_object() ? opt(post, "type") : nullptr;
-  if (!tj || *tj != "TemplateProcessing")
-    bad("post_processor ", tj ? tj->dump() : post.dump(), " is not supported (only TemplateProcessing or null)");
-  const json* single = opt(post, "single");
-  if (!single || !single->is_array()) bad("post_processor.single must be an array");
-  const json* specials = opt(post, "special_tokens");
-  bool seen_a = false;
-  for (size_t i = 0; i < single->size(); ++i) {
-    const json& piece = (*single)[i];
-    const std::string f = "post_processor.single[" + std::to_string(i) + "]";
-    if (piece.is_object() && piece.contains("Sequence")) {
-      if (seen_a) bad(f, ": a second sequence in a single-sequence template");
-      seen_a = true;
+std::vector<TemplatePiece> Tokenizer::Impl::load_template(const json& list, const json* specials,
+                                                         const std::string& field, bool pair) {
+  if (!list.is_array()) bad(field, " must be an array");
+  std::vector<TemplatePiece> out;
+  bool seen[2] = {false, false};
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json& piece = list[i];
+    const std::string f = field + "[" + std::to_string(i) + "]";
+    const json* body = piece.is_object() ? opt(piece, "Sequence") : nullptr;
+    const bool is_seq = body != nullptr;
+    if (!body) body = piece.is_object() ? opt(piece, "SpecialToken") : nullptr;
+    const json* nm = body && body->is_object() ? opt(*body, "id") : nullptr;
+    if (!nm || !nm->is_string()) bad(f, " must be {\"SpecialToken\": {\"id\": ...}} or {\"Sequence\": ...}");
+    const json* tj = opt(*body, "type_id");
+    if (tj && !tj->is_number_unsigned()) bad(f, ".type_id must be a non-negative integer, not ", tj->dump());
+    // Type ids index a token-type embedding; anything past a few is a damaged file.
+    const int32_t type_id = tj ? static_cast<int32_t>(std::min<uint64_t>(tj->get<uint64_t>(), INT32_MAX)) : 0;
+    const std::string& tok = nm->get_ref<const std::string&>();
+    if (is_seq) {
+      const int which = tok == "A" ? 0 : tok == "B" ? 1 : -1;
+      if (which < 0 || (which == 1 && !pair)) bad(f, ": sequence ", quoted(tok), " (", pair ? "A or B" : "only A", ")");
+      if (seen[which]) bad(f, ": a second sequence ", tok, " in a ", pair ? "pair" : "single-sequence", " template");
+      seen[which] = true;
+      out.push_back({which, {}, type_id});
       continue;
     }
-    const json* st = piece.is_object() ? opt(piece, "SpecialToken") : nullptr;
-    const json* nm = st && st->is_object() ? opt(*st, "id") : nullptr;
-    if (!nm || !nm->is_string()) bad(f, " must be {\"SpecialToken\": {\"id\": ...}} or {\"Sequence\": ...}");
-    const std::string& tok = nm->get_ref<const std::string&>();
     std::vector<int32_t> got;
     const json* entry = specials && specials->is_object() ? opt(*specials, tok.c_str()) : nullptr;
     if (entry) {
@@ -436,9 +405,84 @@ void Tokenizer::Impl::load_post(const json& post) {
       if (it == ids.end()) bad(f, " names ", quoted(tok), ", which is neither in special_tokens nor a token");
       got.push_back(it->second);
     }
-    (seen_a ? suffix : prefix).insert((seen_a ? suffix : prefix).end(), got.begin(), got.end());
+    out.push_back({-1, std::move(got), type_id});
   }
-  if (!seen_a) bad("post_processor.single has no {\"Sequence\": {\"id\": \"A\"}} entry");
+  if (!seen[0]) bad(field, " has no {\"Sequence\": {\"id\": \"A\"}} entry");
+  if (pair && !seen[1]) bad(field, " has no {\"Sequence\": {\"id\": \"B\"}} entry");
+  return out;
+}
+
+void Tokenizer::Impl::load_processor(const json& post, const std::string& field, bool top) {
+  const json* tj = post.is_object() ? opt(post, "type") : nullptr;
+  const auto token_of = [&](const char* k) {  // RobertaProcessing's and BertProcessing's ["<s>", 0]
+    const json* v = opt(post, k);
+    if (!v || !v->is_array() || v->size() != 2 || !(*v)[0].is_string() || !(*v)[1].is_number_integer())
+      bad(field, ".", k, " must be [token, id], not ", v ? v->dump() : "missing");
+    const int64_t id = (*v)[1].get<int64_t>();
+    if (id < 0 || id >= static_cast<int64_t>(tokens.size()))
+      bad(field, ".", k, " id ", id, " is out of range [0, ", tokens.size(), ")");
+    return static_cast<int32_t>(id);
+  };
+  if (tj && *tj == "TemplateProcessing") {
+    const json* single = opt(post, "single");
+    if (!single || !single->is_array()) bad(field, ".single must be an array");
+    const json* specials = opt(post, "special_tokens");
+    single_tpl = load_template(*single, specials, field + ".single", false);
+    pair_tpl.clear();
+    if (const json* pair = opt(post, "pair")) pair_tpl = load_template(*pair, specials, field + ".pair", true);
+  } else if (tj && *tj == "RobertaProcessing") {
+    // <s> A </s> and <s> A </s></s> B </s>, every type id 0 (RoBERTa has one token type).
+    const int32_t cls = token_of("cls"), sep = token_of("sep");
+    single_tpl = {{-1, {cls}, 0}, {0, {}, 0}, {-1, {sep}, 0}};
+    pair_tpl = {{-1, {cls}, 0}, {0, {}, 0}, {-1, {sep, sep}, 0}, {1, {}, 0}, {-1, {sep}, 0}};
+  } else if (tj && *tj == "BertProcessing") {
+    // [CLS] A [SEP] and [CLS] A [SEP] B [SEP], B's part type 1: what TemplateProcessing files say.
+    const int32_t cls = token_of("cls"), sep = token_of("sep");
+    single_tpl = {{-1, {cls}, 0}, {0, {}, 0}, {-1, {sep}, 0}};
+    pair_tpl = {{-1, {cls}, 0}, {0, {}, 0}, {-1, {sep}, 0}, {1, {}, 1}, {-1, {sep}, 1}};
+  } else if (tj && *tj == "ByteLevel") {
+    // Only offsets change (trim_offsets): ids pass through, a pair is A then B.
+    single_tpl = {{0, {}, 0}};
+    pair_tpl = {{0, {}, 0}, {1, {}, 1}};
+  } else if (tj && *tj == "Sequence" && top) {
+    // Llama 3 style: ByteLevel (ids unchanged) and at most one processor that adds tokens, which
+    // then decides alone. One level deep: tokenizers writes no deeper nesting.
+    const json* list = opt(post, "processors");
+    if (!list || !list->is_array()) bad(field, ".processors must be an array");
+    single_tpl = {{0, {}, 0}};
+    pair_tpl = {{0, {}, 0}, {1, {}, 1}};
+    bool adds = false;
+    for (size_t i = 0; i < list->size(); ++i) {
+      const json& p = (*list)[i];
+      const std::string f = field + ".processors[" + std::to_string(i) + "]";
+      const json* pt = p.is_object() ? opt(p, "type") : nullptr;
+      if (pt && *pt == "ByteLevel") continue;
+      if (adds) bad(f, ": a second processor that adds tokens (only one besides ByteLevel is supported)");
+      adds = true;
+      load_processor(p, f, false);
+    }
+  } else {
+    bad(field, " ", tj ? tj->dump() : post.dump(), " is not supported (TemplateProcessing, RobertaProcessing, "
+        "BertProcessing, ByteLevel", top ? ", Sequence of those" : "", " or null)");
+  }
+}
+
+void Tokenizer::Impl::load_post(const json& post) {
+  load_processor(post, "post_processor", true);
+  prefix.clear();
+  suffix.clear();
+  bool after = false;
+  for (const TemplatePiece& t : single_tpl) {
+    if (t.seq == 0) after = true;
+    (after ? suffix : prefix).insert((after ? suffix : prefix).end(), t.ids.begin(), t.ids.end());
+  }
+}
+
+// The templates of a prefix / suffix policy (tokenizer_config.json's or the BOS-only default), as
+// transformers' LlamaTokenizerFast writes them: prefix A suffix, then prefix B suffix with type 1.
+void Tokenizer::Impl::set_templates_from_prefix_suffix() {
+  single_tpl = {{-1, prefix, 0}, {0, {}, 0}, {-1, suffix, 0}};
+  pair_tpl = {{-1, prefix, 0}, {0, {}, 0}, {-1, suffix, 0}, {-1, prefix, 1}, {1, {}, 1}, {-1, suffix, 1}};
 }
 
 // tokenizer_config.json: bos_token / eos_token name the tokens; add_bos_token / add_eos_token, when
@@ -477,97 +521,9 @@ void Tokenizer::Impl::load_config(const json& cfg, const std::string& cfg_name) 
     if (eos < 0) cbad("add_eos_token is true but there is no eos_token");
     suffix.push_back(eos);
   }
+  set_templates_from_prefix_suffix();
 }
 
-void Tokenizer::Impl::bpe(std::string_view text, std::vector<int32_t>& out) const {
-  if (text.empty()) return;
-  if (ignore_merges) {
-    if (const int32_t id = model_id(text); id >= 0) {
-      out.push_back(id);
-      return;
-    }
-  }
-  // Symbols: one per code point (or per byte when byte fallback splits it), linked both ways.
-  std::vector<int32_t> sym, prev, next;
-  sym.reserve(text.size());
-  bool last_unk = false;
-  for (size_t i = 0; i < text.size();) {
-    const size_t len = utf8_len(text, i);  // the caller validated the text
-    const unsigned char c0 = static_cast<unsigned char>(text[i]);
-    const int32_t id = len == 1 ? ascii[c0] : model_id(text.substr(i, len));
-    if (id >= 0) {
-      sym.push_back(id);
-      last_unk = false;
-    } else if (byte_fallback) {
-      for (size_t k = i; k < i + len; ++k) {
-        const unsigned char b = static_cast<unsigned char>(text[k]);
-        if (byte_token[b] < 0) {
-          char t[8];
-          std::snprintf(t, sizeof t, "<0x%02X>", b);
-          bad("byte_fallback needs the token \"", t, "\" for the character ", quoted(text.substr(i, len)),
-              " (normalized byte offset ", i, "), but model.vocab lacks it");
-        }
-        sym.push_back(byte_token[b]);
-      }
-      last_unk = false;
-    } else {
-      if (unk < 0) bad("the character ", quoted(text.substr(i, len)), " is not in model.vocab and there is no unk_token");
-      if (!(fuse_unk && last_unk)) sym.push_back(unk);
-      last_unk = true;
-    }
-    i += len;
-  }
-
-  // Cut the text before every symbol that no merge can join to its left (see can_start): each
-  // piece is merged on its own with a small heap that stays in cache. The result is the same as
-  // one heap over the whole text, since pieces never interact and each keeps its (rank, pos) order.
-  const int32_t n = static_cast<int32_t>(sym.size());
-  prev.resize(static_cast<size_t>(n));
-  next.resize(static_cast<size_t>(n));
-  std::vector<int32_t> starts;  // first symbol of each piece
-  for (int32_t i = 0; i < n; ++i) {
-    const bool cut = i == 0 || can_start[static_cast<size_t>(sym[static_cast<size_t>(i)])];
-    if (cut) starts.push_back(i);
-    prev[static_cast<size_t>(i)] = cut ? -1 : i - 1;
-    next[static_cast<size_t>(i)] = i + 1 < n && !can_start[static_cast<size_t>(sym[static_cast<size_t>(i) + 1])] ? i + 1 : -1;
-  }
-  struct Cand {
-    int32_t rank, pos, new_id;
-  };
-  // Heap order: the top is the lowest rank, then the leftmost position.
-  const auto after = [](const Cand& x, const Cand& y) { return x.rank != y.rank ? x.rank > y.rank : x.pos > y.pos; };
-  std::vector<Cand> heap;
-  const auto push = [&](int32_t pos, int32_t right) {
-    if (const MergeRule* r = rule(sym[static_cast<size_t>(pos)], sym[static_cast<size_t>(right)])) {
-      heap.push_back({r->rank, pos, r->new_id});
-      std::push_heap(heap.begin(), heap.end(), after);
-    }
-  };
-  for (const int32_t first : starts) {
-    heap.clear();
-    for (int32_t i = first; next[static_cast<size_t>(i)] >= 0; ++i) push(i, i + 1);
-    while (!heap.empty()) {
-      std::pop_heap(heap.begin(), heap.end(), after);
-      const Cand c = heap.back();
-      heap.pop_back();
-      const size_t p = static_cast<size_t>(c.pos);
-      if (sym[p] < 0 || next[p] < 0) continue;  // absorbed by a merge, or now last
-      const size_t q = static_cast<size_t>(next[p]);
-      // Stale unless the pair still merges into the same token (an equal result implies the same
-      // pair: a changed neighbour always changes the covered span).
-      const MergeRule* r = rule(sym[p], sym[q]);
-      if (!r || r->new_id != c.new_id) continue;
-      sym[p] = c.new_id;
-      sym[q] = -1;
-      next[p] = next[q];
-      if (next[q] >= 0) prev[static_cast<size_t>(next[q])] = c.pos;
-      if (prev[p] >= 0) push(prev[p], c.pos);
-      if (next[p] >= 0) push(c.pos, next[p]);
-    }
-    // A piece's first symbol is never absorbed (a merge keeps the left position).
-    for (int32_t i = first; i >= 0; i = next[static_cast<size_t>(i)]) out.push_back(sym[static_cast<size_t>(i)]);
-  }
-}
 
 namespace {
 
@@ -592,6 +548,7 @@ std::shared_ptr<const Tokenizer::Impl> build(std::string_view text, const std::s
   impl->eos = !impl->suffix.empty() ? impl->suffix.back() : named("</s>");
   const json* post = opt(root, "post_processor");
   if (!post && impl->bos >= 0) impl->prefix = {impl->bos};  // the documented default: BOS yes, EOS no
+  if (!post) impl->set_templates_from_prefix_suffix();
   if (!cfg_text.empty()) {
     json cfg;
     try {
@@ -621,32 +578,7 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   return Tokenizer(build(text, path, cfg, cfg_path.string()));
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos) const {
-  const Impl& t = *impl_;
-  for (size_t i = 0; i < text.size();) {
-    const size_t n = utf8_len(text, i);
-    if (n == 0) {
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "0x%02X", static_cast<unsigned>(static_cast<unsigned char>(text[i])));
-      fail("tokenizer ", t.name, ": encode needs valid UTF-8 text: the byte ", hex, " at offset ", i,
-           " does not start a valid character");
-    }
-    i += n;
-  }
-  std::string norm(text);
-  for (const Step& s : t.normalizer) {
-    if (s.kind == StepKind::Prepend && !norm.empty()) norm.insert(0, s.to);
-    if (s.kind == StepKind::Replace) replace_all(norm, s.from, s.to);
-  }
-  std::vector<int32_t> out;
-  out.reserve(t.prefix.size() + norm.size() / 3 + t.suffix.size() + 1);
-  if (add_bos) out.insert(out.end(), t.prefix.begin(), t.prefix.end());
-  t.bpe(norm, out);
-  out.insert(out.end(), t.suffix.begin(), t.suffix.end());
-  return out;
-}
-
-std::string Tokenizer::decode(std::span<const int32_t> ids) const {
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
   const Impl& t = *impl_;
   for (size_t i = 0; i < ids.size(); ++i)
     check(ids[i] >= 0 && ids[i] < static_cast<int64_t>(t.tokens.size()), "tokenizer ", t.name, ": decode: ids[", i,
@@ -654,7 +586,7 @@ std::string Tokenizer::decode(std::span<const int32_t> ids) const {
   std::vector<std::string> toks;
   toks.reserve(ids.size());
   for (int32_t id : ids)
-    if (!t.special[static_cast<size_t>(id)]) toks.push_back(t.tokens[static_cast<size_t>(id)]);
+    if (!skip_special_tokens || !t.special[static_cast<size_t>(id)]) toks.push_back(t.tokens[static_cast<size_t>(id)]);
   if (!t.has_decoder) {  // tokenizers without a decoder joins the tokens with spaces
     std::string s;
     for (size_t i = 0; i < toks.size(); ++i) s += (i ? " " : "") + toks[i];
@@ -702,7 +634,14 @@ std::string Tokenizer::decode(std::span<const int32_t> ids) const {
         toks = std::move(res);
         break;
       }
+      case StepKind::ByteLevel:
+        toks.assign(1, tok::byte_level_decode(toks));
+        break;
+      case StepKind::WordPiece:
+        toks.assign(1, tok::wordpiece_decode(std::move(toks), s.from, s.cleanup));
+        break;
       case StepKind::Prepend:
+      case StepKind::Bert:
         break;  // normalizer only
     }
   }
@@ -729,6 +668,14 @@ std::string Tokenizer::decode_piece(int32_t prev, int32_t id) const {
     if (s.kind == StepKind::Strip && (first || !fused)) strip(piece, s.from, s.start, fused ? 0 : s.stop);
     if (s.kind == StepKind::ByteFallback) {
       if (const int b = byte_of_token(piece); b >= 0) piece = std::string(1, static_cast<char>(b));
+    }
+    // Raw bytes, not lossy UTF-8: a character split over two tokens comes out whole once both
+    // pieces are concatenated.
+    if (s.kind == StepKind::ByteLevel) piece = tok::byte_level_bytes(piece);
+    if (s.kind == StepKind::WordPiece) {
+      // wordpiece_decode of {prev token, this one} less the previous token's text.
+      piece = first ? tok::wordpiece_decode({piece}, s.from, s.cleanup)
+                    : tok::wordpiece_decode({"", piece}, s.from, s.cleanup);
     }
   }
   return piece;
@@ -775,8 +722,8 @@ Tokenizer Tokenizer::bytes() { return from_json(byte_tokenizer_json(), "bytes (t
 
 bool Tokenizer::is_bytes() const {
   const Impl& t = *impl_;
-  if (!t.byte_fallback || !t.merges.empty() || !t.normalizer.empty() || !t.prefix.empty() || !t.suffix.empty() ||
-      t.n_model < 256)
+  if (t.model_kind != ModelKind::Bpe || t.pre != PreTokenizer::None || !t.byte_fallback || !t.merges.empty() ||
+      !t.normalizer.empty() || !t.prefix.empty() || !t.suffix.empty() || t.n_model < 256)
     return false;
   for (int b = 0; b < 256; ++b)
     if (t.byte_token[static_cast<size_t>(b)] != b) return false;

@@ -121,11 +121,16 @@ TEST_F(Stories, NonAsciiUsesByteFallback) {
   EXPECT_EQ(tok().decode(tok().encode(mixed)), mixed);
 }
 
-// Special tokens in the text are plain characters (see tokenizer.h).
+// Special tokens in the text are plain characters for encode(text, add_bos) and encoding(...,
+// literal = true); encoding() splits them out as tokenizers does (see tokenizer.h).
 TEST_F(Stories, SpecialTokensInTextAreLiteral) {
   const Ids ids = tok().encode("<s></s><unk>");
   EXPECT_THAT(ids, ElementsAreArray(Ids{1, 410, 504, 419, 505, 504, 492, 419, 505, 504, 379, 433, 505}));
   EXPECT_EQ(tok().decode(ids), "<s></s><unk>");
+  EXPECT_THAT(tok().encoding("<s></s><unk>", std::nullopt, true, /*literal=*/true).ids, ElementsAreArray(ids));
+  EXPECT_THAT(tok().encoding("<s></s><unk>").ids, ElementsAreArray(Ids{1, 1, 2, 0}));
+  // Each piece between added tokens is normalized on its own, so each gets the "▁" prefix.
+  EXPECT_THAT(tok().encoding("Once<s>Once").ids, ElementsAreArray(Ids{1, 403, 1, 403}));
 }
 
 TEST_F(Stories, DecodeSkipsSpecialsAndReplacesBadBytes) {
@@ -352,7 +357,7 @@ TEST_F(Stories, MalformedFiles) {
   expect(with([](json& j) { j["model"]["vocab"] = json::object(); }), "model.vocab is empty");
   expect(with([](json& j) { j["model"].erase("merges"); }), "model.merges is missing");
   expect(with([](json& j) { j["model"]["merges"] = "a b"; }), "model.merges must be an array");
-  expect(with([](json& j) { j["model"]["type"] = "WordPiece"; }), "only \"BPE\"");
+  expect(with([](json& j) { j["model"]["type"] = "Unigram"; }), "only \"BPE\" and \"WordPiece\"");
   expect(with([](json& j) { j["model"]["vocab"]["e"] = 512; }), "out of range [0, 512)");
   expect(with([](json& j) { j["model"]["vocab"]["e"] = -1; }), "out of range");
   expect(with([](json& j) { j["model"]["vocab"]["e"] = "7"; }), "must be an integer id");
@@ -363,10 +368,11 @@ TEST_F(Stories, MalformedFiles) {
   expect(with([](json& j) { j["model"]["merges"].push_back(json::array({"a"})); }), "model.merges[165]");
   expect(with([](json& j) { j["model"]["unk_token"] = "<nope>"; }), "model.unk_token");
   expect(with([](json& j) { j["model"]["dropout"] = 0.1; }), "model.dropout");
-  expect(with([](json& j) { j["pre_tokenizer"] = {{"type", "ByteLevel"}}; }), "pre_tokenizer \"ByteLevel\"");
+  expect(with([](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; }), "pre_tokenizer \"Metaspace\"");
   expect(with([](json& j) { j["normalizer"]["normalizers"][1]["pattern"] = {{"Regex", " "}}; }), "Regex");
   expect(with([](json& j) { j["decoder"]["decoders"][0] = {{"type", "Metaspace"}}; }), "\"Metaspace\" is not supported");
-  expect(with([](json& j) { j["post_processor"] = {{"type", "ByteLevel"}}; }), "post_processor");
+  expect(with([](json& j) { j["post_processor"] = {{"type", "Foo"}}; }), "post_processor \"Foo\" is not supported");
+  expect(with([](json& j) { j["post_processor"] = {{"type", "BertProcessing"}}; }), "post_processor.cls must be");
   expect(with([](json& j) { j["added_tokens"][1]["content"] = "<bos>"; }), "added_tokens[1]");
   expect(with([](json& j) { j["added_tokens"].push_back({{"id", 600}, {"content", "<pad>"}}); }),
          "next free id is 512");

@@ -1,0 +1,49 @@
+// The pipeline steps of the WordPiece (BERT) and byte-level BPE (GPT-2, RoBERTa) tokenizer families,
+// as free functions over text so that src/model/tokenizer.cpp only wires them to tokenizer.json.
+// Semantics are those of Hugging Face `tokenizers` (see include/clattn/tokenizer.h). Text is valid
+// UTF-8 throughout: Tokenizer::encode checks it first.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace clattn::tok {
+
+// tokenizers' BertNormalizer: clean_text drops NUL, U+FFFD and Cc/Cf/Co/Cs other than \t \n \r, and
+// turns White_Space into ' '; handle_chinese_chars puts spaces around CJK ideographs; strip_accents
+// is NFD then dropping Mn; lowercase is the full lowercase of each code point. In this order.
+struct BertNormalizer {
+  bool clean_text = true, handle_chinese_chars = true, strip_accents = true, lowercase = true;
+};
+std::string bert_normalize(std::string_view text, const BertNormalizer& n);
+
+// BertPreTokenizer: words are the runs between White_Space, and each punctuation code point
+// (Unicode P* or ASCII 33-47, 58-64, 91-96, 123-126) is a word of its own. Views into text.
+void bert_pre_tokenize(std::string_view text, std::vector<std::string_view>& words);
+
+// WordPiece over one word: greedy longest match first, pieces after the first looked up with
+// `prefix` in front; a word of more than max_chars code points, or one with a part no vocab
+// entry matches, is the single id `unk`. id_of gives a vocab id or -1.
+using IdOf = std::function<int32_t(std::string_view)>;
+void wordpiece(std::string_view word, std::string_view prefix, int64_t max_chars, int32_t unk, const IdOf& id_of,
+               std::vector<int32_t>& out);
+
+// The WordPiece decoder: tokens after the first lose `prefix` when they start with it and get a
+// space in front otherwise; with cleanup, tokenizers' cleanup replacements on each token.
+std::string wordpiece_decode(std::vector<std::string> tokens, std::string_view prefix, bool cleanup);
+
+// The ByteLevel pre-tokenizer: a space in front when add_prefix_space and the text does not start
+// with one, GPT-2's pattern when use_regex, then each byte as its bytes_to_unicode() character.
+// Each piece is appended to `pieces` in that byte-character form, ready for the BPE model.
+void byte_level_split(std::string_view text, bool add_prefix_space, bool use_regex, std::vector<std::string>& pieces);
+// The bytes a ByteLevel token stands for: its byte characters back to bytes, or its own UTF-8
+// bytes when it holds any other character (an added token such as "<|endoftext|>").
+std::string byte_level_bytes(std::string_view token);
+// The ByteLevel decoder: the byte characters of all tokens back to bytes (a token holding any other
+// character keeps its own UTF-8 bytes), read as lossy UTF-8.
+std::string byte_level_decode(const std::vector<std::string>& tokens);
+
+}  // namespace clattn::tok

@@ -1,0 +1,290 @@
+// Tokenizer on Hugging Face's WordPiece (bert-base-uncased) and byte-level BPE (gpt2) files of
+// ../shared/data/tokenizers (skipped without the data, failed in CI). Expected ids are the
+// published examples of the data README, and hand derivations read off the files' vocab and
+// merges (token strings in the comments: "Ġ" is GPT-2's stand-in for the space byte, "Ċ" for \n,
+// "ĉ" for \t, "Âł" the two bytes of U+00A0). python/tests/test_tokenizer_hf.py compares whole
+// corpora against reference implementations; this file pins the cases one by one, plus the
+// templates, added tokens, decoders, RoBERTa's processor and the errors.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "clattn/error.h"
+#include "clattn/tokenizer.h"
+#include "common/data.h"
+
+namespace clattn {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using Ids = std::vector<int32_t>;
+using testing::data_dir;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+std::string load_error(const std::string& text) {
+  try {
+    Tokenizer::from_json(text, "bad.json");
+    return "";
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+class Gpt2 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CLATTN_NEED_DATA("tokenizers/gpt2/tokenizer.json");
+    path_ = data_dir() / "tokenizers" / "gpt2" / "tokenizer.json";
+    tok_ = std::make_unique<Tokenizer>(Tokenizer::from_file(path_.string()));
+  }
+  Ids ids(std::string_view s) const { return tok_->encoding(s).ids; }
+  fs::path path_;
+  std::unique_ptr<Tokenizer> tok_;
+};
+
+class Bert : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CLATTN_NEED_DATA("tokenizers/bert-base-uncased/tokenizer.json");
+    path_ = data_dir() / "tokenizers" / "bert-base-uncased" / "tokenizer.json";
+    tok_ = std::make_unique<Tokenizer>(Tokenizer::from_file(path_.string()));
+  }
+  Ids ids(std::string_view s) const { return tok_->encoding(s).ids; }
+  fs::path path_;
+  std::unique_ptr<Tokenizer> tok_;
+};
+
+TEST_F(Gpt2, PublishedExample) {
+  EXPECT_THAT(ids("Hello world"), ElementsAreArray(Ids{15496, 995}));  // Hello Ġworld
+  EXPECT_EQ(tok_->token(995), "\u0120world");
+  EXPECT_EQ(tok_->vocab_size(), 50257);
+  EXPECT_THAT(tok_->encode("Hello world"), ElementsAreArray(Ids{15496, 995}));  // nothing added
+}
+
+TEST_F(Gpt2, HandDerived) {
+  EXPECT_THAT(ids("don't"), ElementsAreArray(Ids{9099, 470}));        // don 't
+  EXPECT_THAT(ids("I'll"), ElementsAreArray(Ids{40, 1183}));          // I 'll
+  EXPECT_THAT(ids("I'LL"), ElementsAreArray(Ids{40, 6, 3069}));       // I ' LL: contractions are lowercase
+  EXPECT_THAT(ids("123456"), ElementsAreArray(Ids{10163, 29228}));    // 123 456
+  EXPECT_THAT(ids("a   b"), ElementsAreArray(Ids{64, 220, 220, 275}));  // a Ġ Ġ Ġb: the last space joins b
+  EXPECT_THAT(ids("\n\n"), ElementsAreArray(Ids{628}));               // ĊĊ
+  EXPECT_THAT(ids("a\tb"), ElementsAreArray(Ids{64, 197, 65}));       // a ĉ b
+  EXPECT_THAT(ids("caf\u00e9"), ElementsAreArray(Ids{66, 1878, 2634}));           // c af Ã©
+  EXPECT_THAT(ids("cafe\u0301"), ElementsAreArray(Ids{66, 8635, 136, 223}));      // c afe Ì ģ: NFD stays NFD
+  EXPECT_THAT(ids("\U0001F600"), ElementsAreArray(Ids{47249, 222}));              // ðŁĺ Ģ
+  EXPECT_THAT(ids("\u65e5\u672c"), ElementsAreArray(Ids{33768, 98, 17312, 105}));  // æĹ ¥ æľ ¬
+  // U+00A0 and U+3000 are \s for Oniguruma: each is a piece of its own, not joined to "b".
+  EXPECT_THAT(ids("a\u00a0b"), ElementsAreArray(Ids{64, 1849, 65}));       // a Âł b
+  EXPECT_THAT(ids("a\u3000b"), ElementsAreArray(Ids{64, 5099, 222, 65}));  // a ãĢ Ģ b
+  EXPECT_THAT(ids(""), ElementsAreArray(Ids{}));
+}
+
+TEST_F(Gpt2, AddedTokenAndDecode) {
+  EXPECT_THAT(ids("a<|endoftext|>b"), ElementsAreArray(Ids{64, 50256, 65}));
+  EXPECT_NE(tok_->encode("a<|endoftext|>b"), (Ids{64, 50256, 65}));  // the literal form spells it out
+  EXPECT_EQ(tok_->decode(Ids{64, 50256, 65}), "ab");
+  EXPECT_EQ(tok_->decode(Ids{64, 50256, 65}, /*skip_special_tokens=*/false), "a<|endoftext|>b");
+  for (const char* s : {"Hello world", "  lead\n\n\ttabs  ", "caf\u00e9 cafe\u0301 \U0001F600 \u65e5\u672c", "don't I'LL"}) {
+    const Ids e = ids(s);
+    EXPECT_EQ(tok_->decode(e), s);
+    std::string streamed;
+    for (size_t i = 0; i < e.size(); ++i) streamed += tok_->decode_piece(i ? e[i - 1] : -1, e[i]);
+    EXPECT_EQ(streamed, s);
+  }
+  // Half a character: the lossy decode gives U+FFFD, as from_utf8_lossy.
+  EXPECT_EQ(tok_->decode(Ids{47249}), "\uFFFD");
+}
+
+TEST_F(Gpt2, RobertaProcessing) {
+  json j = json::parse(slurp(path_));
+  j["post_processor"] = {{"type", "RobertaProcessing"}, {"sep", {"<|endoftext|>", 50256}},
+                         {"cls", {"<|endoftext|>", 50256}}, {"trim_offsets", true}, {"add_prefix_space", false}};
+  const Tokenizer t = Tokenizer::from_json(j.dump(), "roberta.json");
+  EXPECT_THAT(t.encoding("Hello world").ids, ElementsAreArray(Ids{50256, 15496, 995, 50256}));
+  const Encoding e = t.encoding("Hello", std::string_view("world"));
+  EXPECT_THAT(e.ids, ElementsAreArray(Ids{50256, 15496, 50256, 50256, 6894, 50256}));  // world without Ġ
+  EXPECT_THAT(e.type_ids, ElementsAreArray(Ids{0, 0, 0, 0, 0, 0}));
+  // Llama 3 style: a Sequence of ByteLevel and the processor that adds tokens gives the same.
+  json seq = j;
+  seq["post_processor"] = {{"type", "Sequence"},
+                           {"processors", json::array({json{{"type", "ByteLevel"}, {"trim_offsets", false}},
+                                                       j["post_processor"]})}};
+  const Tokenizer s = Tokenizer::from_json(seq.dump(), "sequence.json");
+  EXPECT_THAT(s.encoding("Hello", std::string_view("world")).ids, ElementsAreArray(e.ids));
+  seq["post_processor"]["processors"].push_back(j["post_processor"]);
+  EXPECT_THAT(load_error(seq.dump()), HasSubstr("post_processor.processors[2]: a second processor"));
+  j["pre_tokenizer"]["add_prefix_space"] = true;  // RoBERTa-style files: " world" then
+  const Tokenizer spaced = Tokenizer::from_json(j.dump(), "roberta.json");
+  EXPECT_THAT(spaced.encoding("world", std::nullopt, false).ids, ElementsAreArray(Ids{995}));
+}
+
+TEST_F(Bert, PublishedExamples) {
+  EXPECT_THAT(ids("i like strawberries"), ElementsAreArray(Ids{101, 1045, 2066, 13137, 20968, 102}));
+  EXPECT_THAT(tok_->encoding("unaffable", std::nullopt, false).ids, ElementsAreArray(Ids{14477, 20961, 3468}));
+  EXPECT_EQ(tok_->token(14477), "una");
+  EXPECT_EQ(tok_->token(20961), "##ffa");
+  EXPECT_EQ(tok_->token(3468), "##ble");
+}
+
+TEST_F(Bert, HandDerived) {
+  const auto plain = [&](std::string_view s) { return tok_->encoding(s, std::nullopt, false).ids; };
+  EXPECT_THAT(plain("Don't"), ElementsAreArray(Ids{2123, 1005, 1056}));     // don ' t
+  EXPECT_THAT(plain("I'LL"), ElementsAreArray(Ids{1045, 1005, 2222}));      // i ' ll
+  EXPECT_THAT(plain("123456"), ElementsAreArray(Ids{13138, 19961, 2575}));  // 123 ##45 ##6
+  EXPECT_THAT(plain("a   b\n\nc\td"), ElementsAreArray(Ids{1037, 1038, 1039, 1040}));
+  EXPECT_THAT(plain("caf\u00e9"), ElementsAreArray(Ids{7668}));   // cafe: accents stripped
+  EXPECT_THAT(plain("cafe\u0301"), ElementsAreArray(Ids{7668}));  // NFD gives the same
+  EXPECT_THAT(plain("\U0001F600"), ElementsAreArray(Ids{100}));   // [UNK]
+  EXPECT_THAT(plain("\u65e5\u672c\u8a9e"), ElementsAreArray(Ids{1864, 1876, 1950}));  // 日 本 語, split
+  EXPECT_THAT(plain(std::string(100, 'a')), ::testing::Not(ElementsAreArray(Ids{100})));
+  EXPECT_THAT(plain(std::string(101, 'a')), ElementsAreArray(Ids{100}));  // over 100 chars
+  EXPECT_THAT(plain("a\u00a0b\u3000c"), ElementsAreArray(Ids{1037, 1038, 1039}));
+  EXPECT_THAT(plain("Hello, World!"), ElementsAreArray(Ids{7592, 1010, 2088, 999}));
+}
+
+TEST_F(Bert, PairsAndAddedTokens) {
+  const Encoding e = tok_->encoding("i like", std::string_view("strawberries"));
+  EXPECT_THAT(e.ids, ElementsAreArray(Ids{101, 1045, 2066, 102, 13137, 20968, 102}));
+  EXPECT_THAT(e.type_ids, ElementsAreArray(Ids{0, 0, 0, 0, 1, 1, 1}));
+  const Encoding raw = tok_->encoding("i like", std::string_view("strawberries"), false);
+  EXPECT_THAT(raw.ids, ElementsAreArray(Ids{1045, 2066, 13137, 20968}));
+  EXPECT_THAT(raw.type_ids, ElementsAreArray(Ids{0, 0, 1, 1}));
+  // [MASK] is not normalized: found in the raw text, while "[mask]" is five pieces.
+  EXPECT_THAT(tok_->encoding("i [MASK] it", std::nullopt, false).ids, ElementsAreArray(Ids{1045, 103, 2009}));
+  EXPECT_THAT(tok_->encoding("[mask]", std::nullopt, false).ids, ElementsAreArray(Ids{1031, 7308, 1033}));
+  EXPECT_THAT(tok_->encoding("i [MASK]", std::nullopt, false, /*literal=*/true).ids,
+              ElementsAreArray(Ids{1045, 1031, 7308, 1033}));
+}
+
+// Each BertNormalizer switch on its own, ids read off the vocab: "caf" 24689 exists but "##é" does
+// not, so an unstripped "café" is [UNK] 100; "cafe" 7668, "hello" 7592, no "H"; "ab" 11113;
+// "日" 1864, "本" 1876, "##本" 30402.
+TEST_F(Bert, NormalizerSwitches) {
+  const json good = json::parse(slurp(path_));
+  const auto with = [&](const char* key, json value) {
+    json j = good;
+    j["normalizer"][key] = std::move(value);
+    return Tokenizer::from_json(j.dump(), "switches.json");
+  };
+  const auto plain = [](const Tokenizer& t, std::string_view s) { return t.encoding(s, std::nullopt, false).ids; };
+  const Tokenizer keep_accents = with("strip_accents", false);
+  EXPECT_THAT(plain(keep_accents, "caf\u00e9"), ElementsAreArray(Ids{100}));
+  EXPECT_THAT(plain(keep_accents, "CAFE"), ElementsAreArray(Ids{7668}));
+  const Tokenizer cased = with("lowercase", false);  // strip_accents null follows: no stripping
+  EXPECT_THAT(plain(cased, "hello"), ElementsAreArray(Ids{7592}));
+  EXPECT_THAT(plain(cased, "Hello"), ElementsAreArray(Ids{100}));
+  EXPECT_THAT(plain(cased, "cafe\u0301"), ElementsAreArray(Ids{100}));
+  json j = good;
+  j["normalizer"]["lowercase"] = false;
+  j["normalizer"]["strip_accents"] = true;
+  EXPECT_THAT(plain(Tokenizer::from_json(j.dump(), "switches.json"), "caf\u00e9"), ElementsAreArray(Ids{7668}));
+  EXPECT_THAT(plain(*tok_, std::string("a\0b", 3)), ElementsAreArray(Ids{11113}));  // NUL dropped
+  EXPECT_THAT(plain(with("clean_text", false), std::string("a\0b", 3)), ElementsAreArray(Ids{100}));
+  EXPECT_THAT(plain(*tok_, "\u65e5\u672c"), ElementsAreArray(Ids{1864, 1876}));
+  EXPECT_THAT(plain(with("handle_chinese_chars", false), "\u65e5\u672c"), ElementsAreArray(Ids{1864, 30402}));
+}
+
+// Older BERT files carry BertProcessing instead of the template: the same ids and type ids.
+TEST_F(Bert, BertProcessing) {
+  json j = json::parse(slurp(path_));
+  j["post_processor"] = {{"type", "BertProcessing"}, {"sep", {"[SEP]", 102}}, {"cls", {"[CLS]", 101}}};
+  const Tokenizer t = Tokenizer::from_json(j.dump(), "bert_processing.json");
+  for (const auto& [a, b] : {std::pair{"i like", "strawberries"}, std::pair{"", "x"}}) {
+    const Encoding want = tok_->encoding(a, std::string_view(b)), got = t.encoding(a, std::string_view(b));
+    EXPECT_THAT(got.ids, ElementsAreArray(want.ids));
+    EXPECT_THAT(got.type_ids, ElementsAreArray(want.type_ids));
+    EXPECT_THAT(t.encoding(a).ids, ElementsAreArray(tok_->encoding(a).ids));
+  }
+}
+
+TEST_F(Bert, Decode) {
+  EXPECT_EQ(tok_->decode(ids("i like strawberries")), "i like strawberries");
+  EXPECT_EQ(tok_->decode(ids("unaffable")), "unaffable");
+  EXPECT_EQ(tok_->decode(ids("Hello, World!")), "hello, world!");  // cleanup: " ," and " !"
+  EXPECT_EQ(tok_->decode(ids("i like"), false), "[CLS] i like [SEP]");
+  const Ids e = ids("Hello, unaffable world!");
+  std::string streamed;
+  for (size_t i = 0; i < e.size(); ++i) streamed += tok_->decode_piece(i ? e[i - 1] : -1, e[i]);
+  EXPECT_EQ(streamed, tok_->decode(e));
+}
+
+TEST_F(Bert, InvalidUtf8IsAnError) {
+  for (const std::string bad : {"\xFF", "ab\xC3", "\xED\xA0\x80"}) {
+    try {
+      tok_->encoding(bad);
+      ADD_FAILURE() << "encoded invalid UTF-8";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("UTF-8"));
+    }
+  }
+  EXPECT_THROW(tok_->encoding("ok", std::string_view("\xFF")), Error);
+}
+
+TEST_F(Bert, MalformedFiles) {
+  const json good = json::parse(slurp(path_));
+  const auto with = [&](auto edit) {
+    json j = good;
+    edit(j);
+    return load_error(j.dump());
+  };
+  const auto expect = [](const std::string& msg, const std::string& part) {
+    EXPECT_THAT(msg, HasSubstr("bad.json"));
+    EXPECT_THAT(msg, HasSubstr(part));
+  };
+  EXPECT_EQ(load_error(good.dump()), "");
+  expect(with([](json& j) { j["model"].erase("unk_token"); }), "model.unk_token");
+  expect(with([](json& j) { j["model"]["unk_token"] = "[NOPE]"; }), "not in model.vocab");
+  expect(with([](json& j) { j["model"]["max_input_chars_per_word"] = -1; }), "max_input_chars_per_word");
+  expect(with([](json& j) { j["model"]["continuing_subword_prefix"] = 3; }), "continuing_subword_prefix");
+  expect(with([](json& j) { j["normalizer"]["lowercase"] = "yes"; }), "normalizer.lowercase");
+  expect(with([](json& j) { j["normalizer"]["type"] = "NFKC"; }), "\"NFKC\" is not supported");
+  expect(with([](json& j) { j["pre_tokenizer"]["type"] = "Whitespace"; }), "pre_tokenizer \"Whitespace\"");
+  expect(with([](json& j) { j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"use_regex", 1}}; }), "pre_tokenizer.use_regex");
+  expect(with([](json& j) { j["decoder"]["cleanup"] = 1; }), "decoder.cleanup");
+  expect(with([](json& j) { j["post_processor"]["pair"][3]["Sequence"]["id"] = "C"; }), "post_processor.pair[3]");
+  expect(with([](json& j) { j["post_processor"]["special_tokens"]["[SEP]"]["ids"] = {40000}; }), "[SEP]");
+  expect(with([](json& j) { j["post_processor"]["single"][1]["Sequence"]["type_id"] = -2; }), "type_id");
+  expect(with([](json& j) { j["post_processor"] = {{"type", "RobertaProcessing"}, {"sep", {"[SEP]", 99999}}, {"cls", {"[CLS]", 101}}}; }),
+         "post_processor.sep id 99999 is out of range");
+  expect(with([](json& j) { j["added_tokens"][0]["lstrip"] = "no"; }), "added_tokens[0].lstrip");
+  // Without a pair template, a pair is an Error at encode time.
+  json j = good;
+  j["post_processor"].erase("pair");
+  const Tokenizer t = Tokenizer::from_json(j.dump(), "bad.json");
+  EXPECT_THROW(t.encoding("a", std::string_view("b")), Error);
+}
+
+// Added-token options on a small WordPiece file written here (no real file uses them).
+TEST(TokenizerHf, AddedTokenOptions) {
+  json vocab = {{"[UNK]", 0}, {"a", 1}, {"b", 2}, {"x", 3}};
+  const auto make = [&](bool single_word, bool lstrip, bool rstrip) {
+    json added = json::array({json{{"id", 4}, {"content", "<m>"}, {"single_word", single_word}, {"lstrip", lstrip},
+                                   {"rstrip", rstrip}, {"normalized", false}, {"special", true}}});
+    json j = {{"model", {{"type", "WordPiece"}, {"unk_token", "[UNK]"}, {"vocab", vocab}}},
+              {"pre_tokenizer", {{"type", "BertPreTokenizer"}}},
+              {"added_tokens", added}};
+    return Tokenizer::from_json(j.dump(), "options.json");
+  };
+  const auto enc = [](const Tokenizer& t, std::string_view s) { return t.encoding(s, std::nullopt, false).ids; };
+  // Not split out, "<m>" is three words (< and > are punctuation), each [UNK].
+  EXPECT_THAT(enc(make(false, false, false), "a<m>b"), ElementsAreArray(Ids{1, 4, 2}));
+  EXPECT_THAT(enc(make(true, false, false), "a<m>b"), ElementsAreArray(Ids{1, 0, 0, 0, 2}));  // inside a word
+  EXPECT_THAT(enc(make(true, false, false), "a <m> b"), ElementsAreArray(Ids{1, 4, 2}));
+  EXPECT_THAT(enc(make(false, true, true), "a  <m>  b"), ElementsAreArray(Ids{1, 4, 2}));
+  EXPECT_EQ(make(false, false, false).decode(Ids{1, 4, 2}, false), "a <m> b");
+}
+
+}  // namespace
+}  // namespace clattn
