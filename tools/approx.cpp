@@ -158,6 +158,7 @@ struct Workload {
   std::unique_ptr<Decoder> dec;
   Tensor features;              // (B, patches, dim): KWT
   std::vector<int32_t> ids;     // (B, T) tokens
+  std::vector<int32_t> lengths; // (B) valid tokens of each sequence, or empty (all T)
   int64_t B = 1, T = 0;
   std::vector<int32_t> labels;  // (rows) or empty
   int64_t rows_per_item() const { return dec ? T : 1; }
@@ -177,7 +178,9 @@ struct Workload {
       const Shape s{n, features.dim(1), features.dim(2)};
       return enc->forward_features(make_view(features.data() + begin * per, s));
     }
-    return enc->forward_tokens(std::span<const int32_t>(ids).subspan(static_cast<size_t>(begin * T), static_cast<size_t>(n * T)), n, T);
+    const std::span<const int32_t> len =
+        lengths.empty() ? std::span<const int32_t>{} : std::span<const int32_t>(lengths).subspan(static_cast<size_t>(begin), static_cast<size_t>(n));
+    return enc->forward_tokens(std::span<const int32_t>(ids).subspan(static_cast<size_t>(begin * T), static_cast<size_t>(n * T)), n, T, len);
   }
   Tensor run() { return run(0, B); }
   std::vector<int32_t> labels_of(int64_t begin, int64_t end) const {
@@ -232,11 +235,45 @@ Workload load_workload(const ApproxOptions& o, int64_t sequences) {
     if (f.has("labels")) w.labels = f.get_i32("labels");
     return w;
   }
+  check(w.enc->config().num_labels >= 1, "approx: this encoder has no classifier to compare predictions of");
+  if (!o.text.empty()) {
+    // One example per non-empty line, through the model's tokenizer.json (its template adds
+    // [CLS] / [SEP] or <s> / </s>), padded to the longest; a line past the context is cut there.
+    const std::string text = read_input_file(o.text, "approx: --text", kMaxTextBytes);
+    const Tokenizer tok = Tokenizer::from_file((std::filesystem::path(o.model) / "tokenizer.json").string());
+    const int64_t context = w.enc->config().max_positions;
+    std::vector<std::vector<int32_t>> seqs;
+    int64_t cut = 0;
+    for (size_t at = 0; at < text.size();) {
+      const size_t e = std::min(text.find('\n', at), text.size());
+      const std::string_view line = std::string_view(text).substr(at, e - at);
+      at = e + 1;
+      if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+      seqs.push_back(tok.encode(line));
+      if (static_cast<int64_t>(seqs.back().size()) > context) {
+        seqs.back().resize(static_cast<size_t>(context));
+        ++cut;
+      }
+    }
+    check(!seqs.empty(), "approx: '", o.text, "' has no non-empty line to classify");
+    if (cut)
+      std::fprintf(stderr, "approx: note: %lld of %zu lines were longer than the model's context of %lld tokens and were cut\n",
+                   static_cast<long long>(cut), seqs.size(), static_cast<long long>(context));
+    w.B = static_cast<int64_t>(seqs.size());
+    w.T = 0;
+    for (const auto& q : seqs) w.T = std::max<int64_t>(w.T, static_cast<int64_t>(q.size()));
+    w.ids.assign(static_cast<size_t>(w.B * w.T), 0);
+    for (int64_t b = 0; b < w.B; ++b) {
+      const auto& q = seqs[static_cast<size_t>(b)];
+      std::copy(q.begin(), q.end(), w.ids.begin() + b * w.T);
+      w.lengths.push_back(static_cast<int32_t>(q.size()));
+    }
+    return w;
+  }
   // BERT-style classifier: --token-file holds ids [T] or [B, T] (and optional 'labels' [B]).
-  check(!o.tokens.empty(), "approx: a BERT-style encoder takes --token-file");
+  check(!o.tokens.empty(), "approx: a BERT-style encoder takes --token-file or --text");
   read_tokens(o.tokens, "labels", w.ids, w.B, w.T, w.labels);
   check_context(w.T, w.enc->config().max_positions, "approx: '" + o.tokens + "'");
-  check(w.enc->config().num_labels >= 1, "approx: this encoder has no classifier to compare predictions of");
   return w;
 }
 
@@ -579,7 +616,9 @@ void add_approx(CLI::App& app) {
                   "token input: .safetensors with integer 'tokens' [T] or [B, T] (and 'targets' for a decoder, "
                   "'labels' for a classifier)");
   add_renamed_option(sub, "--tokens", "--token-file", o->tokens);
-  sub->add_option("--text", o->text, "decoder input: a UTF-8 text file, tokenized with the model's tokenizer.json");
+  sub->add_option("--text", o->text,
+                  "a UTF-8 text file through the model's tokenizer.json: for a decoder one stream of next-token "
+                  "predictions, for a classifier one example per non-empty line");
   sub->add_option("--attention", o->attention,
                   "attention plan, repeatable: one spec for every layer, or 'spec0;spec1;...' per layer "
                   "(the last repeats)")->check(spec_validator());

@@ -465,3 +465,68 @@ def test_read_plan_gives_a_plan_set_attention_takes(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"plan": "full;nope"}))
     with pytest.raises(RuntimeError, match="nope"):
         clattn.read_plan(tmp_path / "bad.json")
+
+
+# ---- with their real tokenizers, from the command line
+
+def copy_tokenizer(src, dst):
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (dst / name).write_bytes((src / name).read_bytes())
+
+
+def test_gpt2_generates_from_text_through_its_byte_level_tokenizer(tmp_path, cli):
+    from conftest import data_dir
+    tok_dir = data_dir() / "tokenizers" / "gpt2"
+    V = 50257
+    rng = np.random.default_rng(11)
+    t = gpt2_tensors(11)
+    t["transformer.wte.weight"] = rng_tensor(rng, (V, H))
+    cfg = dict(GPT2_CONFIG, vocab_size=V, bos_token_id=V - 1, eos_token_id=V - 1, n_positions=64, n_ctx=64)
+    t["transformer.wpe.weight"] = rng_tensor(rng, (64, H))
+    write_folder(tmp_path / "gpt2", cfg, t)
+    copy_tokenizer(tok_dir, tmp_path / "gpt2")
+    m = clattn.load_model(str(tmp_path / "gpt2"))
+    prompt = m.tokenizer.encode("Hello world")
+    assert list(prompt) == [15496, 995]  # the published GPT-2 ids: no BOS added
+    # Greedy continuation through the KV cache equals argmax of the NumPy forward, token by token.
+    new = m.generate(prompt, max_tokens=6, temperature=0)
+    ids = list(prompt)
+    for _ in range(6):
+        ids.append(int(np.argmax(gpt2_reference(t, np.array(ids))[-1])))
+    assert list(new) == ids[2:]
+    # The command line prints the prompt, then the same continuation as text.
+    r = cli("generate", "--model", tmp_path / "gpt2", "--prompt", "Hello world", "--tokens", 6, "--threads", 1)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip("\n") == m.tokenizer.decode(np.array(ids, np.int32)), r.stdout
+    r = cli("generate", "--model", tmp_path / "gpt2", "--prompt", "Hello world", "--tokens", 63)  # 2 + 63 > 64
+    assert r.returncode != 0 and "context" in r.stderr
+
+
+def test_distilbert_classifies_lines_through_wordpiece(tmp_path, cli):
+    from conftest import data_dir
+    tok_dir = data_dir() / "tokenizers" / "bert-base-uncased"
+    V = 30522
+    rng = np.random.default_rng(12)
+    t = distil_tensors(12)
+    t["distilbert.embeddings.word_embeddings.weight"] = rng_tensor(rng, (V, H))
+    write_folder(tmp_path / "d", dict(DISTIL_CONFIG, vocab_size=V), t)
+    copy_tokenizer(tok_dir, tmp_path / "d")
+    lines = ["I like strawberries.", "", "Unaffable people, don't they?", "Café au lait ☕ 東京", "a b c d e f g"]
+    (tmp_path / "lines.txt").write_text("\n".join(lines) + "\n")
+    r = cli("approx", "--model", tmp_path / "d", "--text", tmp_path / "lines.txt", "--attention", "full",
+            "--attention", "clustered:clusters=3", "--repeat", 1, "--json", tmp_path / "r.json")
+    assert r.returncode == 0, r.stderr
+    assert "4 predictions" in r.stdout, r.stdout
+    res = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert res[0]["agreement"] == 1.0  # full against full
+    # The same through Python: the template's ids, padded, classified with lengths.
+    m = clattn.load_model(str(tmp_path / "d"))
+    enc = [m.tokenizer.encode(s) for s in lines if s]
+    assert list(enc[0]) == [101, 1045, 2066, 13137, 20968, 1012, 102]
+    T = max(len(e) for e in enc)
+    ids = np.zeros((4, T), np.int32)
+    for i, e in enumerate(enc):
+        ids[i, :len(e)] = e
+    logits = m.forward(ids, lengths=[len(e) for e in enc])
+    for i, e in enumerate(enc):
+        assert close(logits[i], distil_reference(t, np.asarray(e), len(e)))
