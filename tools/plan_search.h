@@ -11,7 +11,8 @@
 //   1. each layer alone gets the cheapest candidate, the rest full: how much that layer alone
 //      moves the metric (L evaluations);
 //   2. from the least sensitive layer to the most, each layer takes the cheapest candidate with
-//      which the plan so far still reaches the target, or stays full (at most L·K evaluations).
+//      which the plan so far still reaches the target (or, among those costing at most 25 % more,
+//      the one that keeps the metric best), or stays full (at most L·K evaluations).
 // Every accepted plan meets the target on the calibration data, so the result does; whether it
 // generalises is what the held-out report says.
 #pragma once
@@ -34,6 +35,9 @@ struct PlanSearch {
   double target = 0;
   bool higher_better = true;
   bool meets(double v) const { return higher_better ? v >= target : v <= target; }
+  // A candidate costing at most (1 + slack)x the cheapest one that keeps the target is taken
+  // instead when it keeps the metric better.
+  double slack = 0.25;
   // The ms of one layer's attention with `spec` at the deployment length.
   std::function<double(const std::string& spec)> cost;
 };
