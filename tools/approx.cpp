@@ -212,9 +212,9 @@ Workload load_workload(const ApproxOptions& o, int64_t sequences) {
       w.T = std::min(n, context);
       w.B = w.T > 0 ? std::max<int64_t>(1, std::min(sequences, n / w.T)) : 1;
       if (n > w.B * w.T)
-        std::fprintf(stderr, "approx: note: '%s' has %lld tokens; the first %lld (%lld x the model's context %lld) are used\n",
-                     o.text.c_str(), static_cast<long long>(n), static_cast<long long>(w.B * w.T),
-                     static_cast<long long>(w.B), static_cast<long long>(w.T));
+        std::fprintf(stderr, "approx: note: '%s' has %lld tokens; the first %lld (%s) are used\n", o.text.c_str(),
+                     static_cast<long long>(n), static_cast<long long>(w.B * w.T),
+                     w.B == 1 ? "the model's context" : detail::concat(w.B, " sequences of the model's context").c_str());
       w.ids.assign(all.begin(), all.begin() + w.B * w.T);
       // Next-token targets: position t predicts token t + 1 of its sequence (the last one has none).
       w.labels.assign(static_cast<size_t>(w.B * w.T), -1);
