@@ -80,6 +80,11 @@ struct ModelConfig {
   // The pooler before the classifier: tanh (BERT's pooler, RoBERTa's classifier.dense) or ReLU
   // (DistilBERT's pre_classifier).
   bool pooler_relu = false;
+  // The masked-LM head of a pretrained checkpoint: dense, GELU and LayerNorm before the output
+  // layer tied to the word embeddings (BERT's cls.predictions.transform, RoBERTa's lm_head,
+  // DistilBERT's vocab_transform / vocab_layer_norm). Off: the output layer reads the final hidden
+  // state directly (the masked-token models clattn trains).
+  bool mlm_transform = false;
   float attention_scale = 0;   // 0 = 1/sqrt(head_dim)
   // KWT input path
   int64_t input_dim = 0, num_patches = 0;
@@ -365,6 +370,10 @@ class Encoder final : public Model {
   // Embeddings of a token batch (types may be null) or a feature batch into the first layer's x.
   void embed_tokens(const int32_t* ids, const int32_t* types, int64_t B, int64_t T);
   void embed_features(const float* feats, int64_t B);
+  // The masked-LM transform (ModelConfig::mlm_transform) of `rows` rows of b_->xf into b_->mt,
+  // and its backward from b_->mdt into dxf (rows, H).
+  void mlm_transform(int64_t rows);
+  void mlm_transform_backward(int64_t rows, float* dxf);
   // forward_tokens / forward_mlm up to the final norm (b_->xf); returns the rows per sequence
   // held here (T, or this rank's share when the sequence is split).
   int64_t encode_tokens(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths,

@@ -140,12 +140,13 @@ def attention(x, wq, bq, wk, bk, wv, bv, length):
     return (p @ v).transpose(1, 0, 2).reshape(T, H)
 
 
-def roberta_reference(t, ids, length, classifier=True):
+def roberta_reference(t, ids, length, classifier=True, positions_from=2):
     w = {k: v.astype(np.float64) for k, v in t.items()}
     e = "roberta.embeddings."
     T = len(ids)
-    # modeling_roberta.create_position_ids_from_input_ids: padding_idx + 1 + index for real tokens.
-    pos = np.arange(T) + 2
+    # modeling_roberta.create_position_ids_from_input_ids: padding_idx + 1 + index for real tokens
+    # (BERT, read through this function too: from 0).
+    pos = np.arange(T) + positions_from
     x = w[e + "word_embeddings.weight"][ids] + w[e + "position_embeddings.weight"][pos] + \
         w[e + "token_type_embeddings.weight"][0]
     x = ln(x, w[e + "LayerNorm.weight"], w[e + "LayerNorm.bias"], 1e-5)
@@ -164,6 +165,14 @@ def roberta_reference(t, ids, length, classifier=True):
 
 
 def distil_reference(t, ids, length):
+    x = distil_hidden(t, ids, length)
+    w = {k: v.astype(np.float64) for k, v in t.items()}
+    # DistilBertForSequenceClassification: hidden[:, 0] -> pre_classifier -> ReLU -> classifier.
+    c = np.maximum(lin(x[0], w["pre_classifier.weight"], w["pre_classifier.bias"]), 0.0)
+    return lin(c, w["classifier.weight"], w["classifier.bias"])
+
+
+def distil_hidden(t, ids, length):
     w = {k: v.astype(np.float64) for k, v in t.items()}
     e = "distilbert.embeddings."
     x = w[e + "word_embeddings.weight"][ids] + w[e + "position_embeddings.weight"][np.arange(len(ids))]
@@ -175,9 +184,7 @@ def distil_reference(t, ids, length):
         x = ln(lin(a, *g("attention.out_lin")) + x, *g("sa_layer_norm"), 1e-12)
         h = gelu(lin(x, *g("ffn.lin1")))
         x = ln(lin(h, *g("ffn.lin2")) + x, *g("output_layer_norm"), 1e-12)
-    # DistilBertForSequenceClassification: hidden[:, 0] -> pre_classifier -> ReLU -> classifier.
-    c = np.maximum(lin(x[0], w["pre_classifier.weight"], w["pre_classifier.bias"]), 0.0)
-    return lin(c, w["classifier.weight"], w["classifier.bias"])
+    return x
 
 
 def close(got, want, rel=1e-4):
@@ -276,13 +283,76 @@ def test_family_configs_and_weights_that_disagree_are_refused(tmp_path):
     write_folder(tmp_path / "relu", dict(DISTIL_CONFIG, activation="relu"), distil_tensors(5))
     with pytest.raises(RuntimeError, match="activation"):
         clattn.load_model(str(tmp_path / "relu"))
-    write_folder(tmp_path / "mlm", dict(ROBERTA_CONFIG, architectures=["RobertaForMaskedLM"]), t)
-    with pytest.raises(RuntimeError, match="RobertaForMaskedLM"):
-        clattn.load_model(str(tmp_path / "mlm"))
+    write_folder(tmp_path / "tok", dict(ROBERTA_CONFIG, architectures=["RobertaForTokenClassification"]), t)
+    with pytest.raises(RuntimeError, match="RobertaForTokenClassification"):
+        clattn.load_model(str(tmp_path / "tok"))
     d = {k: v for k, v in distil_tensors(5).items() if k != "distilbert.transformer.layer.0.ffn.lin1.weight"}
     write_folder(tmp_path / "d", DISTIL_CONFIG, d)
     with pytest.raises(RuntimeError, match="ffn.lin1.weight"):
         clattn.load_model(str(tmp_path / "d"))
+
+
+MLM_HEAD = {  # family: (dense, LayerNorm, output bias, LayerNorm eps, architecture)
+    "bert": ("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias", 1e-5,
+             "BertForMaskedLM"),
+    "roberta": ("lm_head.dense", "lm_head.layer_norm", "lm_head.bias", 1e-5, "RobertaForMaskedLM"),
+    "distilbert": ("vocab_transform", "vocab_layer_norm", "vocab_projector.bias", 1e-12, "DistilBertForMaskedLM"),
+}
+
+
+def mlm_checkpoint(family, seed):
+    """A masked-LM checkpoint of `family` as transformers saves it (the tied decoder not stored)."""
+    rng = np.random.default_rng(seed)
+    if family == "distilbert":
+        t, cfg, pre = distil_tensors(seed), dict(DISTIL_CONFIG), "distilbert."
+        for k in ("pre_classifier.weight", "pre_classifier.bias", "classifier.weight", "classifier.bias"):
+            del t[k]
+    else:
+        t, cfg = roberta_tensors(seed, classifier=False), dict(ROBERTA_CONFIG)
+        pre = "roberta."
+        if family == "bert":  # the same layers under bert., with two token types and positions from 0
+            t = {("bert." + k[len("roberta."):]): v for k, v in t.items()}
+            t["bert.embeddings.token_type_embeddings.weight"] = rng_tensor(rng, (2, H))
+            cfg.update(model_type="bert", type_vocab_size=2)
+            cfg.pop("pad_token_id")
+            pre = "bert."
+    dense, norm, bias, _, arch = MLM_HEAD[family]
+    t[dense + ".weight"], t[dense + ".bias"] = linear(rng, H, H)
+    t[norm + ".weight"], t[norm + ".bias"] = layer_norm(rng)
+    t[bias] = rng_tensor(rng, (VOCAB,), 0.1)
+    for k in ("id2label", "label2id", "problem_type"):
+        cfg.pop(k, None)
+    cfg["architectures"] = [arch]
+    return t, cfg, pre
+
+
+def mlm_reference(family, t, pre, ids, length):
+    dense, norm, bias, eps, _ = MLM_HEAD[family]
+    if family == "distilbert":
+        x = distil_hidden(t, ids, length)
+    else:
+        x = roberta_reference({("roberta." + k[len(pre):] if k.startswith(pre) else k): v for k, v in t.items()}, ids,
+                              length, classifier=False, positions_from=2 if family == "roberta" else 0)
+    w = {k: v.astype(np.float64) for k, v in t.items()}
+    h = ln(gelu(lin(x, w[dense + ".weight"], w[dense + ".bias"])), w[norm + ".weight"], w[norm + ".bias"], eps)
+    return h @ w[pre + "embeddings.word_embeddings.weight"].T + w[bias]
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])
+def test_masked_lm_heads_match_numpy_and_save_back(tmp_path, family):
+    t, cfg, pre = mlm_checkpoint(family, 13)
+    write_folder(tmp_path / family, cfg, t)
+    m = clattn.load_model(str(tmp_path / family))
+    assert m.head == "mlm"
+    logits = m.forward_mlm(IDS, lengths=LENGTHS)
+    assert logits.shape == (2, 12, VOCAB)
+    for b in range(2):
+        n = LENGTHS[b]
+        assert close(logits[b, :n], mlm_reference(family, t, pre, IDS[b, :n], n)), b
+    m.save(tmp_path / "out")
+    saved = clattn.read_safetensors(str(tmp_path / "out" / "model.safetensors"))
+    assert sorted(saved) == sorted(t)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["architectures"] == cfg["architectures"]
 
 
 @pytest.mark.parametrize("family", ["roberta", "distilbert"])

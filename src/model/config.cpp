@@ -151,18 +151,20 @@ ModelConfig read_model_config(const std::string& path) {
   else
     throw Error(detail::concat("config '", path, "': model_type \"", c.model_type,
                                "\" is not supported (supported: bert, roberta, distilbert, kwt, llama, gpt2)"));
-  // The heads each family's checkpoints can carry here (a masked-LM head with its own transform,
-  // or a token-classification head, would be silently dropped, so they are refused).
+  // The heads each family's checkpoints can carry here (a token-classification or question-
+  // answering head would be silently dropped, so they are refused).
   static const std::vector<std::string> kArch = {
-      "BertModel", "BertForSequenceClassification", "RobertaModel", "RobertaForSequenceClassification",
-      "DistilBertModel", "DistilBertForSequenceClassification", "KWTForKeywordSpotting", "LlamaForCausalLM",
+      "BertModel", "BertForSequenceClassification", "BertForMaskedLM", "RobertaModel",
+      "RobertaForSequenceClassification", "RobertaForMaskedLM", "DistilBertModel",
+      "DistilBertForSequenceClassification", "DistilBertForMaskedLM", "KWTForKeywordSpotting", "LlamaForCausalLM",
       "GPT2LMHeadModel", "GPT2Model", ""};
   bool known = false;
   for (const auto& a : kArch) known |= a == c.architecture;
   check(known, "config '", path, "': architectures entry \"", c.architecture,
-        "\" is not supported (supported: BertModel, BertForSequenceClassification, RobertaModel, "
-        "RobertaForSequenceClassification, DistilBertModel, DistilBertForSequenceClassification, "
-        "KWTForKeywordSpotting, LlamaForCausalLM, GPT2LMHeadModel, GPT2Model)");
+        "\" is not supported (supported: BertModel, BertForSequenceClassification, BertForMaskedLM, "
+        "RobertaModel, RobertaForSequenceClassification, RobertaForMaskedLM, DistilBertModel, "
+        "DistilBertForSequenceClassification, DistilBertForMaskedLM, KWTForKeywordSpotting, LlamaForCausalLM, "
+        "GPT2LMHeadModel, GPT2Model)");
   if (j.contains("clattn_head") && j["clattn_head"].is_string())
     c.saved_head = task_kind_from_name(j["clattn_head"].get<std::string>());
   if (j.contains("clattn_attention") && j["clattn_attention"].is_string())
@@ -326,6 +328,9 @@ std::vector<std::unique_ptr<Attention>> make_plan_attentions(const std::vector<s
 std::string model_config_json(const ModelConfig& c, const std::optional<TaskKind>& head, const std::string& plan) {
   json j;
   const bool classifier = c.kind != ModelKind::llama && c.num_labels >= 1 && (!head || *head == TaskKind::classify);
+  // A pretrained masked-LM head keeps its *ForMaskedLM architecture (clattn's own, without the
+  // transform, is written as the bare model with "clattn_head": "mlm").
+  const bool mlm_lm = c.mlm_transform && head && *head == TaskKind::mlm;
   if (classifier) {
     j["num_labels"] = c.num_labels;
     if (static_cast<int64_t>(c.labels.size()) == c.num_labels) {
@@ -352,7 +357,8 @@ std::string model_config_json(const ModelConfig& c, const std::optional<TaskKind
   } else if (c.model_type == "distilbert") {
     // DistilBERT's own field names, so transformers reads the folder back as it wrote it.
     j["model_type"] = "distilbert";
-    j["architectures"] = {classifier ? "DistilBertForSequenceClassification" : "DistilBertModel"};
+    j["architectures"] = {classifier ? "DistilBertForSequenceClassification"
+                                     : mlm_lm ? "DistilBertForMaskedLM" : "DistilBertModel"};
     j["dim"] = c.hidden;
     j["n_layers"] = c.layers;
     j["n_heads"] = c.heads;
@@ -390,8 +396,8 @@ std::string model_config_json(const ModelConfig& c, const std::optional<TaskKind
     } else {
       const bool roberta = c.model_type == "roberta";
       j["model_type"] = roberta ? "roberta" : "bert";
-      j["architectures"] = {roberta ? (classifier ? "RobertaForSequenceClassification" : "RobertaModel")
-                                    : (classifier ? "BertForSequenceClassification" : "BertModel")};
+      j["architectures"] = {roberta ? (classifier ? "RobertaForSequenceClassification" : mlm_lm ? "RobertaForMaskedLM" : "RobertaModel")
+                                    : (classifier ? "BertForSequenceClassification" : mlm_lm ? "BertForMaskedLM" : "BertModel")};
       if (roberta) j["pad_token_id"] = c.position_offset - 1;
       j["vocab_size"] = c.vocab;
       j["type_vocab_size"] = c.type_vocab;

@@ -38,6 +38,7 @@ struct Encoder::Layout {
   int64_t patch_w = -1, patch_b = -1, cls = -1;                  // KWT input path
   int64_t flng = -1, flnb = -1;                                  // final LayerNorm
   int64_t pool_w = -1, pool_b = -1, cls_w = -1, cls_b = -1, mlm_b = -1;
+  int64_t mlm_tw = -1, mlm_tb = -1, mlm_lng = -1, mlm_lnb = -1;  // the masked-LM transform
 };
 
 struct Encoder::Bufs {
@@ -50,6 +51,9 @@ struct Encoder::Bufs {
   float *xl = nullptr, *xf = nullptr, *fm = nullptr, *fr = nullptr;  // last layer's output, final LN
   float *dx = nullptr, *dt = nullptr, *dt2 = nullptr, *dao = nullptr, *dqkv = nullptr, *dh = nullptr, *gbuf = nullptr;
   float *hs = nullptr, *dhs = nullptr, *logits = nullptr, *pool_in = nullptr;
+  // The masked-LM transform: dense output (rows, H), its GELU (rows, H), the LayerNorm output
+  // (rows, H) the output layer reads, its mean | 1/std (2, rows), and its gradient (rows, H).
+  float *mu = nullptr, *mg = nullptr, *mt = nullptr, *mstat = nullptr, *mdt = nullptr;
 };
 
 Encoder::Encoder(const ModelConfig& cfg_in, const std::optional<TaskKind>& head, bool pooler)
@@ -137,7 +141,18 @@ Encoder::Encoder(const ModelConfig& cfg_in, const std::optional<TaskKind>& head,
   }
   if (head_ && *head_ == TaskKind::mlm) {
     check(c.kind == ModelKind::bert, "encoder: the mlm head needs a token model (bert)");
-    L.mlm_b = add("cls.predictions.bias", {c.vocab}, Init::zero);  // output layer tied to the word embeddings
+    if (c.mlm_transform) {
+      const char* dense = roberta ? "lm_head.dense" : distil ? "vocab_transform" : "cls.predictions.transform.dense";
+      const char* norm = roberta ? "lm_head.layer_norm" : distil ? "vocab_layer_norm" : "cls.predictions.transform.LayerNorm";
+      L.mlm_tw = add(std::string(dense) + ".weight", {H, H}, Init::normal);
+      L.mlm_tb = add(std::string(dense) + ".bias", {H}, Init::zero);
+      L.mlm_lng = add(std::string(norm) + ".weight", {H}, Init::one);
+      L.mlm_lnb = add(std::string(norm) + ".bias", {H}, Init::zero);
+    }
+    // The output layer is tied to the word embeddings; its bias under the family's name.
+    L.mlm_b = add(c.mlm_transform && roberta ? "lm_head.bias" : c.mlm_transform && distil ? "vocab_projector.bias"
+                                                                                         : "cls.predictions.bias",
+                  {c.vocab}, Init::zero);
   }
   check(!head_ || *head_ != TaskKind::classify || L.cls_w >= 0, "encoder: the classify head needs num_labels >= 1");
   check(!head_ || *head_ != TaskKind::lm, "encoder: an encoder takes the classify or mlm head, not lm");
@@ -160,6 +175,9 @@ std::unique_ptr<Encoder> Encoder::for_checkpoint(ModelConfig cfg, const Weights&
   const bool has_classifier = w.has(cls_name + ".weight");
   std::optional<TaskKind> head = opt.head;
   if (!head && (has_classifier || cfg.kind == ModelKind::kwt)) head = TaskKind::classify;
+  if (!head && (w.has("cls.predictions.transform.dense.weight") || w.has("lm_head.dense.weight") ||
+                w.has("vocab_transform.weight")))
+    head = TaskKind::mlm;
   check(!head || *head != TaskKind::lm, "model '", w.dir(), "': an encoder takes the classify or mlm head, not lm");
   if (cfg.kind == ModelKind::kwt) {
     check(has_classifier, "model '", w.dir(), "': tensor 'classifier.weight' is missing");
@@ -190,7 +208,12 @@ std::unique_ptr<Encoder> Encoder::for_checkpoint(ModelConfig cfg, const Weights&
     cfg.num_labels = 0;
   }
   if (head && *head == TaskKind::mlm) {
-    optional.push_back("cls.predictions.bias");
+    // A pretrained masked-LM head (dense, GELU, LayerNorm, then the tied output layer) when the
+    // checkpoint has one; else clattn's own (the tied output layer and a bias, zero when absent).
+    const std::string transform = roberta ? "lm_head.dense.weight" : distil ? "vocab_transform.weight"
+                                                                            : "cls.predictions.transform.dense.weight";
+    cfg.mlm_transform = w.has(transform);
+    if (!cfg.mlm_transform) optional.push_back("cls.predictions.bias");
     cfg.num_labels = 0;  // a classifier the checkpoint may have is not part of this model
     cfg.labels.clear();
   }
@@ -275,6 +298,13 @@ Encoder::Bufs Encoder::plan(int64_t B, int64_t T, bool train, bool head, float* 
     b.e = train ? a.take(rows * H) : b.S[0].x;     // (rows, H) word + position (+ type) embeddings
     b.em = train ? a.take(rows) : nullptr;
     b.er = train ? a.take(rows) : nullptr;
+  }
+  if (c.mlm_transform && head_ && *head_ == TaskKind::mlm) {
+    b.mu = a.take(rows * H);
+    b.mg = a.take(rows * H);
+    b.mt = a.take(rows * H);
+    b.mstat = a.take(2 * rows);
+    b.mdt = train ? a.take(rows * H) : nullptr;
   }
   if (c.final_layer_norm) {
     b.xf = train ? a.take(rows * H) : b.xl;        // (rows, H) final LayerNorm output
@@ -616,6 +646,10 @@ StepResult Encoder::forward_backward(const Batch& bt, bool train, uint64_t step,
     pool(B, T, lengths);
     pooled_loss(bt, L_->cls_w, L_->cls_b, train, scale, res);
     if (train) pool_backward(B, T, lengths, dxf);
+  } else if (L_->mlm_tw >= 0) {
+    mlm_transform(rows);
+    token_loss(b, b_->mt, b_->mdt, L_->word, L_->mlm_b, train, scale, res);
+    if (train) mlm_transform_backward(rows, dxf);
   } else {
     token_loss(b, b_->xf, dxf, L_->word, L_->mlm_b, train, scale, res);
   }
@@ -683,10 +717,33 @@ Tensor Encoder::forward_mlm(std::span<const int32_t> ids, int64_t B, int64_t T, 
         "--task mlm: cls.predictions.bias); this model has ", head_ ? task_kind_name(*head_) : "no head");
   const ThreadLimit threads(threads_for_flops(inference_flops(B * T, static_cast<double>(T))));
   T = encode_tokens(ids, B, T, lengths, {});
-  // The output layer is tied to the word embeddings: logits = xf · Wordᵀ + bias.
+  // The output layer is tied to the word embeddings: logits = xf · Wordᵀ + bias (after the
+  // pretrained head's transform, when it has one).
+  const float* x = b_->xf;
+  if (L_->mlm_tw >= 0) {
+    mlm_transform(B * T);
+    x = b_->mt;
+  }
   Tensor logits(Shape{B, T, c.vocab});  // (B, n, vocab): this rank's positions when split
-  lin(logits.data(), c.vocab, b_->xf, c.hidden, p(L_->word), p(L_->mlm_b), B * T, c.hidden, c.vocab);
+  lin(logits.data(), c.vocab, x, c.hidden, p(L_->word), p(L_->mlm_b), B * T, c.hidden, c.vocab);
   return logits;
+}
+
+void Encoder::mlm_transform(int64_t rows) {
+  const int64_t H = cfg_.hidden;
+  const nn::Gelu gk = cfg_.gelu_tanh ? nn::Gelu::tanh : nn::Gelu::erf;
+  lin(b_->mu, H, b_->xf, H, p(L_->mlm_tw), p(L_->mlm_tb), rows, H, H);
+  nn::gelu_fwd(b_->mg, b_->mu, rows * H, gk);
+  nn::layernorm_fwd(b_->mt, b_->mg, p(L_->mlm_lng), p(L_->mlm_lnb), rows, H, cfg_.eps, b_->mstat, b_->mstat + rows);
+}
+
+void Encoder::mlm_transform_backward(int64_t rows, float* dxf) {
+  const int64_t H = cfg_.hidden;
+  const nn::Gelu gk = cfg_.gelu_tanh ? nn::Gelu::tanh : nn::Gelu::erf;
+  float* d = b_->mdt;  // (rows, H): d(LN output) in, then d(GELU output), then d(dense output)
+  nn::layernorm_bwd(d, g(L_->mlm_lng), g(L_->mlm_lnb), d, b_->mg, p(L_->mlm_lng), b_->mstat, b_->mstat + rows, rows, H);
+  nn::gelu_bwd(d, d, b_->mu, rows * H, gk);
+  lin_bwd(dxf, H, g(L_->mlm_tw), g(L_->mlm_tb), d, H, b_->xf, H, p(L_->mlm_tw), rows, H, H);
 }
 
 Tensor Encoder::forward_features(ConstView features) {

@@ -130,8 +130,9 @@ int64_t Model::add(const std::string& name, std::vector<int64_t> shape, Init ini
   inits_.push_back(init);
   // Only an encoder's own tensors take the checkpoint's family prefix ("bert.", "roberta.",
   // "distilbert."), never the task heads.
-  prefixed_.push_back(name.rfind("classifier.", 0) != 0 && name.rfind("cls.", 0) != 0 &&
-                      name.rfind("pre_classifier.", 0) != 0);
+  bool head = false;
+  for (const char* h : {"classifier.", "cls.", "pre_classifier.", "lm_head.", "vocab_"}) head |= name.rfind(h, 0) == 0;
+  prefixed_.push_back(!head);
   transposed_.push_back(transposed);
   return off;
 }

@@ -411,8 +411,8 @@ TEST(Checkpoints, BadOnesAreNamedErrors) {
     expect_load_error(dir, "model_type \"t5\" is not supported");
     std::ofstream(dir + "/config.json") << R"({"model_type": "bert", "hidden_size": 16, "num_hidden_layers": 2})";
     expect_load_error(dir, "\"num_attention_heads\" is missing");
-    std::ofstream(dir + "/config.json") << R"({"model_type": "bert", "architectures": ["BertForMaskedLM"]})";
-    expect_load_error(dir, "BertForMaskedLM");
+    std::ofstream(dir + "/config.json") << R"({"model_type": "bert", "architectures": ["BertForTokenClassification"]})";
+    expect_load_error(dir, "BertForTokenClassification");
     std::ofstream(dir + "/config.json") << "{not json";
     expect_load_error(dir, "not valid JSON");
   }

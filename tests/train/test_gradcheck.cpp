@@ -320,6 +320,27 @@ TEST(TrainGradcheck, RobertaAndDistilbertClassifiers) {
   }
 }
 
+// A pretrained masked-LM head: dense, GELU and LayerNorm before the tied output layer, under
+// each family's names.
+TEST(TrainGradcheck, PretrainedMaskedLmHeads) {
+  for (const std::string family : {"bert", "roberta", "distilbert"}) {
+    ModelConfig c = post_ln_bert();
+    c.model_type = family;
+    c.num_labels = 0;
+    c.attention_scale = 0;
+    c.mlm_transform = true;
+    c.type_vocab = family == "distilbert" ? 0 : 1;
+    if (family == "roberta") c.position_offset = 2;
+    std::unique_ptr<Model> m = Model::create(c, TaskKind::mlm, 1);
+    const char* dense = family == "roberta" ? "lm_head.dense.weight" : family == "distilbert" ? "vocab_transform.weight"
+                                                                                              : "cls.predictions.transform.dense.weight";
+    ASSERT_EQ(m->param(dense).size, 256);
+    roughen(*m, 2);
+    const Batch b = tiny_batch(TaskKind::mlm, 13, {13, 9}, 11, 0, 4);
+    gradcheck(*m, b, family + "/mlm pretrained head full");
+  }
+}
+
 // GPT-2: LayerNorms with biases, biased Conv1D layers held transposed, learned positions, GELU-tanh.
 TEST(TrainGradcheck, Gpt2Decoder) {
   ModelConfig c = tiny_llama(13, 2);
