@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Writes src/model/unicode_tables.inc: the Unicode data the tokenizers need (src/model/unicode.h).
+"""Writes src/text/unicode_tables.inc: the Unicode data the tokenizers need (src/text/unicode.h).
 
 Run at development time, from the repository root, with Debian's interpreter:
-    /usr/bin/python3 scripts/gen_unicode_tables.py > src/model/unicode_tables.inc
+    /usr/bin/python3 scripts/gen_unicode_tables.py > src/text/unicode_tables.inc
 The output is committed, so building needs no Unicode library. It reflects the Unicode version of
 the interpreter's `unicodedata` (printed into the file: 14.0.0 for Python 3.11).
 
@@ -16,7 +16,7 @@ Tables:
               character, so U+0130 gives two code points and no context rule such as final sigma
               applies, as Rust's char::to_lowercase).
   kNfd        canonical decompositions (NFD of one character) except the Hangul syllables, which
-              src/model/unicode.cpp decomposes arithmetically.
+              src/text/unicode.cpp decomposes arithmetically.
 """
 import sys
 import unicodedata

@@ -34,7 +34,7 @@
 // unless given add_bos.
 //
 // Unicode: categories (L, N, P, Mn, C), White_Space, full lowercase and canonical decomposition
-// come from tables generated from Python's unicodedata (src/model/unicode_tables.inc, Unicode
+// come from tables generated from Python's unicodedata (src/text/unicode_tables.inc, Unicode
 // 14.0.0). GPT-2's pattern runs on Oniguruma in HF; its \s is the White_Space property there (and
 // here): U+00A0, U+0085, U+2028, U+3000 are spaces, U+001C..U+001F and U+200B are not.
 //
@@ -134,7 +134,7 @@ class Tokenizer {
   const std::string& token(int32_t id) const;  // the vocab string ("▁the", "<0x0A>"); throws when out of range
   const std::string& name() const;             // the file name used in error messages
 
-  struct Impl;  // defined in src/model/tokenizer.cpp
+  struct Impl;  // defined in src/text/tokenizer.cpp
 
  private:
   explicit Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}

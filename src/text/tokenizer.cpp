@@ -18,9 +18,9 @@
 
 #include "clattn/error.h"
 #include "clattn/input_file.h"
-#include "model/tokenizer_impl.h"
-#include "model/tokenizer_parts.h"
-#include "model/unicode.h"
+#include "text/tokenizer_impl.h"
+#include "text/tokenizer_parts.h"
+#include "text/unicode.h"
 
 namespace clattn {
 

@@ -1,5 +1,5 @@
 // The pipeline steps of the WordPiece (BERT) and byte-level BPE (GPT-2, RoBERTa) tokenizer families,
-// as free functions over text so that src/model/tokenizer.cpp only wires them to tokenizer.json.
+// as free functions over text so that src/text/tokenizer.cpp only wires them to tokenizer.json.
 // Semantics are those of Hugging Face `tokenizers` (see include/clattn/tokenizer.h). Text is valid
 // UTF-8 throughout: Tokenizer::encode checks it first.
 #pragma once

@@ -1,5 +1,5 @@
 // Unicode tables of the tokenizers: see unicode.h and scripts/gen_unicode_tables.py.
-#include "model/unicode.h"
+#include "text/unicode.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -21,7 +21,7 @@ struct Decomposition {
   char32_t to[4];  // 0-padded: the longest full canonical decomposition is 4 code points
 };
 
-#include "model/unicode_tables.inc"
+#include "text/unicode_tables.inc"
 
 // Hangul syllables decompose arithmetically (Unicode §3.12), so the table leaves out 11172 rows.
 constexpr char32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0x11A7;

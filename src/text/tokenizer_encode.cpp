@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "model/tokenizer_impl.h"
-#include "model/unicode.h"
+#include "text/tokenizer_impl.h"
+#include "text/unicode.h"
 
 namespace clattn {
 

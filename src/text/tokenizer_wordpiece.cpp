@@ -2,8 +2,8 @@
 // tokenizer_parts.h; each follows the corresponding file of Hugging Face `tokenizers`).
 #include <algorithm>
 
-#include "model/tokenizer_parts.h"
-#include "model/unicode.h"
+#include "text/tokenizer_parts.h"
+#include "text/unicode.h"
 
 namespace clattn::tok {
 

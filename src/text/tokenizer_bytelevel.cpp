@@ -3,8 +3,8 @@
 #include <array>
 #include <vector>
 
-#include "model/tokenizer_parts.h"
-#include "model/unicode.h"
+#include "text/tokenizer_parts.h"
+#include "text/unicode.h"
 
 namespace clattn::tok {
 namespace {

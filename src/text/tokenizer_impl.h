@@ -1,5 +1,5 @@
 // Internal: the parsed form of a tokenizer.json (Tokenizer::Impl) and the types it holds, shared by
-// src/model/tokenizer.cpp (loading, decoding) and src/model/tokenizer_encode.cpp (the encode
+// src/text/tokenizer.cpp (loading, decoding) and src/text/tokenizer_encode.cpp (the encode
 // pipeline and the BPE merge loop).
 #pragma once
 
@@ -13,7 +13,7 @@
 
 #include "clattn/error.h"
 #include "clattn/tokenizer.h"
-#include "model/tokenizer_parts.h"
+#include "text/tokenizer_parts.h"
 
 namespace clattn::tok {
 
