@@ -36,18 +36,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-TaskOptions task_options(const std::string& task, const std::string& data, uint64_t seed, int64_t min_length,
-                         int64_t max_length, double mask_prob) {
-  TaskOptions t;
-  t.kind = task;
-  t.data = data;
-  t.seed = seed;
-  t.min_length = min_length;
-  t.max_length = max_length;
-  t.mask_prob = static_cast<float>(mask_prob);
-  return t;
-}
-
 std::string duration(double s) {
   char buf[32];
   if (s < 60) std::snprintf(buf, sizeof buf, "%.0fs", s);
@@ -161,126 +149,60 @@ void run_train(TrainCli cl) {
 }
 
 struct EvalArgs {
-  std::string checkpoint, task, data, output = "text";
-  std::vector<std::string> attention;
-  int64_t seq = 0, batch = 8, eval_examples = 0, min_length = 500, max_length = 2000;
-  double mask_prob = 0.15;
-  uint64_t seed = 0;
+  CheckpointEvalOptions o;
+  std::string output = "text";
   int threads = 0;
-  // Which of the task options the command line gave (the rest come from the run's train_state.json).
-  bool has_task = false, has_data = false, has_seed = false, has_seq = false, has_lengths = false, has_mask = false,
-       has_batch = false;
 };
 
-// The model folder of --checkpoint: DIR itself when it holds config.json, else DIR/best, else
-// DIR/latest.
-fs::path model_folder(const std::string& dir) {
-  const fs::path d = dir;
-  for (const fs::path& c : {d, d / "best", d / "latest"})
-    if (fs::exists(c / "config.json")) return c;
-  fail("eval: '", dir, "' holds no checkpoint (config.json in it, in best/ or in latest/)");
-}
-
-void run_eval(EvalArgs o) {
-  set_threads(checked_threads(o.threads, "eval"));
-  usage_check(o.output == "text" || o.output == "json", "eval: -o/--format must be text or json, got '", o.output, "'");
-  check_size(o.batch, 1, 1 << 20, "eval: --batch");
-  check_size(o.eval_examples, 0, kMaxCount, "eval: --eval-examples (0: the whole held-out set)");
-  const fs::path folder = model_folder(o.checkpoint);
-  // Task options of the training run, unless given.
-  json saved;
-  const std::string state_path = (folder / "train_state.json").string();
-  if (input_exists(state_path)) {
-    const json st = json::parse(read_input_file(state_path, "eval: train state", kMaxJsonBytes), nullptr, false);
-    check(st.is_object() && st.contains("args") && st["args"].is_object(), "eval: '", state_path,
-          "' is not a train state (a JSON object with \"args\")");
-    saved = st["args"];
-  }
-  if (!saved.is_null()) {
-    // Each field checked (the file may have been edited): a wrong type or range names the field.
-    const auto text = [&](const char* key, const std::string& dflt) {
-      if (!saved.contains(key)) return dflt;
-      check(saved[key].is_string(), "eval: '", state_path, "': args field \"", key, "\" must be a string, got ",
-            saved[key].dump());
-      return saved[key].get<std::string>();
-    };
-    const auto integer = [&](const char* key, int64_t dflt, int64_t lo, int64_t hi) {
-      if (!saved.contains(key)) return dflt;
-      const json& v = saved[key];
-      check(v.is_number_integer() && (v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(hi)
-                                                              : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi),
-            "eval: '", state_path, "': args field \"", key, "\" must be an integer in [", lo, ", ", hi, "], got ",
-            v.dump());
-      return v.get<int64_t>();
-    };
-    if (!o.has_task) o.task = text("task", o.task);
-    if (!o.has_data) o.data = text("data", o.data);
-    if (!o.has_seed)
-      o.seed = saved.contains("seed") && saved["seed"].is_number_unsigned()
-                   ? saved["seed"].get<uint64_t>()
-                   : static_cast<uint64_t>(integer("seed", static_cast<int64_t>(o.seed), 0, INT64_MAX));
-    if (!o.has_seq) o.seq = integer("seq", o.seq, 1, kMaxCount);
-    if (!o.has_lengths) {
-      o.min_length = integer("min_length", o.min_length, 1, kMaxCount);
-      o.max_length = integer("max_length", o.max_length, 1, kMaxCount);
+void run_eval(const EvalArgs& a) {
+  set_threads(checked_threads(a.threads, "eval"));
+  usage_check(a.output == "text" || a.output == "json", "eval: -o/--format must be text or json, got '", a.output, "'");
+  if (a.o.batch) check_size(*a.o.batch, 1, 1 << 20, "eval: --batch");
+  if (a.o.seq) check_size(*a.o.seq, 1, kMaxCount, "eval: --seq");
+  check_size(a.o.eval_examples, 0, kMaxCount, "eval: --eval-examples (0: the whole held-out set)");
+  if (a.o.task) {
+    try {
+      (void)task_head(*a.o.task, "eval");
+    } catch (const Error& e) {
+      usage_fail(e.what());
     }
-    if (!o.has_mask && saved.contains("mask_prob")) {
-      const json& v = saved["mask_prob"];
-      check(v.is_number() && v.get<double>() > 0 && v.get<double>() <= 1, "eval: '", state_path,
-            "': args field \"mask_prob\" must be a number in (0, 1], got ", v.dump());
-      o.mask_prob = v.get<double>();
-    }
-    // The run's batch size too: the loss sums in the same order, so eval repeats the run's figures.
-    if (!o.has_batch) o.batch = integer("batch", o.batch, 1, 1 << 20);
   }
-  usage_check(!o.task.empty(), "eval: --task is needed (", folder.string(), " has no train_state.json to read it from)");
-  TaskKind head{};
-  try {
-    head = task_head(o.task, "eval");
-  } catch (const Error& e) {
-    usage_fail(e.what());
-  }
-  std::unique_ptr<Model> model = Model::load(folder.string());
-  check(model->has_head() && model->head() == head, "eval: the checkpoint's head does not fit task '", o.task, "'");
-  if (o.seq == 0) o.seq = std::min<int64_t>(model->config().max_positions, o.task == "features" ? kMaxCount : 512);
-  check_size(o.seq, 1, kMaxCount, "eval: --seq");
-  TaskOptions to = task_options(o.task, o.data, o.seed, o.min_length, o.max_length, o.mask_prob);
-  // A language model reads its own tokens, as train --init does: its tokenizer, when it has one.
-  if (o.task == "lm" && fs::exists(folder / "tokenizer.json")) to.tokenizer = (folder / "tokenizer.json").string();
-  const std::unique_ptr<Task> task = make_task(to);
-  if (task->fixed_length() > 0 && !o.has_seq) o.seq = task->fixed_length();
-  check(task->feature_dim() > 0 || task->vocab() <= model->config().vocab, "eval: task '", o.task, "' has ", task->vocab(),
-        " tokens but the model's vocabulary is ", model->config().vocab);
-  const std::vector<Batch> batches = task->eval_batches(o.batch, o.seq, o.eval_examples);
-  check(!batches.empty(), "eval: no held-out example fits --seq ", o.seq);
-  if (o.attention.empty()) o.attention.push_back(model->attention_plan());
-  const std::string metric = task->metric();
-  json results = json::array();
-  if (o.output == "text") {
-    std::printf("checkpoint %s, task %s, seq %lld\n", folder.c_str(), o.task.c_str(), static_cast<long long>(o.seq));
-    std::printf("%-50s %10s %14s %9s %10s\n", "attention", "loss", metric.c_str(), "examples", "s");
-  }
-  Progress progress("eval", static_cast<int64_t>(o.attention.size()));
-  for (size_t i = 0; i < o.attention.size(); ++i) {
-    const std::string& plan = o.attention[i];
-    model->set_attention(plan);
-    check_memory(model->train_bytes(o.batch, o.seq), "eval: " + plan);
-    progress.set(static_cast<int64_t>(i), detail::concat(plan, ", ", batches.size(), " batches of ", o.batch));
-    const EvalResult e = evaluate(*model, batches, head == TaskKind::classify);
-    results.push_back({{"attention", plan}, {"eval_loss", e.loss}, {"eval_metric", e.metric}, {"metric", metric},
-                       {"examples", e.examples}, {"targets", e.targets}, {"seconds", e.seconds}});
-    if (o.output == "text")
-      progress.above([&] {
-        std::printf("%-50s %10.4f %14.4f %9lld %10.2f\n", plan.c_str(), e.loss, e.metric,
-                    static_cast<long long>(e.examples), e.seconds);
-        std::fflush(stdout);
+  const bool text = a.output == "text";
+  std::unique_ptr<Progress> progress;
+  const CheckpointEval ev = evaluate_checkpoint(
+      a.o,
+      [&](const CheckpointEval& e, size_t i) {
+        if (!progress) {
+          progress = std::make_unique<Progress>("eval", static_cast<int64_t>(e.plans.size()));
+          if (text)
+            progress->above([&] {
+              std::printf("checkpoint %s, task %s, seq %lld\n", e.folder.c_str(), e.task.c_str(),
+                          static_cast<long long>(e.seq));
+              std::printf("%-50s %10s %14s %9s %10s\n", "attention", "loss", e.metric.c_str(), "examples", "s");
+            });
+        }
+        progress->set(static_cast<int64_t>(i), detail::concat(e.plans[i], ", batches of ", e.batch));
+      },
+      [&](const CheckpointEval& e, size_t i) {
+        if (!text) return;
+        const EvalResult& r = e.results[i];
+        progress->above([&] {
+          std::printf("%-50s %10.4f %14.4f %9lld %10.2f\n", e.plans[i].c_str(), r.loss, r.metric,
+                      static_cast<long long>(r.examples), r.seconds);
+          std::fflush(stdout);
+        });
       });
+  if (progress) progress->finish();
+  if (text) return;
+  json results = json::array();
+  for (size_t i = 0; i < ev.plans.size(); ++i) {
+    const EvalResult& r = ev.results[i];
+    results.push_back({{"attention", ev.plans[i]}, {"eval_loss", r.loss}, {"eval_metric", r.metric},
+                       {"metric", ev.metric}, {"examples", r.examples}, {"targets", r.targets},
+                       {"seconds", r.seconds}});
   }
-  progress.finish();
-  if (o.output == "json") {
-    const json doc = {{"checkpoint", folder.string()}, {"task", o.task}, {"seq", o.seq}, {"results", results}};
-    std::printf("%s\n", doc.dump(2).c_str());
-  }
+  const json doc = {{"checkpoint", ev.folder}, {"task", ev.task}, {"seq", ev.seq}, {"results", results}};
+  std::printf("%s\n", doc.dump(2).c_str());
 }
 
 }  // namespace
@@ -360,28 +282,29 @@ void add_eval(CLI::App& app) {
   auto o = std::make_shared<EvalArgs>();
   CLI::App* sub = app.add_subcommand(
       "eval", "Evaluate a checkpoint of clattn train on its held-out data with any attention plans");
-  sub->add_option("--checkpoint", o->checkpoint, "a checkpoint folder, or a train --checkpoint DIR (its best/, else latest/)")
+  sub->add_option("--checkpoint", o->o.checkpoint, "a checkpoint folder, or a train --checkpoint DIR (its best/, else latest/)")
       ->required();
-  sub->add_option("--attention", o->attention, "attention plan, repeatable (default: the one it was trained with)")
+  sub->add_option("--attention", o->o.attention, "attention plan, repeatable (default: the one it was trained with)")
       ->check(spec_validator());
-  add_plan_file_option(sub, o->attention);
-  sub->add_option_function<std::string>("--task", [o](const std::string& v) { o->task = v; o->has_task = true; },
+  add_plan_file_option(sub, o->o.attention);
+  CheckpointEvalOptions& e = o->o;
+  sub->add_option_function<std::string>("--task", [&e](const std::string& v) { e.task = v; },
                                         "listops, mlm or lm (default: the training run's)");
-  sub->add_option_function<std::string>("--data", [o](const std::string& v) { o->data = v; o->has_data = true; },
+  sub->add_option_function<std::string>("--data", [&e](const std::string& v) { e.data = v; },
                                         "held-out data as for train (default: the training run's)");
-  sub->add_option_function<int64_t>("--seq", [o](const int64_t& v) { o->seq = v; o->has_seq = true; },
+  sub->add_option_function<int64_t>("--seq", [&e](const int64_t& v) { e.seq = v; },
                                     "sequence length (default: the training run's)");
-  sub->add_option_function<uint64_t>("--seed", [o](const uint64_t& v) { o->seed = v; o->has_seed = true; },
+  sub->add_option_function<uint64_t>("--seed", [&e](const uint64_t& v) { e.seed = v; },
                                      "data seed: the mlm masks, the generated listops set (default: the run's)");
-  sub->add_option_function<int64_t>("--min-length", [o](const int64_t& v) { o->min_length = v; o->has_lengths = true; },
+  sub->add_option_function<int64_t>("--min-length", [&e](const int64_t& v) { e.min_length = v; },
                                     "listops: shortest generated expression");
-  sub->add_option_function<int64_t>("--max-length", [o](const int64_t& v) { o->max_length = v; o->has_lengths = true; },
+  sub->add_option_function<int64_t>("--max-length", [&e](const int64_t& v) { e.max_length = v; },
                                     "listops: longest generated expression");
-  sub->add_option_function<double>("--mask-prob", [o](const double& v) { o->mask_prob = v; o->has_mask = true; },
+  sub->add_option_function<double>("--mask-prob", [&e](const double& v) { e.mask_prob = v; },
                                   "mlm: share of positions predicted");
-  sub->add_option_function<int64_t>("--batch", [o](const int64_t& v) { o->batch = v; o->has_batch = true; },
+  sub->add_option_function<int64_t>("--batch", [&e](const int64_t& v) { e.batch = v; },
                                     "sequences per forward (default: the training run's, else 8)");
-  sub->add_option("--eval-examples", o->eval_examples, "held-out examples (0 = all)")->capture_default_str();
+  sub->add_option("--eval-examples", e.eval_examples, "held-out examples (0 = all)")->capture_default_str();
   sub->add_option("-o,--format", o->output, "what goes to stdout: text or json")->capture_default_str();
   add_renamed_option(sub, "--output", "--format", o->output);
   add_threads_option(sub, o->threads, "eval");

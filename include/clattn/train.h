@@ -32,7 +32,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "clattn/comm.h"
@@ -105,6 +107,34 @@ EvalResult evaluate(Model& model, const std::vector<Batch>& batches, bool accura
 // (Model::set_sequence_parallel), every rank of the group runs the batch and the shares add up.
 EvalResult evaluate(Model& model, const std::vector<Batch>& batches, bool accuracy, Communicator& comm,
                     int group_ranks);
+
+// A checkpoint on its task's held-out set with each attention plan: `clattn eval`, and
+// clattn.evaluate in Python. Each task option left unset is the training run's own, from its
+// train_state.json "args" (each field checked, named with the file when wrong), else the default
+// shown; so a run's held-out figures are repeated exactly, or re-measured with other plans.
+struct CheckpointEvalOptions {
+  std::string checkpoint;              // a model folder, or a run folder: its best/, else latest/
+  std::vector<std::string> attention;  // plans; empty: the one the checkpoint was trained with
+  std::optional<std::string> task, data;
+  std::optional<uint64_t> seed;                             // default 0
+  std::optional<int64_t> seq;                               // default: the task's, else min(context, 512)
+  std::optional<int64_t> batch;                             // default 8
+  std::optional<int64_t> min_length, max_length;            // listops, default 500 / 2000
+  std::optional<double> mask_prob;                          // mlm, default 0.15
+  int64_t eval_examples = 0;                                // 0: the whole held-out set
+};
+struct CheckpointEval {
+  std::string folder, task, metric;  // the model folder read; the task; its metric's name
+  int64_t seq = 0, batch = 0;
+  std::vector<std::string> plans;    // what runs, in order
+  std::vector<EvalResult> results;   // per plan, as each finishes
+};
+// `on_plan(ev, i)` is called before plans[i] runs (ev holds everything but the results from i on)
+// and `on_result(ev, i)` once results[i] is in (progress, streamed rows); both may be empty. The
+// head of the checkpoint must fit the task.
+using CheckpointEvalCallback = std::function<void(const CheckpointEval& ev, size_t i)>;
+CheckpointEval evaluate_checkpoint(const CheckpointEvalOptions& o, const CheckpointEvalCallback& on_plan = {},
+                                   const CheckpointEvalCallback& on_result = {});
 
 struct TrainOptions {
   TaskOptions task;       // kind, data, seed (also of the initialisation and every draw), ...

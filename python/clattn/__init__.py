@@ -19,6 +19,7 @@ from ._clattn import (  # noqa: F401
     Trainer,
     __version__,
     config,
+    evaluate,
     get_num_threads,
     load_model,
     read_plan,
@@ -29,6 +30,6 @@ from ._clattn import (  # noqa: F401
 )
 
 __all__ = [
-    "Attention", "Call", "Decoder", "Encoder", "Tokenizer", "Trainer", "__version__", "config", "get_num_threads", "load_model",
+    "Attention", "Call", "Decoder", "Encoder", "Tokenizer", "Trainer", "__version__", "config", "evaluate", "get_num_threads", "load_model",
     "read_plan", "read_safetensors", "set_num_threads", "variants", "write_safetensors",
 ]

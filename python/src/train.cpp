@@ -175,6 +175,58 @@ void bind_train(pb::module_& m) {
         return "clattn.Trainer(" + p.t->task().name() + ", " + p.t->options().attention + ", step " +
                std::to_string(p.t->steps_done()) + "/" + std::to_string(p.t->options().steps) + ")";
       });
+
+  m.def(
+      "evaluate",
+      [](const std::string& checkpoint, std::optional<std::vector<std::string>> attention,
+         std::optional<std::string> task, std::optional<std::string> data, std::optional<int64_t> seq,
+         std::optional<uint64_t> seed, std::optional<int64_t> batch, std::optional<int64_t> min_length,
+         std::optional<int64_t> max_length, std::optional<double> mask_prob, int64_t eval_examples) {
+        CheckpointEvalOptions o;
+        o.checkpoint = checkpoint;
+        if (attention) o.attention = *attention;
+        o.task = task;
+        o.data = data;
+        o.seq = seq;
+        o.seed = seed;
+        o.batch = batch;
+        o.min_length = min_length;
+        o.max_length = max_length;
+        o.mask_prob = mask_prob;
+        o.eval_examples = eval_examples;
+        const CheckpointEval ev = [&] {
+          pb::gil_scoped_release nogil;
+          apply_threads();
+          return evaluate_checkpoint(o);
+        }();
+        pb::list rows;
+        for (size_t i = 0; i < ev.plans.size(); ++i) {
+          pb::dict d;
+          d["attention"] = ev.plans[i];
+          d["loss"] = ev.results[i].loss;
+          d["value"] = ev.results[i].metric;
+          d["examples"] = ev.results[i].examples;
+          d["targets"] = ev.results[i].targets;
+          d["seconds"] = ev.results[i].seconds;
+          rows.append(d);
+        }
+        pb::dict out;
+        out["checkpoint"] = ev.folder;
+        out["task"] = ev.task;
+        out["metric"] = ev.metric;
+        out["seq"] = ev.seq;
+        out["batch"] = ev.batch;
+        out["results"] = rows;
+        return out;
+      },
+      pb::arg("checkpoint"), pb::kw_only(), pb::arg("attention") = pb::none(), pb::arg("task") = pb::none(),
+      pb::arg("data") = pb::none(), pb::arg("seq") = pb::none(), pb::arg("seed") = pb::none(),
+      pb::arg("batch") = pb::none(), pb::arg("min_length") = pb::none(), pb::arg("max_length") = pb::none(),
+      pb::arg("mask_prob") = pb::none(), pb::arg("eval_examples") = 0,
+      "`clattn eval` from Python: a checkpoint (a model folder, or a run folder: its best/, else latest/) on its "
+      "task's held-out set with each attention plan (default: the one it was trained with). Task options left "
+      "None are the training run's own (train_state.json). Returns {'checkpoint', 'task', 'metric', 'seq', "
+      "'batch', 'results': [{'attention', 'loss', 'value', 'examples', 'targets', 'seconds'}]}");
 }
 
 }  // namespace clattn::py

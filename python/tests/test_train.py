@@ -91,3 +91,29 @@ def test_defaults_come_from_the_library_and_accum_overlap_are_there(text, tmp_pa
         assert default in sig, (default, sig)
     t = clattn.Trainer(**options(text, tmp_path / "run", accum=2, overlap=False))
     assert math.isfinite(t.step()["loss"])
+
+
+def test_evaluate_repeats_the_runs_held_out_figures(text, tmp_path, cli):
+    """clattn.evaluate and `clattn eval` are one library call: on a run's folder they read its
+    task options from train_state.json and give the Trainer's own last held-out loss."""
+    clattn.set_num_threads(1)
+    t = clattn.Trainer(**options(text, tmp_path / "run"))
+    evals = []
+    t.on_eval = evals.append
+    t.run()
+    ev = clattn.evaluate(str(tmp_path / "run" / "latest"), eval_examples=4)  # the run's own held-out share
+    assert ev["task"] == "lm" and ev["metric"] == "bits_per_char" and ev["seq"] == 32 and ev["batch"] == 2
+    (row,) = ev["results"]
+    assert row["attention"].startswith("improved-clustered") and row["examples"] == evals[-1]["examples"]
+    assert row["loss"] == evals[-1]["loss"] and row["value"] == evals[-1]["value"]
+    two = clattn.evaluate(str(tmp_path / "run" / "latest"), attention=["full", row["attention"]], eval_examples=4)
+    assert [r["attention"] for r in two["results"]] == ["full", row["attention"]]
+    assert two["results"][1]["loss"] == row["loss"]
+    r = cli("eval", "--checkpoint", tmp_path / "run" / "latest", "-o", "json", "--threads", 1, "--eval-examples", 4)
+    assert r.returncode == 0, r.stderr
+    import json
+    assert json.loads(r.stdout)["results"][0]["eval_loss"] == row["loss"]
+    with pytest.raises(RuntimeError, match="holds no checkpoint"):
+        clattn.evaluate(str(tmp_path / "none"))
+    with pytest.raises(RuntimeError, match="does not fit"):
+        clattn.evaluate(str(tmp_path / "run" / "latest"), task="listops")

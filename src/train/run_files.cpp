@@ -29,30 +29,55 @@ void fsync_dir(const fs::path& dir) {
 
 }  // namespace
 
+namespace {
+
+// obj[key] as an integer in [lo, hi], absent: nullopt. A float, a string or a value beyond int64
+// is refused, never converted; the Error names `where` (the file, and "field" or "args field").
+std::optional<int64_t> integer_in(const nlohmann::json& obj, const std::string& where, const char* key, int64_t lo,
+                                  int64_t hi) {
+  if (!obj.contains(key)) return std::nullopt;
+  const nlohmann::json& v = obj[key];
+  check(v.is_number_integer() && (v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(hi)
+                                                          : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi),
+        where, " \"", key, "\" must be an integer in [", lo, ", ", hi, "], got ", v.dump());
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
+nlohmann::json read_train_state_json(const std::string& path) {
+  nlohmann::json j = nlohmann::json::parse(read_input_file(path, "train state", kMaxJsonBytes), nullptr, false);
+  check(j.is_object() && j.contains("args") && j["args"].is_object(), "'", path,
+        "' is not a train state (a JSON object with \"args\")");
+  return j;
+}
+
+std::optional<std::string> args_text(const nlohmann::json& args, const std::string& path, const char* key) {
+  if (!args.contains(key)) return std::nullopt;
+  check(args[key].is_string(), "'", path, "': args field \"", key, "\" must be a string, got ", args[key].dump());
+  return args[key].get<std::string>();
+}
+
+std::optional<int64_t> args_integer(const nlohmann::json& args, const std::string& path, const char* key, int64_t lo,
+                                    int64_t hi) {
+  return integer_in(args, detail::concat("'", path, "': args field"), key, lo, hi);
+}
+
 SavedState read_train_state(const std::string& path) {
-  const nlohmann::json j = nlohmann::json::parse(read_input_file(path, "train state", kMaxJsonBytes), nullptr, false);
-  check(j.is_object() && j.contains("step") && j.contains("args") && j["args"].is_object(), "train: '", path,
-        "' is not a train state (a JSON object with \"step\" and \"args\")");
-  // Integers in [lo, hi]: a float, a string or a value beyond int64 is refused, never converted.
-  auto integer = [&](const char* key, int64_t dflt, int64_t lo, int64_t hi) {
-    if (!j.contains(key)) return dflt;
-    const nlohmann::json& v = j[key];
-    check(v.is_number_integer() && (v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(hi)
-                                                            : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi),
-          "train: '", path, "': field \"", key, "\" must be an integer in [", lo, ", ", hi, "], got ", v.dump());
-    return v.get<int64_t>();
-  };
+  const nlohmann::json j = read_train_state_json(path);
+  check(j.contains("step"), "train: '", path, "' is not a train state (a JSON object with \"step\" and \"args\")");
+  const std::string where = detail::concat("train: '", path, "': field");
   auto number = [&](const char* key, double lo, double hi) -> std::optional<double> {
     if (!j.contains(key) || j[key].is_null()) return std::nullopt;
     const nlohmann::json& v = j[key];
-    check(v.is_number() && v.get<double>() >= lo && v.get<double>() <= hi, "train: '", path, "': field \"", key,
+    check(v.is_number() && v.get<double>() >= lo && v.get<double>() <= hi, where, " \"", key,
           "\" must be a number in [", lo, ", ", hi, "], got ", v.dump());
     return v.get<double>();
   };
   constexpr int64_t kMaxStep = int64_t{1} << 62;
   SavedState st;
-  st.step = integer("step", 0, 0, kMaxStep);
-  st.best_step = integer("best_step", -1, -1, kMaxStep);
+  st.step = integer_in(j, where, "step", 0, kMaxStep).value_or(0);
+  st.best_step = integer_in(j, where, "best_step", -1, kMaxStep).value_or(-1);
   st.elapsed_s = number("elapsed_s", 0, 1e15).value_or(0.0);
   st.best_metric = number("best_metric", -1e300, 1e300);
   st.args = j["args"];

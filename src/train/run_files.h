@@ -31,6 +31,14 @@ struct SavedState {
   nlohmann::json args;  // an object
 };
 SavedState read_train_state(const std::string& path);
+// The file as JSON, checked to be an object with an "args" object (what `clattn eval` reads of a
+// run; read_train_state checks the rest).
+nlohmann::json read_train_state_json(const std::string& path);
+// Fields of a run's "args", checked against their type and range: an Error names the file
+// (`path`) and the field. Absent: nullopt.
+std::optional<std::string> args_text(const nlohmann::json& args, const std::string& path, const char* key);
+std::optional<int64_t> args_integer(const nlohmann::json& args, const std::string& path, const char* key, int64_t lo,
+                                    int64_t hi);
 
 // JSON lines, each written whole with one write(2) so a killed run leaves only complete lines.
 // The log is an output like every other: a symlink, a FIFO, a device or a directory at its path
