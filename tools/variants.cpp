@@ -34,7 +34,14 @@ nlohmann::ordered_json capabilities_json(const Capabilities& c) {
           {"cross", c.cross},
           {"shared_qk", c.shared_qk},
           {"stochastic", c.stochastic},
-          {"stateful", c.stateful}};
+          {"stateful", c.stateful},
+          {"splits_sequence", c.splits_sequence},
+          {"splits_sequence_causal", c.splits_sequence_causal}};
+}
+
+// Sequence parallelism in the overview: with and without the causal mask, without it only, or not.
+const char* splits(const Capabilities& c) {
+  return c.splits_sequence_causal ? "yes" : c.splits_sequence ? "no mask" : "-";
 }
 
 nlohmann::ordered_json param_json(const SpecParam& p) {
@@ -98,6 +105,7 @@ void run_variants(const VariantsOptions& o) {
                                        {"GQA", "gqa", "", 4},
                                        {"padding", "padding", "", 7},
                                        {"decode", "decode", "", 6},
+                                       {"split seq", "splits_sequence", "", 9},
                                        {"parameters (default)", "parameters", "", 0, true}});
     table.header();
     for (const VariantInfo& v : all) {
@@ -110,6 +118,7 @@ void run_variants(const VariantsOptions& o) {
                  {"gqa", cap(c.gqa)},
                  {"padding", cap(c.query_lengths && c.key_lengths)},
                  {"decode", cap(decodes(c))},
+                 {"splits_sequence", text ? nlohmann::ordered_json(splits(c)) : nlohmann::ordered_json(c.splits_sequence)},
                  {"parameters", param_summary(v)}});
     }
     table.end({});
@@ -150,7 +159,7 @@ void run_variants(const VariantsOptions& o) {
 void add_variants(CLI::App& app) {
   auto o = std::make_shared<VariantsOptions>();
   CLI::App* sub = app.add_subcommand(
-      "variants", "List the registered attention variants: what each honours (causal, backward, GQA, "
+      "variants", "List the registered attention variants: what each honours (causal, backward, GQA, sequence split, "
                   "padding, decode) and its spec parameters with defaults and ranges");
   sub->add_option("names", o->names, "variants to describe in full (default: an overview of all)");
   add_format_option(sub, o->format);

@@ -64,6 +64,11 @@ struct Capabilities {
   // (KVCache query_heads): causal clustered builds its centroids from earlier queries. Without
   // them such an attention attends the cached prefix exactly (docs/models.md says so).
   bool decode_queries = false;
+  // Runs with one sequence split across the ranks of a communicator (seq_parallel.h), without a
+  // mask and with the causal one: full (ring attention), clustered and improved-clustered (not
+  // causal, not positional).
+  bool splits_sequence = false;
+  bool splits_sequence_causal = false;
 };
 
 // Forward only (inference), or forward then backward (training): what a call keeps and needs.
@@ -150,6 +155,8 @@ struct QueryGroups {
   std::string kind;          // what a group is: "cluster" or "chunk"; empty for a variant without groups
 };
 
+class SplitAttention;  // a variant's sequence-parallel kernels (src/parallel/split_attention.h)
+
 // One object per spec string. It holds only its parameters: forward and backward are const, keep
 // nothing between calls, and may run at once from several threads given different Contexts.
 class Attention {
@@ -188,6 +195,9 @@ class Attention {
                                    int64_t /*h*/) const {
     return {};
   }
+  // The variant's kernels over a sequence split across ranks, which sequence_parallel_forward /
+  // _backward (seq_parallel.h) call: non-null exactly when capabilities().splits_sequence.
+  virtual const SplitAttention* split() const { return nullptr; }
 };
 
 // The registry: builds a variant from a spec string such as "full:scale=0.125".

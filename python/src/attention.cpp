@@ -60,6 +60,8 @@ pb::dict capabilities_dict(const Capabilities& c) {
   d["shared_qk"] = c.shared_qk;
   d["stochastic"] = c.stochastic;
   d["stateful"] = c.stateful;
+  d["splits_sequence"] = c.splits_sequence;
+  d["splits_sequence_causal"] = c.splits_sequence_causal;
   return d;
 }
 

@@ -40,7 +40,7 @@ void hash_codes(const float* x, int64_t n, int64_t ld, const LshPlanes& planes, 
 // majority of the members (a tie keeps the old bit); an empty cluster takes the code of the
 // member farthest from its centroid. A final assignment follows the last round.
 //
-// The same k-means runs on a sequence split over ranks (src/parallel/sp_kmeans.cpp): each rank
+// The same k-means runs on a sequence split over ranks (src/attention/clustered/split_kmeans.cpp): each rank
 // holds some codes of each problem and the peers hooks below combine what the ranks computed, so
 // every rank ends with the clusters one process gets on the whole sequence.
 

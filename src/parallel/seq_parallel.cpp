@@ -1,9 +1,10 @@
 // Sequence-parallel attention (include/clattn/seq_parallel.h): the split, the traffic counters,
-// and the dispatch to ring attention (ring.cpp) and distributed clustered attention
-// (sp_clustered.cpp).
+// and the dispatch to the variant's split kernels (Attention::split(): ring attention in
+// attention/full/ring.cpp, distributed clustered attention in attention/clustered/split.cpp).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -13,6 +14,7 @@
 #include "attention/validate.h"
 #include "clattn/error.h"
 #include "parallel/sp_internal.h"
+#include "parallel/split_attention.h"
 
 namespace clattn {
 
@@ -196,24 +198,14 @@ double ring_transfer_ms(Communicator& c, size_t bytes) {
 }
 
 bool sequence_parallel_supported(const Attention& att, bool causal, std::string* why) {
-  float scale = 0;
-  int64_t window = 0;
-  const char* kWhich = "sequence-parallel attention runs full (ring attention, causal or not), clustered and "
-                       "improved-clustered (not causal)";
-  auto no = [&](const std::string& reason) {
-    if (why) *why = detail::concat("'", att.name(), "' ", reason, "; ", kWhich);
-    return false;
-  };
-  if (full_attention_params(att, scale, window)) {
-    if (window > 0) return no("(a local window) does not run with the sequence split");
-    return true;
-  }
-  if (const ClusteredParams* p = clustered_attention_params(att)) {
-    if (causal) return no("with a causal mask does not run with the sequence split");
-    if (p->positional) return no("(positional clustering) does not run with the sequence split");
-    return true;
-  }
-  return no("does not run with the sequence split");
+  const Capabilities& c = att.capabilities();
+  if ((causal ? c.splits_sequence_causal : c.splits_sequence) && att.split()) return true;
+  if (why)
+    *why = detail::concat("'", att.name(), "' ", causal && c.splits_sequence ? "with a causal mask " : "",
+                          "does not run with the sequence split; the variants that do: full (ring attention, ",
+                          "causal or not), clustered and improved-clustered (not causal, not positional): ",
+                          "`clattn variants` shows the capability");
+  return false;
 }
 
 namespace {
@@ -300,18 +292,14 @@ void sequence_parallel_forward(Communicator& comm, const SeqSplit& split, const 
   AttentionDims dg = d;  // the whole sequence's sizes
   dg.N = dg.M = split.N;
   sp::SpState& st = ctx.state<sp::SpState>();
-  float scale = 0;
-  int64_t window = 0;
-  if (full_attention_params(att, scale, window)) {
-    check_softmax_range(dg, g, softmax_scale(scale, d.Dk), att.name());
-    sp::ring_forward(comm, split, softmax_scale(scale, d.Dk), in, out, st, ctx.scratch());
-    return;
-  }
-  const ClusteredParams& p = *clustered_attention_params(att);
-  check_softmax_range(dg, g, softmax_scale(p.scale, d.Dk), att.name());
-  check_member_range(dg, g, false, att.name());  // centroids sum their member queries
-  sp::clustered_forward(comm, split, p, in.step, in, out, st, ctx.scratch());
-  on_every_rank(comm, [&] { check_results_finite(dg, g, softmax_scale(p.scale, d.Dk), {out}, att.name()); });
+  const SplitAttention& s = *att.split();
+  const float scale = s.scale_at(d.Dk);
+  check_softmax_range(dg, g, scale, att.name());
+  if (s.sums_queries()) check_member_range(dg, g, false, att.name());  // centroids sum their member queries
+  st.kind = s.kind();
+  s.forward(comm, split, in, out, st, ctx.scratch());
+  // Approximations can go where the exact bound does not: agreed over the ranks.
+  if (s.sums_queries()) on_every_rank(comm, [&] { check_results_finite(dg, g, scale, {out}, att.name()); });
 }
 
 void sequence_parallel_backward(Communicator& comm, const SeqSplit& split, const Attention& att,
@@ -320,30 +308,22 @@ void sequence_parallel_backward(Communicator& comm, const SeqSplit& split, const
   Magnitudes mag;
   AttentionDims d;
   double max_dout = 0;
-  float scale = 0;
-  int64_t window = 0;
-  const bool full = full_attention_params(att, scale, window);
   const sp::SpState* st = nullptr;
   on_every_rank(comm, [&] {
     d = check_inputs(comm, split, att, in, mag);
     max_dout = validate_backward_max(local_inputs(in), d, out, dout, dq, dk, dv, att.name());
     st = &ctx.saved<sp::SpState>();
-    check(st->kind == (full ? 1 : 2), "sequence parallel: backward needs the forward of the same attention");
+    check(st->kind && std::strcmp(st->kind, att.split()->kind()) == 0,
+          "sequence parallel: backward needs the forward of the same attention");
   });
   check_same_shapes(comm, d);
   const Magnitudes g = global_magnitudes(comm, mag, max_dout);
   AttentionDims dg = d;
   dg.N = dg.M = split.N;
-  if (full) {
-    check_softmax_grad_range(dg, g, max_dout, softmax_scale(scale, d.Dk), att.name());
-    sp::ring_backward(comm, split, softmax_scale(scale, d.Dk), in, out, *st, dout, dq, dk, dv, ctx.scratch());
-    return;
-  }
-  const ClusteredParams& p = *clustered_attention_params(att);
-  check_softmax_grad_range(dg, g, max_dout, softmax_scale(p.scale, d.Dk), att.name());
-  check_member_range(dg, g, false, att.name());
-  sp::clustered_backward(comm, split, p, in, out, *st, dout, dq, dk, dv, ctx.scratch());
-  on_every_rank(comm, [&] { check_results_finite(dg, g, softmax_scale(p.scale, d.Dk), {dq, dk, dv}, att.name()); });
+  const SplitAttention& s = *att.split();
+  check_softmax_grad_range(dg, g, max_dout, s.scale_at(d.Dk), att.name());
+  if (s.sums_queries()) check_member_range(dg, g, false, att.name());
+  s.backward(comm, split, in, out, *st, dout, dq, dk, dv, ctx.scratch());
 }
 
 }  // namespace clattn

@@ -36,7 +36,7 @@ std::vector<int32_t> piece_lengths(std::span<const int32_t> global, int64_t B, i
 
 // Saved between a forward and its backward.
 struct SpState : ContextState {
-  int kind = 0;  // 1 ring (full), 2 clustered
+  const char* kind = nullptr;  // SplitAttention::kind() of the forward that filled it
   Tensor parts;  // ring: (2, B, H, n_local) merged row max (log2 units) and log2 of the row sum
   // clustered: what the backward reads, per (b, h): assignment, centroids, centroid log-sum-exp,
   // outputs, and for improved the top-k rows gathered from their owners.
@@ -58,13 +58,13 @@ struct SpState : ContextState {
   }
 };
 
-// Ring attention (ring.cpp): full softmax attention over a split sequence.
+// Ring attention (attention/full/ring.cpp): full softmax attention over a split sequence.
 void ring_forward(Communicator& comm, const SeqSplit& split, float scale, const AttentionInputs& in, View out,
                   SpState& st, Scratch& scratch);
 void ring_backward(Communicator& comm, const SeqSplit& split, float scale, const AttentionInputs& in, ConstView out,
                    const SpState& st, ConstView dout, View dq, View dk, View dv, Scratch& scratch);
 
-// Clustered and improved-clustered attention over a contiguous split (sp_clustered.cpp).
+// Clustered and improved-clustered attention over a contiguous split (attention/clustered/split.cpp).
 void clustered_forward(Communicator& comm, const SeqSplit& split, const ClusteredParams& p, uint64_t step,
                        const AttentionInputs& in, View out, SpState& st, Scratch& scratch);
 void clustered_backward(Communicator& comm, const SeqSplit& split, const ClusteredParams& p,

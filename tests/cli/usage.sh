@@ -70,6 +70,11 @@ import json, sys
 d = {v["name"]: v for v in json.load(open(sys.argv[1]))["variants"]}
 assert d["full"]["capabilities"]["causal"] and d["full"]["capabilities"]["decode"]
 assert d["reformer"]["capabilities"]["decode"] is False  # its keys are its queries
+# Sequence parallelism is a capability: full splits with and without the mask, clustered without.
+split = {n: (v["capabilities"]["splits_sequence"], v["capabilities"]["splits_sequence_causal"]) for n, v in d.items()}
+assert split["full"] == (True, True) and split["clustered"] == (True, False), split
+assert split["improved-clustered"] == (True, False) and split["local"] == (False, False), split
+assert [n for n, s in split.items() if s[0]] == ["full", "clustered", "improved-clustered"], split
 assert not d["linear"]["parameters"]
 c = {p["key"]: p for p in d["clustered"]["parameters"]}
 assert c["clusters"]["required"] and c["clusters"]["default"] is None

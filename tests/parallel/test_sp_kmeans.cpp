@@ -1,4 +1,4 @@
-// Sequence-parallel k-means (src/parallel/sp_kmeans.cpp) against one process. Run alone and under
+// Sequence-parallel k-means (src/attention/clustered/split_kmeans.cpp) against one process. Run alone and under
 // `mpirun -np R` (CTest parallel_mpi2…4): every rank builds the same problems and clusters its own
 // slice of each; the clusters must be those of cluster::hamming_kmeans on the whole problem.
 #include <gtest/gtest.h>
@@ -9,7 +9,7 @@
 #include "clattn/comm.h"
 #include "clattn/seq_parallel.h"
 #include "cluster/cluster.h"
-#include "parallel/sp_kmeans.h"
+#include "attention/clustered/split_kmeans.h"
 
 namespace clattn::sp {
 namespace {

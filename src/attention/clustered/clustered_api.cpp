@@ -11,6 +11,7 @@
 #include "attention/clustered/clustered_internal.h"
 #include "attention/query_groups.h"
 #include "attention/registry.h"
+#include "parallel/split_attention.h"
 
 namespace clattn {
 namespace {
@@ -20,13 +21,40 @@ namespace {
 constexpr int64_t kDefaultBlock = 512;
 constexpr int64_t kSegmentBlocks = 8;
 
+// Clustered and improved-clustered attention over a contiguous split (split.cpp): one Hamming
+// k-means over every rank's queries, then each rank's queries attend the shared centroids.
+class ClusteredSplit final : public SplitAttention {
+ public:
+  explicit ClusteredSplit(const ClusteredParams& p) : p_(p) {}
+  const char* kind() const override { return "clustered"; }
+  float scale_at(int64_t Dk) const override { return softmax_scale(p_.scale, Dk); }
+  bool sums_queries() const override { return true; }
+  void forward(Communicator& comm, const SeqSplit& split, const AttentionInputs& in, View out, sp::SpState& st,
+               Scratch& scratch) const override {
+    sp::clustered_forward(comm, split, p_, in.step, in, out, st, scratch);
+  }
+  void backward(Communicator& comm, const SeqSplit& split, const AttentionInputs& in, ConstView out,
+                const sp::SpState& st, ConstView dout, View dq, View dk, View dv, Scratch& scratch) const override {
+    sp::clustered_backward(comm, split, p_, in, out, st, dout, dq, dk, dv, scratch);
+  }
+
+ private:
+  const ClusteredParams& p_;  // the owning ClusteredAttention's
+};
+
 class ClusteredAttention final : public Attention {
  public:
-  ClusteredAttention(std::string kind, const ClusteredParams& p) : kind_(std::move(kind)), p_(p) {
+  ClusteredAttention(std::string kind, const ClusteredParams& p) : kind_(std::move(kind)), p_(p), split_(p_) {
+    // LSH clustering splits the sequence (the k-means votes add up over the ranks); positional
+    // clustering and the causal form (segments of the whole prefix) do not.
     caps_ = Capabilities{.causal = true, .query_lengths = true, .key_lengths = true, .bias = false,
                          .cross = true, .gqa = true, .trainable = true, .shared_qk = false,
-                         .stochastic = !p.positional, .stateful = false, .decode_queries = true};
+                         .stochastic = !p.positional, .stateful = false, .decode_queries = true,
+                         .splits_sequence = !p.positional, .splits_sequence_causal = false};
   }
+  ClusteredAttention(const ClusteredAttention&) = delete;
+  ClusteredAttention& operator=(const ClusteredAttention&) = delete;
+  const SplitAttention* split() const override { return p_.positional ? nullptr : &split_; }
   std::string name() const override {
     std::string s = detail::concat(kind_, ":clusters=", p_.clusters);
     if (p_.topk > 0) s += detail::concat(",topk=", p_.topk);
@@ -119,6 +147,7 @@ class ClusteredAttention final : public Attention {
  private:
   std::string kind_;
   ClusteredParams p_;
+  ClusteredSplit split_;  // reads p_: never copied
   Capabilities caps_;
 };
 

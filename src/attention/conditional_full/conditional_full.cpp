@@ -2,7 +2,7 @@
 // attention for N <= L queries, the inner variant beyond. It advertises the inner variant's
 // capabilities, so a mask the inner one cannot honour is refused at every length rather than
 // only at long ones, and a backward (or query_groups) always reads the variant its forward ran
-// (all pick by N).
+// (all pick by N). It does not run with the sequence split: which variant runs depends on N.
 #include <algorithm>
 
 #include "attention/full/full.h"
@@ -15,11 +15,14 @@ namespace {
 class ConditionalFull final : public Attention {
  public:
   ConditionalFull(int64_t limit, std::unique_ptr<Attention> inner)
-      : limit_(limit), full_(make_full_attention(0.f, 0)), inner_(std::move(inner)) {}
+      : limit_(limit), full_(make_full_attention(0.f, 0)), inner_(std::move(inner)), caps_(inner_->capabilities()) {
+    // Which variant runs depends on the length, which a split sequence's ranks see only in part.
+    caps_.splits_sequence = caps_.splits_sequence_causal = false;
+  }
   std::string name() const override {
     return detail::concat("conditional-full:length_limit=", limit_, ",", inner_->name());
   }
-  const Capabilities& capabilities() const override { return inner_->capabilities(); }
+  const Capabilities& capabilities() const override { return caps_; }
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     pick(in).forward(in, out, ctx);
   }
@@ -44,6 +47,7 @@ class ConditionalFull final : public Attention {
   }
   int64_t limit_;
   std::unique_ptr<Attention> full_, inner_;
+  Capabilities caps_;  // the inner variant's, without the sequence split
 };
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "clattn/parallel.h"
 #include "core/microkernel.h"
 #include "core/simd.h"
+#include "parallel/split_attention.h"
 #include "attention/tile/tile_ops.h"
 
 namespace clattn {
@@ -398,15 +399,38 @@ void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
 
 namespace {
 
+// Ring attention (ring.cpp): full attention's kernels over a sequence split across ranks.
+class RingSplit final : public SplitAttention {
+ public:
+  explicit RingSplit(float scale) : scale_(scale) {}
+  const char* kind() const override { return "ring"; }
+  float scale_at(int64_t Dk) const override { return softmax_scale(scale_, Dk); }
+  bool sums_queries() const override { return false; }
+  void forward(Communicator& comm, const SeqSplit& split, const AttentionInputs& in, View out, sp::SpState& st,
+               Scratch& scratch) const override {
+    sp::ring_forward(comm, split, scale_at(in.q.dim(3)), in, out, st, scratch);
+  }
+  void backward(Communicator& comm, const SeqSplit& split, const AttentionInputs& in, ConstView out,
+                const sp::SpState& st, ConstView dout, View dq, View dk, View dv, Scratch& scratch) const override {
+    sp::ring_backward(comm, split, scale_at(in.q.dim(3)), in, out, st, dout, dq, dk, dv, scratch);
+  }
+
+ private:
+  float scale_;
+};
+
 // Exact attention, and with window > 0 the `local` band of it (same kernels, band-limited).
 class FullAttention final : public Attention {
  public:
   FullAttention(float scale, int64_t window)
-      : kind_(window > 0 ? "local" : "full"), scale_(scale), window_(window) {
-    // The band variant takes no bias: an additive (N, M) bias would defeat its linear memory.
+      : kind_(window > 0 ? "local" : "full"), scale_(scale), window_(window), ring_(scale) {
+    // The band variant takes no bias: an additive (N, M) bias would defeat its linear memory; nor
+    // does it split the sequence (its band would cross the ranks' borders).
     caps_ = Capabilities{.causal = true, .query_lengths = true, .key_lengths = true,
-                         .bias = window == 0, .cross = true, .gqa = true, .trainable = true};
+                         .bias = window == 0, .cross = true, .gqa = true, .trainable = true,
+                         .splits_sequence = window == 0, .splits_sequence_causal = window == 0};
   }
+  const SplitAttention* split() const override { return window_ > 0 ? nullptr : &ring_; }
   std::string name() const override {
     std::string s = window_ > 0 ? detail::concat("local:window=", window_) : std::string("full");
     if (scale_ > 0) s += detail::concat(window_ > 0 ? ",scale=" : ":scale=", scale_);
@@ -453,6 +477,7 @@ class FullAttention final : public Attention {
   std::string kind_;
   float scale_;
   int64_t window_;
+  RingSplit ring_;
   Capabilities caps_;
 };
 
@@ -488,14 +513,6 @@ const float* full_key_panels(const FullWorkspace& ws) { return ws.kpan.data(); }
 mk::RowsOperand full_value_rows(const FullWorkspace& ws, int64_t t) { return ws.vops[static_cast<size_t>(t)]; }
 const float* full_value_panels(const FullWorkspace& ws) { return ws.vpan.data(); }
 const float* full_key_rows(const FullWorkspace& ws) { return ws.krow.data(); }
-
-bool full_attention_params(const Attention& a, float& scale, int64_t& window) {
-  const auto* f = dynamic_cast<const FullAttention*>(&a);
-  if (!f) return false;
-  scale = f->scale_param();
-  window = f->window();
-  return true;
-}
 
 std::unique_ptr<Attention> make_full_attention(float scale, int64_t window) {
   return std::make_unique<FullAttention>(scale, window);

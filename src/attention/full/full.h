@@ -53,8 +53,6 @@ const float* full_key_rows(const FullWorkspace& ws);
 
 // `full` (window 0) or `local` (window > 0) as an Attention.
 std::unique_ptr<Attention> make_full_attention(float scale, int64_t window);
-// Whether a is one of those, and its parameters (scale 0 = 1/sqrt(Dk)).
-bool full_attention_params(const Attention& a, float& scale, int64_t& window);
 
 // Fast kernels. Inputs must already be validated (validate_inputs). out (B, H, N, Dv), lse (B, H, N).
 // band as above (default: every key the masks leave).

@@ -2,7 +2,7 @@
 // ranks (include/clattn/seq_parallel.h): the pipeline of clustered.cpp, stage by stage, with the
 // communication between stages batched over every (batch, head):
 //   1. codes of the local queries, from the same planes on every rank (seed, step);
-//   2. Hamming k-means over all ranks (sp_kmeans.cpp): the clusters of one process;
+//   2. Hamming k-means over all ranks (split_kmeans.cpp): the clusters of one process;
 //   3. centroids Qc_j: member sums in position order, rank after rank (the sum of one process, to
 //      the bit), divided by the global sizes on the last rank and broadcast;
 //   4. each centroid's attention over the local keys (running max, sum, Σ p·v, and its local
@@ -30,7 +30,7 @@
 #include "clattn/parallel.h"
 #include "core/microkernel.h"
 #include "parallel/sp_internal.h"
-#include "parallel/sp_kmeans.h"
+#include "attention/clustered/split_kmeans.h"
 
 namespace clattn::sp {
 namespace {
@@ -94,7 +94,6 @@ void clustered_forward(Communicator& comm, const SeqSplit& split, const Clustere
   const bool improved = p.topk > 0;
   ClusteredWorkspace& ws = scratch.get<ClusteredWorkspace>();
   ws.ensure_threads();
-  st.kind = 2;
   st.cmax = cmax;
   st.kmax = z.kmax;
   st.ncl.assign(static_cast<size_t>(BH), 0);

@@ -1,4 +1,4 @@
-#include "parallel/sp_kmeans.h"
+#include "attention/clustered/split_kmeans.h"
 
 #include <algorithm>
 

@@ -141,7 +141,6 @@ void ring_forward(Communicator& comm, const SeqSplit& split, float scale, const 
   const int64_t B = in.q.dim(0), H = in.q.dim(1), n = in.q.dim(2), Hkv = in.k.dim(1), Dk = in.q.dim(3),
                 Dv = in.v.dim(3);
   FullWorkspace& ws = full_workspace(scratch);
-  st.kind = 1;
   st.parts.resize(Shape{2, B, H, n});
   float* pm = st.parts.data();          // (B, H, n) merged row max, log2 units; -inf: nothing yet
   float* pl = st.parts.data() + B * H * n;  // (B, H, n) merged row sum (linear, relative to pm)
