@@ -8,6 +8,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -16,6 +18,12 @@ namespace clattn::testing {
 
 // CLATTN_DATA, else the source tree's sibling ../shared/data (CTest sets CLATTN_SOURCE_DIR), else
 // ../shared/data from the working directory.
+// The whole file as bytes ("" when it cannot be read: the caller's check then fails by name).
+inline std::string read_file(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
 inline std::filesystem::path data_dir() {
   if (const char* d = std::getenv("CLATTN_DATA"); d && *d) return d;
   if (const char* s = std::getenv("CLATTN_SOURCE_DIR"); s && *s)

@@ -32,11 +32,7 @@ using ::testing::HasSubstr;
 using Ids = std::vector<int32_t>;
 
 using testing::data_dir;
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
+using testing::read_file;
 
 // The stories260k tokenizer and its reference story (skipped without the data, failed in CI).
 class Stories : public ::testing::Test {
@@ -45,10 +41,10 @@ class Stories : public ::testing::Test {
     CLATTN_NEED_DATA("stories260k/tokenizer.json", "stories260k/reference_greedy_200.txt");
     dir_ = data_dir() / "stories260k";
     tok_ = std::make_unique<Tokenizer>(Tokenizer::from_file((dir_ / "tokenizer.json").string()));
-    json_text_ = slurp(dir_ / "tokenizer.json");
+    json_text_ = read_file(dir_ / "tokenizer.json");
     // reference_greedy_200.txt: "# ..." comment, "# token ids:", one line of ids, "# decoded:", then
     // the decoded text, which the file ends with one newline that is not part of it.
-    const std::string ref = slurp(dir_ / "reference_greedy_200.txt");
+    const std::string ref = read_file(dir_ / "reference_greedy_200.txt");
     const std::string ids_tag = "# token ids:\n", text_tag = "# decoded:\n";
     const size_t a = ref.find(ids_tag), b = ref.find(text_tag);
     ASSERT_NE(a, std::string::npos);
@@ -229,7 +225,7 @@ TEST_F(Stories, MatchesReferenceBpe) {
   const ReferenceBpe ref(json::parse(json_text_));
   EXPECT_THAT(tok().encode(ref_text_), ElementsAreArray(ref.encode(ref_text_)));
   const fs::path shakespeare = data_dir() / "tinyshakespeare" / "input.txt";
-  std::istringstream lines(slurp(shakespeare));
+  std::istringstream lines(read_file(shakespeare));
   int checked = 0;
   for (std::string line; std::getline(lines, line); ++checked)
     ASSERT_THAT(tok().encode(line), ElementsAreArray(ref.encode(line))) << "line " << checked << ": " << line;
@@ -252,7 +248,7 @@ TEST_F(Stories, MergeAcrossSpaceDisablesCuts) {
   EXPECT_THAT(ids, ElementsAreArray(ref.encode("the tall tree")));
   EXPECT_NE(std::find(ids.begin(), ids.end(), 512), ids.end());
   EXPECT_EQ(t.decode(ids), "the tall tree");
-  std::istringstream lines(slurp(data_dir() / "tinyshakespeare" / "input.txt"));
+  std::istringstream lines(read_file(data_dir() / "tinyshakespeare" / "input.txt"));
   int n = 0;
   for (std::string line; std::getline(lines, line); ++n) {
     if (n % 4 == 0) {
@@ -264,7 +260,7 @@ TEST_F(Stories, MergeAcrossSpaceDisablesCuts) {
 // The whole 1.1 MB file as one text (one BPE "word": no pre-tokenizer) round-trips.
 TEST_F(Stories, ShakespeareRoundTrip) {
   CLATTN_NEED_DATA("tinyshakespeare/input.txt");
-  const std::string text = slurp(data_dir() / "tinyshakespeare" / "input.txt");
+  const std::string text = read_file(data_dir() / "tinyshakespeare" / "input.txt");
   ASSERT_GT(text.size(), 1000000u);
   const Ids ids = tok().encode(text);
   EXPECT_EQ(ids.front(), 1);

@@ -27,11 +27,7 @@ using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 using Ids = std::vector<int32_t>;
 using testing::data_dir;
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
+using testing::read_file;
 
 std::string load_error(const std::string& text) {
   try {
@@ -108,7 +104,7 @@ TEST_F(Gpt2, AddedTokenAndDecode) {
 }
 
 TEST_F(Gpt2, RobertaProcessing) {
-  json j = json::parse(slurp(path_));
+  json j = json::parse(read_file(path_));
   j["post_processor"] = {{"type", "RobertaProcessing"}, {"sep", {"<|endoftext|>", 50256}},
                          {"cls", {"<|endoftext|>", 50256}}, {"trim_offsets", true}, {"add_prefix_space", false}};
   const Tokenizer t = Tokenizer::from_json(j.dump(), "roberta.json");
@@ -172,7 +168,7 @@ TEST_F(Bert, PairsAndAddedTokens) {
 // not, so an unstripped "café" is [UNK] 100; "cafe" 7668, "hello" 7592, no "H"; "ab" 11113;
 // "日" 1864, "本" 1876, "##本" 30402.
 TEST_F(Bert, NormalizerSwitches) {
-  const json good = json::parse(slurp(path_));
+  const json good = json::parse(read_file(path_));
   const auto with = [&](const char* key, json value) {
     json j = good;
     j["normalizer"][key] = std::move(value);
@@ -198,7 +194,7 @@ TEST_F(Bert, NormalizerSwitches) {
 
 // Older BERT files carry BertProcessing instead of the template: the same ids and type ids.
 TEST_F(Bert, BertProcessing) {
-  json j = json::parse(slurp(path_));
+  json j = json::parse(read_file(path_));
   j["post_processor"] = {{"type", "BertProcessing"}, {"sep", {"[SEP]", 102}}, {"cls", {"[CLS]", 101}}};
   const Tokenizer t = Tokenizer::from_json(j.dump(), "bert_processing.json");
   for (const auto& [a, b] : {std::pair{"i like", "strawberries"}, std::pair{"", "x"}}) {
@@ -233,7 +229,7 @@ TEST_F(Bert, InvalidUtf8IsAnError) {
 }
 
 TEST_F(Bert, MalformedFiles) {
-  const json good = json::parse(slurp(path_));
+  const json good = json::parse(read_file(path_));
   const auto with = [&](auto edit) {
     json j = good;
     edit(j);
