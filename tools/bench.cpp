@@ -28,6 +28,7 @@
 #include "clattn/parallel.h"
 #include "clattn/spec.h"
 #include "commands.h"
+#include "result_table.h"
 #include "plot_util.h"
 #include "progress.h"
 #include "version.h"
@@ -178,60 +179,6 @@ CaseResult run_case(const std::string& spec, const AttentionInputs& in_given, co
   return r;
 }
 
-std::string fmt(const char* f, double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, x);
-  return buf;
-}
-std::string fmt_opt(const char* f, const std::optional<double>& x, const char* none) {
-  return x ? fmt(f, *x) : std::string(none);
-}
-
-// The cells of one row, in the column order of kColumns; `none` stands for a missing value.
-constexpr const char* kColumns[] = {"spec",    "n",      "mode",   "ms_median", "ms_min",
-                                    "ms_max",  "GFLOP/s", "%peak", "x full",    "rss MB",
-                                    "rel_err", "cos"};
-constexpr const char* kCsvColumns[] = {"spec",   "n",      "mode",          "ms_median",
-                                       "ms_min", "ms_max", "gflops",        "peak_fraction",
-                                       "ratio_to_full", "rss_mb", "rel_err", "cos", "error"};
-std::vector<std::string> cells(const CaseResult& r, const char* mode, const char* none, bool csv) {
-  std::vector<std::string> c = {r.spec, std::to_string(r.n), mode};
-  if (r.error) {
-    for (int i = 0; i < 9; ++i) c.emplace_back(none);
-    return c;
-  }
-  c.push_back(fmt("%.2f", r.ms_median));
-  c.push_back(fmt("%.2f", r.ms_min));
-  c.push_back(fmt("%.2f", r.ms_max));
-  c.push_back(fmt_opt("%.1f", r.gflops, none));
-  if (csv) c.push_back(fmt_opt("%.4f", r.peak_fraction, none));
-  else c.push_back(r.peak_fraction ? fmt("%.1f%%", 100.0 * *r.peak_fraction) : std::string(none));
-  c.push_back(fmt_opt("%.3f", r.ratio_to_full, none));
-  c.push_back(fmt("%.1f", r.rss_mb));
-  c.push_back(fmt_opt("%.2e", r.rel_err, none));
-  c.push_back(fmt_opt("%.4f", r.cos, none));
-  return c;
-}
-
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
-  std::string q = "\"";
-  for (const char ch : s) {
-    if (ch == '"') q += '"';
-    q += ch;
-  }
-  return q + "\"";
-}
-
-std::string md_field(const std::string& s) {
-  std::string q;
-  for (const char ch : s) {
-    if (ch == '|') q += '\\';
-    q += ch == '\n' ? ' ' : ch;
-  }
-  return q;
-}
-
 ordered_json to_json(const CaseResult& r, const BenchOptions& o, const char* mode) {
   auto num = [&](double x) { return r.error ? ordered_json(nullptr) : ordered_json(x); };
   auto opt = [&](const std::optional<double>& x) {
@@ -261,64 +208,23 @@ ordered_json to_json(const CaseResult& r, const BenchOptions& o, const char* mod
   return j;
 }
 
-// Streams the results in the chosen -o format. Text widths are fixed by the longest spec so rows
-// of a long sweep line up as they stream in; json prints the whole document at the end.
-struct Output {
-  std::string format;
-  int spec_w = 4;
-  void header() const {
-    if (format == "text") {
-      std::printf("%-*s %7s %-6s %10s %10s %10s %9s %7s %7s %8s %9s %7s\n", spec_w, kColumns[0],
-                  kColumns[1], kColumns[2], kColumns[3], kColumns[4], kColumns[5], kColumns[6],
-                  kColumns[7], kColumns[8], kColumns[9], kColumns[10], kColumns[11]);
-    } else if (format == "md") {
-      std::string h = "|", sep = "|";
-      for (const char* c : kColumns) {
-        h += std::string(" ") + c + " |";
-        sep += std::string(c == kColumns[0] || c == kColumns[2] ? " :--- |" : " ---: |");
-      }
-      std::printf("%s\n%s\n", h.c_str(), sep.c_str());
-    } else if (format == "csv") {
-      std::string h;
-      for (const char* c : kCsvColumns) h += (h.empty() ? "" : ",") + std::string(c);
-      std::printf("%s\n", h.c_str());
-    }
-    std::fflush(stdout);
-  }
-  void row(const CaseResult& r, const char* mode, const ordered_json& j) const {
-    if (format == "text") {
-      if (r.error) {
-        std::printf("%-*s %7lld %-6s error: %s\n", spec_w, r.spec.c_str(),
-                    static_cast<long long>(r.n), mode, r.error->c_str());
-      } else {
-        const auto c = cells(r, mode, "-", false);
-        std::printf("%-*s %7s %-6s %10s %10s %10s %9s %7s %7s %8s %9s %7s\n", spec_w, c[0].c_str(),
-                    c[1].c_str(), c[2].c_str(), c[3].c_str(), c[4].c_str(), c[5].c_str(),
-                    c[6].c_str(), c[7].c_str(), c[8].c_str(), c[9].c_str(), c[10].c_str(),
-                    c[11].c_str());
-      }
-    } else if (format == "md") {
-      auto c = cells(r, mode, "-", false);
-      if (r.error) c[3] = "error: " + *r.error;
-      std::string line = "|";
-      for (const auto& x : c) line += " " + md_field(x) + " |";
-      std::printf("%s\n", line.c_str());
-    } else if (format == "csv") {
-      auto c = cells(r, mode, "", true);
-      c.push_back(r.error ? *r.error : std::string());
-      std::string line;
-      for (size_t i = 0; i < c.size(); ++i) line += (i ? "," : "") + csv_field(c[i]);
-      std::printf("%s\n", line.c_str());
-    } else if (format == "jsonl") {
-      std::printf("%s\n", j.dump().c_str());
-    }
-    std::fflush(stdout);
-  }
-  void end(const ordered_json& doc) const {
-    if (format == "json") std::printf("%s\n", doc.dump(2).c_str());
-    std::fflush(stdout);
-  }
-};
+// The table's columns; text widths are fixed by the longest spec so rows of a long sweep line up
+// as they stream in. The csv header names each column by its JSON key.
+std::vector<Column> columns(int spec_w) {
+  return {{"spec", "spec", "", spec_w, true, false, true},
+          {"n", "n", "", 7, false, false, true},
+          {"mode", "mode", "", 6, true, false, true},
+          {"ms_median", "ms_median", "%.2f"},
+          {"ms_min", "ms_min", "%.2f"},
+          {"ms_max", "ms_max", "%.2f"},
+          {"GFLOP/s", "gflops", "%.1f", 9},
+          {"%peak", "peak_fraction", "%.4f", 7, false, true},
+          {"x full", "ratio_to_full", "%.3f", 7},
+          {"rss MB", "rss_mb", "%.1f", 8},
+          {"rel_err", "rel_err", "%.2e", 9},
+          {"cos", "cos", "%.4f", 7},
+          {"error", "error", "", 0, false, false, false, true}};
+}
 
 void run_bench(BenchOptions o) {
   // Before anything big is allocated, so every buffer follows the same rules (bench_util.cpp).
@@ -386,8 +292,9 @@ void run_bench(BenchOptions o) {
     std::fprintf(pre, "note: /proc/self/clear_refs is not writable: rss MB is the growth of the "
                 "process's peak RSS only\n");
 
-  Output table{o.format};
-  for (const auto& s : specs) table.spec_w = std::max<int>(table.spec_w, static_cast<int>(s.size()));
+  int spec_w = 4;
+  for (const auto& s : specs) spec_w = std::max<int>(spec_w, static_cast<int>(s.size()));
+  const ResultTable table(o.format, columns(spec_w));
   table.header();
 
   const char* mode = o.backward ? "fwdbwd" : "fwd";
@@ -470,7 +377,7 @@ void run_bench(BenchOptions o) {
       }
       if (want_error && is_baseline && !reference.defined()) compute_reference();  // it failed
       ordered_json j = to_json(r, o, mode);
-      progress.above([&] { table.row(r, mode, j); });
+      progress.above([&] { table.row(j); });
       doc["results"].push_back(std::move(j));
       write_json();  // after every row: an interrupted sweep keeps what it measured
     }

@@ -48,22 +48,30 @@ std::string ResultTable::cell(const nlohmann::ordered_json& r, const Column& c, 
   if (it->is_boolean()) return it->get<bool>() ? "true" : "false";
   if (!it->is_number()) return it->dump();
   char buf[64];
-  if (it->is_number_integer() && c.format.empty())
+  if (c.percent && format_ != "csv")
+    std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * it->get<double>());
+  else if (it->is_number_integer() && c.format.empty())
     std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(it->get<int64_t>()));
   else
     std::snprintf(buf, sizeof buf, c.format.empty() ? "%g" : c.format.c_str(), it->get<double>());
   return buf;
 }
 
+const std::string* ResultTable::error_of(const nlohmann::ordered_json& r) {
+  const auto it = r.find("error");
+  return it != r.end() && it->is_string() ? it->get_ptr<const std::string*>() : nullptr;
+}
+
 void ResultTable::header() const {
   std::string line;
   if (format_ == "text") {
-    for (size_t i = 0; i < columns_.size(); ++i)
-      line += (i ? " " : "") + pad(columns_[i].title, columns_[i].width, columns_[i].left);
+    for (const Column& c : columns_)
+      if (!c.csv_only) line += (line.empty() ? "" : " ") + pad(c.title, c.width, c.left);
   } else if (format_ == "md") {
     std::string sep = "|";
     line = "|";
     for (const Column& c : columns_) {
+      if (c.csv_only) continue;
       line += " " + md_field(c.title) + " |";
       sep += c.left ? " :--- |" : " ---: |";
     }
@@ -79,12 +87,26 @@ void ResultTable::header() const {
 
 void ResultTable::row(const nlohmann::ordered_json& r) const {
   std::string line;
+  const std::string* error = error_of(r);
   if (format_ == "text") {
-    for (size_t i = 0; i < columns_.size(); ++i)
-      line += (i ? " " : "") + pad(cell(r, columns_[i], "-"), columns_[i].width, columns_[i].left);
+    // A failed case: its labels, then the message in place of the numbers.
+    for (const Column& c : columns_) {
+      if (c.csv_only || (error && !c.label)) continue;
+      line += (line.empty() ? "" : " ") + pad(cell(r, c, "-"), c.width, c.left);
+    }
+    if (error) line += " error: " + *error;
   } else if (format_ == "md") {
     line = "|";
-    for (const Column& c : columns_) line += " " + md_field(cell(r, c, "-")) + " |";
+    bool said = false;  // a failed case's message goes in its first cell that is not a label
+    for (const Column& c : columns_) {
+      if (c.csv_only) continue;
+      std::string v = cell(r, c, "-");
+      if (error && !c.label && !said) {
+        v = "error: " + *error;
+        said = true;
+      }
+      line += " " + md_field(v) + " |";
+    }
   } else if (format_ == "csv") {
     for (size_t i = 0; i < columns_.size(); ++i) line += (i ? "," : "") + csv_field(cell(r, columns_[i], ""));
   } else if (format_ == "jsonl") {

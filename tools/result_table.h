@@ -1,8 +1,9 @@
-// Result rows in the -o formats of the benchmark commands: text (an aligned table), md (a
-// Markdown table), csv (a header row, then one line per result), json (one document at the end)
-// and jsonl (one JSON object per result). A row is a JSON object; each column reads one key of it
-// and formats numbers with its printf format; null (a value that does not apply) prints "-" in
-// the tables and nothing in csv.
+// Result rows in the -o formats of every command that prints results (bench, bench-model,
+// variants): text (an aligned table), md (a Markdown table), csv (a header row, then one line per
+// result), json (one document at the end) and jsonl (one JSON object per result). A row is a JSON
+// object; each column reads one key of it and formats numbers with its printf format; null (a
+// value that does not apply) prints "-" in the tables and nothing in csv. A row whose "error" key
+// holds a string is a failed case: the tables print its label columns and the message.
 #pragma once
 
 #include <cstdio>
@@ -19,6 +20,9 @@ struct Column {
   std::string format;  // printf format of a number, e.g. "%.1f"; strings print as they are
   int width = 10;      // text: the column's width (right-aligned unless `left`)
   bool left = false;
+  bool percent = false;  // a fraction shown as "12.3%" in text and md; csv keeps it with `format`
+  bool label = false;  // names the case (spec, length, mode): kept in a failed case's table row
+  bool csv_only = false;
 };
 
 class ResultTable {
@@ -36,6 +40,7 @@ class ResultTable {
 
  private:
   std::string cell(const nlohmann::ordered_json& r, const Column& c, const char* none) const;
+  static const std::string* error_of(const nlohmann::ordered_json& r);  // a failed case's message
   std::string format_;
   std::vector<Column> columns_;
 };
