@@ -255,8 +255,21 @@ class Model {
   const float* p(int64_t off) const { return params_.data() + off; }
   float* g(int64_t off) { return grads_.data() + off; }
   virtual bool causal() const = 0;
+  // What every architecture's plan of the arena holds for the code they share: the floats it
+  // takes and the loss head's workspace (token_loss, pooled_loss).
+  struct ArenaPlan {
+    int64_t floats = 0;
+    float *hs = nullptr, *dhs = nullptr, *logits = nullptr;
+  };
+  // The floats of the architecture's plan of (B, T): every layer's activations for training, one
+  // shared set for inference; `head` adds the loss head's buffers.
+  virtual int64_t plan_floats(int64_t B, int64_t T, bool train, bool head) const = 0;
+  // The architecture's buffers carved from base by that plan (and its own extras), returned.
+  virtual const ArenaPlan& carve_into(float* base, int64_t B, int64_t T, bool train, bool head) = 0;
   // Floats of the activation arena at (B, T): training keeps every layer's activations.
-  virtual double arena_floats(int64_t B, int64_t T, bool train) const = 0;
+  double arena_floats(int64_t B, int64_t T, bool train) const;
+  // The activations of (B, T) in the arena, carved again only when the layout changes.
+  void carve(int64_t B, int64_t T, bool train, bool head);
   // Validates a batch against the model (sizes, lengths, targets, the head).
   void check_batch(const Batch& b) const;
   // The arena holds at least n floats (grows, never shrinks; contents are not kept).
@@ -327,6 +340,8 @@ class Model {
   const float* xf_ = nullptr;  // (rows_xf_, H) the final hidden state
   int64_t rows_xf_ = 0;
   double dense_ms_ = 0;
+  int64_t B_ = -1, T_ = -1;  // the layout carve() made last
+  bool train_layout_ = false, head_layout_ = false;
 };
 
 // Encoder: BERT-style (post-LN, or pre-LN with norm_placement "pre") and KWT.
@@ -362,11 +377,11 @@ class Encoder final : public Model {
   static std::unique_ptr<Encoder> for_checkpoint(ModelConfig cfg, const Weights& w, const LoadOptions& opt,
                                                  std::vector<std::string>& optional);
   bool causal() const override { return false; }
-  double arena_floats(int64_t B, int64_t T, bool train) const override;
   // The activations of (B, T): every layer's for training, one shared set for inference; `head`
-  // adds the loss head's buffers. With no base only measures (*used floats).
-  Bufs plan(int64_t B, int64_t T, bool train, bool head, float* base, int64_t* used) const;
-  void carve(int64_t B, int64_t T, bool train, bool head);
+  // adds the loss head's buffers. With no base only measures (Bufs::floats).
+  Bufs plan(int64_t B, int64_t T, bool train, bool head, float* base) const;
+  int64_t plan_floats(int64_t B, int64_t T, bool train, bool head) const override;
+  const ArenaPlan& carve_into(float* base, int64_t B, int64_t T, bool train, bool head) override;
   // Embeddings of a token batch (types may be null) or a feature batch into the first layer's x.
   void embed_tokens(const int32_t* ids, const int32_t* types, int64_t B, int64_t T);
   void embed_features(const float* feats, int64_t B);
@@ -390,8 +405,6 @@ class Encoder final : public Model {
   std::unique_ptr<Bufs> b_;
   std::vector<int32_t> zero_types_;
   bool pooler_ = false;
-  int64_t B_ = -1, T_ = -1;
-  bool train_layout_ = false, head_layout_ = false;
 };
 
 // Sampling for generation: temperature 0 is greedy; top-k (0 = off) then top-p (1 = off).
@@ -434,9 +447,9 @@ class Decoder final : public Model {
   Decoder(const ModelConfig& cfg);
   static std::unique_ptr<Decoder> for_checkpoint(ModelConfig cfg, const Weights& w, const LoadOptions& opt);
   bool causal() const override { return true; }
-  double arena_floats(int64_t B, int64_t T, bool train) const override;
-  Bufs plan(int64_t B, int64_t T, bool train, bool head, float* base, int64_t* used) const;
-  void carve(int64_t B, int64_t T, bool train, bool head);
+  Bufs plan(int64_t B, int64_t T, bool train, bool head, float* base) const;
+  int64_t plan_floats(int64_t B, int64_t T, bool train, bool head) const override;
+  const ArenaPlan& carve_into(float* base, int64_t B, int64_t T, bool train, bool head) override;
   // Rows (B·T tokens at positions pos) through the layers; with the caches, appends K and V and
   // attends over the cache (batch 1).
   void forward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, const int32_t* pos,
@@ -465,8 +478,8 @@ class Decoder final : public Model {
   std::vector<KVCache> cache_;
   std::vector<int32_t> posbuf_;
   bool gpt2_ = false;  // model_type gpt2 (see the class comment)
-  int64_t B_ = -1, T_ = -1, pos_ = 0;
-  bool train_layout_ = false, head_layout_ = false, split_prefill_ = false;
+  int64_t pos_ = 0;
+  bool split_prefill_ = false;
 };
 
 // Generation through the KV cache (batch 1): start(prompt + max_tokens), prefill of `prompt`

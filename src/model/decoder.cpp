@@ -38,7 +38,7 @@ struct Decoder::Layout {
   int64_t embed = -1, pos = -1, norm = -1, norm_b = -1, lm_head = -1;
 };
 
-struct Decoder::Bufs {
+struct Decoder::Bufs : Model::ArenaPlan {
   struct Saved {  // per layer (training), or one set every layer shares (inference)
     // r1, r2: 1/rms (rows), or LayerNorm's mean then 1/std (2·rows) for GPT-2.
     float *x, *xn1, *r1, *qkv, *ao, *u1, *xn2, *r2, *gu;
@@ -47,7 +47,6 @@ struct Decoder::Bufs {
   float *xl = nullptr, *xf = nullptr, *fr = nullptr;  // last layer's output, final norm output, its 1/rms
   float *dx = nullptr, *dt = nullptr, *dt2 = nullptr, *dao = nullptr, *dqkv = nullptr, *dgu = nullptr;
   float *sbuf = nullptr;  // (rows, F) SwiGLU output, then its gradient
-  float *hs = nullptr, *dhs = nullptr, *logits = nullptr;
 };
 
 Decoder::Decoder(const ModelConfig& cfg_in)
@@ -138,7 +137,7 @@ std::unique_ptr<Decoder> Decoder::for_checkpoint(ModelConfig cfg, const Weights&
 
 // ---- activations
 
-Decoder::Bufs Decoder::plan(int64_t B, int64_t T, bool train, bool head, float* base, int64_t* used) const {
+Decoder::Bufs Decoder::plan(int64_t B, int64_t T, bool train, bool head, float* base) const {
   const ModelConfig& c = cfg_;
   const int64_t rows = B * T, H = c.hidden, F = c.ffn, Q = c.heads * c.head_dim, QKV = Q + 2 * c.kv_heads * c.head_dim;
   const int64_t nstat = gpt2_ ? 2 * rows : rows;
@@ -184,43 +183,28 @@ Decoder::Bufs Decoder::plan(int64_t B, int64_t T, bool train, bool head, float* 
     b.hs = a.take(rows * H);       // (n, H) rows with a target
     b.logits = a.take(rows * c.vocab);
   }
-  if (used) *used = a.used();
+  b.floats = a.used();
   return b;
 }
 
-double Decoder::arena_floats(int64_t B, int64_t T, bool train) const {
-  int64_t used = 0;
-  (void)plan(B, T, train, true, nullptr, &used);
-  return static_cast<double>(used);
+int64_t Decoder::plan_floats(int64_t B, int64_t T, bool train, bool head) const {
+  return plan(B, T, train, head, nullptr).floats;
 }
 
-void Decoder::carve(int64_t B, int64_t T, bool train, bool head) {
-  if (B == B_ && T == T_ && train == train_layout_ && head == head_layout_) return;
-  int64_t used = 0;
-  (void)plan(B, T, train, head, nullptr, &used);
-  *b_ = plan(B, T, train, head, arena(used), nullptr);
-  hs_ = b_->hs;
-  dhs_ = b_->dhs;
-  logits_ = b_->logits;
-  sel_.assign(static_cast<size_t>(B * T), 0);
-  tsel_.assign(static_cast<size_t>(B * T), 0);
-  B_ = B;
-  T_ = T;
-  train_layout_ = train;
-  head_layout_ = head;
+const Model::ArenaPlan& Decoder::carve_into(float* base, int64_t B, int64_t T, bool train, bool head) {
+  *b_ = plan(B, T, train, head, base);
+  return *b_;
 }
 
 double Decoder::forward_bytes(int64_t B, int64_t T, int64_t cache_positions) const {
   if (split_on()) T = sequence_split(T).local_rows(sp_->rank());
   const ModelConfig& c = cfg_;
   const AttentionDims d{B, c.heads, c.kv_heads, T, cache_positions > 0 ? cache_positions : T, c.head_dim, c.head_dim};
-  int64_t used = 0;
-  (void)plan(B, T, false, false, nullptr, &used);
   // The arena, the returned logits, the largest attention workspace; caches hold K twice (rows
   // and panels) and V once.
   const double KV = static_cast<double>(c.kv_heads * c.head_dim);
   const double cache = cache_positions > 0 ? 4.0 * static_cast<double>(c.layers * cache_positions) * (3.0 * KV + 64) : 0;
-  return 4.0 * static_cast<double>(used) + 4.0 * static_cast<double>(B * T * c.vocab) + att_->workspace_bytes(d, false) + cache;
+  return 4.0 * static_cast<double>(plan_floats(B, T, false, false)) + 4.0 * static_cast<double>(B * T * c.vocab) + att_->workspace_bytes(d, false) + cache;
 }
 
 // ---- forward

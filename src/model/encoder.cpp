@@ -41,7 +41,7 @@ struct Encoder::Layout {
   int64_t mlm_tw = -1, mlm_tb = -1, mlm_lng = -1, mlm_lnb = -1;  // the masked-LM transform
 };
 
-struct Encoder::Bufs {
+struct Encoder::Bufs : Model::ArenaPlan {
   struct Saved {  // per layer (training), or one set every layer shares (inference)
     float *x, *xn1, *m1, *r1, *qkv, *ao, *u1, *xn2, *m2, *r2, *h, *u2;
   };
@@ -50,7 +50,7 @@ struct Encoder::Bufs {
   float *proj = nullptr;                             // (B·P, H) KWT patch projections
   float *xl = nullptr, *xf = nullptr, *fm = nullptr, *fr = nullptr;  // last layer's output, final LN
   float *dx = nullptr, *dt = nullptr, *dt2 = nullptr, *dao = nullptr, *dqkv = nullptr, *dh = nullptr, *gbuf = nullptr;
-  float *hs = nullptr, *dhs = nullptr, *logits = nullptr, *pool_in = nullptr;
+  float *pool_in = nullptr;
   // The masked-LM transform: dense output (rows, H), its GELU (rows, H), the LayerNorm output
   // (rows, H) the output layer reads, its mean | 1/std (2, rows), and its gradient (rows, H).
   float *mu = nullptr, *mg = nullptr, *mt = nullptr, *mstat = nullptr, *mdt = nullptr;
@@ -247,7 +247,7 @@ std::unique_ptr<Encoder> Encoder::random_bert(const ModelConfig& cfg_in, uint64_
 
 // ---- activations
 
-Encoder::Bufs Encoder::plan(int64_t B, int64_t T, bool train, bool head, float* base, int64_t* used) const {
+Encoder::Bufs Encoder::plan(int64_t B, int64_t T, bool train, bool head, float* base) const {
   const ModelConfig& c = cfg_;
   const int64_t rows = B * T, H = c.hidden, F = c.ffn, O = std::max<int64_t>(c.num_labels, head_ && *head_ == TaskKind::mlm ? c.vocab : 0);
   model::Carver a(base);
@@ -316,39 +316,24 @@ Encoder::Bufs Encoder::plan(int64_t B, int64_t T, bool train, bool head, float* 
   b.hs = a.take((head ? rows : B) * H);            // (n, H) head input: target rows or pooled rows
   b.pool_in = a.take(B * H);                       // (B, H) the pooler's input (first tokens)
   if (head) b.logits = a.take(rows * std::max<int64_t>(O, 1));  // (n, classes)
-  if (used) *used = a.used();
+  b.floats = a.used();
   return b;
 }
 
-double Encoder::arena_floats(int64_t B, int64_t T, bool train) const {
-  int64_t used = 0;
-  (void)plan(B, T, train, true, nullptr, &used);
-  return static_cast<double>(used);
+int64_t Encoder::plan_floats(int64_t B, int64_t T, bool train, bool head) const {
+  return plan(B, T, train, head, nullptr).floats;
 }
 
-void Encoder::carve(int64_t B, int64_t T, bool train, bool head) {
-  if (B == B_ && T == T_ && train == train_layout_ && head == head_layout_) return;
-  int64_t used = 0;
-  (void)plan(B, T, train, head, nullptr, &used);
-  *b_ = plan(B, T, train, head, arena(used), nullptr);
-  hs_ = b_->hs;
-  dhs_ = b_->dhs;
-  logits_ = b_->logits;
-  sel_.assign(static_cast<size_t>(B * T), 0);
-  tsel_.assign(static_cast<size_t>(std::max(B * T, B)), 0);
+const Model::ArenaPlan& Encoder::carve_into(float* base, int64_t B, int64_t T, bool train, bool head) {
+  *b_ = plan(B, T, train, head, base);
   if (static_cast<int64_t>(zero_types_.size()) < B * T) zero_types_.assign(static_cast<size_t>(B * T), 0);
-  B_ = B;
-  T_ = T;
-  train_layout_ = train;
-  head_layout_ = head;
+  return *b_;
 }
 
 double Encoder::forward_bytes(int64_t B, int64_t T) const {
   if (split_on()) T = sequence_split(T).local_rows(sp_->rank());
   const AttentionDims d{B, cfg_.heads, cfg_.heads, T, T, cfg_.head_dim, cfg_.head_dim};
-  int64_t used = 0;
-  (void)plan(B, T, false, false, nullptr, &used);
-  return 4.0 * static_cast<double>(used) + att_->workspace_bytes(d, false);
+  return 4.0 * static_cast<double>(plan_floats(B, T, false, false)) + att_->workspace_bytes(d, false);
 }
 
 // ---- forward

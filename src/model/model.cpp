@@ -283,6 +283,25 @@ float* Model::arena(int64_t n) {
   return arena_.data();
 }
 
+double Model::arena_floats(int64_t B, int64_t T, bool train) const {
+  return static_cast<double>(plan_floats(B, T, train, true));
+}
+
+void Model::carve(int64_t B, int64_t T, bool train, bool head) {
+  if (B == B_ && T == T_ && train == train_layout_ && head == head_layout_) return;
+  const ArenaPlan& a = carve_into(arena(plan_floats(B, T, train, head)), B, T, train, head);
+  hs_ = a.hs;
+  dhs_ = a.dhs;
+  logits_ = a.logits;
+  // Token targets (B·T), or one per sequence (B) for the pooled head.
+  sel_.assign(static_cast<size_t>(B * T), 0);
+  tsel_.assign(static_cast<size_t>(std::max(B * T, B)), 0);
+  B_ = B;
+  T_ = T;
+  train_layout_ = train;
+  head_layout_ = head;
+}
+
 void Model::lin(float* y, int64_t ldy, const float* x, int64_t ldx, const float* w, const float* b, int64_t rows,
                 int64_t in, int64_t out, const float* res) {
   const double t0 = ms_now();
