@@ -38,7 +38,6 @@
 #include "clattn/attention.h"
 #include "clattn/comm.h"
 #include "clattn/data.h"
-#include "clattn/kv_cache.h"
 #include "clattn/seq_parallel.h"
 #include "clattn/tensor.h"
 
@@ -149,8 +148,10 @@ struct LoadOptions {
   uint64_t seed = 0;
 };
 
-class LayerAttention;  // src/model/layer_attention.h: the per-layer attention stack
-class Weights;         // src/model/weights.h: a checkpoint's tensors, read into memory at load
+// The implementation behind the handles below (src/model/model_impl.h).
+class ModelImpl;
+class EncoderImpl;
+class DecoderImpl;
 
 class Model {
  public:
@@ -164,8 +165,8 @@ class Model {
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
-  const ModelConfig& config() const { return cfg_; }
-  bool has_head() const { return head_.has_value(); }
+  const ModelConfig& config() const;
+  bool has_head() const;
   TaskKind head() const;  // the task head (an Error when the model has none)
 
   // Sets the attention of every layer from a plan (default "full"). Any variant that can run on
@@ -193,7 +194,7 @@ class Model {
   // clips split by batch), and decoding after a split prefill (the KV cache is spread over the
   // ranks). comm must outlive the calls.
   void set_sequence_parallel(Communicator* comm);
-  Communicator* sequence_parallel() const { return sp_; }
+  Communicator* sequence_parallel() const;
   // How a sequence of T positions splits over the ranks of set_sequence_parallel (one rank when
   // off: everything on rank 0).
   SeqSplit sequence_split(int64_t T) const;
@@ -204,7 +205,7 @@ class Model {
   // attentions and dropout (fresh draws each step, reproducible); `train` also lets stateful
   // attentions (routing's EMA) update their state. Batch::first offsets the dropout streams, so a
   // sequence gets the same mask whichever batch it is in.
-  virtual StepResult forward_backward(const Batch& b, bool train, uint64_t step, double divisor = 0) = 0;
+  StepResult forward_backward(const Batch& b, bool train, uint64_t step, double divisor = 0);
 
   // The final hidden state of the last forward, after the final norm: (B·T, hidden) (decoders
   // after prefill/step: only the rows whose logits were computed), valid until the next call.
@@ -212,15 +213,15 @@ class Model {
   // Milliseconds spent in attention during the last forward (for the share of time outside it).
   double last_attention_ms() const;
   // Bytes a forward of (B, T) allocates: activations and the largest attention workspace.
-  virtual double forward_bytes(int64_t B, int64_t T) const = 0;
+  double forward_bytes(int64_t B, int64_t T) const;
   // Bytes a training step of (B, T) holds: the activation arena, every layer's attention
   // workspace and saved state, and the parameters with their gradients and both AdamW moments.
   double train_bytes(int64_t B, int64_t T) const;
 
-  std::span<float> params() { return {params_.data(), params_.size()}; }
-  std::span<const float> params() const { return {params_.data(), params_.size()}; }
+  std::span<float> params();
+  std::span<const float> params() const;
   std::span<float> grads();  // allocated (zero) on first use
-  const std::vector<ParamInfo>& param_info() const { return info_; }
+  const std::vector<ParamInfo>& param_info() const;
   const ParamInfo& param(const std::string& name) const;  // an Error naming it when absent
   void zero_grads();
 
@@ -237,96 +238,11 @@ class Model {
   void set_capture(AttentionCapture* cap);
 
  protected:
-  enum class Init { normal, one, zero };
-  explicit Model(const ModelConfig& cfg);
+  // Encoder and Decoder are handles over their implementation (src/model/model_impl.h).
+  explicit Model(std::unique_ptr<ModelImpl> impl);
   // load() with config.json already read (the checkpoint's folder is read once).
   static std::unique_ptr<Model> load(const std::string& dir, const ModelConfig& cfg, const LoadOptions& opt);
-  // Layout: every parameter once, in order (adjacent tensors that form one fused matrix must be
-  // added in that order), then allocate().
-  // `transposed`: the checkpoint stores this matrix as (in, out) (GPT-2's Conv1D) while the model
-  // holds it (out, in) like every other linear layer; load and save transpose it.
-  int64_t add(const std::string& name, std::vector<int64_t> shape, Init init, bool transposed = false);
-  void allocate();
-  void init(uint64_t seed);
-  // Copies each parameter from the checkpoint folder's tensors (prefix_ applied to the names
-  // that take it); names in `optional` may be absent (they keep their initial values).
-  void load_weights(Weights& w, bool verbose, const std::vector<std::string>& optional);
-  float* p(int64_t off) { return params_.data() + off; }
-  const float* p(int64_t off) const { return params_.data() + off; }
-  float* g(int64_t off) { return grads_.data() + off; }
-  virtual bool causal() const = 0;
-  // Floats of the activation arena at (B, T): training keeps every layer's activations.
-  virtual double arena_floats(int64_t B, int64_t T, bool train) const = 0;
-  // Validates a batch against the model (sizes, lengths, targets, the head).
-  void check_batch(const Batch& b) const;
-  // The arena holds at least n floats (grows, never shrinks; contents are not kept).
-  float* arena(int64_t n);
-
-  // Timed helpers over the flat buffers: y = x·Wᵀ + b, or with `res`, y = res + x·Wᵀ + b (the
-  // residual fused into the GEMM's C; y may equal res).
-  void lin(float* y, int64_t ldy, const float* x, int64_t ldx, const float* w, const float* b,
-           int64_t rows, int64_t in, int64_t out, const float* res = nullptr);
-  void lin_bwd(float* dx, int64_t lddx, float* dw, float* db, const float* dy, int64_t lddy,
-               const float* x, int64_t ldx, const float* w, int64_t rows, int64_t in, int64_t out,
-               bool accumulate = false);
-  // dst = src + dropout(branch) for the residual of (layer, which) over B sequences of T rows of
-  // `width`: one stream per (layer, which, Batch::first + sequence), so the mask of a sequence
-  // does not depend on its batch. dst may equal src; branch is overwritten.
-  void residual_dropout(float* dst, const float* src, float* branch, int64_t B, int64_t T, int64_t width,
-                        int64_t layer, int which, uint64_t step, int64_t first) const;
-  void dropout_grad(float* d, const float* dy, int64_t B, int64_t T, int64_t width, int64_t layer,
-                    int which, uint64_t step, int64_t first) const;
-  // The loss over the rows of xf (rows, H) that have targets (mlm / lm), through the output matrix
-  // w (O, H) and bias (or null); with `train` writes dxf (rows, H) and accumulates dw, db. `scale`
-  // multiplies the gradient of the summed loss.
-  void token_loss(const Batch& b, const float* xf, float* dxf, int64_t w, int64_t bias, bool train,
-                  float scale, StepResult& r);
-  // The same over pooled rows hs (B, H) with one target per sequence (classify).
-  void pooled_loss(const Batch& b, int64_t w, int64_t bias, bool train, float scale, StepResult& r);
-  StepResult timed(StepResult r, double t0_ms) const;
-  // Sequence parallelism. begin_split(T) starts a call over sequences of T positions: it sets
-  // split_, local_pos_ (the global position of each local row) and seq_T_, hands the split to the
-  // attention, and returns the rows each sequence has here (T when not split).
-  int64_t begin_split(int64_t T);
-  bool split_on() const { return sp_ != nullptr && sp_->size() > 1; }
-  // Whether this rank reports what every rank computes alike (the pooled head): rank 0 of the
-  // split, or the only one.
-  bool split_lead() const { return !split_on() || sp_->rank() == 0; }
-  // The (B, T) values of the whole batch at this rank's positions: (B, n) in split order.
-  void take_local(std::span<const int32_t> all, int64_t B, std::vector<int32_t>& out) const;
-  // The batch of this rank's positions (ids, token targets; lengths stay global).
-  Batch local_batch(const Batch& b) const;
-  // on_grads_ready for layer l's range, and at the end of a backward for everything else.
-  void layer_grads_ready(int64_t begin, int64_t end) const;
-  void other_grads_ready(int64_t layers_begin, int64_t layers_end) const;
-  int64_t param_rows(int64_t off) const;  // first dim of the parameter at offset off
-  // FLOPs of an inference call over `rows` tokens that each attend `keys` keys: 2 per parameter
-  // and row (the linear layers), plus the attention's 4·heads·head_dim·keys per row and layer.
-  // Inference entry points run on threads_for_flops() of it (parallel.h): a decode step or a
-  // short prefill stays on one thread rather than paying a team's barriers.
-  double inference_flops(int64_t rows, double keys) const;
-
-  ModelConfig cfg_;
-  std::optional<TaskKind> head_;
-  std::string prefix_;  // "bert.", "roberta.", "transformer." ... when the checkpoint names its tensors so
-  std::unique_ptr<LayerAttention> att_;
-  float dropout_ = 0;
-  Communicator* sp_ = nullptr;
-  SeqSplit split_;
-  std::vector<int32_t> local_pos_;  // (n) global position of each local row of a sequence
-  int64_t seq_T_ = 0;               // the current call's sequence length (global)
-  std::vector<float> params_, grads_;  // one allocation each
-  std::vector<ParamInfo> info_;
-  std::vector<Init> inits_;
-  std::vector<bool> prefixed_;  // per parameter: its checkpoint name takes prefix_
-  std::vector<bool> transposed_;  // per parameter: stored (in, out) in the checkpoint
-  Tensor arena_;
-  // Head workspace (carved from the arena): selected rows, their targets, gathered hidden states.
-  std::vector<int32_t> sel_, tsel_;
-  float *hs_ = nullptr, *dhs_ = nullptr, *logits_ = nullptr;
-  const float* xf_ = nullptr;  // (rows_xf_, H) the final hidden state
-  int64_t rows_xf_ = 0;
-  double dense_ms_ = 0;
+  std::unique_ptr<ModelImpl> impl_;
 };
 
 // Encoder: BERT-style (post-LN, or pre-LN with norm_placement "pre") and KWT.
@@ -349,49 +265,11 @@ class Encoder final : public Model {
   Tensor forward_mlm(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths = {});
   // KWT: features (B, num_patches, input_dim). Returns logits (B, num_labels).
   Tensor forward_features(ConstView features);
-  StepResult forward_backward(const Batch& b, bool train, uint64_t step, double divisor = 0) override;
-  double forward_bytes(int64_t B, int64_t T) const override;
 
  private:
   friend class Model;
-  struct Layout;  // offsets of every parameter
-  struct Bufs;    // the activations carved from the arena
-  Encoder(const ModelConfig& cfg, const std::optional<TaskKind>& head, bool pooler);
-  // The layout a checkpoint implies (its config, which tensors it has, the head asked for), and
-  // the names allowed to be absent (they start from their initial values).
-  static std::unique_ptr<Encoder> for_checkpoint(ModelConfig cfg, const Weights& w, const LoadOptions& opt,
-                                                 std::vector<std::string>& optional);
-  bool causal() const override { return false; }
-  double arena_floats(int64_t B, int64_t T, bool train) const override;
-  // The activations of (B, T): every layer's for training, one shared set for inference; `head`
-  // adds the loss head's buffers. With no base only measures (*used floats).
-  Bufs plan(int64_t B, int64_t T, bool train, bool head, float* base, int64_t* used) const;
-  void carve(int64_t B, int64_t T, bool train, bool head);
-  // Embeddings of a token batch (types may be null) or a feature batch into the first layer's x.
-  void embed_tokens(const int32_t* ids, const int32_t* types, int64_t B, int64_t T);
-  void embed_features(const float* feats, int64_t B);
-  // The masked-LM transform (ModelConfig::mlm_transform) of `rows` rows of b_->xf into b_->mt,
-  // and its backward from b_->mdt into dxf (rows, H).
-  void mlm_transform(int64_t rows);
-  void mlm_transform_backward(int64_t rows, float* dxf);
-  // forward_tokens / forward_mlm up to the final norm (b_->xf); returns the rows per sequence
-  // held here (T, or this rank's share when the sequence is split).
-  int64_t encode_tokens(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths,
-                        std::span<const int32_t> types);
-  void forward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, bool train, uint64_t step,
-                      int64_t first);
-  void final_norm(int64_t rows);
-  void backward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, uint64_t step, int64_t first);
-  void embed_backward(const Batch& b);
-  // Pooled rows (B, H) for the classifier into hs_, and its backward into dxf (rows, H).
-  void pool(int64_t B, int64_t T, std::span<const int32_t> lengths);
-  void pool_backward(int64_t B, int64_t T, std::span<const int32_t> lengths, float* dxf);
-  std::unique_ptr<Layout> L_;
-  std::unique_ptr<Bufs> b_;
-  std::vector<int32_t> zero_types_;
-  bool pooler_ = false;
-  int64_t B_ = -1, T_ = -1;
-  bool train_layout_ = false, head_layout_ = false;
+  explicit Encoder(std::unique_ptr<EncoderImpl> impl);
+  EncoderImpl& impl() const;
 };
 
 // Sampling for generation: temperature 0 is greedy; top-k (0 = off) then top-p (1 = off).
@@ -421,52 +299,15 @@ class Decoder final : public Model {
   void start(int64_t capacity);
   std::vector<float> prefill(std::span<const int32_t> ids);
   std::vector<float> step(int32_t id);
-  int64_t position() const { return pos_; }
-  StepResult forward_backward(const Batch& b, bool train, uint64_t step, double divisor = 0) override;
-  double forward_bytes(int64_t B, int64_t T) const override { return forward_bytes(B, T, 0); }
+  int64_t position() const;
+  using Model::forward_bytes;
   // With cache_positions > 0 also the KV caches of that many positions.
   double forward_bytes(int64_t B, int64_t T, int64_t cache_positions) const;
 
  private:
   friend class Model;
-  struct Layout;
-  struct Bufs;
-  Decoder(const ModelConfig& cfg);
-  static std::unique_ptr<Decoder> for_checkpoint(ModelConfig cfg, const Weights& w, const LoadOptions& opt);
-  bool causal() const override { return true; }
-  double arena_floats(int64_t B, int64_t T, bool train) const override;
-  Bufs plan(int64_t B, int64_t T, bool train, bool head, float* base, int64_t* used) const;
-  void carve(int64_t B, int64_t T, bool train, bool head);
-  // Rows (B·T tokens at positions pos) through the layers; with the caches, appends K and V and
-  // attends over the cache (batch 1).
-  void forward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, const int32_t* pos,
-                      bool use_cache, bool train, uint64_t step, int64_t first);
-  void backward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, const int32_t* pos, uint64_t step,
-                       int64_t first);
-  // The final norm of rows [from, rows) (xf_), and the logits of n such rows into out (n, vocab).
-  void final_norm(int64_t rows, int64_t from);
-  void inference_logits(float* out, int64_t n);
-  // posbuf_ (B·T): each local row's position, local_pos_ plus offset (the cache's length).
-  void set_positions(int64_t B, int64_t T, int64_t offset);
-  // The first layer's input for `rows` ids at posbuf_: token embeddings, plus GPT-2's learned
-  // positions (an Error past n_positions).
-  void embed(const int32_t* ids, int64_t rows);
-  // Gradients of embed() from dx (rows, H).
-  void embed_backward(const int32_t* ids, int64_t B, int64_t T, const float* dx);
-  // The family's norm over `rows` rows of hidden: RMSNorm (gain), or GPT-2's LayerNorm (gain,
-  // bias). stat: 1/rms (rows), or mean | 1/std (2, rows); nullptr in inference.
-  void norm_fwd(float* y, const float* x, int64_t gain, int64_t bias, int64_t rows, float* stat);
-  void norm_bwd(float* dx, int64_t gain, int64_t bias, const float* dy, const float* x, const float* stat,
-                int64_t rows, bool accumulate);
-  // prefill() with the sequence split: no cache; the last position's logits on every rank.
-  std::vector<float> split_prefill(std::span<const int32_t> ids);
-  std::unique_ptr<Layout> L_;
-  std::unique_ptr<Bufs> b_;
-  std::vector<KVCache> cache_;
-  std::vector<int32_t> posbuf_;
-  bool gpt2_ = false;  // model_type gpt2 (see the class comment)
-  int64_t B_ = -1, T_ = -1, pos_ = 0;
-  bool train_layout_ = false, head_layout_ = false, split_prefill_ = false;
+  explicit Decoder(std::unique_ptr<DecoderImpl> impl);
+  DecoderImpl& impl() const;
 };
 
 // Generation through the KV cache (batch 1): start(prompt + max_tokens), prefill of `prompt`

@@ -6,7 +6,7 @@
 // GPT-2 (model_type gpt2) is the same loop with LayerNorms (gain and bias) for the RMSNorms,
 // biases on every linear layer, learned positions added to the embeddings instead of rotation,
 // and h = gelu_tanh(f·Wfc + bfc) for the SwiGLU; its Conv1D matrices, stored (in, out), are held
-// (out, in) like every other (Model::add's `transposed`), so q|k|v is still one GEMM.
+// (out, in) like every other (ModelImpl::add's `transposed`), so q|k|v is still one GEMM.
 // Activations are token-major (rows = B·T); attention reads them through strided (B, H, T, D)
 // views. Inference keeps one set of buffers for every layer and updates the residual stream in
 // place; training keeps each layer's x, a, qkv, attention output, u1, f, g|u and 1/rms.
@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <utility>
 
 #include "clattn/error.h"
 #include "clattn/model.h"
@@ -21,6 +22,7 @@
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
 #include "model/layer_attention.h"
+#include "model/model_impl.h"
 #include "model/model_internal.h"
 #include "model/weights.h"
 
@@ -28,7 +30,7 @@ namespace clattn {
 
 using model::ms_now;
 
-struct Decoder::Layout {
+struct DecoderImpl::Layout {
   struct Layer {
     int64_t in_norm, wqkv, wo, post_norm, wgu, down;
     int64_t in_norm_b = -1, bqkv = -1, bo = -1, post_norm_b = -1, bgu = -1, bdown = -1;  // GPT-2
@@ -38,7 +40,7 @@ struct Decoder::Layout {
   int64_t embed = -1, pos = -1, norm = -1, norm_b = -1, lm_head = -1;
 };
 
-struct Decoder::Bufs {
+struct DecoderImpl::Bufs : ModelImpl::ArenaPlan {
   struct Saved {  // per layer (training), or one set every layer shares (inference)
     // r1, r2: 1/rms (rows), or LayerNorm's mean then 1/std (2·rows) for GPT-2.
     float *x, *xn1, *r1, *qkv, *ao, *u1, *xn2, *r2, *gu;
@@ -47,11 +49,10 @@ struct Decoder::Bufs {
   float *xl = nullptr, *xf = nullptr, *fr = nullptr;  // last layer's output, final norm output, its 1/rms
   float *dx = nullptr, *dt = nullptr, *dt2 = nullptr, *dao = nullptr, *dqkv = nullptr, *dgu = nullptr;
   float *sbuf = nullptr;  // (rows, F) SwiGLU output, then its gradient
-  float *hs = nullptr, *dhs = nullptr, *logits = nullptr;
 };
 
-Decoder::Decoder(const ModelConfig& cfg_in)
-    : Model(cfg_in), L_(std::make_unique<Layout>()), b_(std::make_unique<Bufs>()) {
+DecoderImpl::DecoderImpl(const ModelConfig& cfg_in)
+    : ModelImpl(cfg_in), L_(std::make_unique<Layout>()), b_(std::make_unique<Bufs>()) {
   ModelConfig& c = cfg_;
   head_ = TaskKind::lm;
   if (c.model_type.empty()) c.model_type = "llama";
@@ -124,11 +125,11 @@ Decoder::Decoder(const ModelConfig& cfg_in)
   att_->set_plan("full");
 }
 
-Decoder::~Decoder() = default;
+DecoderImpl::~DecoderImpl() = default;
 
-std::unique_ptr<Decoder> Decoder::for_checkpoint(ModelConfig cfg, const Weights& w, const LoadOptions& opt) {
+std::unique_ptr<DecoderImpl> DecoderImpl::for_checkpoint(ModelConfig cfg, const Weights& w, const LoadOptions& opt) {
   check(!opt.head || *opt.head == TaskKind::lm, "model '", w.dir(), "': a decoder takes the lm head");
-  std::unique_ptr<Decoder> d(new Decoder(cfg));
+  std::unique_ptr<DecoderImpl> d(new DecoderImpl(cfg));
   // GPT2LMHeadModel stores the model under "transformer."; GPT2Model (the original gpt2 files)
   // stores it bare.
   if (d->gpt2_ && w.has("transformer.wte.weight")) d->prefix_ = "transformer.";
@@ -138,7 +139,7 @@ std::unique_ptr<Decoder> Decoder::for_checkpoint(ModelConfig cfg, const Weights&
 
 // ---- activations
 
-Decoder::Bufs Decoder::plan(int64_t B, int64_t T, bool train, bool head, float* base, int64_t* used) const {
+DecoderImpl::Bufs DecoderImpl::plan(int64_t B, int64_t T, bool train, bool head, float* base) const {
   const ModelConfig& c = cfg_;
   const int64_t rows = B * T, H = c.hidden, F = c.ffn, Q = c.heads * c.head_dim, QKV = Q + 2 * c.kv_heads * c.head_dim;
   const int64_t nstat = gpt2_ ? 2 * rows : rows;
@@ -184,48 +185,33 @@ Decoder::Bufs Decoder::plan(int64_t B, int64_t T, bool train, bool head, float* 
     b.hs = a.take(rows * H);       // (n, H) rows with a target
     b.logits = a.take(rows * c.vocab);
   }
-  if (used) *used = a.used();
+  b.floats = a.used();
   return b;
 }
 
-double Decoder::arena_floats(int64_t B, int64_t T, bool train) const {
-  int64_t used = 0;
-  (void)plan(B, T, train, true, nullptr, &used);
-  return static_cast<double>(used);
+int64_t DecoderImpl::plan_floats(int64_t B, int64_t T, bool train, bool head) const {
+  return plan(B, T, train, head, nullptr).floats;
 }
 
-void Decoder::carve(int64_t B, int64_t T, bool train, bool head) {
-  if (B == B_ && T == T_ && train == train_layout_ && head == head_layout_) return;
-  int64_t used = 0;
-  (void)plan(B, T, train, head, nullptr, &used);
-  *b_ = plan(B, T, train, head, arena(used), nullptr);
-  hs_ = b_->hs;
-  dhs_ = b_->dhs;
-  logits_ = b_->logits;
-  sel_.assign(static_cast<size_t>(B * T), 0);
-  tsel_.assign(static_cast<size_t>(B * T), 0);
-  B_ = B;
-  T_ = T;
-  train_layout_ = train;
-  head_layout_ = head;
+const ModelImpl::ArenaPlan& DecoderImpl::carve_into(float* base, int64_t B, int64_t T, bool train, bool head) {
+  *b_ = plan(B, T, train, head, base);
+  return *b_;
 }
 
-double Decoder::forward_bytes(int64_t B, int64_t T, int64_t cache_positions) const {
+double DecoderImpl::forward_bytes(int64_t B, int64_t T, int64_t cache_positions) const {
   if (split_on()) T = sequence_split(T).local_rows(sp_->rank());
   const ModelConfig& c = cfg_;
   const AttentionDims d{B, c.heads, c.kv_heads, T, cache_positions > 0 ? cache_positions : T, c.head_dim, c.head_dim};
-  int64_t used = 0;
-  (void)plan(B, T, false, false, nullptr, &used);
   // The arena, the returned logits, the largest attention workspace; caches hold K twice (rows
   // and panels) and V once.
   const double KV = static_cast<double>(c.kv_heads * c.head_dim);
   const double cache = cache_positions > 0 ? 4.0 * static_cast<double>(c.layers * cache_positions) * (3.0 * KV + 64) : 0;
-  return 4.0 * static_cast<double>(used) + 4.0 * static_cast<double>(B * T * c.vocab) + att_->workspace_bytes(d, false) + cache;
+  return 4.0 * static_cast<double>(plan_floats(B, T, false, false)) + 4.0 * static_cast<double>(B * T * c.vocab) + att_->workspace_bytes(d, false) + cache;
 }
 
 // ---- forward
 
-void Decoder::forward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, const int32_t* pos, bool use_cache,
+void DecoderImpl::forward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, const int32_t* pos, bool use_cache,
                              bool train, uint64_t step, int64_t first) {
   const ModelConfig& c = cfg_;
   const int64_t rows = B * T, H = c.hidden, F = c.ffn, nh = c.heads, kvh = c.kv_heads, hd = c.head_dim;
@@ -277,7 +263,7 @@ void Decoder::forward_layers(int64_t B, int64_t T, std::span<const int32_t> leng
   }
 }
 
-void Decoder::final_norm(int64_t rows, int64_t from) {
+void DecoderImpl::final_norm(int64_t rows, int64_t from) {
   const int64_t H = cfg_.hidden;
   float* xf = b_->xf + from * H;
   // Statistics are kept only by training, which normalises every row (from = 0).
@@ -287,22 +273,22 @@ void Decoder::final_norm(int64_t rows, int64_t from) {
   rows_xf_ = rows - from;
 }
 
-void Decoder::inference_logits(float* out, int64_t n) {
+void DecoderImpl::inference_logits(float* out, int64_t n) {
   lin(out, cfg_.vocab, xf_, cfg_.hidden, p(L_->lm_head), nullptr, n, cfg_.hidden, cfg_.vocab);
 }
 
-void Decoder::norm_fwd(float* y, const float* x, int64_t gain, int64_t bias, int64_t rows, float* stat) {
+void DecoderImpl::norm_fwd(float* y, const float* x, int64_t gain, int64_t bias, int64_t rows, float* stat) {
   if (gpt2_) nn::layernorm_fwd(y, x, p(gain), p(bias), rows, cfg_.hidden, cfg_.eps, stat, stat ? stat + rows : nullptr);
   else nn::rmsnorm_fwd(y, x, p(gain), rows, cfg_.hidden, cfg_.eps, stat);
 }
 
-void Decoder::norm_bwd(float* dx, int64_t gain, int64_t bias, const float* dy, const float* x, const float* stat,
+void DecoderImpl::norm_bwd(float* dx, int64_t gain, int64_t bias, const float* dy, const float* x, const float* stat,
                        int64_t rows, bool accumulate) {
   if (gpt2_) nn::layernorm_bwd(dx, g(gain), g(bias), dy, x, p(gain), stat, stat + rows, rows, cfg_.hidden, accumulate);
   else nn::rmsnorm_bwd(dx, g(gain), dy, x, p(gain), stat, rows, cfg_.hidden, accumulate);
 }
 
-void Decoder::embed(const int32_t* ids, int64_t rows) {
+void DecoderImpl::embed(const int32_t* ids, int64_t rows) {
   const int64_t H = cfg_.hidden;
   float* x = b_->S[0].x;  // (rows, H)
   nn::embedding_fwd(x, ids, p(L_->embed), rows, H, cfg_.vocab);
@@ -317,7 +303,7 @@ void Decoder::embed(const int32_t* ids, int64_t rows) {
   });
 }
 
-void Decoder::embed_backward(const int32_t* ids, int64_t B, int64_t T, const float* dx) {
+void DecoderImpl::embed_backward(const int32_t* ids, int64_t B, int64_t T, const float* dx) {
   const int64_t H = cfg_.hidden;
   nn::embedding_bwd(g(L_->embed), ids, dx, B * T, H, cfg_.vocab);
   if (!gpt2_) return;
@@ -331,7 +317,7 @@ void Decoder::embed_backward(const int32_t* ids, int64_t B, int64_t T, const flo
 
 // ---- backward
 
-void Decoder::backward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, const int32_t* pos, uint64_t step,
+void DecoderImpl::backward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, const int32_t* pos, uint64_t step,
                               int64_t first) {
   const ModelConfig& c = cfg_;
   const int64_t rows = B * T, H = c.hidden, F = c.ffn, nh = c.heads, kvh = c.kv_heads, hd = c.head_dim;
@@ -386,7 +372,7 @@ void Decoder::backward_layers(int64_t B, int64_t T, std::span<const int32_t> len
 
 // ---- entry points
 
-StepResult Decoder::forward_backward(const Batch& bt, bool train, uint64_t step, double divisor) {
+StepResult DecoderImpl::forward_backward(const Batch& bt, bool train, uint64_t step, double divisor) {
   const double t0 = ms_now();
   check_batch(bt);
   if (train) {
@@ -419,7 +405,7 @@ StepResult Decoder::forward_backward(const Batch& bt, bool train, uint64_t step,
   return timed(res, t0);
 }
 
-Tensor Decoder::forward(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths) {
+Tensor DecoderImpl::forward(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths) {
   const ModelConfig& c = cfg_;
   check(B >= 1 && T >= 1 && static_cast<int64_t>(ids.size()) == B * T, "decoder: ids must hold B x T = ",
         B, " x ", T, " tokens, got ", ids.size());
@@ -443,7 +429,7 @@ Tensor Decoder::forward(std::span<const int32_t> ids, int64_t B, int64_t T, std:
   return out;
 }
 
-void Decoder::start(int64_t capacity) {
+void DecoderImpl::start(int64_t capacity) {
   check(capacity >= 1, "decoder: cache capacity must be >= 1, got ", capacity);
   const ModelConfig& c = cfg_;
   for (int64_t l = 0; l < c.layers; ++l)
@@ -464,7 +450,7 @@ void Decoder::start(int64_t capacity) {
   split_prefill_ = false;
 }
 
-std::vector<float> Decoder::prefill(std::span<const int32_t> ids) {
+std::vector<float> DecoderImpl::prefill(std::span<const int32_t> ids) {
   check(!cache_.empty(), "decoder: call start() before prefill()");
   const int64_t T = static_cast<int64_t>(ids.size());
   check(T >= 1, "decoder: prefill needs at least one token");
@@ -489,15 +475,15 @@ std::vector<float> Decoder::prefill(std::span<const int32_t> ids) {
   return out;
 }
 
-std::vector<float> Decoder::step(int32_t id) { return prefill(std::span<const int32_t>(&id, 1)); }
+std::vector<float> DecoderImpl::step(int32_t id) { return prefill(std::span<const int32_t>(&id, 1)); }
 
-void Decoder::set_positions(int64_t B, int64_t T, int64_t offset) {
+void DecoderImpl::set_positions(int64_t B, int64_t T, int64_t offset) {
   posbuf_.resize(static_cast<size_t>(B * T));
   for (int64_t r = 0; r < B * T; ++r)
     posbuf_[static_cast<size_t>(r)] = static_cast<int32_t>(offset + local_pos_[static_cast<size_t>(r % T)]);
 }
 
-std::vector<float> Decoder::split_prefill(std::span<const int32_t> ids) {
+std::vector<float> DecoderImpl::split_prefill(std::span<const int32_t> ids) {
   check(pos_ == 0, "decoder: a prefill with the sequence split across ranks starts at position 0 (call start())");
   const int64_t Tg = static_cast<int64_t>(ids.size());
   const int64_t T = begin_split(Tg);
@@ -518,6 +504,23 @@ std::vector<float> Decoder::split_prefill(std::span<const int32_t> ids) {
   pos_ = Tg;
   split_prefill_ = true;
   return out;
+}
+
+// ---- Decoder, the public handle
+
+Decoder::Decoder(std::unique_ptr<DecoderImpl> impl) : Model(std::move(impl)) {}
+Decoder::~Decoder() = default;
+DecoderImpl& Decoder::impl() const { return static_cast<DecoderImpl&>(*impl_); }
+
+Tensor Decoder::forward(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths) {
+  return impl().forward(ids, B, T, lengths);
+}
+void Decoder::start(int64_t capacity) { impl().start(capacity); }
+std::vector<float> Decoder::prefill(std::span<const int32_t> ids) { return impl().prefill(ids); }
+std::vector<float> Decoder::step(int32_t id) { return impl().step(id); }
+int64_t Decoder::position() const { return impl().position(); }
+double Decoder::forward_bytes(int64_t B, int64_t T, int64_t cache_positions) const {
+  return impl().forward_bytes(B, T, cache_positions);
 }
 
 }  // namespace clattn

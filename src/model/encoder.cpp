@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "clattn/error.h"
 #include "clattn/model.h"
@@ -20,6 +21,7 @@
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
 #include "model/layer_attention.h"
+#include "model/model_impl.h"
 #include "model/model_internal.h"
 #include "model/weights.h"
 
@@ -28,7 +30,7 @@ namespace clattn {
 using model::for_rows;
 using model::ms_now;
 
-struct Encoder::Layout {
+struct EncoderImpl::Layout {
   struct Layer {  // offsets into params / grads
     int64_t wqkv, bqkv = -1, wo, bo, ln1g, ln1b, w1, b1, w2, b2, ln2g, ln2b;
     int64_t begin, end;  // the layer's range of the flat buffer
@@ -41,7 +43,7 @@ struct Encoder::Layout {
   int64_t mlm_tw = -1, mlm_tb = -1, mlm_lng = -1, mlm_lnb = -1;  // the masked-LM transform
 };
 
-struct Encoder::Bufs {
+struct EncoderImpl::Bufs : ModelImpl::ArenaPlan {
   struct Saved {  // per layer (training), or one set every layer shares (inference)
     float *x, *xn1, *m1, *r1, *qkv, *ao, *u1, *xn2, *m2, *r2, *h, *u2;
   };
@@ -50,14 +52,14 @@ struct Encoder::Bufs {
   float *proj = nullptr;                             // (B·P, H) KWT patch projections
   float *xl = nullptr, *xf = nullptr, *fm = nullptr, *fr = nullptr;  // last layer's output, final LN
   float *dx = nullptr, *dt = nullptr, *dt2 = nullptr, *dao = nullptr, *dqkv = nullptr, *dh = nullptr, *gbuf = nullptr;
-  float *hs = nullptr, *dhs = nullptr, *logits = nullptr, *pool_in = nullptr;
+  float *pool_in = nullptr;
   // The masked-LM transform: dense output (rows, H), its GELU (rows, H), the LayerNorm output
   // (rows, H) the output layer reads, its mean | 1/std (2, rows), and its gradient (rows, H).
   float *mu = nullptr, *mg = nullptr, *mt = nullptr, *mstat = nullptr, *mdt = nullptr;
 };
 
-Encoder::Encoder(const ModelConfig& cfg_in, const std::optional<TaskKind>& head, bool pooler)
-    : Model(cfg_in), L_(std::make_unique<Layout>()), b_(std::make_unique<Bufs>()), pooler_(pooler) {
+EncoderImpl::EncoderImpl(const ModelConfig& cfg_in, const std::optional<TaskKind>& head, bool pooler)
+    : ModelImpl(cfg_in), L_(std::make_unique<Layout>()), b_(std::make_unique<Bufs>()), pooler_(pooler) {
   ModelConfig& c = cfg_;
   head_ = head;
   check(c.hidden >= 1 && c.layers >= 1 && c.heads >= 1 && c.hidden % c.heads == 0 && c.ffn >= 1 &&
@@ -161,10 +163,10 @@ Encoder::Encoder(const ModelConfig& cfg_in, const std::optional<TaskKind>& head,
   att_->set_plan("full");
 }
 
-Encoder::~Encoder() = default;
+EncoderImpl::~EncoderImpl() = default;
 
-std::unique_ptr<Encoder> Encoder::for_checkpoint(ModelConfig cfg, const Weights& w, const LoadOptions& opt,
-                                                 std::vector<std::string>& optional) {
+std::unique_ptr<EncoderImpl> EncoderImpl::for_checkpoint(ModelConfig cfg, const Weights& w, const LoadOptions& opt,
+                                                         std::vector<std::string>& optional) {
   // A task model stores its encoder under the family's name ("bert.", "roberta.",
   // "distilbert."); a bare encoder (BertModel) stores it unprefixed.
   const std::string family = cfg.kind == ModelKind::kwt ? "" : cfg.model_type + ".";
@@ -222,13 +224,13 @@ std::unique_ptr<Encoder> Encoder::for_checkpoint(ModelConfig cfg, const Weights&
   const bool classify = head && *head == TaskKind::classify;
   const bool pooler = cfg.kind == ModelKind::bert &&
                       ((roberta || distil) ? classify : w.has(pre + "pooler.dense.weight"));
-  std::unique_ptr<Encoder> e(new Encoder(cfg, head, pooler));
+  std::unique_ptr<EncoderImpl> e(new EncoderImpl(cfg, head, pooler));
   e->prefix_ = pre;
   e->init(opt.seed);  // what the checkpoint lacks (a new head) starts from here
   return e;
 }
 
-std::unique_ptr<Encoder> Encoder::random_bert(const ModelConfig& cfg_in, uint64_t seed) {
+std::unique_ptr<EncoderImpl> EncoderImpl::random_bert(const ModelConfig& cfg_in, uint64_t seed) {
   ModelConfig c = cfg_in;
   c.kind = ModelKind::bert;
   c.model_type = "bert";
@@ -240,14 +242,14 @@ std::unique_ptr<Encoder> Encoder::random_bert(const ModelConfig& cfg_in, uint64_
   c.num_labels = 0;
   c.pre_ln = false;
   c.final_layer_norm = false;
-  std::unique_ptr<Encoder> e(new Encoder(c, std::nullopt, false));
+  std::unique_ptr<EncoderImpl> e(new EncoderImpl(c, std::nullopt, false));
   e->init(seed);
   return e;
 }
 
 // ---- activations
 
-Encoder::Bufs Encoder::plan(int64_t B, int64_t T, bool train, bool head, float* base, int64_t* used) const {
+EncoderImpl::Bufs EncoderImpl::plan(int64_t B, int64_t T, bool train, bool head, float* base) const {
   const ModelConfig& c = cfg_;
   const int64_t rows = B * T, H = c.hidden, F = c.ffn, O = std::max<int64_t>(c.num_labels, head_ && *head_ == TaskKind::mlm ? c.vocab : 0);
   model::Carver a(base);
@@ -316,44 +318,29 @@ Encoder::Bufs Encoder::plan(int64_t B, int64_t T, bool train, bool head, float* 
   b.hs = a.take((head ? rows : B) * H);            // (n, H) head input: target rows or pooled rows
   b.pool_in = a.take(B * H);                       // (B, H) the pooler's input (first tokens)
   if (head) b.logits = a.take(rows * std::max<int64_t>(O, 1));  // (n, classes)
-  if (used) *used = a.used();
+  b.floats = a.used();
   return b;
 }
 
-double Encoder::arena_floats(int64_t B, int64_t T, bool train) const {
-  int64_t used = 0;
-  (void)plan(B, T, train, true, nullptr, &used);
-  return static_cast<double>(used);
+int64_t EncoderImpl::plan_floats(int64_t B, int64_t T, bool train, bool head) const {
+  return plan(B, T, train, head, nullptr).floats;
 }
 
-void Encoder::carve(int64_t B, int64_t T, bool train, bool head) {
-  if (B == B_ && T == T_ && train == train_layout_ && head == head_layout_) return;
-  int64_t used = 0;
-  (void)plan(B, T, train, head, nullptr, &used);
-  *b_ = plan(B, T, train, head, arena(used), nullptr);
-  hs_ = b_->hs;
-  dhs_ = b_->dhs;
-  logits_ = b_->logits;
-  sel_.assign(static_cast<size_t>(B * T), 0);
-  tsel_.assign(static_cast<size_t>(std::max(B * T, B)), 0);
+const ModelImpl::ArenaPlan& EncoderImpl::carve_into(float* base, int64_t B, int64_t T, bool train, bool head) {
+  *b_ = plan(B, T, train, head, base);
   if (static_cast<int64_t>(zero_types_.size()) < B * T) zero_types_.assign(static_cast<size_t>(B * T), 0);
-  B_ = B;
-  T_ = T;
-  train_layout_ = train;
-  head_layout_ = head;
+  return *b_;
 }
 
-double Encoder::forward_bytes(int64_t B, int64_t T) const {
+double EncoderImpl::forward_bytes(int64_t B, int64_t T) const {
   if (split_on()) T = sequence_split(T).local_rows(sp_->rank());
   const AttentionDims d{B, cfg_.heads, cfg_.heads, T, T, cfg_.head_dim, cfg_.head_dim};
-  int64_t used = 0;
-  (void)plan(B, T, false, false, nullptr, &used);
-  return 4.0 * static_cast<double>(used) + att_->workspace_bytes(d, false);
+  return 4.0 * static_cast<double>(plan_floats(B, T, false, false)) + att_->workspace_bytes(d, false);
 }
 
 // ---- forward
 
-void Encoder::embed_tokens(const int32_t* ids, const int32_t* types, int64_t B, int64_t T) {
+void EncoderImpl::embed_tokens(const int32_t* ids, const int32_t* types, int64_t B, int64_t T) {
   const ModelConfig& c = cfg_;
   const Layout& L = *L_;
   const int64_t H = c.hidden, rows = B * T;
@@ -369,7 +356,7 @@ void Encoder::embed_tokens(const int32_t* ids, const int32_t* types, int64_t B, 
   nn::layernorm_fwd(b_->S[0].x, e, p(L.elng), p(L.elnb), rows, H, c.eps, b_->em, b_->er);
 }
 
-void Encoder::embed_features(const float* feats, int64_t B) {
+void EncoderImpl::embed_features(const float* feats, int64_t B) {
   const ModelConfig& c = cfg_;
   const Layout& L = *L_;
   const int64_t H = c.hidden, P = c.num_patches, T = P + 1;
@@ -385,7 +372,7 @@ void Encoder::embed_features(const float* feats, int64_t B) {
   });
 }
 
-void Encoder::forward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, bool train, uint64_t step,
+void EncoderImpl::forward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, bool train, uint64_t step,
                              int64_t first) {
   const ModelConfig& c = cfg_;
   const int64_t rows = B * T, H = c.hidden, F = c.ffn, nh = c.heads, hd = c.head_dim;
@@ -429,14 +416,14 @@ void Encoder::forward_layers(int64_t B, int64_t T, std::span<const int32_t> leng
   }
 }
 
-void Encoder::final_norm(int64_t rows) {
+void EncoderImpl::final_norm(int64_t rows) {
   const Layout& L = *L_;
   if (L.flng >= 0) nn::layernorm_fwd(b_->xf, b_->xl, p(L.flng), p(L.flnb), rows, cfg_.hidden, cfg_.eps, b_->fm, b_->fr);
   xf_ = b_->xf;
   rows_xf_ = rows;
 }
 
-void Encoder::pool(int64_t B, int64_t T, std::span<const int32_t> lengths) {
+void EncoderImpl::pool(int64_t B, int64_t T, std::span<const int32_t> lengths) {
   const int64_t H = cfg_.hidden;
   const float* xf = b_->xf;
   float* hs = b_->hs;  // (B, H)
@@ -479,7 +466,7 @@ void Encoder::pool(int64_t B, int64_t T, std::span<const int32_t> lengths) {
   else for (int64_t i = 0; i < B * H; ++i) hs[i] = std::tanh(hs[i]);
 }
 
-void Encoder::pool_backward(int64_t B, int64_t T, std::span<const int32_t> lengths, float* dxf) {
+void EncoderImpl::pool_backward(int64_t B, int64_t T, std::span<const int32_t> lengths, float* dxf) {
   const int64_t H = cfg_.hidden;
   std::memset(dxf, 0, sizeof(float) * static_cast<size_t>(B * T * H));
   float* dhs = b_->dhs;  // (B, H)
@@ -511,7 +498,7 @@ void Encoder::pool_backward(int64_t B, int64_t T, std::span<const int32_t> lengt
 
 // ---- backward
 
-void Encoder::backward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, uint64_t step, int64_t first) {
+void EncoderImpl::backward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, uint64_t step, int64_t first) {
   const ModelConfig& c = cfg_;
   const int64_t rows = B * T, H = c.hidden, F = c.ffn, nh = c.heads, hd = c.head_dim;
   const nn::Gelu gk = c.gelu_tanh ? nn::Gelu::tanh : nn::Gelu::erf;
@@ -574,7 +561,7 @@ void Encoder::backward_layers(int64_t B, int64_t T, std::span<const int32_t> len
   }
 }
 
-void Encoder::embed_backward(const Batch& bt) {
+void EncoderImpl::embed_backward(const Batch& bt) {
   const ModelConfig& c = cfg_;
   const Layout& L = *L_;
   const int64_t B = bt.B, H = c.hidden;
@@ -614,7 +601,7 @@ void Encoder::embed_backward(const Batch& bt) {
 
 // ---- entry points
 
-StepResult Encoder::forward_backward(const Batch& bt, bool train, uint64_t step, double divisor) {
+StepResult EncoderImpl::forward_backward(const Batch& bt, bool train, uint64_t step, double divisor) {
   const double t0 = ms_now();
   check_batch(bt);
   if (train) {
@@ -664,7 +651,7 @@ StepResult Encoder::forward_backward(const Batch& bt, bool train, uint64_t step,
   return timed(res, t0);
 }
 
-int64_t Encoder::encode_tokens(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths,
+int64_t EncoderImpl::encode_tokens(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths,
                                std::span<const int32_t> types) {
   const ModelConfig& c = cfg_;
   check(c.kind == ModelKind::bert, "encoder: forward_tokens needs a token model (bert); this is ", c.model_type,
@@ -695,7 +682,7 @@ int64_t Encoder::encode_tokens(std::span<const int32_t> ids, int64_t B, int64_t 
   return T;
 }
 
-Tensor Encoder::forward_tokens(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths,
+Tensor EncoderImpl::forward_tokens(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths,
                                std::span<const int32_t> types) {
   const ModelConfig& c = cfg_;
   const ThreadLimit threads(threads_for_flops(inference_flops(B * T, static_cast<double>(T))));
@@ -711,7 +698,7 @@ Tensor Encoder::forward_tokens(std::span<const int32_t> ids, int64_t B, int64_t 
   return logits;
 }
 
-Tensor Encoder::forward_mlm(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths) {
+Tensor EncoderImpl::forward_mlm(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths) {
   const ModelConfig& c = cfg_;
   check(head_ && *head_ == TaskKind::mlm, "encoder: forward_mlm needs the masked-token head (a model trained with ",
         "--task mlm: cls.predictions.bias); this model has ", head_ ? task_kind_name(*head_) : "no head");
@@ -729,7 +716,7 @@ Tensor Encoder::forward_mlm(std::span<const int32_t> ids, int64_t B, int64_t T, 
   return logits;
 }
 
-void Encoder::mlm_transform(int64_t rows) {
+void EncoderImpl::mlm_transform(int64_t rows) {
   const int64_t H = cfg_.hidden;
   const nn::Gelu gk = cfg_.gelu_tanh ? nn::Gelu::tanh : nn::Gelu::erf;
   lin(b_->mu, H, b_->xf, H, p(L_->mlm_tw), p(L_->mlm_tb), rows, H, H);
@@ -737,7 +724,7 @@ void Encoder::mlm_transform(int64_t rows) {
   nn::layernorm_fwd(b_->mt, b_->mg, p(L_->mlm_lng), p(L_->mlm_lnb), rows, H, cfg_.eps, b_->mstat, b_->mstat + rows);
 }
 
-void Encoder::mlm_transform_backward(int64_t rows, float* dxf) {
+void EncoderImpl::mlm_transform_backward(int64_t rows, float* dxf) {
   const int64_t H = cfg_.hidden;
   const nn::Gelu gk = cfg_.gelu_tanh ? nn::Gelu::tanh : nn::Gelu::erf;
   float* d = b_->mdt;  // (rows, H): d(LN output) in, then d(GELU output), then d(dense output)
@@ -746,7 +733,7 @@ void Encoder::mlm_transform_backward(int64_t rows, float* dxf) {
   lin_bwd(dxf, H, g(L_->mlm_tw), g(L_->mlm_tb), d, H, b_->xf, H, p(L_->mlm_tw), rows, H, H);
 }
 
-Tensor Encoder::forward_features(ConstView features) {
+Tensor EncoderImpl::forward_features(ConstView features) {
   const ModelConfig& c = cfg_;
   check(c.kind == ModelKind::kwt, "encoder: forward_features needs a KWT model; this is ", c.model_type);
   check(features.rank() == 3 && features.dim(1) == c.num_patches && features.dim(2) == c.input_dim,
@@ -767,5 +754,26 @@ Tensor Encoder::forward_features(ConstView features) {
   lin(logits.data(), c.num_labels, b_->hs, c.hidden, p(L_->cls_w), p(L_->cls_b), B, c.hidden, c.num_labels);
   return logits;
 }
+
+// ---- Encoder, the public handle
+
+Encoder::Encoder(std::unique_ptr<EncoderImpl> impl) : Model(std::move(impl)) {}
+Encoder::~Encoder() = default;
+EncoderImpl& Encoder::impl() const { return static_cast<EncoderImpl&>(*impl_); }
+
+std::unique_ptr<Encoder> Encoder::random_bert(const ModelConfig& cfg, uint64_t seed) {
+  return std::unique_ptr<Encoder>(new Encoder(EncoderImpl::random_bert(cfg, seed)));
+}
+
+Tensor Encoder::forward_tokens(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths,
+                               std::span<const int32_t> types) {
+  return impl().forward_tokens(ids, B, T, lengths, types);
+}
+
+Tensor Encoder::forward_mlm(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths) {
+  return impl().forward_mlm(ids, B, T, lengths);
+}
+
+Tensor Encoder::forward_features(ConstView features) { return impl().forward_features(features); }
 
 }  // namespace clattn

@@ -1,12 +1,14 @@
-// What the architectures share (model.h): the flat parameter and gradient buffers with their
-// Hugging Face names, loading and saving checkpoints, the attention stack, the arena, timed dense
-// layers, residual dropout and the loss heads.
+// What the architectures share (ModelImpl, model_impl.h): the flat parameter and gradient
+// buffers with their Hugging Face names, loading and saving checkpoints, the attention stack, the
+// arena, timed dense layers, residual dropout and the loss heads; and Model (model.h), the handle
+// over it.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +21,7 @@
 #include "clattn/rng.h"
 #include "clattn/safetensors.h"
 #include "model/layer_attention.h"
+#include "model/model_impl.h"
 #include "model/model_internal.h"
 #include "model/weights.h"
 
@@ -26,29 +29,29 @@ namespace clattn {
 
 using model::ms_now;
 
-Model::Model(const ModelConfig& cfg) : cfg_(cfg) {}
-Model::~Model() = default;
+ModelImpl::ModelImpl(const ModelConfig& cfg) : cfg_(cfg) {}
+ModelImpl::~ModelImpl() = default;
 
-TaskKind Model::head() const {
+TaskKind ModelImpl::head() const {
   check(head_.has_value(), "model: this ", cfg_.model_type, " model has no task head");
   return *head_;
 }
 
-void Model::set_attention(const std::string& plan) { att_->set_plan(plan); }
-const std::string& Model::attention_plan() const { return att_->plan(); }
-const std::vector<std::string>& Model::attention_specs() const { return att_->specs(); }
-bool Model::trainable() const { return att_->trainable(); }
-void Model::set_capture(AttentionCapture* cap) { att_->capture = cap; }
-double Model::last_attention_ms() const { return att_->ms; }
+void ModelImpl::set_attention(const std::string& plan) { att_->set_plan(plan); }
+const std::string& ModelImpl::attention_plan() const { return att_->plan(); }
+const std::vector<std::string>& ModelImpl::attention_specs() const { return att_->specs(); }
+bool ModelImpl::trainable() const { return att_->trainable(); }
+void ModelImpl::set_capture(AttentionCapture* cap) { att_->capture = cap; }
+double ModelImpl::last_attention_ms() const { return att_->ms; }
 
-void Model::set_dropout(float p) {
+void ModelImpl::set_dropout(float p) {
   check(p >= 0.f && p < 1.f, "model: dropout must be in [0, 1), got ", p);
   check(p == 0.f || !split_on(), "model: dropout with the sequence split across ranks is not supported (its masks ",
         "are drawn per whole sequence); train without dropout or without --sequence-parallel");
   dropout_ = p;
 }
 
-void Model::set_sequence_parallel(Communicator* comm) {
+void ModelImpl::set_sequence_parallel(Communicator* comm) {
   if (comm && comm->size() > 1) {
     check(cfg_.kind != ModelKind::kwt, "model: a KWT model's clips (", cfg_.num_patches + 1,
           " positions) are too short to split across ranks; run data parallel over the batch instead");
@@ -59,12 +62,12 @@ void Model::set_sequence_parallel(Communicator* comm) {
   sp_ = comm;
 }
 
-SeqSplit Model::sequence_split(int64_t T) const {
+SeqSplit ModelImpl::sequence_split(int64_t T) const {
   const int R = split_on() ? sp_->size() : 1;
   return causal() ? SeqSplit::zig_zag(T, R) : SeqSplit::contiguous(T, R);
 }
 
-int64_t Model::begin_split(int64_t T) {
+int64_t ModelImpl::begin_split(int64_t T) {
   seq_T_ = T;
   if (!split_on()) {
     if (static_cast<int64_t>(local_pos_.size()) != T) {
@@ -85,7 +88,7 @@ int64_t Model::begin_split(int64_t T) {
   return n;
 }
 
-void Model::take_local(std::span<const int32_t> all, int64_t B, std::vector<int32_t>& out) const {
+void ModelImpl::take_local(std::span<const int32_t> all, int64_t B, std::vector<int32_t>& out) const {
   const int64_t n = static_cast<int64_t>(local_pos_.size()), T = seq_T_;
   out.resize(static_cast<size_t>(B * n));
   for (int64_t b = 0; b < B; ++b)
@@ -93,7 +96,7 @@ void Model::take_local(std::span<const int32_t> all, int64_t B, std::vector<int3
       out[static_cast<size_t>(b * n + i)] = all[static_cast<size_t>(b * T + local_pos_[static_cast<size_t>(i)])];
 }
 
-Batch Model::local_batch(const Batch& b) const {
+Batch ModelImpl::local_batch(const Batch& b) const {
   Batch part;
   part.B = b.B;
   part.T = static_cast<int64_t>(local_pos_.size());
@@ -105,9 +108,9 @@ Batch Model::local_batch(const Batch& b) const {
   return part;
 }
 
-ConstView Model::last_hidden() const { return make_view(xf_, Shape{rows_xf_, cfg_.hidden}); }
+ConstView ModelImpl::last_hidden() const { return make_view(xf_, Shape{rows_xf_, cfg_.hidden}); }
 
-double Model::inference_flops(int64_t rows, double keys) const {
+double ModelImpl::inference_flops(int64_t rows, double keys) const {
   const double r = static_cast<double>(rows);
   const double head_dim = cfg_.head_dim > 0 ? static_cast<double>(cfg_.head_dim)
                                             : static_cast<double>(cfg_.hidden) / static_cast<double>(std::max<int64_t>(cfg_.heads, 1));
@@ -115,13 +118,13 @@ double Model::inference_flops(int64_t rows, double keys) const {
          4.0 * static_cast<double>(cfg_.layers * cfg_.heads) * head_dim * keys * r;
 }
 
-double Model::train_bytes(int64_t B, int64_t T) const {
+double ModelImpl::train_bytes(int64_t B, int64_t T) const {
   if (split_on()) T = sequence_split(T).local_rows(sp_->rank());
   const AttentionDims d{B, cfg_.heads, cfg_.kv_heads, T, T, cfg_.head_dim, cfg_.head_dim};
   return 4.0 * arena_floats(B, T, true) + att_->workspace_bytes(d, true) + 4.0 * 4.0 * static_cast<double>(params_.size());
 }
 
-int64_t Model::add(const std::string& name, std::vector<int64_t> shape, Init init, bool transposed) {
+int64_t ModelImpl::add(const std::string& name, std::vector<int64_t> shape, Init init, bool transposed) {
   check(!transposed || shape.size() == 2, "model: internal: only a matrix is stored transposed");
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -137,28 +140,28 @@ int64_t Model::add(const std::string& name, std::vector<int64_t> shape, Init ini
   return off;
 }
 
-void Model::allocate() {
+void ModelImpl::allocate() {
   const int64_t n = info_.empty() ? 0 : info_.back().offset + info_.back().size;
   params_.assign(static_cast<size_t>(n), 0.f);
 }
 
-std::span<float> Model::grads() {
+std::span<float> ModelImpl::grads() {
   if (grads_.size() != params_.size()) grads_.assign(params_.size(), 0.f);
   return {grads_.data(), grads_.size()};
 }
 
-void Model::zero_grads() {
+void ModelImpl::zero_grads() {
   if (grads_.size() != params_.size()) grads_.assign(params_.size(), 0.f);
   else std::memset(grads_.data(), 0, sizeof(float) * grads_.size());
 }
 
-const ParamInfo& Model::param(const std::string& name) const {
+const ParamInfo& ModelImpl::param(const std::string& name) const {
   for (const ParamInfo& pi : info_)
     if (pi.name == name) return pi;
   fail("model: no parameter '", name, "'");
 }
 
-void Model::init(uint64_t seed) {
+void ModelImpl::init(uint64_t seed) {
   const Rng rng(seed);
   for (size_t i = 0; i < info_.size(); ++i) {
     float* d = p(info_[i].offset);
@@ -192,7 +195,7 @@ int64_t layer_of(const std::string& name) {
 
 }  // namespace
 
-void Model::load_weights(Weights& w, bool verbose, const std::vector<std::string>& optional) {
+void ModelImpl::load_weights(Weights& w, bool verbose, const std::vector<std::string>& optional) {
   for (size_t i = 0; i < info_.size(); ++i) {
     const ParamInfo& pi = info_[i];
     const std::string name = (prefixed_[i] ? prefix_ : "") + pi.name;
@@ -226,7 +229,7 @@ void Model::load_weights(Weights& w, bool verbose, const std::vector<std::string
         std::fprintf(stderr, "model '%s': ignoring unused tensor '%s'\n", w.dir().c_str(), n.c_str());
 }
 
-void Model::save(const std::string& dir) const {
+void ModelImpl::save(const std::string& dir) const {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -253,7 +256,7 @@ void Model::save(const std::string& dir) const {
   write_file_atomic((fs::path(dir) / "config.json").string(), model_config_json(cfg_, head_, att_->plan()));
 }
 
-void Model::check_batch(const Batch& b) const {
+void ModelImpl::check_batch(const Batch& b) const {
   check(head_.has_value(), "model: this ", cfg_.model_type, " model has no task head to train or evaluate");
   check(b.B >= 1 && b.T >= 1, "model: batch must have B >= 1 and T >= 1, got B=", b.B, " T=", b.T);
   if (cfg_.kind == ModelKind::kwt) {
@@ -278,12 +281,31 @@ void Model::check_batch(const Batch& b) const {
     check(b.T <= cfg_.max_positions, "model: T = ", b.T, " exceeds max_position_embeddings ", cfg_.max_positions);
 }
 
-float* Model::arena(int64_t n) {
+float* ModelImpl::arena(int64_t n) {
   if (arena_.numel() < n) arena_.resize(Shape{n});
   return arena_.data();
 }
 
-void Model::lin(float* y, int64_t ldy, const float* x, int64_t ldx, const float* w, const float* b, int64_t rows,
+double ModelImpl::arena_floats(int64_t B, int64_t T, bool train) const {
+  return static_cast<double>(plan_floats(B, T, train, true));
+}
+
+void ModelImpl::carve(int64_t B, int64_t T, bool train, bool head) {
+  if (B == B_ && T == T_ && train == train_layout_ && head == head_layout_) return;
+  const ArenaPlan& a = carve_into(arena(plan_floats(B, T, train, head)), B, T, train, head);
+  hs_ = a.hs;
+  dhs_ = a.dhs;
+  logits_ = a.logits;
+  // Token targets (B·T), or one per sequence (B) for the pooled head.
+  sel_.assign(static_cast<size_t>(B * T), 0);
+  tsel_.assign(static_cast<size_t>(std::max(B * T, B)), 0);
+  B_ = B;
+  T_ = T;
+  train_layout_ = train;
+  head_layout_ = head;
+}
+
+void ModelImpl::lin(float* y, int64_t ldy, const float* x, int64_t ldx, const float* w, const float* b, int64_t rows,
                 int64_t in, int64_t out, const float* res) {
   const double t0 = ms_now();
   if (!res) {
@@ -302,7 +324,7 @@ void Model::lin(float* y, int64_t ldy, const float* x, int64_t ldx, const float*
   dense_ms_ += ms_now() - t0;
 }
 
-void Model::lin_bwd(float* dx, int64_t lddx, float* dw, float* db, const float* dy, int64_t lddy, const float* x,
+void ModelImpl::lin_bwd(float* dx, int64_t lddx, float* dw, float* db, const float* dy, int64_t lddy, const float* x,
                     int64_t ldx, const float* w, int64_t rows, int64_t in, int64_t out, bool accumulate) {
   const double t0 = ms_now();
   nn::linear_bwd(dx, lddx, dw, db, dy, lddy, x, ldx, w, rows, in, out, accumulate);
@@ -320,7 +342,7 @@ uint64_t dropout_stream(int64_t layer, int which, int64_t seq) {
 
 }  // namespace
 
-void Model::residual_dropout(float* dst, const float* src, float* branch, int64_t B, int64_t T, int64_t width,
+void ModelImpl::residual_dropout(float* dst, const float* src, float* branch, int64_t B, int64_t T, int64_t width,
                              int64_t layer, int which, uint64_t step, int64_t first) const {
   const int64_t n = T * width;
   for (int64_t s = 0; s < B; ++s)
@@ -329,14 +351,14 @@ void Model::residual_dropout(float* dst, const float* src, float* branch, int64_
   nn::add_inplace(dst, branch, B * n);
 }
 
-void Model::dropout_grad(float* d, const float* dy, int64_t B, int64_t T, int64_t width, int64_t layer, int which,
+void ModelImpl::dropout_grad(float* d, const float* dy, int64_t B, int64_t T, int64_t width, int64_t layer, int which,
                          uint64_t step, int64_t first) const {
   const int64_t n = T * width;
   for (int64_t s = 0; s < B; ++s)
     nn::dropout_bwd(d + s * n, dy + s * n, n, dropout_, dropout_seed(step), dropout_stream(layer, which, first + s));
 }
 
-void Model::token_loss(const Batch& b, const float* xf, float* dxf, int64_t w_off, int64_t b_off, bool train,
+void ModelImpl::token_loss(const Batch& b, const float* xf, float* dxf, int64_t w_off, int64_t b_off, bool train,
                        float scale_in, StepResult& r) {
   const int64_t H = cfg_.hidden, rows = b.B * b.T;
   const int64_t O = param_rows(w_off);
@@ -371,7 +393,7 @@ void Model::token_loss(const Batch& b, const float* xf, float* dxf, int64_t w_of
   });
 }
 
-void Model::pooled_loss(const Batch& b, int64_t w_off, int64_t b_off, bool train, float scale_in, StepResult& r) {
+void ModelImpl::pooled_loss(const Batch& b, int64_t w_off, int64_t b_off, bool train, float scale_in, StepResult& r) {
   const int64_t H = cfg_.hidden, O = param_rows(w_off), n = b.B;
   const float* w = p(w_off);
   lin(logits_, O, hs_, H, w, b_off >= 0 ? p(b_off) : nullptr, n, H, O);
@@ -399,28 +421,61 @@ void Model::pooled_loss(const Batch& b, int64_t w_off, int64_t b_off, bool train
     lin_bwd(dhs_, H, lead ? g(w_off) : nullptr, lead && b_off >= 0 ? g(b_off) : nullptr, logits_, O, hs_, H, w, n, H, O);
 }
 
-void Model::layer_grads_ready(int64_t begin, int64_t end) const {
-  if (on_grads_ready) on_grads_ready(begin, end);
+void ModelImpl::layer_grads_ready(int64_t begin, int64_t end) const {
+  if (*on_grads_ready) (*on_grads_ready)(begin, end);
 }
 
-void Model::other_grads_ready(int64_t layers_begin, int64_t layers_end) const {
-  if (!on_grads_ready) return;
-  if (layers_begin > 0) on_grads_ready(0, layers_begin);
-  if (layers_end < static_cast<int64_t>(params_.size())) on_grads_ready(layers_end, static_cast<int64_t>(params_.size()));
+void ModelImpl::other_grads_ready(int64_t layers_begin, int64_t layers_end) const {
+  const auto& ready = *on_grads_ready;
+  if (!ready) return;
+  if (layers_begin > 0) ready(0, layers_begin);
+  if (layers_end < static_cast<int64_t>(params_.size())) ready(layers_end, static_cast<int64_t>(params_.size()));
 }
 
-int64_t Model::param_rows(int64_t off) const {
+int64_t ModelImpl::param_rows(int64_t off) const {
   for (const ParamInfo& pi : info_)
     if (pi.offset == off) return pi.shape[0];
   fail("model: internal: no parameter at offset ", off);
 }
 
-StepResult Model::timed(StepResult r, double t0) const {
+StepResult ModelImpl::timed(StepResult r, double t0) const {
   r.attention_ms = att_->ms;
   r.dense_ms = dense_ms_;
   r.total_ms = ms_now() - t0;
   return r;
 }
+
+// ---- Model, the public handle
+
+Model::Model(std::unique_ptr<ModelImpl> impl) : impl_(std::move(impl)) { impl_->on_grads_ready = &on_grads_ready; }
+Model::~Model() = default;
+
+const ModelConfig& Model::config() const { return impl_->config(); }
+bool Model::has_head() const { return impl_->has_head(); }
+TaskKind Model::head() const { return impl_->head(); }
+void Model::set_attention(const std::string& plan) { impl_->set_attention(plan); }
+const std::string& Model::attention_plan() const { return impl_->attention_plan(); }
+const std::vector<std::string>& Model::attention_specs() const { return impl_->attention_specs(); }
+bool Model::trainable() const { return impl_->trainable(); }
+void Model::set_dropout(float p) { impl_->set_dropout(p); }
+void Model::set_sequence_parallel(Communicator* comm) { impl_->set_sequence_parallel(comm); }
+Communicator* Model::sequence_parallel() const { return impl_->sequence_parallel(); }
+SeqSplit Model::sequence_split(int64_t T) const { return impl_->sequence_split(T); }
+StepResult Model::forward_backward(const Batch& b, bool train, uint64_t step, double divisor) {
+  return impl_->forward_backward(b, train, step, divisor);
+}
+ConstView Model::last_hidden() const { return impl_->last_hidden(); }
+double Model::last_attention_ms() const { return impl_->last_attention_ms(); }
+double Model::forward_bytes(int64_t B, int64_t T) const { return impl_->forward_bytes(B, T); }
+double Model::train_bytes(int64_t B, int64_t T) const { return impl_->train_bytes(B, T); }
+std::span<float> Model::params() { return impl_->params(); }
+std::span<const float> Model::params() const { return std::as_const(*impl_).params(); }
+std::span<float> Model::grads() { return impl_->grads(); }
+const std::vector<ParamInfo>& Model::param_info() const { return impl_->param_info(); }
+const ParamInfo& Model::param(const std::string& name) const { return impl_->param(name); }
+void Model::zero_grads() { impl_->zero_grads(); }
+void Model::save(const std::string& dir) const { impl_->save(dir); }
+void Model::set_capture(AttentionCapture* cap) { impl_->set_capture(cap); }
 
 // ---- factories
 
@@ -428,15 +483,15 @@ std::unique_ptr<Model> Model::create(const ModelConfig& cfg, TaskKind head, uint
   std::unique_ptr<Model> m;
   if (cfg.kind == ModelKind::llama) {
     check(head == TaskKind::lm, "model: a llama decoder takes the lm head, not ", task_kind_name(head));
-    m.reset(new Decoder(cfg));
+    m.reset(new Decoder(std::make_unique<DecoderImpl>(cfg)));
   } else {
     check(head != TaskKind::lm, "model: a ", cfg.kind == ModelKind::kwt ? "kwt" : "bert",
           " encoder takes the classify or mlm head, not lm");
     check(cfg.kind != ModelKind::kwt || head == TaskKind::classify, "model: a kwt encoder takes the classify head");
     check(head != TaskKind::classify || cfg.num_labels >= 1, "model: the classify head needs num_labels >= 1");
-    m.reset(new Encoder(cfg, head, false));
+    m.reset(new Encoder(std::make_unique<EncoderImpl>(cfg, head, false)));
   }
-  m->init(seed);
+  m->impl_->init(seed);
   return m;
 }
 
@@ -450,11 +505,11 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelConfig& cf
   std::unique_ptr<Weights> w = Weights::open(dir);
   std::unique_ptr<Model> m;
   std::vector<std::string> optional;
-  if (cfg.kind == ModelKind::llama) m = Decoder::for_checkpoint(cfg, *w, o);
-  else m = Encoder::for_checkpoint(cfg, *w, o, optional);
+  if (cfg.kind == ModelKind::llama) m.reset(new Decoder(DecoderImpl::for_checkpoint(cfg, *w, o)));
+  else m.reset(new Encoder(EncoderImpl::for_checkpoint(cfg, *w, o, optional)));
   // A clattn checkpoint runs with the attention it was trained with, and its layer state.
   m->set_attention(cfg.saved_plan);
-  m->load_weights(*w, o.verbose, optional);
+  m->impl_->load_weights(*w, o.verbose, optional);
   return m;
 }
 

@@ -14,7 +14,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int64_t kMaxCount = int64_t{1} << 31;  // counts and lengths, as the command line bounds them
+using train::kMaxCount;
 
 // The model folder of a checkpoint: the folder itself when it holds config.json, else its best/,
 // else its latest/.

@@ -2,6 +2,7 @@
 // JSON-lines log.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -34,6 +35,9 @@ SavedState read_train_state(const std::string& path);
 // The file as JSON, checked to be an object with an "args" object (what `clattn eval` reads of a
 // run; read_train_state checks the rest).
 nlohmann::json read_train_state_json(const std::string& path);
+// The bound of the counts and lengths a run takes (steps, seq, eval_examples ...), as the command
+// line bounds them.
+inline constexpr int64_t kMaxCount = int64_t{1} << 31;
 // Fields of a run's "args", checked against their type and range: an Error names the file
 // (`path`) and the field. Absent: nullopt.
 std::optional<std::string> args_text(const nlohmann::json& args, const std::string& path, const char* key);

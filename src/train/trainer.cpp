@@ -253,7 +253,7 @@ void check_train_options(TrainOptions& a, OptionNames names) {
     std::replace(field.begin(), field.end(), '_', '-');
     return "--" + field;
   };
-  constexpr int64_t kMaxCount = int64_t{1} << 31;
+  using train::kMaxCount;
   const auto range = [&](int64_t v, int64_t lo, int64_t hi, const char* field) {
     if (v >= lo && v <= hi) return;
     if (hi == kMaxCount) fail("train: ", opt(field), " must be >= ", lo, ", got ", v);
