@@ -84,12 +84,28 @@ class KMeansPeers {
   virtual void sum(int64_t* /*x*/, size_t /*n*/) {}
   // x (n) vote counts: the sum over ranks, in place; every sum is at most a problem's total.
   virtual void sum_counts(uint32_t* /*x*/, size_t /*n*/) {}
+  // A round's vote. votes (problems, C, 65): each problem's bit counts (C, 64) then sizes (C) of
+  // this rank's members; codes (problems, C) the centroids. Leaves each code the majority of every
+  // rank's members (majority_code) and each size the members over all ranks; the bit counts are
+  // then unspecified. By default: sum_counts over all the votes, then the majority of the sums.
+  virtual void vote(uint32_t* votes, uint64_t* codes, size_t problems, int64_t C);
   // all (size(), n): every rank's `mine` (n), rank r's at r·n.
   virtual void gather(const int64_t* mine, size_t n, int64_t* all);
   // Candidates each rank sends per exchange when re-seeding empty clusters (the clusters never
   // depend on it).
   virtual int64_t reseed_batch() const { return 64; }
 };
+
+// A centroid's new code from its members: bit b set when more than half of the `size` members
+// have it (counts[b] of them), cleared when fewer, kept on a tie (and when the cluster is empty).
+inline uint64_t majority_code(const uint32_t* counts, uint32_t size, uint64_t code) {
+  for (int b = 0; b < 64; ++b) {
+    const uint64_t twice = 2 * uint64_t{counts[b]};
+    if (twice > size) code |= uint64_t{1} << b;
+    else if (twice < size) code &= ~(uint64_t{1} << b);
+  }
+  return code;
+}
 
 // Rows [i0, i0 + rows) of live problem a in a k-means round; its votes go to slot `slot`.
 struct KMeansBlock {
@@ -111,11 +127,12 @@ struct KMeansScratch {
   std::vector<uint32_t> dist;      // (Σn) distance to own centroid
   std::vector<uint32_t> votes;     // (slots, C, 65) bit counts (C, 64) then sizes (C); a slot per
                                    // live problem, then one per extra block of rows
+  std::vector<uint64_t> codes;     // (live, C) the live problems' centroids, for the vote
   std::vector<int64_t> pick;       // (Σn) members farthest first, for re-seeding
   std::vector<int64_t> mine, all;  // what the peers hooks send, and (ranks, ..) what they gather
   std::vector<SparseShuffle> draws;  // (P) initial draws
   size_t bytes() const {
-    size_t b = held_bytes(open, live, flags, changed, blocks, set, used, off, prev, dist, votes, pick, mine, all);
+    size_t b = held_bytes(open, live, flags, changed, blocks, set, used, off, prev, dist, votes, codes, pick, mine, all);
     for (const SparseShuffle& d : draws) b += d.bytes();
     return b;
   }

@@ -344,6 +344,17 @@ int64_t SparseShuffle::next(const Rng& rng, uint64_t stream) {
 
 void KMeansPeers::gather(const int64_t* mine, size_t n, int64_t* all) { std::copy(mine, mine + n, all); }
 
+void KMeansPeers::vote(uint32_t* votes, uint64_t* codes, size_t problems, int64_t C) {
+  const size_t cv = static_cast<size_t>(C * kVotes);
+  sum_counts(votes, problems * cv);
+  for (size_t a = 0; a < problems; ++a) {
+    const uint32_t *counts = votes + a * cv, *sizes = counts + C * 64;  // (C, 64), (C)
+    for (int64_t c = 0; c < C; ++c)
+      codes[a * static_cast<size_t>(C) + static_cast<size_t>(c)] =
+          majority_code(counts + c * 64, sizes[c], codes[a * static_cast<size_t>(C) + static_cast<size_t>(c)]);
+  }
+}
+
 void hamming_kmeans(std::span<KMeansProblem> ps, int64_t C, int iterations, const Rng& rng, KMeansPeers& peers,
                     KMeansScratch& ws) {
   check(C >= 1, "hamming k-means: clusters must be >= 1, got ", C);
@@ -406,27 +417,17 @@ void hamming_kmeans(std::span<KMeansProblem> ps, int64_t C, int iterations, cons
     for (const KMeansBlock& b : blocks)
       if (b.slot != b.a)
         for (size_t i = 0; i < cv; ++i) ws.votes[b.a * cv + i] += ws.votes[b.slot * cv + i];
-    peers.sum_counts(ws.votes.data(), live.size() * cv);
+    ws.codes.resize(live.size() * static_cast<size_t>(C));  // (live, C)
+    for (size_t a = 0; a < live.size(); ++a)
+      std::copy(ps[live[a]].centroids, ps[live[a]].centroids + C, ws.codes.begin() + static_cast<int64_t>(a) * C);
+    peers.vote(ws.votes.data(), ws.codes.data(), live.size(), C);
     reseed.clear();
     reseed_sizes.clear();
     for (size_t a = 0; a < live.size(); ++a) {
-      uint64_t* cent = ps[live[a]].centroids;
-      const uint32_t *counts = ws.votes.data() + a * cv, *sizes = counts + C * 64;  // (C, 64), (C)
-      bool empty = false;
-      for (int64_t c = 0; c < C; ++c) {
-        const int64_t size = sizes[c];
-        if (size == 0) {
-          empty = true;
-          continue;
-        }
-        uint64_t code = cent[c];
-        for (int b = 0; b < 64; ++b) {
-          const int64_t twice = 2 * static_cast<int64_t>(counts[c * 64 + b]);
-          if (twice > size) code |= uint64_t{1} << b;
-          else if (twice < size) code &= ~(uint64_t{1} << b);
-        }
-        cent[c] = code;
-      }
+      std::copy(ws.codes.begin() + static_cast<int64_t>(a) * C, ws.codes.begin() + static_cast<int64_t>(a + 1) * C,
+                ps[live[a]].centroids);
+      const uint32_t* sizes = ws.votes.data() + a * cv + C * 64;  // (C)
+      const bool empty = std::find(sizes, sizes + C, 0u) != sizes + C;
       if (empty) {
         reseed.push_back(live[a]);
         reseed_sizes.push_back(sizes);

@@ -162,6 +162,16 @@ void all_gatherv(Communicator& c, const void* send, size_t bytes, void* recv, st
   Blocked b;
   c.iall_gatherv(send, bytes, recv, counts, displs)->wait();
 }
+void all_to_allv(Communicator& c, const void* send, std::span<const size_t> send_counts,
+                 std::span<const size_t> send_displs, void* recv, std::span<const size_t> recv_counts,
+                 std::span<const size_t> recv_displs) {
+  uint64_t out = 0;
+  for (size_t j = 0; j < send_counts.size(); ++j)
+    if (static_cast<int>(j) != c.rank()) out += send_counts[j];
+  if (out > 0) count_bytes(out);
+  Blocked b;
+  c.iall_to_allv(send, send_counts, send_displs, recv, recv_counts, recv_displs)->wait();
+}
 std::unique_ptr<CommRequest> isend(Communicator& c, const void* data, size_t bytes, int to, int tag) {
   if (to != c.rank()) count_bytes(bytes);
   return std::make_unique<TimedRequest>(c.isend(data, bytes, to, tag));

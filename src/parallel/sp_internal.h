@@ -27,6 +27,11 @@ void all_gather(Communicator& c, const void* send, size_t bytes, void* recv);
 // Each rank contributes `bytes`; rank i's counts[i] bytes land at displs[i] of recv on every rank.
 void all_gatherv(Communicator& c, const void* send, size_t bytes, void* recv, std::span<const size_t> counts,
                  std::span<const size_t> displs);
+// Rank r sends send_counts[j] bytes at send_displs[j] to rank j and receives recv_counts[i] bytes
+// at recv_displs[i] from rank i; counted: what goes to the other ranks.
+void all_to_allv(Communicator& c, const void* send, std::span<const size_t> send_counts,
+                 std::span<const size_t> send_displs, void* recv, std::span<const size_t> recv_counts,
+                 std::span<const size_t> recv_displs);
 std::unique_ptr<CommRequest> isend(Communicator& c, const void* data, size_t bytes, int to, int tag);
 std::unique_ptr<CommRequest> irecv(Communicator& c, void* data, size_t bytes, int from, int tag);
 

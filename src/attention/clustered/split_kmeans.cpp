@@ -1,6 +1,7 @@
 #include "attention/clustered/split_kmeans.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "clattn/error.h"
 #include "parallel/sp_internal.h"
@@ -20,6 +21,54 @@ void KMeansCommPeers::sum_counts(uint32_t* x, size_t n) {
   for (size_t i = 0; i < n; ++i) lanes_[i / 2] |= static_cast<int64_t>(uint64_t{x[i]} << (32 * (i % 2)));
   all_reduce(comm_, lanes_.data(), lanes_.size());
   for (size_t i = 0; i < n; ++i) x[i] = static_cast<uint32_t>(static_cast<uint64_t>(lanes_[i / 2]) >> (32 * (i % 2)));
+}
+
+void KMeansCommPeers::vote(uint32_t* votes, uint64_t* codes, size_t problems, int64_t C) {
+  const int R = comm_.size(), me = comm_.rank();
+  const size_t rows = problems * static_cast<size_t>(C), cv = static_cast<size_t>(C) * 65, K = 65;
+  if (rows == 0) return;
+  auto first = [&](int j) { return rows * static_cast<size_t>(j) / static_cast<size_t>(R); };  // rank j owns [first(j), first(j + 1))
+  const size_t lo = first(me), mine = first(me + 1) - lo;
+  // Each cluster's 64 bit counts and size, side by side, in owner order.
+  out_.resize(rows * K);
+  for (size_t x = 0; x < rows; ++x) {
+    const size_t a = x / static_cast<size_t>(C), c = x % static_cast<size_t>(C);
+    const uint32_t* counts = votes + a * cv + c * 64;
+    std::copy(counts, counts + 64, out_.begin() + static_cast<int64_t>(x * K));
+    out_[x * K + 64] = votes[a * cv + static_cast<size_t>(C) * 64 + c];
+  }
+  in_.resize(static_cast<size_t>(R) * mine * K);
+  std::vector<size_t> sc(static_cast<size_t>(R)), sd(static_cast<size_t>(R)), rc(static_cast<size_t>(R)), rd(static_cast<size_t>(R));
+  for (int j = 0; j < R; ++j) {
+    sc[static_cast<size_t>(j)] = sizeof(uint32_t) * K * (first(j + 1) - first(j));
+    sd[static_cast<size_t>(j)] = sizeof(uint32_t) * K * first(j);
+    rc[static_cast<size_t>(j)] = sizeof(uint32_t) * K * mine;
+    rd[static_cast<size_t>(j)] = sizeof(uint32_t) * K * mine * static_cast<size_t>(j);
+  }
+  all_to_allv(comm_, out_.data(), sc, sd, in_.data(), rc, rd);
+  // The owner sums (exact: every sum is at most a problem's total < 2^31) and decides.
+  decided_.resize(mine * 12);
+  std::vector<uint32_t> sum(K);
+  for (size_t i = 0; i < mine; ++i) {
+    std::fill(sum.begin(), sum.end(), 0u);
+    for (int j = 0; j < R; ++j)
+      for (size_t k = 0; k < K; ++k) sum[k] += in_[(static_cast<size_t>(j) * mine + i) * K + k];
+    const uint64_t code = cluster::majority_code(sum.data(), sum[64], codes[lo + i]);
+    std::memcpy(decided_.data() + i * 12, &code, 8);
+    std::memcpy(decided_.data() + i * 12 + 8, &sum[64], 4);
+  }
+  std::vector<size_t> gc(static_cast<size_t>(R)), gd(static_cast<size_t>(R));
+  for (int j = 0; j < R; ++j) {
+    gc[static_cast<size_t>(j)] = 12 * (first(j + 1) - first(j));
+    gd[static_cast<size_t>(j)] = 12 * first(j);
+  }
+  all_decided_.resize(rows * 12);
+  all_gatherv(comm_, decided_.data(), decided_.size(), all_decided_.data(), gc, gd);
+  for (size_t x = 0; x < rows; ++x) {
+    const size_t a = x / static_cast<size_t>(C), c = x % static_cast<size_t>(C);
+    std::memcpy(&codes[x], all_decided_.data() + x * 12, 8);
+    std::memcpy(&votes[a * cv + static_cast<size_t>(C) * 64 + c], all_decided_.data() + x * 12 + 8, 4);
+  }
 }
 
 void KMeansCommPeers::gather(const int64_t* mine, size_t n, int64_t* all) {

@@ -1,10 +1,13 @@
 // Hamming k-means over queries split across ranks (sequence parallelism): cluster::hamming_kmeans
 // itself, its exchanges over the communicator. Each rank computes on its own codes and every rank
 // ends with the clusters one process gets on the whole sequence: the same distinct-code rule,
-// initial draws, assignments, votes, re-seeding of empty clusters and early stop. Each round adds
-// the per-cluster bit counts and sizes across ranks (C·65 32-bit integers per task, exact); the
-// draws and the re-seeding fetch the few codes they need from their owners. Communication per
-// round is independent of the sequence length.
+// initial draws, assignments, votes, re-seeding of empty clusters and early stop. Each round's vote
+// is decided where it is summed: the clusters of all tasks are split evenly over the ranks, each
+// rank sends every other rank the bit counts and sizes of that rank's clusters (65 32-bit integers
+// per cluster, exact), and the owners' majority codes and total sizes are gathered (12 bytes per
+// cluster): (R−1)/R of the counts leave a rank instead of the 2(R−1)/R of an all-reduce. The draws
+// and the re-seeding fetch the few codes they need from their owners. Communication per round is
+// independent of the sequence length.
 #pragma once
 
 #include <cstdint>
@@ -38,11 +41,14 @@ class KMeansCommPeers : public cluster::KMeansPeers {
   int size() const override { return comm_.size(); }
   void sum(int64_t* x, size_t n) override;
   void sum_counts(uint32_t* x, size_t n) override;
+  void vote(uint32_t* votes, uint64_t* codes, size_t problems, int64_t C) override;
   void gather(const int64_t* mine, size_t n, int64_t* all) override;
 
  private:
   Communicator& comm_;
   std::vector<int64_t> lanes_;  // ((n + 1) / 2) two counts each
+  std::vector<uint32_t> out_, in_;  // (problems·C, 65) counts by owner; (R, mine, 65) received
+  std::vector<unsigned char> decided_, all_decided_;  // (mine, 12), (problems·C, 12) code and size
 };
 
 // Every rank calls it with the same tasks in the same order (codes differ). C >= 1 clusters.
