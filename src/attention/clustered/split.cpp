@@ -7,7 +7,8 @@
 //      the bit), divided by the global sizes on the last rank and broadcast;
 //   4. each centroid's attention over the local keys (running max, sum, Σ p·v, and its local
 //      top-k candidates), merged across ranks by log-sum-exp;
-//   5. improved: each centroid's top-k merged from the per-rank top-k (the total order value,
+//   5. improved: each centroid's top-k merged from the per-rank top-k by recursive doubling
+//      (merge_candidates: log2 R exchanges; the total order value,
 //      then key index: the sets of one process), and the T_j rows gathered from their owners;
 //   6. members get their centroid's output (improved: recomputed on the gathered T_j rows by the
 //      member stage of improved_clustered.cpp).
@@ -42,6 +43,49 @@ using tile::kLn2;
 using tile::kLog2e;
 
 constexpr int kTagChain = 7201;
+constexpr int kTagCand = 7202;
+
+// Every rank's `lists` candidate lists of kcap (tops, (lists, kcap), unused slots {-inf,
+// INT32_MAX}) become on every rank the best kcap of all ranks' lists together, by recursive
+// doubling: at each of log2(R) steps a rank swaps its lists with the rank whose number differs in
+// one bit and keeps the best kcap of each union, so a rank sends log2(R) copies of its lists rather
+// than the R − 1 of an all-gather. cand_before is a total order and the ranks hold disjoint keys, so
+// the result does not depend on the order of the merges. When R is not a power of two, the ranks
+// past the largest power of two P hand their lists to rank − P first and get the result back.
+void merge_candidates(Communicator& comm, std::vector<Cand>& tops, int64_t kcap) {
+  const int R = comm.size(), r = comm.rank();
+  if (R == 1 || kcap == 0) return;
+  const size_t bytes = sizeof(Cand) * tops.size(), lists = tops.size() / static_cast<size_t>(kcap);
+  std::vector<Cand> other(tops.size()), both(static_cast<size_t>(2 * kcap));
+  auto merge = [&] {
+    for (size_t l = 0; l < lists; ++l) {
+      Cand* mine = tops.data() + l * static_cast<size_t>(kcap);
+      std::copy(mine, mine + kcap, both.begin());
+      std::copy(other.begin() + static_cast<int64_t>(l) * kcap, other.begin() + static_cast<int64_t>(l + 1) * kcap,
+                both.begin() + kcap);
+      std::partial_sort(both.begin(), both.begin() + kcap, both.end(), cand_before);
+      std::copy(both.begin(), both.begin() + kcap, mine);
+    }
+  };
+  int P = 1;
+  while (2 * P <= R) P *= 2;
+  if (r >= P) {
+    isend(comm, tops.data(), bytes, r - P, kTagCand)->wait();
+    irecv(comm, tops.data(), bytes, r - P, kTagCand)->wait();
+    return;
+  }
+  if (r + P < R) {
+    irecv(comm, other.data(), bytes, r + P, kTagCand)->wait();
+    merge();
+  }
+  for (int s = 1; s < P; s *= 2) {
+    auto recv = irecv(comm, other.data(), bytes, r ^ s, kTagCand);
+    isend(comm, tops.data(), bytes, r ^ s, kTagCand)->wait();
+    recv->wait();
+    merge();
+  }
+  if (r + P < R) isend(comm, tops.data(), bytes, r + P, kTagCand)->wait();
+}
 
 // The rng streams of clustered.cpp: (step, purpose, head).
 uint64_t stream_of(uint64_t step, uint64_t purpose, uint64_t head) { return ((step * 4 + purpose) << 32) + head; }
@@ -229,8 +273,7 @@ void clustered_forward(Communicator& comm, const SeqSplit& split, const Clustere
 
   // 5. Improved: the global top-k of each centroid, and its rows from their owners.
   if (improved) {
-    std::vector<Cand> all(tops.size() * static_cast<size_t>(R));
-    all_gather(comm, tops.data(), sizeof(Cand) * tops.size(), all.data());
+    merge_candidates(comm, tops, kcap);  // (BH, cmax, kcap): every centroid's global best kcap
     st.topk.assign(static_cast<size_t>(BH * cmax * kcap), -1);
     st.krows.resize(Shape{BH, cmax * kcap, D});
     st.vrows.resize(Shape{BH, cmax * kcap, Dv});
@@ -243,11 +286,9 @@ void clustered_forward(Communicator& comm, const SeqSplit& split, const Clustere
       st.ksel[static_cast<size_t>(t)] = static_cast<int32_t>(k);
       for (int64_t j = 0; j < st.ncl[static_cast<size_t>(t)]; ++j) {
         std::vector<Cand>& ch = chosen[static_cast<size_t>(t * cmax + j)];
-        for (int q = 0; q < R; ++q) {
-          const Cand* c0 = all.data() + static_cast<size_t>(q) * tops.size() + static_cast<size_t>((t * cmax + j) * kcap);
-          for (int64_t x = 0; x < kcap; ++x)
-            if (c0[x].i != INT32_MAX) ch.push_back(c0[x]);
-        }
+        const Cand* c0 = tops.data() + static_cast<size_t>((t * cmax + j) * kcap);
+        for (int64_t x = 0; x < kcap; ++x)
+          if (c0[x].i != INT32_MAX) ch.push_back(c0[x]);
         std::sort(ch.begin(), ch.end(), cand_before);
         ch.resize(static_cast<size_t>(k));
         int64_t* tk = st.topk.data() + (t * cmax + j) * kcap;
