@@ -48,20 +48,24 @@ struct Saved {
   std::vector<std::string> copied;
 };
 
+// Every flag of Capabilities, under its C++ name.
+constexpr std::pair<const char*, bool Capabilities::*> kCapabilityFlags[] = {
+    {"causal", &Capabilities::causal},
+    {"query_lengths", &Capabilities::query_lengths},
+    {"key_lengths", &Capabilities::key_lengths},
+    {"bias", &Capabilities::bias},
+    {"cross", &Capabilities::cross},
+    {"gqa", &Capabilities::gqa},
+    {"trainable", &Capabilities::trainable},
+    {"shared_qk", &Capabilities::shared_qk},
+    {"stochastic", &Capabilities::stochastic},
+    {"stateful", &Capabilities::stateful},
+    {"splits_sequence", &Capabilities::splits_sequence},
+    {"splits_sequence_causal", &Capabilities::splits_sequence_causal}};
+
 pb::dict capabilities_dict(const Capabilities& c) {
   pb::dict d;
-  d["causal"] = c.causal;
-  d["query_lengths"] = c.query_lengths;
-  d["key_lengths"] = c.key_lengths;
-  d["bias"] = c.bias;
-  d["cross"] = c.cross;
-  d["gqa"] = c.gqa;
-  d["trainable"] = c.trainable;
-  d["shared_qk"] = c.shared_qk;
-  d["stochastic"] = c.stochastic;
-  d["stateful"] = c.stateful;
-  d["splits_sequence"] = c.splits_sequence;
-  d["splits_sequence_causal"] = c.splits_sequence_causal;
+  for (const auto& [name, flag] : kCapabilityFlags) d[name] = c.*flag;
   return d;
 }
 
