@@ -2,7 +2,6 @@
 # Builds the libFuzzer targets of fuzz/ with clang (AddressSanitizer + UndefinedBehaviorSanitizer,
 # coverage-instrumented library) and runs each for a given time. Usage:
 #   scripts/fuzz.sh [SECONDS_PER_TARGET (30)] [TARGET ...]     e.g. scripts/fuzz.sh 600 safetensors
-#   scripts/fuzz.sh --build-only                               (builds every target, runs none)
 # Targets: spec, safetensors, config, tokenizer, checkpoint, attend, plot (and listops when fuzz/ has
 # it). Each starts from its seed corpus fuzz/corpus/<target>/ (read only), with the dictionary
 # fuzz/<target>.dict when there is one (plot's: gnuplot metacharacters); new inputs go to
@@ -12,8 +11,6 @@
 # Environment: CLATTN_FUZZ_BUILD (build dir, default build-fuzz), CLATTN_JOBS (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build_only=0
-if [ "${1:-}" = --build-only ]; then build_only=1; shift; fi
 secs=${1:-30}
 shift || true
 build=${CLATTN_FUZZ_BUILD:-build-fuzz}
@@ -29,7 +26,6 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=
   -DCLATTN_SANITIZE="address;undefined;fuzzer-no-link" -DCLATTN_FUZZ=ON -DCLATTN_BUILD_TESTS=OFF \
   -DCLATTN_BUILD_BENCH=OFF -DCLATTN_BUILD_CLI=OFF -DCLATTN_INSTALL=OFF -DCLATTN_BUILD_PYTHON=OFF >/dev/null
 cmake --build "$build" -j "$jobs" --target "${targets[@]/#/fuzz_}"
-[ "$build_only" = 1 ] && exit 0
 
 mkdir -p "$build/artifacts"
 # Runs target $1 into its log; its exit status says whether it found anything.

@@ -30,20 +30,6 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 cmake -S . -B build-test -G Ninja -DCMAKE_BUILD_TYPE=Release -DCLATTN_WERROR=ON >/dev/null
 cmake --build build-test -j "$jobs"
 
-# The suites leave cores idle (one-thread stretches, process start-up, files, MPI launches): the
-# clang builds of the fuzzing and ThreadSanitizer stages use them meanwhile, at the lowest
-# priority, so they take CPU only when the suites do not (no suite times anything against a
-# threshold). Their runs come at the end, as before; a failed build fails the command there.
-# They run in a session of their own, stopped with this script whenever it ends early.
-sanitizer_builds=
-trap '[ -z "$sanitizer_builds" ] || kill -- "-$sanitizer_builds" 2>/dev/null || true' EXIT
-if [ "${CLATTN_SKIP_FUZZ:-0}" != 1 ]; then
-  mkdir -p build-fuzz
-  setsid nice -n 19 bash -c 'bash scripts/fuzz.sh --build-only && bash scripts/tsan.sh --build-only' \
-    >build-fuzz/background-build.log 2>&1 &
-  sanitizer_builds=$!
-fi
-
 (cd build-test && ctest --output-on-failure --timeout 900)
 
 # Install rules and consumers: `cmake --install` of the build above into a temporary prefix (not
@@ -61,22 +47,21 @@ if [ "${CLATTN_SKIP_SANITIZE:-0}" != 1 ]; then
   # -O1 keeps the sanitized suite quick; -g1 (line tables: file:line in every report) compiles a
   # third faster than full debug info. The bench micro-benchmarks and the examples would only be
   # compiled here (their runs are in the Release pass), so they are left out.
+  # The suites run CLATTN_JOBS at a time on one thread each: the Release pass above ran them on
+  # two, and the thread-count suites still run every variant at 1-4 threads here (they set the
+  # count themselves); two one-thread processes keep both cores busy where one two-thread process
+  # waits at its barriers.
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
     -DCLATTN_WERROR=ON -DCLATTN_SANITIZE="address;undefined" -DCLATTN_BUILD_BENCH=OFF \
-    -DCLATTN_BUILD_EXAMPLES=OFF >/dev/null
+    -DCLATTN_BUILD_EXAMPLES=OFF -DCLATTN_TEST_THREADS=1 >/dev/null
   cmake --build build-asan -j "$jobs"
-  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 1800)
+  (cd build-asan && OMP_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=1 ctest -j "$jobs" --output-on-failure --timeout 1800)
 fi
 
 if [ "${CLATTN_SKIP_FUZZ:-0}" != 1 ]; then
   # clang builds (docs/reliability.md): every libFuzzer target for 30 s from its seed
   # corpus under ASan + UBSan, then ThreadSanitizer over the threaded kernels' and the API's
   # concurrency tests. Only the targets needed are built.
-  if ! wait "$sanitizer_builds"; then
-    echo "error: the fuzzing or ThreadSanitizer build failed:" >&2
-    tail -n 60 build-fuzz/background-build.log >&2
-    exit 1
-  fi
   bash scripts/fuzz.sh "${CLATTN_FUZZ_SECONDS:-30}"
   bash scripts/tsan.sh
 fi

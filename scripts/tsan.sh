@@ -8,7 +8,7 @@
 # ours to find, and its own thread pool would otherwise be reported wholesale). scripts/tsan.supp
 # silences what libomp and OpenBLAS do inside themselves (libomp's allocator reuses blocks between
 # threads under its own locks, invisible to TSan).
-# Usage: scripts/tsan.sh [gtest filter], or scripts/tsan.sh --build-only. Environment: CLATTN_TSAN_BUILD (default build-tsan), CLATTN_JOBS.
+# Usage: scripts/tsan.sh [gtest filter]. Environment: CLATTN_TSAN_BUILD (default build-tsan), CLATTN_JOBS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${CLATTN_TSAN_BUILD:-build-tsan}
@@ -16,8 +16,6 @@ jobs=${CLATTN_JOBS:-2}
 # The threaded paths: each variant's kernels through the registry suite at thread counts 1..4 and
 # token-major views, one attention object from several threads, the thread-count rules, and the
 # parallel helpers' exception handling.
-build_only=0
-if [ "${1:-}" = --build-only ]; then build_only=1; shift; fi
 filter=${1:-'*SafeAcrossThreads*:*ThreadCounts*:*Deterministic*'}
 
 archer=$(ls /usr/lib/llvm-*/lib/libarcher.so 2>/dev/null | sort -V | tail -1 || true)
@@ -26,7 +24,6 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" -DCLATTN_WERROR=ON -DCLATTN_SANITIZE=thread \
   -DCLATTN_BUILD_BENCH=OFF -DCLATTN_INSTALL=OFF -DCLATTN_BUILD_PYTHON=OFF >/dev/null
 cmake --build "$build" -j "$jobs" --target test_attention test_core
-[ "$build_only" = 1 ] && exit 0
 # halt_on_error: the first race fails the stage, with both stacks printed.
 export OMP_TOOL_LIBRARIES=$archer OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=4
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=4 ignore_noninstrumented_modules=1 suppressions=$PWD/scripts/tsan.supp"
