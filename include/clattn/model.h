@@ -227,7 +227,10 @@ class Model {
 
   // Called during a training call's backward as ranges [begin, end) of grads() become final for
   // the call: each layer's parameters as its backward finishes (top layer first), then the rest
-  // (embeddings, final norm, head). A caller can start reducing gradients while the backward runs.
+  // (embeddings, final norm, head), then the first layer's, weight by weight: while this is set,
+  // the first layer computes its weight gradients after the embeddings' (the same values), so the
+  // largest range can travel during those products. Every parameter is reported once. A caller
+  // can start reducing gradients while the backward runs.
   std::function<void(int64_t begin, int64_t end)> on_grads_ready;
 
   // config.json + model.safetensors (in the checkpoint's own tensor naming), written atomically

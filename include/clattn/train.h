@@ -197,6 +197,9 @@ struct StepReport {
   // Milliseconds this rank waited for the gradient exchange after its backward (what the
   // backward did not hide), and spent gathering the result.
   double comm_ms = 0;
+  // The least comm_ms over the ranks: the rank whose backward ended last waits for the exchange
+  // alone, not for a slower peer, so this is the exchange's exposed time.
+  double comm_exposed_ms = 0;
   StepResult detail;  // this rank's forward/backward timings, summed over its micro-batches
 };
 

@@ -26,6 +26,8 @@ pb::dict step_dict(const StepReport& r) {
   d["ms"] = r.ms;
   d["tokens_per_s"] = r.tokens_per_s;
   d["grad_norm"] = r.grad_norm;
+  d["comm_ms"] = r.comm_ms;
+  d["comm_exposed_ms"] = r.comm_exposed_ms;
   d["attention_ms"] = r.detail.attention_ms;
   d["dense_ms"] = r.detail.dense_ms;
   return d;

@@ -49,6 +49,7 @@ struct DecoderImpl::Bufs : ModelImpl::ArenaPlan {
   float *xl = nullptr, *xf = nullptr, *fr = nullptr;  // last layer's output, final norm output, its 1/rms
   float *dx = nullptr, *dt = nullptr, *dt2 = nullptr, *dao = nullptr, *dqkv = nullptr, *dgu = nullptr;
   float *sbuf = nullptr;  // (rows, F) SwiGLU output, then its gradient
+  float *keep_ffn = nullptr, *keep_att = nullptr;  // (rows, H) each: the first layer's held dy (hold_first_layer)
 };
 
 DecoderImpl::DecoderImpl(const ModelConfig& cfg_in)
@@ -168,6 +169,8 @@ DecoderImpl::Bufs DecoderImpl::plan(int64_t B, int64_t T, bool train, bool head,
     b.dqkv = a.take(rows * QKV);   // (rows, Q + 2KV)
     b.dgu = a.take(rows * 2 * F);  // (rows, 2F)
     b.dhs = a.take(rows * H);
+    b.keep_ffn = a.take(rows * H);
+    b.keep_att = a.take(rows * H);
   } else {
     Bufs::Saved s;
     s.x = s.u1 = a.take(rows * H);  // (rows, H) residual stream, updated in place
@@ -325,12 +328,13 @@ void DecoderImpl::backward_layers(int64_t B, int64_t T, std::span<const int32_t>
   const bool drop = dropout_ > 0;
   const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_T_);  // global lengths
   auto hv = [&](float* base, int64_t heads, int64_t ld) { return model::heads_view(base, B, heads, T, hd, ld); };
-  auto dbias = [&](int64_t off) -> float* { return off >= 0 ? g(off) : nullptr; };
   Bufs& b = *b_;
   float* dx = b.dx;  // (rows, H) gradient of the residual stream
+  held_.clear();
   for (int64_t l = c.layers - 1; l >= 0; --l) {
     const Layout::Layer& y = L_->layers[static_cast<size_t>(l)];
     Bufs::Saved& s = b.S[static_cast<size_t>(l)];
+    const bool hold = l == 0 && hold_first_layer();
     // x' = u1 + drop(act(f·Wgu + bgu)·Wdown + bdown)
     const float* dff = dx;
     if (drop) {
@@ -339,12 +343,12 @@ void DecoderImpl::backward_layers(int64_t B, int64_t T, std::span<const int32_t>
     }
     if (gpt2_) nn::gelu_fwd(b.sbuf, s.gu, rows * F, nn::Gelu::tanh);
     else nn::swiglu_rows_fwd(b.sbuf, F, s.gu, 2 * F, rows, F);
-    lin_bwd(b.dgu, GU, g(y.down), dbias(y.bdown), dff, H, b.sbuf, F, p(y.down), rows, F, H);
+    lin_bwd_held(hold, b.dgu, GU, {y.down, y.bdown, dff, H, b.sbuf, F, rows, F, H}, p(y.down), b.keep_ffn);
     // dgu holds d(act) in the first F columns of each row. SwiGLU's backward writes dgate over
     // it and dup beside it; GELU's takes it in place.
     if (gpt2_) nn::gelu_bwd(b.dgu, b.dgu, s.gu, rows * F, nn::Gelu::tanh);
     else nn::swiglu_rows_bwd(b.dgu, 2 * F, b.dgu, 2 * F, s.gu, 2 * F, rows, F);
-    lin_bwd(b.dt2, H, g(y.wgu), dbias(y.bgu), b.dgu, GU, s.xn2, H, p(y.wgu), rows, H, GU);
+    lin_bwd_held(hold, b.dt2, H, {y.wgu, y.bgu, b.dgu, GU, s.xn2, H, rows, H, GU}, p(y.wgu), nullptr);
     // f = norm2(u1): du1 = dx + norm2'(df)
     norm_bwd(dx, y.post_norm, y.post_norm_b, b.dt2, s.u1, s.r2, rows, true);
     // u1 = x + drop(attn·Wo + bo)
@@ -353,7 +357,7 @@ void DecoderImpl::backward_layers(int64_t B, int64_t T, std::span<const int32_t>
       dropout_grad(b.dt, dx, B, T, H, l, 0, step, first);
       dat = b.dt;
     }
-    lin_bwd(b.dao, Q, g(y.wo), dbias(y.bo), dat, H, s.ao, Q, p(y.wo), rows, Q, H);
+    lin_bwd_held(hold, b.dao, Q, {y.wo, y.bo, dat, H, s.ao, Q, rows, Q, H}, p(y.wo), b.keep_att);
     std::memset(b.dqkv, 0, sizeof(float) * static_cast<size_t>(rows * QKV));
     const AttentionInputs ai = att_->inputs(l, hv(s.qkv, nh, QKV), hv(s.qkv + Q, kvh, QKV), hv(s.qkv + Q + KV, kvh, QKV),
                                             lens, step, true);
@@ -364,9 +368,9 @@ void DecoderImpl::backward_layers(int64_t B, int64_t T, std::span<const int32_t>
       nn::rope_bwd(b.dqkv + Q, QKV, hd, pos, rows, kvh, hd, c.rope_theta);
     }
     // a = norm1(x): dx = du1 + norm1'(da)
-    lin_bwd(b.dt2, H, g(y.wqkv), dbias(y.bqkv), b.dqkv, QKV, s.xn1, H, p(y.wqkv), rows, H, QKV);
+    lin_bwd_held(hold, b.dt2, H, {y.wqkv, y.bqkv, b.dqkv, QKV, s.xn1, H, rows, H, QKV}, p(y.wqkv), nullptr);
     norm_bwd(dx, y.in_norm, y.in_norm_b, b.dt2, s.x, s.r1, rows, true);
-    layer_grads_ready(y.begin, y.end);
+    if (!hold) layer_grads_ready(y.begin, y.end);
   }
 }
 
@@ -402,6 +406,7 @@ StepResult DecoderImpl::forward_backward(const Batch& bt, bool train, uint64_t s
   backward_layers(B, T, bt.lengths, posbuf_.data(), step, bt.first);
   embed_backward(b.ids.data(), B, T, b_->dx);
   other_grads_ready(L_->layers.front().begin, L_->layers.back().end);
+  release_weights(L_->layers.front().begin, L_->layers.front().end);
   return timed(res, t0);
 }
 

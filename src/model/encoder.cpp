@@ -52,6 +52,7 @@ struct EncoderImpl::Bufs : ModelImpl::ArenaPlan {
   float *proj = nullptr;                             // (B·P, H) KWT patch projections
   float *xl = nullptr, *xf = nullptr, *fm = nullptr, *fr = nullptr;  // last layer's output, final LN
   float *dx = nullptr, *dt = nullptr, *dt2 = nullptr, *dao = nullptr, *dqkv = nullptr, *dh = nullptr, *gbuf = nullptr;
+  float *keep_ffn = nullptr, *keep_att = nullptr;  // (rows, H) each: the first layer's held dy (hold_first_layer)
   float *pool_in = nullptr;
   // The masked-LM transform: dense output (rows, H), its GELU (rows, H), the LayerNorm output
   // (rows, H) the output layer reads, its mean | 1/std (2, rows), and its gradient (rows, H).
@@ -279,6 +280,8 @@ EncoderImpl::Bufs EncoderImpl::plan(int64_t B, int64_t T, bool train, bool head,
     b.dqkv = a.take(rows * 3 * H);                 // (rows, 3H)
     b.dh = a.take(rows * F);                       // (rows, F)
     b.gbuf = a.take(rows * F);                     // (rows, F) GELU output (recomputed in backward)
+    b.keep_ffn = a.take(rows * H);                 // (rows, H)
+    b.keep_att = a.take(rows * H);                 // (rows, H)
     b.dhs = a.take(rows * H);                      // (n, H) head: gradient of the gathered rows
   } else {
     // One set for every layer; the residual stream is updated in place.
@@ -508,9 +511,11 @@ void EncoderImpl::backward_layers(int64_t B, int64_t T, std::span<const int32_t>
   auto hv = [&](float* base, int64_t ld) { return model::heads_view(base, B, nh, T, hd, ld); };
   Bufs& b = *b_;
   float* dx = b.dx;  // (rows, H) the gradient of the stream: of x' on entry to a layer, of x on exit
+  held_.clear();
   for (int64_t l = c.layers - 1; l >= 0; --l) {
     const Layout::Layer& y = L_->layers[static_cast<size_t>(l)];
     Bufs::Saved& s = b.S[static_cast<size_t>(l)];
+    const bool hold = l == 0 && hold_first_layer();
     // du2: the gradient of the FFN's residual sum (pre-LN: x' itself).
     float* du2 = dx;
     if (!c.pre_ln) {
@@ -525,15 +530,15 @@ void EncoderImpl::backward_layers(int64_t B, int64_t T, std::span<const int32_t>
       dbranch = b.dt;
     }
     nn::gelu_fwd(b.gbuf, s.h, rows * F, gk);
-    lin_bwd(b.dh, F, g(y.w2), g(y.b2), dbranch, H, b.gbuf, F, p(y.w2), rows, F, H);
+    lin_bwd_held(hold, b.dh, F, {y.w2, y.b2, dbranch, H, b.gbuf, F, rows, F, H}, p(y.w2), b.keep_ffn);
     nn::gelu_bwd(b.dh, b.dh, s.h, rows * F, gk);
     if (c.pre_ln) {
       // f = LN2(u1): du1 = dx + LN2'(df)
-      lin_bwd(b.dt2, H, g(y.w1), g(y.b1), b.dh, F, s.xn2, H, p(y.w1), rows, H, F);
+      lin_bwd_held(hold, b.dt2, H, {y.w1, y.b1, b.dh, F, s.xn2, H, rows, H, F}, p(y.w1), nullptr);
       nn::layernorm_bwd(dx, g(y.ln2g), g(y.ln2b), b.dt2, s.u1, p(y.ln2g), s.m2, s.r2, rows, H, true);
     } else {
       // df = du2 (the residual) + the FFN's input gradient; f = LN1(u1): du1 = LN1'(df)
-      lin_bwd(b.dt2, H, g(y.w1), g(y.b1), b.dh, F, s.xn2, H, p(y.w1), rows, H, F, /*accumulate=*/true);
+      lin_bwd_held(hold, b.dt2, H, {y.w1, y.b1, b.dh, F, s.xn2, H, rows, H, F}, p(y.w1), nullptr, /*accumulate=*/true);
       nn::layernorm_bwd(dx, g(y.ln1g), g(y.ln1b), b.dt2, s.u1, p(y.ln1g), s.m1, s.r1, rows, H);
     }
     // dx now holds du1. u1 = x + drop(attn(a·Wqkv + bqkv)·Wo + bo).
@@ -542,7 +547,7 @@ void EncoderImpl::backward_layers(int64_t B, int64_t T, std::span<const int32_t>
       dropout_grad(b.dt, dx, B, T, H, l, 0, step, first);
       dat = b.dt;
     }
-    lin_bwd(b.dao, H, g(y.wo), g(y.bo), dat, H, s.ao, H, p(y.wo), rows, H, H);
+    lin_bwd_held(hold, b.dao, H, {y.wo, y.bo, dat, H, s.ao, H, rows, H, H}, p(y.wo), b.keep_att);
     std::memset(b.dqkv, 0, sizeof(float) * static_cast<size_t>(rows * 3 * H));
     const AttentionInputs ai = att_->inputs(l, hv(s.qkv, 3 * H), hv(s.qkv + H, 3 * H), hv(s.qkv + 2 * H, 3 * H), lens, step, true);
     att_->backward(l, ai, hv(s.ao, H), hv(b.dao, H), hv(b.dqkv, 3 * H), hv(b.dqkv + H, 3 * H), hv(b.dqkv + 2 * H, 3 * H));
@@ -550,14 +555,14 @@ void EncoderImpl::backward_layers(int64_t B, int64_t T, std::span<const int32_t>
       for_rows(rows, H, [&](int64_t r) { for (int64_t k = 0; k < H; ++k) b.dqkv[r * 3 * H + k] *= qmul; });
     if (c.pre_ln) {
       // a = LN1(x): dx = du1 + LN1'(da)
-      lin_bwd(b.dt2, H, g(y.wqkv), y.bqkv >= 0 ? g(y.bqkv) : nullptr, b.dqkv, 3 * H, s.xn1, H, p(y.wqkv), rows, H, 3 * H);
+      lin_bwd_held(hold, b.dt2, H, {y.wqkv, y.bqkv, b.dqkv, 3 * H, s.xn1, H, rows, H, 3 * H}, p(y.wqkv), nullptr);
       nn::layernorm_bwd(dx, g(y.ln1g), g(y.ln1b), b.dt2, s.x, p(y.ln1g), s.m1, s.r1, rows, H, true);
     } else {
       // a = x: dx = du1 + da
-      lin_bwd(dx, H, g(y.wqkv), y.bqkv >= 0 ? g(y.bqkv) : nullptr, b.dqkv, 3 * H, s.x, H, p(y.wqkv), rows, H, 3 * H,
-              /*accumulate=*/true);
+      lin_bwd_held(hold, dx, H, {y.wqkv, y.bqkv, b.dqkv, 3 * H, s.x, H, rows, H, 3 * H}, p(y.wqkv), nullptr,
+                   /*accumulate=*/true);
     }
-    layer_grads_ready(y.begin, y.end);
+    if (!hold) layer_grads_ready(y.begin, y.end);
   }
 }
 
@@ -648,6 +653,7 @@ StepResult EncoderImpl::forward_backward(const Batch& bt, bool train, uint64_t s
   backward_layers(B, T, lengths, step, bt.first);
   embed_backward(b);
   other_grads_ready(L_->layers.front().begin, L_->layers.back().end);
+  release_weights(L_->layers.front().begin, L_->layers.front().end);
   return timed(res, t0);
 }
 

@@ -331,6 +331,56 @@ void ModelImpl::lin_bwd(float* dx, int64_t lddx, float* dw, float* db, const flo
   dense_ms_ += ms_now() - t0;
 }
 
+void ModelImpl::lin_bwd_held(bool hold, float* dx, int64_t lddx, const WeightGrad& wg, const float* w, float* keep,
+                             bool accumulate) {
+  if (!hold) {
+    lin_bwd(dx, lddx, g(wg.w), wg.b >= 0 ? g(wg.b) : nullptr, wg.dy, wg.lddy, wg.x, wg.ldx, w, wg.rows, wg.in, wg.out,
+            accumulate);
+    return;
+  }
+  lin_bwd(dx, lddx, nullptr, nullptr, wg.dy, wg.lddy, nullptr, wg.ldx, w, wg.rows, wg.in, wg.out, accumulate);
+  WeightGrad h = wg;
+  if (keep) {
+    model::for_rows(wg.rows, wg.out, [&](int64_t r) {
+      std::memcpy(keep + r * wg.out, wg.dy + r * wg.lddy, sizeof(float) * static_cast<size_t>(wg.out));
+    });
+    h.dy = keep;
+    h.lddy = wg.out;
+  }
+  held_.push_back(h);
+}
+
+void ModelImpl::release_weights(int64_t begin, int64_t end) {
+  if (held_.empty()) return;
+  // Each product's range (weight, and its bias where the layout puts it right after), reported as
+  // soon as it is computed; the gaps between them afterwards.
+  std::vector<std::pair<int64_t, int64_t>> done;
+  auto ready = [&](int64_t lo, int64_t hi) {
+    check(lo >= begin && hi <= end, "model: internal: held range [", lo, ", ", hi, ") outside the layer's [", begin,
+          ", ", end, ")");
+    layer_grads_ready(lo, hi);
+    done.emplace_back(lo, hi);
+  };
+  for (const WeightGrad& h : held_) {
+    lin_bwd(nullptr, 0, g(h.w), h.b >= 0 ? g(h.b) : nullptr, h.dy, h.lddy, h.x, h.ldx, nullptr, h.rows, h.in, h.out);
+    const int64_t wend = h.w + h.in * h.out;
+    if (h.b == wend) {
+      ready(h.w, h.b + h.out);
+    } else {
+      ready(h.w, wend);
+      if (h.b >= 0) ready(h.b, h.b + h.out);
+    }
+  }
+  held_.clear();
+  std::sort(done.begin(), done.end());
+  int64_t at = begin;
+  for (const auto& [lo, hi] : done) {
+    if (lo > at) layer_grads_ready(at, lo);
+    at = std::max(at, hi);
+  }
+  if (at < end) layer_grads_ready(at, end);
+}
+
 namespace {
 
 // The dropout stream of (step, layer, branch) for one sequence, by its index in the step's global

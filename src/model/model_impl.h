@@ -105,6 +105,27 @@ class ModelImpl {
   void lin_bwd(float* dx, int64_t lddx, float* dw, float* db, const float* dy, int64_t lddy,
                const float* x, int64_t ldx, const float* w, int64_t rows, int64_t in, int64_t out,
                bool accumulate = false);
+  // A linear map's weight gradient: dW (out, in) += dyᵀ·x, and db (out) += Σ_rows dy when b >= 0.
+  struct WeightGrad {
+    int64_t w, b;  // parameter offsets
+    const float* dy;
+    int64_t lddy;
+    const float* x;
+    int64_t ldx, rows, in, out;
+  };
+  // The first layer's weight gradients wait until the embeddings' gradient has been reported
+  // (on_grads_ready): the embeddings are the last range of a backward to finish and the largest,
+  // and these products are the compute left to overlap their exchange with. Only while a caller
+  // listens; the products are the same, so the gradient has the same bits either way.
+  bool hold_first_layer() const { return *on_grads_ready != nullptr; }
+  // lin_bwd of one linear map: dx now; the weight gradient now, or, with `hold`, kept for
+  // release_weights. keep (rows, out), when not null, receives a copy of dy, for a dy the
+  // backward overwrites before then.
+  void lin_bwd_held(bool hold, float* dx, int64_t lddx, const WeightGrad& wg, const float* w, float* keep,
+                    bool accumulate = false);
+  // Computes the held weight gradients, reporting each as it is done, then the rest of the
+  // layer's range [begin, end) (its norms, final already).
+  void release_weights(int64_t begin, int64_t end);
   // dst = src + dropout(branch) for the residual of (layer, which) over B sequences of T rows of
   // `width`: one stream per (layer, which, Batch::first + sequence), so the mask of a sequence
   // does not depend on its batch. dst may equal src; branch is overwritten.
@@ -163,6 +184,7 @@ class ModelImpl {
   const float* xf_ = nullptr;  // (rows_xf_, H) the final hidden state
   int64_t rows_xf_ = 0;
   double dense_ms_ = 0;
+  std::vector<WeightGrad> held_;  // the first layer's weight gradients not yet computed
   int64_t B_ = -1, T_ = -1;  // the layout carve() made last
   bool train_layout_ = false, head_layout_ = false;
 };

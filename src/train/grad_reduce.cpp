@@ -77,6 +77,9 @@ GradReducer::GradReducer(Communicator& comm, int64_t params, int64_t units) : co
     check(stack[i].n.a == mine[i].a && stack[i].n.b == mine[i].b, "train: internal: the local tree's nodes differ from its cover");
     stack_.push_back(stack[i].slot);
   }
+  // The gathers start while later buckets' all-to-alls are under way, at moments that differ from
+  // rank to rank: on a communicator of their own, each kind keeps one order on every rank.
+  gather_comm_ = comm.split(0, r);
   slots_.resize(static_cast<size_t>(nslots));
   for (auto& s : slots_) s.assign(static_cast<size_t>(P_), 0.f);
 }
@@ -119,10 +122,13 @@ void GradReducer::add(int64_t u, const float* g, int64_t begin, int64_t end) {
 
 void GradReducer::send(int64_t begin, int64_t end) {
   const int R = comm_.size(), me = comm_.rank();
-  auto bk = std::make_unique<Bucket>();
-  Bucket& b = *bk;
+  // A step sends the same ranges in the same order as the last: its buffers are reused.
+  if (used_ == buckets_.size()) buckets_.push_back(std::make_unique<Bucket>());
+  Bucket& b = *buckets_[used_++];
   b.begin = begin;
   b.end = end;
+  b.reduced = false;
+  for (auto* v : {&b.sc, &b.sd, &b.rc, &b.rd, &b.gc, &b.gd}) v->clear();
   auto part = [&](int j) {  // [begin, end) within shard j
     const int64_t s = std::max(begin, shard_[static_cast<size_t>(j)]), e = std::min(end, shard_[static_cast<size_t>(j) + 1]);
     return std::pair<int64_t, int64_t>{s, std::max(s, e)};
@@ -151,39 +157,35 @@ void GradReducer::send(int64_t begin, int64_t end) {
                   sizeof(float) * static_cast<size_t>(e - s));
   }
   b.req = comm_.iall_to_allv(b.send.data(), b.sc, b.sd, b.recv.data(), b.rc, b.rd);
-  buckets_.push_back(std::move(bk));
+}
+
+void GradReducer::target(float* out, float scale, bool gather) {
+  check(used_ == 0, "train: internal: the reduction's target set while buckets are under way");
+  out_ = out;
+  scale_ = scale;
+  gather_ = gather;
 }
 
 void GradReducer::progress() {
-  for (auto& b : buckets_)
-    if (b->req) (void)b->req->test();
-}
-
-void GradReducer::fold(const Node& n, int64_t len, const std::vector<const float*>& have, const std::vector<Node>& ids,
-                       float* out) {
-  for (size_t i = 0; i < ids.size(); ++i)
-    if (ids[i].a == n.a && ids[i].b == n.b) {
-      std::memcpy(out, have[i], sizeof(float) * static_cast<size_t>(len));
-      return;
+  // Buckets are reduced in the order they were sent: their gathers are collectives, posted in one
+  // order on every rank.
+  bool in_order = true;
+  for (size_t i = 0; i < used_; ++i) {
+    Bucket* b = buckets_[i].get();
+    if (!b->reduced) {
+      const bool in = b->req->test();
+      if (in && in_order) reduce(*b);
+      else in_order = false;
+    } else if (b->gat) {
+      (void)b->gat->test();
     }
-  check(n.b - n.a > 1, "train: internal: tree node [", n.a, ", ", n.b, ") was sent by no rank");
-  fold(left(n), len, have, ids, out);
-  std::vector<float> r(static_cast<size_t>(len));
-  fold(right(n), len, have, ids, r.data());
-  for (int64_t i = 0; i < len; ++i) out[i] += r[static_cast<size_t>(i)];
+  }
 }
 
-double GradReducer::finish(float* out) {
-  const double t0 = ms_now();
-  for (auto& b : buckets_) b->req->wait();
-  const double waited = ms_now() - t0;
+void GradReducer::reduce(Bucket& b) {
   const int R = comm_.size();
-  int64_t covered = 0;
-  for (auto& bp : buckets_) {
-    Bucket& b = *bp;
-    covered += b.end - b.begin;
-    const int64_t s = std::max(b.begin, shard_begin()), e = std::max(s, std::min(b.end, shard_end()));
-    if (e == s) continue;
+  const int64_t s = std::max(b.begin, shard_begin()), e = std::max(s, std::min(b.end, shard_end()));
+  if (e > s) {
     std::vector<const float*> have;
     std::vector<Node> ids;
     for (int i = 0; i < R; ++i) {
@@ -194,23 +196,66 @@ double GradReducer::finish(float* out) {
         ids.push_back(c[t]);
       }
     }
-    fold({0, G_}, e - s, have, ids, out + s);
+    fold({0, G_}, 0, e - s, have, ids, out_ + s);
+    nn::scale_inplace(out_ + s, scale_, e - s);
   }
-  check(covered == P_, "train: internal: the buckets sent cover ", covered, " of ", P_, " parameters");
-  buckets_.clear();
-  return waited;
+  b.reduced = true;
+  if (!gather_ || R == 1) return;
+  for (int j = 0; j < R; ++j) {  // each rank's part of [begin, end), in place in out
+    const int64_t js = std::clamp(shard_[static_cast<size_t>(j)], b.begin, b.end);
+    const int64_t je = std::clamp(shard_[static_cast<size_t>(j) + 1], b.begin, b.end);
+    b.gc.push_back(sizeof(float) * static_cast<size_t>(je - js));
+    b.gd.push_back(sizeof(float) * static_cast<size_t>(js - b.begin));
+  }
+  b.mine.assign(out_ + s, out_ + e);  // MPI reads the send block apart from the receive buffer
+  b.gat = gather_comm_->iall_gatherv(b.mine.data(), sizeof(float) * b.mine.size(), out_ + b.begin, b.gc, b.gd);
 }
 
-void GradReducer::gather(float* full) {
-  const int R = comm_.size();
-  std::vector<size_t> counts, displs;
-  for (int j = 0; j < R; ++j) {
-    counts.push_back(sizeof(float) * static_cast<size_t>(shard_[static_cast<size_t>(j) + 1] - shard_[static_cast<size_t>(j)]));
-    displs.push_back(sizeof(float) * static_cast<size_t>(shard_[static_cast<size_t>(j)]));
+// out = the node's sum: a node some rank sent as is, else its left half + its right half (the
+// right one added straight from a received node, or from scratch_[depth]).
+void GradReducer::fold(const Node& n, size_t depth, int64_t len, const std::vector<const float*>& have,
+                       const std::vector<Node>& ids, float* out) {
+  auto received = [&](const Node& m) -> const float* {
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i].a == m.a && ids[i].b == m.b) return have[i];
+    return nullptr;
+  };
+  if (const float* got = received(n)) {
+    std::memcpy(out, got, sizeof(float) * static_cast<size_t>(len));
+    return;
   }
-  // MPI reads the send block apart from the receive buffer.
-  const std::vector<float> mine(full + shard_begin(), full + shard_end());
-  comm_.iall_gatherv(mine.data(), sizeof(float) * mine.size(), full, counts, displs)->wait();
+  check(n.b - n.a > 1, "train: internal: tree node [", n.a, ", ", n.b, ") was sent by no rank");
+  fold(left(n), depth + 1, len, have, ids, out);
+  const float* r = received(right(n));
+  if (!r) {
+    if (scratch_.size() <= depth) scratch_.resize(depth + 1);
+    std::vector<float>& tmp = scratch_[depth];
+    tmp.resize(static_cast<size_t>(len));
+    fold(right(n), depth + 1, len, have, ids, tmp.data());
+    r = tmp.data();
+  }
+  for (int64_t i = 0; i < len; ++i) out[i] += r[i];
+}
+
+double GradReducer::finish() {
+  const double t0 = ms_now();
+  int64_t covered = 0;
+  for (size_t i = 0; i < used_; ++i) {
+    Bucket& b = *buckets_[i];
+    covered += b.end - b.begin;
+    if (b.reduced) continue;
+    b.req->wait();
+    reduce(b);
+  }
+  check(covered == P_, "train: internal: the buckets sent cover ", covered, " of ", P_, " parameters");
+  for (size_t i = 0; i < used_; ++i) {
+    Bucket& b = *buckets_[i];
+    if (b.gat) b.gat->wait();
+    b.req.reset();
+    b.gat.reset();
+  }
+  used_ = 0;
+  return ms_now() - t0;
 }
 
 }  // namespace clattn::train

@@ -555,6 +555,10 @@ StepResult Trainer::reproducible_gradient(const Batch& batch, double& comm_ms) {
   std::vector<double> per(static_cast<size_t>(3 * G), 0.0);
   StepResult mine;
   int64_t sent = 0;
+  // The step's mean divides the summed gradient by the targets of the whole batch, known before
+  // any forward: each bucket is scaled as soon as it is summed.
+  const int64_t counted = counted_targets(batch);
+  red.target(g.data(), counted > 0 ? static_cast<float>(1.0 / static_cast<double>(counted)) : 0.f, !opt_.shard_optimizer);
   for (int64_t u = red.lo(); u < red.hi(); ++u) {
     const Batch one = batch_slice(batch, u, 1);
     m.zero_grads();
@@ -585,7 +589,7 @@ StepResult Trainer::reproducible_gradient(const Batch& batch, double& comm_ms) {
     mine.total_ms += r.total_ms;
   }
   check(sent == P, "train: internal: the backward reported ", sent, " of ", P, " gradients");
-  comm_ms = red.finish(g.data());
+  comm_ms = red.finish();
   const auto t0 = Clock::now();
   comm_->all_reduce_sum(per.data(), per.size());
   StepResult all = mine;
@@ -595,10 +599,7 @@ StepResult Trainer::reproducible_gradient(const Batch& batch, double& comm_ms) {
     all.counted += static_cast<int64_t>(per[static_cast<size_t>(3 * u + 1)]);
     all.correct += static_cast<int64_t>(per[static_cast<size_t>(3 * u + 2)]);
   }
-  // The mean over the step's targets, on this rank's shard of the summed gradient.
-  const float inv = all.counted > 0 ? static_cast<float>(1.0 / static_cast<double>(all.counted)) : 0.f;
-  nn::scale_inplace(g.data() + red.shard_begin(), inv, red.shard_end() - red.shard_begin());
-  if (!opt_.shard_optimizer) red.gather(g.data());
+  check(all.counted == counted, "train: internal: the ranks counted ", all.counted, " targets, the batch holds ", counted);
   comm_ms += seconds_since(t0) * 1e3;
   return all;
 }
@@ -684,17 +685,19 @@ StepReport Trainer::step() {
   }
   if (!all_finite(model_->params())) diverged(at, "a parameter is not finite after the update");
   r.ms = seconds_since(t0) * 1e3;
-  // Rank 0's clock decides the time budget, so every rank stops at the same step.
-  double elapsed = elapsed_ + r.ms / 1e3;
-  comm_->broadcast(&elapsed, sizeof elapsed, 0);
-  elapsed_ = elapsed;
+  // Rank 0's clock decides the time budget, so every rank stops at the same step; one maximum
+  // carries it and the least wait.
+  double both[2] = {comm_->rank() == 0 ? elapsed_ + r.ms / 1e3 : -HUGE_VAL, -r.comm_ms};
+  comm_->all_reduce_max(both, 2);
+  elapsed_ = both[0];
+  r.comm_exposed_ms = -both[1];
   ++step_;
   r.step = step_;
   r.lr = lr;
   r.loss = loss;
   r.tokens_per_s = static_cast<double>(opt_.batch * opt_.seq) / (r.ms / 1e3);
   files_->log.write({{"step", step_}, {"loss", r.loss}, {"lr", lr}, {"ms", r.ms}, {"tokens_per_s", r.tokens_per_s},
-                     {"grad_norm", r.grad_norm}, {"comm_ms", r.comm_ms}});
+                     {"grad_norm", r.grad_norm}, {"comm_ms", r.comm_ms}, {"comm_exposed_ms", r.comm_exposed_ms}});
   if (on_step) on_step(r);
   return r;
 }

@@ -38,7 +38,7 @@ for np in 2 3 4; do
   figures "$dir/r$np.jsonl" | cmp -s - "$dir/f1" && ok || bad "R = $np: the losses differ from R = 1"
   same_files "R = $np" "$dir/r1" "$dir/r$np"
   grep -q "\"ranks\":$np" "$dir/r$np.jsonl" && ok || bad "R = $np: the log does not record the ranks"
-  grep -q '"comm_ms":' "$dir/r$np.jsonl" && ok || bad "R = $np: the log has no comm_ms"
+  grep '"comm_ms":' "$dir/r$np.jsonl" | grep -q '"comm_exposed_ms":' && ok || bad "R = $np: the log has no comm_ms, comm_exposed_ms"
 done
 expect_ok "R = 2, ZeRO-1" mpi 2 "$bin" "${run[@]}" --shard-optimizer --checkpoint "$dir/z2" --log "$dir/z2.jsonl"
 figures "$dir/z2.jsonl" | cmp -s - "$dir/f1" && ok || bad "ZeRO-1: the losses differ from R = 1"

@@ -206,11 +206,23 @@ TEST(Trainer, ResumesBitExactAndWritesLoadableCheckpoints) {
 }
 
 // on_grads_ready reports every parameter exactly once per backward, each range already final
-// (what a data-parallel trainer relies on to reduce while the backward still runs).
+// (what a data-parallel trainer relies on to reduce while the backward still runs). The first
+// layer's weight gradients come after the embeddings' (their products are computed while the
+// embeddings travel), and the gradient has the same bits as with nobody listening.
 TEST(Train, GradsReadyRangesAreFinalAndCoverEveryParameter) {
-  for (TaskKind head : {TaskKind::mlm, TaskKind::lm}) {
-    const bool dec = head == TaskKind::lm;
-    std::unique_ptr<Model> m = Model::create(dec ? tiny_llama() : tiny_bert(), head, 3);
+  for (int arch = 0; arch < 8; ++arch) {  // BERT pre-LN, BERT post-LN, LLaMA, GPT-2; each without and with dropout
+    const bool dec = arch % 4 >= 2;
+    const TaskKind head = dec ? TaskKind::lm : TaskKind::mlm;
+    ModelConfig cfg = dec ? tiny_llama() : tiny_bert();
+    if (arch % 4 == 1) cfg.pre_ln = false;
+    if (arch % 4 == 3) {
+      cfg.model_type = "gpt2";
+      cfg.kv_heads = cfg.heads;
+      cfg.head_dim = cfg.hidden / cfg.heads;
+    }
+    SCOPED_TRACE("architecture " + std::to_string(arch));
+    std::unique_ptr<Model> m = Model::create(cfg, head, 3);
+    if (arch >= 4) m->set_dropout(0.2f);
     roughen(*m, 4);
     const Batch b = tiny_batch(head, 13, {13, 9}, dec ? 13 : 11, 0, 5);
     std::vector<std::pair<int64_t, int64_t>> ranges;
@@ -229,7 +241,27 @@ TEST(Train, GradsReadyRangesAreFinalAndCoverEveryParameter) {
       EXPECT_TRUE(std::equal(copies[i].begin(), copies[i].end(), m->grads().begin() + lo)) << "range " << lo << ".." << hi;
     }
     EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), P);
-    EXPECT_EQ(ranges.size(), 2u + 2u) << "two layers, then the embeddings and the rest";
+    auto query = [&](int l) {
+      const std::string n = std::to_string(l);
+      return m->param(arch % 4 == 3 ? "h." + n + ".attn.c_attn.weight"
+                      : dec         ? "model.layers." + n + ".self_attn.q_proj.weight"
+                                    : "encoder.layer." + n + ".attention.self.query.weight")
+          .offset;
+    };
+    const int64_t q0 = query(0), q1 = query(1);
+    auto when = [&](int64_t k) {  // the index of the report holding parameter float k
+      for (size_t i = 0; i < ranges.size(); ++i)
+        if (ranges[i].first <= k && k < ranges[i].second) return i;
+      return ranges.size();
+    };
+    EXPECT_LT(when(q1), when(0)) << "the top layer before the embeddings";
+    EXPECT_LT(when(0), when(q0)) << "the embeddings before the first layer's weight products";
+    EXPECT_GT(ranges.size(), 4u) << "the first layer's weights come product by product";
+    const std::vector<float> heard(m->grads().begin(), m->grads().end());
+    m->on_grads_ready = nullptr;
+    m->zero_grads();
+    m->forward_backward(b, true, 1);
+    EXPECT_TRUE(std::equal(heard.begin(), heard.end(), m->grads().begin())) << "the held products changed the gradient";
   }
 }
 
