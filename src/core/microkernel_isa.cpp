@@ -35,7 +35,15 @@ inline vn load_n(const float* p) {
   return v;
 }
 inline void store_n(float* p, vn v) { __builtin_memcpy(p, &v, sizeof v); }
-inline vn splat_n(float x) { return vn{} + x; }
+// A broadcast, which the tiles' loops turn into one vbroadcastss from memory (vn{} + x would
+// cost an add and a register broadcast per element: +0.0 is not an identity for -0.0).
+inline vn splat_n(float x) {
+#if defined(__AVX512F__)
+  return vn{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+#else
+  return vn{x, x, x, x, x, x, x, x};
+#endif
+}
 
 // C (MR, NV·kVN) = A (MR, depth) · P (depth, NV·kVN), P a column slice of a (depth, 64) panel:
 // per depth step NV loads and MR broadcasts feed MR·NV FMAs.
