@@ -61,8 +61,10 @@ struct CaseResult {
   int64_t n = 0;
   std::optional<std::string> error;
   double ms_median = 0, ms_min = 0, ms_max = 0, rss_mb = 0;
-  // Exact attention (specs named `full`) only: nominal FLOPs are meaningless for an approximation.
+  // Against the variant's own work model (Attention::work): the useful products it must compute.
   std::optional<double> gflops, peak_fraction;
+  double work_flops = 0, work_int_ops = 0, work_bytes = 0;
+  std::string largest_stage;  // the stage with the most flops (or integer work when none has flops)
   std::optional<double> rel_err, cos, ratio_to_full;
 };
 
@@ -127,8 +129,7 @@ bool shares_qk(const std::string& spec) { return make_attention(spec)->capabilit
 
 // Runs one (spec, n) case on prepared inputs; a variant that throws yields an error row.
 CaseResult run_case(const std::string& spec, const AttentionInputs& in_given, const ConstView& dout,
-                    Buffers& buf, const BenchOptions& o, MemoryProbe& mem, double flops, Progress& progress,
-                    int64_t done) {
+                    Buffers& buf, const BenchOptions& o, MemoryProbe& mem, Progress& progress, int64_t done) {
   CaseResult r;
   r.spec = spec;
   r.n = in_given.q.dim(2);
@@ -171,7 +172,16 @@ CaseResult run_case(const std::string& spec, const AttentionInputs& in_given, co
     r.ms_median = st.median;
     r.ms_min = st.min;
     r.ms_max = st.max;
-    if (parse_spec(spec).name == "full") r.gflops = flops / (st.median * 1e-3) * 1e-9;
+    const AttentionDims d{in.q.dim(0), in.q.dim(1), in.k.dim(1), in.q.dim(2), in.k.dim(2), in.q.dim(3), in.v.dim(3)};
+    const WorkModel w = att->work(d, o.causal, o.backward ? Mode::training : Mode::inference);
+    r.work_flops = w.flops();
+    r.work_int_ops = w.int_ops();
+    r.work_bytes = w.bytes();
+    if (r.work_flops > 0) r.gflops = r.work_flops / (st.median * 1e-3) * 1e-9;
+    const WorkStage* top = nullptr;
+    for (const WorkStage& s : w.stages)
+      if (!top || s.flops > top->flops || (top->flops == 0 && s.int_ops > top->int_ops)) top = &s;
+    if (top) r.largest_stage = top->name + (top->backward ? " (bwd)" : "");
   } catch (const std::exception& e) {
     r.error = e.what();
   }
@@ -199,6 +209,10 @@ ordered_json to_json(const CaseResult& r, const BenchOptions& o, const char* mod
                     {"ms_min", num(r.ms_min)},
                     {"ms_max", num(r.ms_max)},
                     {"gflops", opt(r.gflops)},
+                    {"work_flops", num(r.work_flops)},
+                    {"work_int_ops", num(r.work_int_ops)},
+                    {"work_bytes", num(r.work_bytes)},
+                    {"largest_stage", r.error ? ordered_json(nullptr) : ordered_json(r.largest_stage)},
                     {"peak_fraction", opt(r.peak_fraction)},
                     {"rss_mb", num(r.rss_mb)},
                     {"rel_err", opt(r.rel_err)},
@@ -223,6 +237,7 @@ std::vector<Column> columns(int spec_w) {
           {"rss MB", "rss_mb", "%.1f", 8},
           {"rel_err", "rel_err", "%.2e", 9},
           {"cos", "cos", "%.4f", 7},
+          {"largest stage", "largest_stage", "", 22, true},
           {"error", "error", "", 0, false, false, false, true}};
 }
 
@@ -327,8 +342,6 @@ void run_bench(BenchOptions o) {
     in.k = inputs.k;
     in.v = inputs.v;
     in.causal = o.causal;
-    double flops = 4.0 * static_cast<double>(B) * H * n * n * D * (o.causal ? 0.5 : 1.0);
-    if (o.backward) flops *= 3.5;
 
     // The rel_err reference: the baseline's own output when it is default full, else one extra
     // untimed full forward, done between cases so its memory is not charged to any of them.
@@ -356,7 +369,7 @@ void run_bench(BenchOptions o) {
         buf.dk = bench::make_zeros(Shape{B, Hkv, n, D});
         buf.dv = bench::make_zeros(Shape{B, Hkv, n, D});
       }
-      CaseResult r = run_case(specs[si], in, dout.cview(), buf, o, mem, flops, progress, total);
+      CaseResult r = run_case(specs[si], in, dout.cview(), buf, o, mem, progress, total);
       ++total;
       const bool is_baseline = baseline && si == *baseline;
       if (r.error) {

@@ -21,6 +21,7 @@
 
 #include "bench_util.h"
 #include "cli_util.h"
+#include "clattn/attention.h"
 #include "clattn/cpu.h"
 #include "clattn/comm.h"
 #include "clattn/error.h"
@@ -60,6 +61,16 @@ bool all_ring(const Model& m) {
   return true;
 }
 
+// The attention's useful work in one forward of B sequences of n (Attention::work, summed over
+// the layers' specs): what its GFLOP/s column divides by.
+double attention_flops(const Model& m, int64_t B, int64_t n, bool causal) {
+  const ModelConfig& c = m.config();
+  const AttentionDims d{B, c.heads, c.kv_heads, n, n, c.head_dim, c.head_dim};
+  double f = 0;
+  for (const std::string& s : m.attention_specs()) f += make_attention(s)->work(d, causal, Mode::inference).flops();
+  return f;
+}
+
 std::vector<Column> columns(const BenchModelOptions& o, int plan_width) {
   std::vector<Column> c = {{"attention", "attention", "", plan_width, true},
                            {"mode", "mode", "", 8, true},
@@ -71,6 +82,8 @@ std::vector<Column> columns(const BenchModelOptions& o, int plan_width) {
                      {"tokens/s", "tokens_per_s", "%.0f", 11},
                      {"outside%", "outside_percent", "%.1f", 8},
                      {"GFLOP/s", "outside_gflops", "%.1f", 9},
+                     {"attn GF/s", "attention_gflops", "%.1f", 9},
+                     {"attn %peak", "attention_peak_fraction", "%.4f", 10, false, true},
                      {"rss MB", "rss_mb", "%.1f", 9}});
   if (o.sequence_parallel)
     c.insert(c.end(), {{"rank MB", "peak_rss_mb_per_rank", "%.1f", 9},
@@ -144,7 +157,7 @@ void run_bench_model(const BenchModelOptions& o) {
 
   // One row: times are the slowest rank's, memory the largest rank's (one rank: its own).
   auto report = [&](const std::string& plan, const char* mode, int64_t n, int64_t B, std::vector<double> ms,
-                    double attn_ms, double total_flops, int64_t rss_kib, int64_t layers, double bytes, double wait_ms,
+                    double attn_ms, double total_flops, double attn_flops, int64_t rss_kib, int64_t layers, double bytes, double wait_ms,
                     bool ring) {
     double worst[4] = {static_cast<double>(rss_kib), static_cast<double>(bench::read_status_kib("VmHWM")), bytes, wait_ms};
     comm.all_reduce_max(worst, 4);
@@ -170,6 +183,8 @@ void run_bench_model(const BenchModelOptions& o) {
                       {"attention_ms", attn_ms},
                       {"outside_percent", 100.0 * outside_ms / st.median},
                       {"outside_gflops", total_flops / outside_ms * 1e-6},
+                      {"attention_gflops", attn_flops > 0 && attn_ms > 0 ? ordered_json(attn_flops / attn_ms * 1e-6) : ordered_json(nullptr)},
+                      {"attention_peak_fraction", attn_flops > 0 && attn_ms > 0 ? ordered_json(attn_flops / attn_ms * 1e-6 / peak) : ordered_json(nullptr)},
                       {"rss_mb", worst[0] / 1024.0},
                       {"peak_rss_mb_per_rank", o.sequence_parallel ? ordered_json(worst[1] / 1024.0) : ordered_json(nullptr)},
                       {"bytes_per_layer", o.sequence_parallel ? ordered_json(worst[2]) : ordered_json(nullptr)},
@@ -278,7 +293,8 @@ void run_bench_model(const BenchModelOptions& o) {
         }, [&] { return run_attn; });
         // A KWT pass covers the whole set: report it as one batch of all its clips.
         report(plan, "forward", n, o.random_bert ? B : features.dim(0), std::move(t.ms), t.attn_ms,
-               o.random_bert ? flops : flops / static_cast<double>(B) * static_cast<double>(features.dim(0)), t.rss_kib,
+               o.random_bert ? flops : flops / static_cast<double>(B) * static_cast<double>(features.dim(0)),
+               attention_flops(*enc, o.random_bert ? B : features.dim(0), n, false), t.rss_kib,
                c.layers, t.bytes_per_call / static_cast<double>(c.layers), t.wait_ms, all_ring(*enc));
       }
     }
@@ -308,7 +324,7 @@ void run_bench_model(const BenchModelOptions& o) {
         (void)dec->prefill(ids);
       }, [&] { return dec->last_attention_ms(); });
       report(plan, "prefill", n, 1, std::move(t.ms), t.attn_ms, per_token * static_cast<double>(n) + 2.0 * c.hidden * c.vocab,
-             t.rss_kib, c.layers, t.bytes_per_call / static_cast<double>(c.layers), t.wait_ms, all_ring(*dec));
+             attention_flops(*dec, 1, n, true), t.rss_kib, c.layers, t.bytes_per_call / static_cast<double>(c.layers), t.wait_ms, all_ring(*dec));
       if (!decode) continue;
       std::vector<double> dms;
       double dattn = 0;
@@ -328,7 +344,7 @@ void run_bench_model(const BenchModelOptions& o) {
           dattn += a / static_cast<double>(o.decode) / o.repeat;
         }
       }
-      report(plan, "decode", 1, 1, std::move(dms), dattn, per_token + 2.0 * c.hidden * c.vocab, 0, c.layers, 0, 0, false);
+      report(plan, "decode", 1, 1, std::move(dms), dattn, per_token + 2.0 * c.hidden * c.vocab, 0, 0, c.layers, 0, 0, false);
     }
   }
   progress.finish();

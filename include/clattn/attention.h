@@ -74,6 +74,29 @@ struct Capabilities {
 // Forward only (inference), or forward then backward (training): what a call keeps and needs.
 enum class Mode { inference, training };
 
+// The useful work of one call, stage by stage: what the algorithm must compute (its products,
+// popcounts and the bytes it must at least move), not what an implementation happens to do, so
+// that GFLOP/s against it is the distance to the machine's limit (docs/performance.md). Products
+// count 2 flops per multiply-add; exponentials and comparisons are not counted. A backward stage
+// counts the FlashAttention convention for softmax attention: scores recomputed, then dV, dP, dQ
+// and dK, 2.5x the forward's products when Dk = Dv.
+struct WorkStage {
+  std::string name;     // "hashing", "k-means", "centroid attention", "top-k recomputation", ...
+  bool backward = false;
+  double flops = 0;     // floating-point operations
+  double int_ops = 0;   // integer work: k-means counts one per (code, centroid) popcount
+  double bytes = 0;     // bytes the stage must read and write at least
+};
+struct WorkModel {
+  std::vector<WorkStage> stages;
+  double flops() const;
+  double int_ops() const;
+  double bytes() const;
+  // Adds a stage; one of a name already held (same direction) adds to it.
+  WorkModel& add(std::string name, bool backward, double flops, double int_ops = 0, double bytes = 0);
+  WorkModel& operator+=(const WorkModel& o);
+};
+
 // Persistent layer state as named buffers (routing's "centroids" (H, C, Dk)). A variant creates
 // a missing buffer from its seed on first use; the caller saves and restores them.
 struct AttentionState {
@@ -173,6 +196,9 @@ class Attention {
   // Upper bound of the bytes a call of these sizes takes from the Scratch and the Context's saved
   // state, on `threads` threads (the inputs, output and gradients are the caller's).
   virtual size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const = 0;
+  // The useful work of a call of these sizes with every query and key valid (WorkModel): the
+  // forward's stages, and with Mode::training also the backward's.
+  virtual WorkModel work(const AttentionDims& d, bool causal, Mode mode) const = 0;
   // Stateful variants: the buffers of AttentionInputs::state for H query heads of dim Dk.
   virtual std::vector<StateBuffer> state_buffers(int64_t /*H*/, int64_t /*Dk*/) const { return {}; }
   // The groups of the queries of batch b, query head h, as the last forward on `ctx` made them:

@@ -376,6 +376,42 @@ void bind_attention(pb::module_& m) {
       .def_property_readonly("spec", [](const PyAttention& a) { return a.att().name(); },
                              "The canonical spec string, every parameter spelled out")
       .def_property_readonly("capabilities", [](const PyAttention& a) { return capabilities_dict(a.att().capabilities()); })
+      .def(
+          "work",
+          [](const PyAttention& a, int64_t n, int64_t m, int64_t batch, int64_t heads, int64_t kv_heads,
+             int64_t dim, int64_t dim_v, bool causal, bool backward) {
+            if (m == 0) m = n;
+            if (kv_heads == 0) kv_heads = heads;
+            if (dim_v == 0) dim_v = dim;
+            if (n < 1 || m < 1 || batch < 1 || heads < 1 || kv_heads < 1 || dim < 1 || dim_v < 1 || heads % kv_heads)
+              throw pb::value_error(detail::concat("work: sizes must be >= 1 and heads a multiple of kv_heads, got n=", n,
+                                                   " m=", m, " batch=", batch, " heads=", heads, " kv_heads=",
+                                                   kv_heads, " dim=", dim, " dim_v=", dim_v));
+            const WorkModel w = a.att().work(AttentionDims{batch, heads, kv_heads, n, m, dim, dim_v}, causal,
+                                             backward ? Mode::training : Mode::inference);
+            pb::list stages;
+            for (const WorkStage& s : w.stages) {
+              pb::dict st;
+              st["name"] = s.name;
+              st["backward"] = s.backward;
+              st["flops"] = s.flops;
+              st["int_ops"] = s.int_ops;
+              st["bytes"] = s.bytes;
+              stages.append(st);
+            }
+            pb::dict r;
+            r["flops"] = w.flops();
+            r["int_ops"] = w.int_ops();
+            r["bytes"] = w.bytes();
+            r["stages"] = stages;
+            return r;
+          },
+          pb::arg("n"), pb::kw_only(), pb::arg("m") = 0, pb::arg("batch") = 1, pb::arg("heads") = 1,
+          pb::arg("kv_heads") = 0, pb::arg("dim") = 64, pb::arg("dim_v") = 0, pb::arg("causal") = false,
+          pb::arg("backward") = false,
+          "The useful work of a call of these sizes (m, kv_heads, dim_v default to n, heads, dim): "
+          "{'flops', 'int_ops', 'bytes', 'stages': [{'name', 'backward', 'flops', 'int_ops', 'bytes'}]}; "
+          "GFLOP/s against it is the distance to the machine's limit (docs/performance.md)")
       .def_property_readonly("last_copies", [](PyAttention& a) { return a.call().last_copied(); },
                              "Names of the arrays the last forward/backward converted to a float32 copy")
       .def_property_readonly("state", &PyAttention::state,

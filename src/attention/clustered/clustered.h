@@ -109,6 +109,9 @@ void attn_causal_clustered_bwd(const AttentionInputs& in, const AttentionDims& d
 size_t causal_clustered_workspace_bytes(const AttentionDims& d, const ClusteredParams& p,
                                         Mode mode, int threads);
 
+// The useful work of a call (clustered_work.cpp; clattn/attention.h, WorkModel).
+WorkModel clustered_work(const AttentionDims& d, const ClusteredParams& p, bool causal, Mode mode);
+
 // Where the segments of causal clustered attention start (causal_clustered.cpp): 0, Lb, 2·Lb,
 // 4·Lb, ... doubling up to segments of Ls, then every Ls — the starts of every segment that begins
 // before M, followed by the end of the last one.

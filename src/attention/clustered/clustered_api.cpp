@@ -112,6 +112,9 @@ class ClusteredAttention final : public Attention {
     return std::max(clustered_workspace_bytes(d, p_, mode, threads),
                     causal_clustered_workspace_bytes(d, p_, mode, threads));
   }
+  WorkModel work(const AttentionDims& d, bool causal, Mode mode) const override {
+    return clustered_work(d, p_, causal, mode);
+  }
 
   // Plain: the segments of `order`. Causal: each query's cluster in its segment, offset by the
   // segment (rows attended exactly have none).

@@ -33,6 +33,9 @@ class ConditionalFull final : public Attention {
   size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {
     return (d.N <= limit_ ? *full_ : *inner_).workspace_bytes(d, mode, threads);
   }
+  WorkModel work(const AttentionDims& d, bool causal, Mode mode) const override {
+    return (d.N <= limit_ ? *full_ : *inner_).work(d, causal, mode);
+  }
   std::vector<StateBuffer> state_buffers(int64_t H, int64_t Dk) const override {
     return inner_->state_buffers(H, Dk);
   }

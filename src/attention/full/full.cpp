@@ -21,6 +21,7 @@
 #include "core/simd.h"
 #include "parallel/split_attention.h"
 #include "attention/tile/tile_ops.h"
+#include "attention/work.h"
 
 namespace clattn {
 namespace {
@@ -468,6 +469,10 @@ class FullAttention final : public Attention {
 
   size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {
     return full_workspace_bytes(d, mode, threads, Band{.window = window_});
+  }
+  WorkModel work(const AttentionDims& d, bool causal, Mode mode) const override {
+    return work::softmax_attention(
+        d, window_ > 0 ? work::band_pairs(d.N, d.M, window_, causal) : work::visible_pairs(d.N, d.M, causal), mode);
   }
 
  private:

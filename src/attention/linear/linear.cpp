@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "attention/registry.h"
+#include "attention/work.h"
 #include "clattn/parallel.h"
 #include "core/microkernel.h"
 #include "core/simd.h"
@@ -544,6 +545,21 @@ class LinearAttention final : public Attention {
     const int64_t split = (ng + 1 + nb) * dm.sf() + (train ? grads + d.group() * (ng + 1) * dm.gf() : 0);
     return sizeof(float) * static_cast<size_t>(threads * (item + unsplit) + split) +
            static_cast<size_t>(threads) * (sizeof(ThreadScratch) + sizeof(HeadScratch));
+  }
+  // Per key head the key-value state S = Σ φ(k) vᵀ and z = Σ φ(k); per query φ(q)·S and φ(q)·z.
+  // The causal form runs the same sums as prefixes: the same products.
+  WorkModel work(const AttentionDims& d, bool /*causal*/, Mode mode) const override {
+    const double dk = static_cast<double>(d.Dk), dv = static_cast<double>(d.Dv);
+    const double keys = static_cast<double>(d.B * d.Hkv * d.M), queries = static_cast<double>(d.B * d.H * d.N);
+    WorkModel w;
+    w.add("key-value state", false, keys * (2 * dk * dv + dk), 0, work::io_bytes(d, false));
+    w.add("query products", false, queries * (2 * dk * dv + 2 * dk));
+    if (mode == Mode::training) {
+      // dS = Σ φ(q)ᵀ dO and dφ(q) = dO·Sᵀ per query; dφ(k) = V·dSᵀ and dV = φ(k)·dS per key.
+      w.add("query products", true, queries * (4 * dk * dv + 4 * dk), 0, work::io_bytes(d, true));
+      w.add("key-value state", true, keys * (4 * dk * dv + 2 * dk));
+    }
+    return w;
   }
 
  private:

@@ -34,6 +34,7 @@
 #include "attention/tile/tile_ops.h"
 #include "attention/query_groups.h"
 #include "attention/registry.h"
+#include "attention/work.h"
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
 #include "cluster/cluster.h"
@@ -116,6 +117,23 @@ std::pair<int64_t, int64_t> factorise(int64_t buckets) {
 
 int64_t reformer_perm_len(int64_t n, int64_t nb, int64_t ch, bool causal) {
   return causal ? round_up(n + std::min(nb, n) * (ch - 1), ch) : n;
+}
+
+WorkModel reformer_work(const AttentionDims& d, const ReformerParams& p, bool causal, Mode mode) {
+  const int64_t nb = reformer_buckets(p, d.N);
+  const auto [f1, f2] = factorise(nb);
+  const double rounds = static_cast<double>(p.rounds), bh = static_cast<double>(d.B * d.H);
+  const double nrot = static_cast<double>(f1 / 2 + (f2 > 1 ? f2 / 2 : 0));
+  const double keys = std::min(static_cast<double>(2 * p.chunk) * (causal ? 0.5 : 1.0), static_cast<double>(d.N));
+  const double pairs = rounds * static_cast<double>(d.N) * keys;
+  WorkModel w;
+  w.add("hashing", false, rounds * 2.0 * static_cast<double>(d.N * d.Dk) * nrot * bh);
+  w += work::softmax_attention(d, pairs, mode, "chunk attention");
+  if (p.rounds > 1) {
+    w.add("round combination", false, rounds * 2.0 * static_cast<double>(d.N * d.Dv) * bh);
+    if (mode == Mode::training) w.add("round combination", true, rounds * 2.0 * static_cast<double>(d.N * d.Dv) * bh);
+  }
+  return w;
 }
 
 int64_t reformer_buckets(const ReformerParams& p, int64_t n) {

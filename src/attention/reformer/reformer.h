@@ -54,6 +54,11 @@ size_t reformer_workspace_bytes(const AttentionDims& d, const ReformerParams& p,
 // Bucket count actually used for a sequence of n (the auto rule, or p.buckets checked).
 int64_t reformer_buckets(const ReformerParams& p, int64_t n);
 
+// The useful work of a call (clattn/attention.h, WorkModel): per round the rotations of the unit
+// queries, and softmax attention of each query over its chunk and the one before (with the
+// causal mask, about half of those keys); the rounds' combination.
+WorkModel reformer_work(const AttentionDims& d, const ReformerParams& p, bool causal, Mode mode);
+
 // Forward: hashes every position with the rotations of rng stream `step` (shared by every head),
 // sorts into st's partition, and attends chunk by chunk.
 void attn_reformer_fwd(const AttentionInputs& in, const AttentionDims& d, const ReformerParams& p,

@@ -77,6 +77,9 @@ class ReformerAttention final : public Attention {
   size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {
     return reformer_workspace_bytes(d, p_, mode, threads);
   }
+  WorkModel work(const AttentionDims& d, bool causal, Mode mode) const override {
+    return reformer_work(d, p_, causal, mode);
+  }
 
  private:
   ReformerParams p_;

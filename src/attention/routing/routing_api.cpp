@@ -9,6 +9,7 @@
 #include "attention/registry.h"
 #include "attention/routing/routing.h"
 #include "attention/validate.h"
+#include "attention/work.h"
 #include "clattn/rng.h"
 
 namespace clattn {
@@ -136,6 +137,22 @@ class RoutingAttention final : public Attention {
     const int64_t window = std::max<int64_t>(1, p_.window > 0 ? p_.window : (d.M + p_.clusters - 1) / p_.clusters);
     return std::max(routing_workspace_bytes(d, p_, mode, threads), bucket_window_bytes(d, 1, window, mode, threads) +
                     static_cast<size_t>(4 * d.B * d.H * p_.clusters * (d.Dk + 1)));
+  }
+  // Spherical k-means over the unit queries and keys (each round scores every one against the C
+  // centroids; EMA centroids need only the final scoring), then each cluster's window of queries
+  // attends its window of keys. Causal: each query attends the keys before it in its nearest
+  // centroid's window, about half of them.
+  WorkModel work(const AttentionDims& d, bool causal, Mode mode) const override {
+    const int64_t C = std::min(p_.clusters, std::max(d.N, d.M));  // more centroids than points add nothing
+    const double wq = static_cast<double>(std::min(d.N, p_.window > 0 ? p_.window : (d.N + C - 1) / C));
+    const double wk = static_cast<double>(std::max<int64_t>(1, std::min(d.M, p_.window > 0 ? p_.window : (d.M + C - 1) / C)));
+    const double rounds = (p_.train ? 0 : p_.iterations) + 1;
+    const double bh = static_cast<double>(d.B * d.H);
+    WorkModel w;
+    w.add("clustering", false, rounds * 2.0 * static_cast<double>((d.N + d.M) * C * d.Dk) * bh);
+    const double pairs = causal ? static_cast<double>(d.N) * wk / 2 : static_cast<double>(C) * wq * wk;
+    w += work::softmax_attention(d, pairs, mode, "cluster attention");
+    return w;
   }
 
  private:

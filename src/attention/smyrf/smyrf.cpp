@@ -46,6 +46,7 @@
 #include "attention/tile/grad_util.h"
 #include "attention/query_groups.h"
 #include "attention/registry.h"
+#include "attention/work.h"
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
 #include "cluster/cluster.h"
@@ -630,6 +631,21 @@ class SmyrfAttention final : public Attention {
     // The mask is not among the sizes: the bound covers both the causal and the plain pipeline.
     return std::max(smyrf_workspace_bytes(d, p_, mode, threads),
                     bucket_window_bytes(d, p_.hashes, p_.k_cluster, mode, threads));
+  }
+  // Per round: the norms and the projection of the transformed queries and keys on one direction,
+  // then each query attends its cluster's k_cluster keys (causal: those before it, about half);
+  // the rounds' combination.
+  WorkModel work(const AttentionDims& d, bool causal, Mode mode) const override {
+    const double rounds = static_cast<double>(p_.hashes), bh = static_cast<double>(d.B * d.H);
+    const double keys = static_cast<double>(std::min(p_.k_cluster, d.M)) * (causal ? 0.5 : 1.0);
+    WorkModel w;
+    w.add("hashing", false, rounds * 4.0 * static_cast<double>((d.N + d.M) * (d.Dk + 1)) * bh);
+    w += work::softmax_attention(d, rounds * static_cast<double>(d.N) * keys, mode, "cluster attention");
+    if (p_.hashes > 1) {
+      w.add("round combination", false, rounds * 2.0 * static_cast<double>(d.N * d.Dv) * bh);
+      if (mode == Mode::training) w.add("round combination", true, rounds * 2.0 * static_cast<double>(d.N * d.Dv) * bh);
+    }
+    return w;
   }
 
  private:

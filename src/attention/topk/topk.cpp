@@ -14,6 +14,7 @@
 #include "attention/tile/topk_select.h"
 #include "attention/tile/grad_util.h"
 #include "attention/registry.h"
+#include "attention/work.h"
 #include "clattn/parallel.h"
 #include "core/microkernel.h"
 #include "core/simd.h"
@@ -290,6 +291,18 @@ class TopkAttention final : public Attention {
   }
   size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const override {
     return topk_workspace_bytes(d, k_for(d), mode, threads);
+  }
+  // Every visible score is computed exactly (the oracle's defining cost); the softmax and the
+  // weighted sum, and the backward, run over the k kept keys only.
+  WorkModel work(const AttentionDims& d, bool causal, Mode mode) const override {
+    const double bh = static_cast<double>(d.B * d.H);
+    const double kept = work::capped_pairs(d.N, d.M, k_for(d), causal);
+    WorkModel w;
+    w.add("scores", false, 2.0 * work::visible_pairs(d.N, d.M, causal) * static_cast<double>(d.Dk) * bh, 0,
+          work::io_bytes(d, false));
+    w.add("top-k attention", false, 2.0 * kept * static_cast<double>(d.Dv) * bh);
+    if (mode == Mode::training) w.add("top-k attention", true, work::softmax_bwd_flops(d, kept), 0, work::io_bytes(d, true));
+    return w;
   }
 
  private:
