@@ -49,17 +49,22 @@ TEST(Lsh, CodesMatchDirectProjection) {
 
 TEST(KMeans, NearestMatchesReference) {
   Rng r(3);
-  for (int64_t C : {1, 7, 8, 9, 100}) {
-    std::vector<uint64_t> codes(1001), cent(static_cast<size_t>(C));
-    for (size_t i = 0; i < codes.size(); ++i) codes[i] = r.u64(0, i) >> (i % 3);
-    for (int64_t c = 0; c < C; ++c) cent[static_cast<size_t>(c)] = r.u64(1, static_cast<uint64_t>(c) % 5);  // duplicates: first wins
-    std::vector<int32_t> a1(codes.size()), a2(codes.size());
-    std::vector<uint32_t> d1(codes.size()), d2(codes.size());
-    assign_nearest(codes.data(), 1001, cent.data(), C, a1.data(), d1.data());
-    assign_nearest_ref(codes.data(), 1001, cent.data(), C, a2.data(), d2.data());
-    EXPECT_EQ(a1, a2);
-    EXPECT_EQ(d1, d2);
-  }
+  // Centroid counts around the vector kernels' groups (4, 8 and 16 per pass) and code counts
+  // around their 4 or 8 codes per pass; all-ones and all-zeros codes reach distances 0 and 64.
+  for (int64_t C : {1, 3, 4, 7, 8, 9, 15, 16, 17, 100, 301})
+    for (int64_t n : {1, 3, 5, 1001}) {
+      std::vector<uint64_t> codes(static_cast<size_t>(n)), cent(static_cast<size_t>(C));
+      for (size_t i = 0; i < codes.size(); ++i) codes[i] = r.u64(0, i) >> (i % 3);
+      if (n > 3) codes[1] = ~uint64_t{0}, codes[2] = 0;
+      for (int64_t c = 0; c < C; ++c) cent[static_cast<size_t>(c)] = r.u64(1, static_cast<uint64_t>(c) % 5);  // duplicates: first wins
+      if (C > 2) cent[static_cast<size_t>(C - 1)] = 0;
+      std::vector<int32_t> a1(codes.size()), a2(codes.size());
+      std::vector<uint32_t> d1(codes.size()), d2(codes.size());
+      assign_nearest(codes.data(), n, cent.data(), C, a1.data(), d1.data());
+      assign_nearest_ref(codes.data(), n, cent.data(), C, a2.data(), d2.data());
+      EXPECT_EQ(a1, a2) << "C=" << C << " n=" << n;
+      EXPECT_EQ(d1, d2) << "C=" << C << " n=" << n;
+    }
 }
 
 TEST(KMeans, DistinctCodesAndDeterminism) {
