@@ -1,6 +1,9 @@
-// What loading refuses before a model runs: weights holding NaN or Inf (named by file, tensor and
-// index), and logits that are not finite at sampling. Every checkpoint here is a few hundred
-// floats written to a temporary folder: each case runs in milliseconds.
+// What loading refuses before a model runs or allocates: weights holding NaN or Inf (named by file,
+// tensor and index), logits that are not finite at sampling, and a config.json whose sizes or
+// layer count the checkpoint's tensors contradict (named by field and tensor, checked against the
+// headers before anything is allocated). A config alone (random init) is sized before allocation.
+// Every checkpoint here is a few hundred floats written to a temporary folder: each case runs in
+// milliseconds, and the lying configs (2^31 layers) must never allocate what they claim.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +13,8 @@
 #include <string>
 #include <unistd.h>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "clattn/error.h"
 #include "clattn/model.h"
@@ -91,6 +96,14 @@ void poison(const std::string& dir, const std::string& tensor, int64_t flat, flo
   w.write(path);
 }
 
+// Replaces fields of the folder's config.json.
+void lie(const std::string& dir, const nlohmann::json& fields) {
+  const std::string path = dir + "/config.json";
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
+  j.update(fields);
+  std::ofstream(path) << j.dump();
+}
+
 std::string load_error(const std::string& dir) {
   try {
     Model::load(dir);
@@ -163,6 +176,92 @@ TEST(LoadChecks, SamplingRefusesNonFiniteLogits) {
   }
   l[2] = std::numeric_limits<float>::infinity();
   EXPECT_THROW(sample_token(l, SamplingOptions{.temperature = 0.8f}, 0), Error);
+}
+
+TEST(LoadChecks, LayerCountPastTheCheckpointIsRefusedBeforeAllocation) {
+  {
+    const std::string dir = write_model(tiny_llama(), "layers_llama");
+    lie(dir, {{"num_hidden_layers", int64_t{1} << 31}});
+    const std::string e = load_error(dir);
+    EXPECT_NE(e.find("config '" + dir + "/config.json': \"num_hidden_layers\" = 2147483648 but the checkpoint holds 2 "
+                     "layers (no tensor 'model.layers.2.input_layernorm.weight')"),
+              std::string::npos) << e;
+    fs::remove_all(dir);
+  }
+  {
+    const std::string dir = write_model(tiny_gpt2(), "layers_gpt2");
+    lie(dir, {{"n_layer", 1000000000}});
+    const std::string e = load_error(dir);
+    EXPECT_NE(e.find("\"n_layer\" = 1000000000 but the checkpoint holds 2 layers (no tensor 'h.2.ln_1.weight')"),
+              std::string::npos) << e;
+    fs::remove_all(dir);
+  }
+  {
+    const std::string dir = write_model(tiny_bert(), "layers_bert");
+    lie(dir, {{"num_hidden_layers", 5}});
+    const std::string e = load_error(dir);
+    EXPECT_NE(e.find("\"num_hidden_layers\" = 5 but the checkpoint holds 2 layers (no tensor "
+                     "'encoder.layer.2.attention.self.query.weight')"),
+              std::string::npos) << e;
+    fs::remove_all(dir);
+  }
+}
+
+TEST(LoadChecks, SizesTheCheckpointContradictsNameTheField) {
+  {  // GPT-2 n_embd: before the check, the model was allocated and filled with random values
+    const std::string dir = write_model(tiny_gpt2(), "embd_gpt2");
+    lie(dir, {{"n_embd", 256}});
+    const std::string e = load_error(dir);
+    EXPECT_NE(e.find("tensor 'wte.weight' of '" + dir + "/model.safetensors' has shape [16, 8] but the config "
+                     "implies [16, 256] (\"n_embd\" = 256)"),
+              std::string::npos) << e;
+    fs::remove_all(dir);
+  }
+  {
+    const std::string dir = write_model(tiny_llama(), "ffn_llama");
+    lie(dir, {{"intermediate_size", 4096}});
+    const std::string e = load_error(dir);
+    EXPECT_NE(e.find("tensor 'model.layers.0.mlp.gate_proj.weight'"), std::string::npos) << e;
+    EXPECT_NE(e.find("(\"intermediate_size\" = 4096)"), std::string::npos) << e;
+    fs::remove_all(dir);
+  }
+  {
+    const std::string dir = write_model(tiny_bert(), "vocab_bert");
+    lie(dir, {{"vocab_size", 30522}});
+    const std::string e = load_error(dir);
+    EXPECT_NE(e.find("'embeddings.word_embeddings.weight'"), std::string::npos) << e;
+    EXPECT_NE(e.find("(\"vocab_size\" = 30522)"), std::string::npos) << e;
+    fs::remove_all(dir);
+  }
+}
+
+TEST(LoadChecks, RandomModelTooLargeForMemoryIsRefusedBeforeAllocation) {
+  ModelConfig c = tiny_llama();
+  c.layers = int64_t{1} << 31;
+  try {
+    Model::create(c, TaskKind::lm, 0);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("model: the parameters of a llama model of 2147483648 layers"), std::string::npos) << m;
+    EXPECT_NE(m.find(" GB of memory"), std::string::npos) << m;
+  }
+  // Sizes whose product passes 2^63 (each is at most 2^31): refused, never wrapped around.
+  ModelConfig g = tiny_gpt2();
+  g.hidden = int64_t{1} << 31;
+  g.heads = 1;
+  g.kv_heads = 1;
+  g.head_dim = g.hidden;
+  g.ffn = 4 * g.hidden;
+  EXPECT_THROW(Model::create(g, TaskKind::lm, 0), Error);
+  ModelConfig b = tiny_bert();
+  b.layers = int64_t{1} << 30;
+  try {
+    Encoder::random_bert(b, 0);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs about"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
