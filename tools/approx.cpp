@@ -31,7 +31,7 @@ namespace {
 
 struct ApproxOptions {
   std::string model, features, tokens, text, json_out;
-  std::vector<std::string> attention;
+  std::vector<std::string> attention, plan_files;
   int64_t seeds = 1;
   int64_t repeat = 3;
   int threads = 0;
@@ -285,6 +285,10 @@ void run_approx(const ApproxOptions& o) {
   check_size(o.repeat, 1, 1000, "approx: --repeat");
   const int given = !o.features.empty() + !o.tokens.empty() + !o.text.empty();
   usage_check(given == 1, "approx: give exactly one of --features, --token-file, --text");
+  std::vector<PathArg> inputs{{"--model", o.model, true}, {"--features", o.features},
+                              {"--token-file", o.tokens}, {"--text", o.text}};
+  for (const PathArg& p : path_args("--plan", o.plan_files)) inputs.push_back(p);
+  check_outputs("approx", {{"--json", o.json_out}, {"--plan-out", o.target ? o.plan_out : ""}}, inputs);
   if (o.target) {
     usage_check(o.attention.empty(), "approx: --target searches for a plan; --attention and --plan measure given ones");
     Workload w = load_workload(o, o.sequences);
@@ -622,7 +626,7 @@ void add_approx(CLI::App& app) {
   sub->add_option("--attention", o->attention,
                   "attention plan, repeatable: one spec for every layer, or 'spec0;spec1;...' per layer "
                   "(the last repeats)")->check(spec_validator());
-  add_plan_file_option(sub, o->attention);
+  add_plan_file_option(sub, o->attention, &o->plan_files);
   sub->add_option("--target", o->target,
                   "search the cheapest per-layer plan whose --metric on half of the input reaches this "
                   "(e.g. 0.99), report it on the other half and write it to --plan-out");

@@ -61,23 +61,6 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Whether writing `output` would replace `input`: the same file when both exist (hard links and
-// symlinks included), else the same absolute path once normalised.
-bool same_file(const std::string& input, const std::string& output) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::exists(input, ec) && fs::exists(output, ec)) {
-    const bool same = fs::equivalent(input, output, ec);
-    if (!ec) return same;
-  }
-  auto normal = [](const std::string& p) {
-    std::error_code e;
-    const fs::path abs = fs::absolute(p, e);
-    return (e ? fs::path(p) : abs).lexically_normal();
-  };
-  return normal(input) == normal(output);
-}
-
 // The rows of rank r's pieces of a (B, Hx, N, D) view, in its local order.
 Tensor take_rows(ConstView t, const SeqSplit& s, int r) {
   const int64_t n = s.local_rows(r);
@@ -173,8 +156,7 @@ void run_split(const AttendOptions& o, const Attention& att, const AttentionInpu
 
 void run_attend(const AttendOptions& o) {
   set_threads(checked_threads(o.threads, "attend"));
-  usage_check(!same_file(o.input, o.output), "attend: --output '", o.output, "' is the input file '", o.input,
-              "': it would be overwritten; write the output elsewhere");
+  check_outputs("attend", {{"--output", o.output}}, {{"--input", o.input}});
   // The spec first: a typo fails at once, before a large input is read.
   auto att = make_attention(o.spec);
   const SafetensorsFile f = SafetensorsFile::open(o.input);

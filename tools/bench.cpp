@@ -248,6 +248,7 @@ void run_bench(BenchOptions o) {
   o.threads = checked_threads(o.threads, "bench");
   const std::vector<int64_t> lengths = bench::parse_lengths(o.lengths, "bench");
   validate(o, lengths);
+  check_outputs("bench", {{"--json", o.json}, {"--plot", o.plot}}, {});
   const std::vector<std::string> specs = expand_all(bench::split_specs(o.attention), o);
   if (!o.plot.empty()) {  // a missing gnuplot fails now, not after the sweep
     const std::string ext = std::filesystem::path(o.plot).extension().string();

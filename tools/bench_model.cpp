@@ -45,7 +45,7 @@ struct BenchModelOptions {
   std::string model, features, lengths = "16384";
   bool random_bert = false, sequence_parallel = false;
   int64_t layers = 4, hidden = 256, heads = 4, ffn = 1024, batch = 0, decode = 128;
-  std::vector<std::string> attention{"full"};
+  std::vector<std::string> attention{"full"}, plan_files;
   int repeat = 3, threads = 0;
   std::string json, format = "text";
 };
@@ -104,6 +104,9 @@ void run_bench_model(const BenchModelOptions& o) {
   check_size(o.decode, 0, kMaxCount, "bench-model: --decode");
   const std::vector<int64_t> lengths_given = bench::parse_lengths(o.lengths, "bench-model");
   usage_check(o.random_bert != !o.model.empty(), "bench-model: give exactly one of --model DIR and --random-bert");
+  std::vector<PathArg> inputs{{"--model", o.model, true}, {"--features", o.features}};
+  for (const PathArg& p : path_args("--plan", o.plan_files)) inputs.push_back(p);
+  check_outputs("bench-model", {{"--json", o.json}}, inputs);
   if (o.random_bert)
     for (const int64_t n : lengths_given)
       check_elements({std::max<int64_t>(o.batch, 1), n, std::max(o.hidden, o.ffn)},
@@ -370,7 +373,7 @@ void add_bench_model(CLI::App& app) {
   sub->add_option("--batch", o->batch, "random BERT: batch (0 = 1); KWT: clips per forward (0 = all)")->capture_default_str();
   sub->add_option("--decode", o->decode, "decoder: tokens decoded after the prefill")->capture_default_str();
   sub->add_option("--attention", o->attention, "attention plan, repeatable")->check(spec_validator())->capture_default_str();
-  add_plan_file_option(sub, o->attention);
+  add_plan_file_option(sub, o->attention, &o->plan_files);
   sub->add_option("--repeat", o->repeat, "timed runs after one warm-up")->capture_default_str();
   sub->add_flag("--sequence-parallel", o->sequence_parallel,
                 "under mpirun, split every sequence across the ranks (encoder forward, decoder prefill); rows "

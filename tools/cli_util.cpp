@@ -7,12 +7,15 @@
 #include "clattn/spec.h"
 
 #include <omp.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
+#include <optional>
 #include <vector>
 
 namespace clattn::cli {
@@ -175,14 +178,104 @@ namespace {
 const char* const kPlanHelp = "attention plan file written by `clattn approx --target` (JSON with \"plan\")";
 }
 
-CLI::Option* add_plan_file_option(CLI::App* sub, std::string& attention) {
+CLI::Option* add_plan_file_option(CLI::App* sub, std::string& attention, std::vector<std::string>* files) {
   return sub->add_option_function<std::string>(
-      "--plan", [&attention](const std::string& path) { attention = read_plan_file(path); }, kPlanHelp);
+      "--plan",
+      [&attention, files](const std::string& path) {
+        attention = read_plan_file(path);
+        if (files) files->push_back(path);
+      },
+      kPlanHelp);
 }
 
-CLI::Option* add_plan_file_option(CLI::App* sub, std::vector<std::string>& attention) {
+CLI::Option* add_plan_file_option(CLI::App* sub, std::vector<std::string>& attention, std::vector<std::string>* files) {
   return sub->add_option_function<std::string>(
-      "--plan", [&attention](const std::string& path) { attention.push_back(read_plan_file(path)); }, kPlanHelp);
+      "--plan",
+      [&attention, files](const std::string& path) {
+        attention.push_back(read_plan_file(path));
+        if (files) files->push_back(path);
+      },
+      kPlanHelp);
+}
+
+namespace {
+
+struct FileId {
+  dev_t dev;
+  ino_t ino;
+  bool operator==(const FileId&) const = default;
+};
+
+// The file `path` names, following symlinks; none when it does not exist (or cannot be seen).
+std::optional<FileId> file_id(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileId{st.st_dev, st.st_ino};
+}
+
+// Where a path that may not exist yet would be: absolute, its existing part's symlinks resolved.
+std::filesystem::path where(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec);
+  return ec ? std::filesystem::path(path).lexically_normal() : p;
+}
+
+// Why writing `out` would destroy the input `in` (the message's tail after the output's name),
+// or "" when it would not.
+std::string clash(const std::string& out, const PathArg& in) {
+  namespace fs = std::filesystem;
+  const std::optional<FileId> o = file_id(out);
+  const std::optional<FileId> i = file_id(in.path);
+  const std::string named = in.option + " '" + in.path + "'";
+  if (!in.folder) {
+    if (o && i ? *o == *i : where(out) == where(in.path))
+      return "is the command's input " + named + ": it would be overwritten; write the output elsewhere";
+    return "";
+  }
+  // Any file of the folder may be read (shards, tokenizer files), and one written there may be
+  // read on the next load: the folder is out of bounds, through any name of it.
+  fs::path parent = fs::path(out).parent_path();
+  if (parent.empty()) parent = ".";
+  const std::optional<FileId> pd = file_id(parent.string());
+  if (i && pd ? *pd == *i : where(parent.string()) == where(in.path))
+    return "is inside the command's input " + named +
+           ", a model folder (its files are read, now or at the next load): write the output elsewhere";
+  if (!o || !i) return "";
+  std::error_code ec;
+  for (fs::directory_iterator it(in.path, ec), end; !ec && it != end; it.increment(ec))
+    if (file_id(it->path().string()) == o)
+      return "is '" + it->path().string() + "', a file of the command's input " + named +
+             " (a model folder): it would be overwritten; write the output elsewhere";
+  return "";
+}
+
+}  // namespace
+
+std::vector<PathArg> path_args(const std::string& option, const std::vector<std::string>& paths) {
+  std::vector<PathArg> out;
+  for (const std::string& p : paths) out.push_back({option, p, false});
+  return out;
+}
+
+void check_outputs(const char* cmd, const std::vector<PathArg>& outputs, const std::vector<PathArg>& inputs) {
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const PathArg& out = outputs[k];
+    if (out.path.empty()) continue;
+    // Files before folders: a feature set kept in its model's folder is named as the input it is.
+    for (const bool folders : {false, true})
+      for (const PathArg& in : inputs) {
+        if (in.path.empty() || in.folder != folders) continue;
+        const std::string why = clash(out.path, in);
+        usage_check(why.empty(), cmd, ": ", out.option, " '", out.path, "' ", why);
+      }
+    for (size_t j = 0; j < k; ++j) {
+      if (outputs[j].path.empty()) continue;
+      const std::optional<FileId> a = file_id(out.path), b = file_id(outputs[j].path);
+      usage_check(!(a && b ? *a == *b : where(out.path) == where(outputs[j].path)), cmd, ": ", out.option, " '",
+                  out.path, "' is also ", outputs[j].option, " '", outputs[j].path,
+                  "': one would overwrite the other; give two files");
+    }
+  }
 }
 
 CLI::Option* add_format_option(CLI::App* sub, std::string& format) {

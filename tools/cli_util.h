@@ -55,6 +55,25 @@ void check_elements(std::initializer_list<int64_t> dims, const char* what);
 void check_context(int64_t T, int64_t context, const std::string& what);
 
 
+// A path a command reads or writes, with the option that named it ("--features"). `folder`: a
+// model folder, every file of which counts as read (config.json, the shards, tokenizer.json ...).
+struct PathArg {
+  std::string option;
+  std::string path;  // empty: the option was not given
+  bool folder = false;
+};
+// Paths of a repeatable option (plot --bench a --bench b, --plan files): one PathArg each.
+std::vector<PathArg> path_args(const std::string& option, const std::vector<std::string>& paths);
+
+// The one rule for what every command writes: an output is never one of the command's inputs, a
+// file inside a model folder it reads, or another of its outputs (each write would destroy what
+// the command, or the next run on that model, reads). Files are compared by identity (device and
+// inode, so through symlinks and hard links) where both exist, else by absolute path with the
+// symlinks of its existing part resolved. A usage error (exit 2) naming both:
+//   approx: --json 'x.safetensors' is the command's input --features 'x.safetensors'
+// Run it before anything is read or written.
+void check_outputs(const char* cmd, const std::vector<PathArg>& outputs, const std::vector<PathArg>& inputs);
+
 // The processors this process may run on (its CPU affinity), at least 1.
 int available_processors();
 // Ranks of this job on this machine (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS,
@@ -82,8 +101,10 @@ CLI::Validator spec_validator();
 // `--plan FILE`: a plan file (`clattn approx --target` writes one; read_plan_file in model.h)
 // wherever an attention plan is accepted. Its plan replaces a single --attention value or is added
 // to a repeatable one; the file is read and checked as the option is parsed.
-CLI::Option* add_plan_file_option(CLI::App* sub, std::string& attention);
-CLI::Option* add_plan_file_option(CLI::App* sub, std::vector<std::string>& attention);
+// `files`, when given, collects the plan files' paths: inputs of the command (check_outputs).
+CLI::Option* add_plan_file_option(CLI::App* sub, std::string& attention, std::vector<std::string>* files = nullptr);
+CLI::Option* add_plan_file_option(CLI::App* sub, std::vector<std::string>& attention,
+                                  std::vector<std::string>* files = nullptr);
 
 // `-o,--format`: what goes to stdout — text (the default), md, csv, json or jsonl (result_table.h).
 // The old spelling `--output-format` still works, with a note naming the new one.

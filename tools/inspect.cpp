@@ -432,6 +432,8 @@ void run_inspect(const InspectOptions& o) {
   usage_check(o.input.empty() || (o.features.empty() && o.tokens.empty()),
               "inspect: --features and --token-file go with --model, not --input");
   usage_check(o.model.empty() || !o.causal, "inspect: --causal is for --input (a model sets its own mask)");
+  check_outputs("inspect", {{"--output", o.out}, {"--clusters-output", o.clusters_out}},
+                {{"--model", o.model, true}, {"--features", o.features}, {"--token-file", o.tokens}, {"--input", o.input}});
   check_size(o.index, 0, kMaxCount, "inspect: --index");
   check_size(o.layer, 0, kMaxCount, "inspect: --layer");
   check_size(o.head, 0, kMaxCount, "inspect: --head");

@@ -332,6 +332,9 @@ void run_plot(const PlotOptions& o) {
   usage_check(!o.out.empty(), "plot: --output PNG is required");
   const std::string ext = std::filesystem::path(o.out).extension().string();
   usage_check(ext == ".png" || ext == ".PNG", "plot: --output must name a .png file, got '", o.out, "'");
+  std::vector<PathArg> inputs = path_args("--bench", o.bench);
+  for (const PathArg& p : path_args("--logs", o.logs)) inputs.push_back(p);
+  check_outputs("plot", {{"--output", o.out}}, inputs);
   Progress progress("plot", 0);
   progress.set(0, "drawing " + o.out + " with gnuplot");
   if (!o.bench.empty()) {

@@ -50,6 +50,7 @@ struct TrainCli {
   bool sizes_given = false;  // --layers, --dim, --heads or --ff on the command line
   bool seq_given = false;
   bool sequence_parallel = false;
+  std::vector<std::string> plan_files;  // --plan
 };
 
 // The library's rules for the options (check_train_options, shared with Python's Trainer) with
@@ -71,6 +72,10 @@ void check_train_args(TrainCli& cl) {
 void run_train(TrainCli cl) {
   check_train_args(cl);
   TrainOptions& a = cl.o;
+  // The Trainer refuses such a log too (for Python); here it is a usage error, like every command's.
+  std::vector<PathArg> inputs{{"--data", a.task.data}, {"--init", a.init, true}};
+  for (const PathArg& p : path_args("--plan", cl.plan_files)) inputs.push_back(p);
+  check_outputs("train", {{"--log", a.log}}, inputs);
   // Under mpirun / srun every rank runs this; the ranks of one machine share its processors.
   Communicator& comm = world();
   a.comm = &comm;
@@ -226,7 +231,7 @@ void add_train(CLI::App& app) {
                   "lm reads its tokenizer.json when it has one");
   sub->add_option("--attention", a.attention, "attention plan: a spec, or 'spec0;spec1;...' per layer (default full)")
       ->check(spec_validator());
-  add_plan_file_option(sub, a.attention);
+  add_plan_file_option(sub, a.attention, &cl->plan_files);
   CLI::Option* sizes[] = {
       sub->add_option("--layers", a.layers, "layers of a fresh model")->capture_default_str(),
       sub->add_option("--dim", a.dim, "hidden size of a fresh model")->capture_default_str(),

@@ -52,8 +52,8 @@ struct DecoderImpl::Bufs : ModelImpl::ArenaPlan {
   float *keep_ffn = nullptr, *keep_att = nullptr;  // (rows, H) each: the first layer's held dy (hold_first_layer)
 };
 
-DecoderImpl::DecoderImpl(const ModelConfig& cfg_in)
-    : ModelImpl(cfg_in), L_(std::make_unique<Layout>()), b_(std::make_unique<Bufs>()) {
+DecoderImpl::DecoderImpl(const ModelConfig& cfg_in, const CheckpointNames* ckpt)
+    : ModelImpl(cfg_in, ckpt), L_(std::make_unique<Layout>()), b_(std::make_unique<Bufs>()) {
   ModelConfig& c = cfg_;
   head_ = TaskKind::lm;
   if (c.model_type.empty()) c.model_type = "llama";
@@ -96,6 +96,7 @@ DecoderImpl::DecoderImpl(const ModelConfig& cfg_in)
       y.begin = y.in_norm;
       y.end = y.bdown + H;
       L.layers.push_back(y);
+      if (l == 0) check_layers_fit(y.begin);
       continue;
     }
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -112,6 +113,7 @@ DecoderImpl::DecoderImpl(const ModelConfig& cfg_in)
     y.begin = y.in_norm;
     y.end = y.down + H * F;
     L.layers.push_back(y);
+    if (l == 0) check_layers_fit(y.begin);
   }
   if (gpt2_) {
     L.norm = add("ln_f.weight", {H}, Init::one);
@@ -130,10 +132,11 @@ DecoderImpl::~DecoderImpl() = default;
 
 std::unique_ptr<DecoderImpl> DecoderImpl::for_checkpoint(ModelConfig cfg, const Weights& w, const LoadOptions& opt) {
   check(!opt.head || *opt.head == TaskKind::lm, "model '", w.dir(), "': a decoder takes the lm head");
-  std::unique_ptr<DecoderImpl> d(new DecoderImpl(cfg));
   // GPT2LMHeadModel stores the model under "transformer."; GPT2Model (the original gpt2 files)
   // stores it bare.
-  if (d->gpt2_ && w.has("transformer.wte.weight")) d->prefix_ = "transformer.";
+  CheckpointNames names{&w, "", {}};
+  if (cfg.model_type == "gpt2" && w.has("transformer.wte.weight")) names.prefix = "transformer.";
+  std::unique_ptr<DecoderImpl> d(new DecoderImpl(cfg, &names));
   d->init(opt.seed);
   return d;
 }

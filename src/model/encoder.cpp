@@ -59,8 +59,9 @@ struct EncoderImpl::Bufs : ModelImpl::ArenaPlan {
   float *mu = nullptr, *mg = nullptr, *mt = nullptr, *mstat = nullptr, *mdt = nullptr;
 };
 
-EncoderImpl::EncoderImpl(const ModelConfig& cfg_in, const std::optional<TaskKind>& head, bool pooler)
-    : ModelImpl(cfg_in), L_(std::make_unique<Layout>()), b_(std::make_unique<Bufs>()), pooler_(pooler) {
+EncoderImpl::EncoderImpl(const ModelConfig& cfg_in, const std::optional<TaskKind>& head, bool pooler,
+                         const CheckpointNames* ckpt)
+    : ModelImpl(cfg_in, ckpt), L_(std::make_unique<Layout>()), b_(std::make_unique<Bufs>()), pooler_(pooler) {
   ModelConfig& c = cfg_;
   head_ = head;
   check(c.hidden >= 1 && c.layers >= 1 && c.heads >= 1 && c.hidden % c.heads == 0 && c.ffn >= 1 &&
@@ -124,6 +125,7 @@ EncoderImpl::EncoderImpl(const ModelConfig& cfg_in, const std::optional<TaskKind
     y.begin = y.wqkv;
     y.end = y.ln2b + H;
     L.layers.push_back(y);
+    if (l == 0) check_layers_fit(y.begin);
   }
   if (c.final_layer_norm) {
     L.flng = add("encoder.final_layer_norm.weight", {H}, Init::one);
@@ -225,8 +227,8 @@ std::unique_ptr<EncoderImpl> EncoderImpl::for_checkpoint(ModelConfig cfg, const 
   const bool classify = head && *head == TaskKind::classify;
   const bool pooler = cfg.kind == ModelKind::bert &&
                       ((roberta || distil) ? classify : w.has(pre + "pooler.dense.weight"));
-  std::unique_ptr<EncoderImpl> e(new EncoderImpl(cfg, head, pooler));
-  e->prefix_ = pre;
+  const CheckpointNames names{&w, pre, optional};
+  std::unique_ptr<EncoderImpl> e(new EncoderImpl(cfg, head, pooler, &names));
   e->init(opt.seed);  // what the checkpoint lacks (a new head) starts from here
   return e;
 }

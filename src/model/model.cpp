@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "clattn/atomic_file.h"
+#include "clattn/cpu.h"
 #include "clattn/error.h"
 #include "clattn/input_file.h"
 #include "clattn/gemm.h"
@@ -29,7 +30,62 @@ namespace clattn {
 
 using model::ms_now;
 
-ModelImpl::ModelImpl(const ModelConfig& cfg) : cfg_(cfg) {}
+namespace {
+
+// The layer a tensor name belongs to: N of a "layers.N.", "layer.N." or "h.N." component (LLaMA,
+// BERT, GPT-2 naming), else -1.
+int64_t layer_of(const std::string& name) {
+  for (const std::string key : {"layers.", "layer.", "h."}) {
+    for (size_t at = name.find(key); at != std::string::npos; at = name.find(key, at + 1)) {
+      if (at != 0 && name[at - 1] != '.') continue;
+      size_t i = at + key.size(), j = i;
+      while (j < name.size() && j - i < 9 && name[j] >= '0' && name[j] <= '9') ++j;
+      if (j > i && j < name.size() && name[j] == '.') return std::stoll(name.substr(i, j - i));
+    }
+  }
+  return -1;
+}
+
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// config.json's name for each size of `c`, as its family spells it, with the value read: what an
+// error about a tensor the config sized can point at.
+std::vector<std::pair<std::string, int64_t>> size_fields(const ModelConfig& c) {
+  if (c.model_type == "distilbert")
+    return {{"dim", c.hidden}, {"hidden_dim", c.ffn}, {"vocab_size", c.vocab}, {"max_position_embeddings", c.max_positions}};
+  if (c.model_type == "gpt2")
+    return {{"n_embd", c.hidden}, {"n_inner", c.ffn}, {"vocab_size", c.vocab}, {"n_positions", c.max_positions}};
+  std::vector<std::pair<std::string, int64_t>> f{{"hidden_size", c.hidden}, {"intermediate_size", c.ffn},
+                                                 {"vocab_size", c.vocab}, {"max_position_embeddings", c.max_positions}};
+  if (c.kind == ModelKind::llama) {
+    f.emplace_back("num_attention_heads x head_dim", c.heads * c.head_dim);
+    f.emplace_back("num_key_value_heads x head_dim", c.kv_heads * c.head_dim);
+  }
+  if (c.kind == ModelKind::bert) f.emplace_back("type_vocab_size", c.type_vocab);
+  if (c.kind == ModelKind::kwt) f.emplace_back("input_dim", c.input_dim);
+  f.emplace_back("num_labels", c.num_labels);
+  return f;
+}
+
+std::string params_what(const ModelConfig& c) {
+  return detail::concat("model: the parameters of a ", c.model_type.empty() ? "new" : c.model_type, " model of ",
+                        c.layers, " layers (hidden ", c.hidden, ", ffn ", c.ffn, ", vocab ", c.vocab, ")");
+}
+
+const char* layers_field(const ModelConfig& c) {
+  return c.model_type == "distilbert" ? "n_layers" : c.model_type == "gpt2" ? "n_layer" : "num_hidden_layers";
+}
+
+}  // namespace
+
+ModelImpl::ModelImpl(const ModelConfig& cfg, const CheckpointNames* ckpt) : cfg_(cfg), ckpt_(ckpt) {
+  if (ckpt_) prefix_ = ckpt_->prefix;
+}
 ModelImpl::~ModelImpl() = default;
 
 TaskKind ModelImpl::head() const {
@@ -126,22 +182,84 @@ double ModelImpl::train_bytes(int64_t B, int64_t T) const {
 
 int64_t ModelImpl::add(const std::string& name, std::vector<int64_t> shape, Init init, bool transposed) {
   check(!transposed || shape.size() == 2, "model: internal: only a matrix is stored transposed");
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  const int64_t off = info_.empty() ? 0 : info_.back().offset + info_.back().size;
-  info_.push_back({name, std::move(shape), off, n, init == Init::normal});
-  inits_.push_back(init);
   // Only an encoder's own tensors take the checkpoint's family prefix ("bert.", "roberta.",
   // "distilbert."), never the task heads.
   bool head = false;
   for (const char* h : {"classifier.", "cls.", "pre_classifier.", "lm_head.", "vocab_"}) head |= name.rfind(h, 0) == 0;
+  if (ckpt_) expect_tensor(head ? name : prefix_ + name, name, transposed ? std::vector<int64_t>{shape[1], shape[0]} : shape);
+  // Each size is at most 2^31 (config.cpp), so a product may pass 2^63: sum in double first.
+  const int64_t off = info_.empty() ? 0 : info_.back().offset + info_.back().size;
+  double numel = 1;
+  for (int64_t d : shape) numel *= static_cast<double>(d);
+  if (static_cast<double>(off) + numel > 0x1p50) refuse_size(static_cast<double>(off) + numel);
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  info_.push_back({name, std::move(shape), off, n, init == Init::normal});
+  inits_.push_back(init);
   prefixed_.push_back(!head);
   transposed_.push_back(transposed);
   return off;
 }
 
+void ModelImpl::expect_tensor(const std::string& stored, const std::string& name, const std::vector<int64_t>& shape) const {
+  const Weights& w = *ckpt_->w;
+  auto config = [&] { return (std::filesystem::path(w.dir()) / "config.json").string(); };
+  if (!w.has(stored)) {
+    if (std::find(ckpt_->optional.begin(), ckpt_->optional.end(), name) != ckpt_->optional.end()) return;
+    // A whole layer absent: the config claims more layers than the checkpoint holds.
+    const int64_t layer = layer_of(name);
+    int64_t held = 0;
+    bool in_layer = false;
+    for (const std::string& n : w.names()) {
+      const int64_t l = layer_of(n);
+      held = std::max(held, l + 1);
+      in_layer |= l == layer;
+    }
+    if (layer >= 0 && !in_layer)
+      fail("config '", config(), "': \"", layers_field(cfg_), "\" = ", cfg_.layers, " but the checkpoint holds ", held,
+           " layers (no tensor '", stored, "')");
+    fail("model '", w.dir(), "': tensor '", stored, "' ", shape_str(shape), " is missing from the checkpoint");
+  }
+  const std::vector<int64_t> have = w.shape(stored);
+  if (have == shape) return;
+  // Point at the fields whose values the misfit sizes are.
+  std::string fields;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i < have.size() && have.size() == shape.size() && have[i] == shape[i]) continue;
+    for (const auto& [field, v] : size_fields(cfg_))
+      if (v == shape[i] && fields.find("\"" + field + "\"") == std::string::npos)
+        fields += detail::concat(fields.empty() ? " (" : ", ", "\"", field, "\" = ", v);
+  }
+  if (!fields.empty()) fields += ")";
+  fail("config '", config(), "' disagrees with the checkpoint: tensor '", stored, "' of '", w.file(stored),
+       "' has shape ", shape_str(have), " but the config implies ", shape_str(shape), fields);
+}
+
+void ModelImpl::refuse_size(double floats) const {
+  const std::string what = params_what(cfg_);
+  check_memory(4.0 * floats, what);
+  char need[32];
+  std::snprintf(need, sizeof need, "%.4g GB", 4.0 * floats / 1e9);
+  fail(what, " needs about ", need, " of memory: more than any machine holds");
+}
+
+void ModelImpl::check_layers_fit(int64_t first_layer_begin) {
+  // A checkpoint's model is no larger than its checkpoint, already in memory: every add() has
+  // found its tensor there.
+  if (ckpt_) return;
+  const int64_t end = info_.back().offset + info_.back().size;
+  const double floats = static_cast<double>(first_layer_begin) +
+                        static_cast<double>(end - first_layer_begin) * static_cast<double>(cfg_.layers);
+  // The layout's own records (a name, a shape) cost about 128 bytes per tensor.
+  const double records = static_cast<double>(info_.size()) * static_cast<double>(cfg_.layers) * 32.0;
+  if (floats + records > 0x1p50) refuse_size(floats + records);
+  check_memory(4.0 * (floats + records), params_what(cfg_));
+}
+
 void ModelImpl::allocate() {
+  ckpt_ = nullptr;  // it lives in the factory that called the constructor
   const int64_t n = info_.empty() ? 0 : info_.back().offset + info_.back().size;
+  check_memory(4.0 * static_cast<double>(n), params_what(cfg_));
   params_.assign(static_cast<size_t>(n), 0.f);
 }
 
@@ -177,23 +295,6 @@ void ModelImpl::init(uint64_t seed) {
   }
 }
 
-namespace {
-
-// The layer a tensor name belongs to: N of a "layers.N.", "layer.N." or "h.N." component (LLaMA,
-// BERT, GPT-2 naming), else -1.
-int64_t layer_of(const std::string& name) {
-  for (const std::string key : {"layers.", "layer.", "h."}) {
-    for (size_t at = name.find(key); at != std::string::npos; at = name.find(key, at + 1)) {
-      if (at != 0 && name[at - 1] != '.') continue;
-      size_t i = at + key.size(), j = i;
-      while (j < name.size() && j - i < 9 && name[j] >= '0' && name[j] <= '9') ++j;
-      if (j > i && j < name.size() && name[j] == '.') return std::stoll(name.substr(i, j - i));
-    }
-  }
-  return -1;
-}
-
-}  // namespace
 
 void ModelImpl::load_weights(Weights& w, bool verbose, const std::vector<std::string>& optional) {
   for (size_t i = 0; i < info_.size(); ++i) {

@@ -25,6 +25,16 @@ namespace clattn {
 class LayerAttention;  // src/model/layer_attention.h: the per-layer attention stack
 class Weights;         // src/model/weights.h: a checkpoint's tensors, read into memory at load
 
+// What a layout is checked against as it is made, before anything is allocated: the tensors of a
+// checkpoint (known from its headers), the prefix its names take and the names it may lack (a new
+// head). A config that lies about sizes or layer counts is refused here, naming the field and the
+// tensor, instead of allocating what it claims.
+struct CheckpointNames {
+  const Weights* w = nullptr;
+  std::string prefix;
+  std::vector<std::string> optional;
+};
+
 class ModelImpl {
  public:
   virtual ~ModelImpl();
@@ -63,13 +73,21 @@ class ModelImpl {
  protected:
   friend class Model;  // the factories: init(), load_weights()
   enum class Init { normal, one, zero };
-  explicit ModelImpl(const ModelConfig& cfg);
+  explicit ModelImpl(const ModelConfig& cfg, const CheckpointNames* ckpt = nullptr);
   // Layout: every parameter once, in order (adjacent tensors that form one fused matrix must be
-  // added in that order), then allocate().
+  // added in that order), then allocate(). Under a checkpoint each add() checks the tensor's
+  // presence and shape first. Without one the config alone sizes the model: once the first layer
+  // is laid out, check_layers_fit() refuses a model that cannot fit in memory before the other
+  // layers are laid out; allocate() checks the exact figure.
   // `transposed`: the checkpoint stores this matrix as (in, out) (GPT-2's Conv1D) while the model
   // holds it (out, in) like every other linear layer; load and save transpose it.
   int64_t add(const std::string& name, std::vector<int64_t> shape, Init init, bool transposed = false);
+  void check_layers_fit(int64_t first_layer_begin);
   void allocate();
+  // The checkpoint's tensor `stored` (the parameter `name` with its prefix) has `shape` as stored.
+  void expect_tensor(const std::string& stored, const std::string& name, const std::vector<int64_t>& shape) const;
+  // Refuses parameters of `floats` values, naming the model's sizes and the figure.
+  [[noreturn]] void refuse_size(double floats) const;
   void init(uint64_t seed);
   // Copies each parameter from the checkpoint folder's tensors (prefix_ applied to the names
   // that take it); names in `optional` may be absent (they keep their initial values).
@@ -166,6 +184,7 @@ class ModelImpl {
   ModelConfig cfg_;
   std::optional<TaskKind> head_;
   std::string prefix_;  // "bert.", "roberta.", "transformer." ... when the checkpoint names its tensors so
+  const CheckpointNames* ckpt_ = nullptr;  // while the constructor lays out a checkpoint's model
   std::unique_ptr<LayerAttention> att_;
   float dropout_ = 0;
   Communicator* sp_ = nullptr;
@@ -192,7 +211,8 @@ class ModelImpl {
 // Encoder (model.h): BERT-style (post-LN, or pre-LN with norm_placement "pre") and KWT.
 class EncoderImpl final : public ModelImpl {
  public:
-  EncoderImpl(const ModelConfig& cfg, const std::optional<TaskKind>& head, bool pooler);
+  EncoderImpl(const ModelConfig& cfg, const std::optional<TaskKind>& head, bool pooler,
+              const CheckpointNames* ckpt = nullptr);
   ~EncoderImpl() override;
   // The layout a checkpoint implies (its config, which tensors it has, the head asked for), and
   // the names allowed to be absent (they start from their initial values).
@@ -244,7 +264,7 @@ class EncoderImpl final : public ModelImpl {
 // Decoder (model.h): LLaMA family and GPT-2, with KV-cache decoding.
 class DecoderImpl final : public ModelImpl {
  public:
-  explicit DecoderImpl(const ModelConfig& cfg);
+  explicit DecoderImpl(const ModelConfig& cfg, const CheckpointNames* ckpt = nullptr);
   ~DecoderImpl() override;
   static std::unique_ptr<DecoderImpl> for_checkpoint(ModelConfig cfg, const Weights& w, const LoadOptions& opt);
   // Decoder's public calls (model.h).

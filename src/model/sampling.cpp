@@ -8,6 +8,7 @@
 #include "clattn/error.h"
 #include "clattn/model.h"
 #include "clattn/rng.h"
+#include "model/weights.h"
 
 namespace clattn {
 
@@ -17,6 +18,11 @@ int32_t sample_token(std::span<const float> logits, const SamplingOptions& opt, 
   check(opt.temperature >= 0 && std::isfinite(opt.temperature), "sample: temperature must be >= 0, got ", opt.temperature);
   check(opt.top_k >= 0, "sample: top_k must be >= 0, got ", opt.top_k);
   check(opt.top_p > 0 && opt.top_p <= 1, "sample: top_p must be in (0, 1], got ", opt.top_p);
+  // A NaN breaks the strict weak order std::sort needs (undefined behaviour, garbage tokens) and
+  // max_element's answer; an Inf makes every probability NaN. Either means the forward failed.
+  const int64_t bad = first_non_finite(logits.data(), V);
+  check(bad == V, "sample: the logits must be finite, got ", logits[static_cast<size_t>(bad == V ? 0 : bad)],
+        " for token ", bad, " of ", V, " (the model's forward overflowed or its inputs hold NaN)");
   if (opt.temperature == 0.f)
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   std::vector<int32_t> idx(static_cast<size_t>(V));

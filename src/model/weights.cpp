@@ -1,5 +1,8 @@
 #include "model/weights.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -20,7 +23,48 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return os.str();
 }
 
+// Refuses a tensor holding NaN or Inf, naming the file, the tensor and the first bad index:
+// such a weight poisons every logit downstream, where it is reported far from its cause.
+void check_finite_tensor(const float* p, const std::vector<int64_t>& shape, const std::string& file,
+                         const std::string& name) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  const int64_t bad = first_non_finite(p, n);
+  if (bad == n) return;
+  std::vector<int64_t> idx(shape.size());
+  int64_t rest = bad;
+  for (size_t i = shape.size(); i-- > 0;) {
+    idx[i] = shape[i] > 0 ? rest % shape[i] : 0;
+    rest = shape[i] > 0 ? rest / shape[i] : 0;
+  }
+  std::ostringstream at;
+  at << '(';
+  for (size_t i = 0; i < idx.size(); ++i) at << (i ? ", " : "") << idx[i];
+  at << ')';
+  const float v = p[bad];
+  fail("model '", file, "': tensor '", name, "' holds ", std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf",
+       " at index ", at.str(), "; a checkpoint's weights must be finite");
+}
+
 }  // namespace
+
+int64_t first_non_finite(const float* p, int64_t n) {
+  constexpr int64_t kBlock = 4096;
+  constexpr uint32_t kExp = 0x7f800000u;  // all exponent bits set: Inf or NaN
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t e = std::min(n, b + kBlock);
+    uint32_t mx = 0;
+    for (int64_t i = b; i < e; ++i) {
+      uint32_t u;
+      std::memcpy(&u, p + i, sizeof u);
+      mx = std::max(mx, u & kExp);
+    }
+    if (mx == kExp)
+      for (int64_t i = b; i < e; ++i)
+        if (!std::isfinite(p[i])) return i;
+  }
+  return n;
+}
 
 std::unique_ptr<Weights> Weights::open(const std::string& dir) {
   namespace fs = std::filesystem;
@@ -81,18 +125,21 @@ const float* Weights::get(const std::string& name, const std::vector<int64_t>& s
     const Tensor& t = owned_.at(name);
     check(t.shape() == Shape(shape), "model '", dir_, "': tensor '", name, "' has shape ", t.shape(),
           " but the config implies ", shape_str(shape));
-    used_.insert(name);
+    if (used_.insert(name).second) check_finite_tensor(t.data(), shape, dir_, name);
     return t.data();
   }
   const SafetensorsFile& f = *files_[it->second];
   const TensorInfo& info = f.info(name);
   check(info.shape == shape, "model '", f.path(), "': tensor '", name, "' has shape ",
         shape_str(info.shape), " but the config implies ", shape_str(shape));
-  used_.insert(name);
-  if (const float* p = f.mapped_f32(name)) return p;
-  auto o = owned_.find(name);
-  if (o == owned_.end()) o = owned_.emplace(name, f.get_f32(name)).first;  // throws naming the dtype
-  return o->second.data();
+  const float* p = f.mapped_f32(name);
+  if (!p) {
+    auto o = owned_.find(name);
+    if (o == owned_.end()) o = owned_.emplace(name, f.get_f32(name)).first;  // throws naming the dtype
+    p = o->second.data();
+  }
+  if (used_.insert(name).second) check_finite_tensor(p, shape, f.path(), name);
+  return p;
 }
 
 std::vector<int64_t> Weights::shape(const std::string& name) const {
@@ -105,11 +152,19 @@ std::vector<int64_t> Weights::shape(const std::string& name) const {
   return files_[it->second]->info(name).shape;
 }
 
+std::string Weights::file(const std::string& name) const {
+  auto it = where_.find(name);
+  check(it != where_.end(), "model '", dir_, "': tensor '", name, "' is missing from the checkpoint");
+  return files_.empty() ? dir_ : files_[it->second]->path();
+}
+
 Tensor Weights::get_any(const std::string& name) const {
   auto it = where_.find(name);
   check(it != where_.end(), "model '", dir_, "': tensor '", name, "' is missing from the checkpoint");
-  if (files_.empty()) return Tensor::from(owned_.at(name).view());
-  return files_[it->second]->get_f32(name);
+  Tensor t = files_.empty() ? Tensor::from(owned_.at(name).view()) : files_[it->second]->get_f32(name);
+  const Shape& s = t.shape();
+  check_finite_tensor(t.data(), std::vector<int64_t>(s.dims.begin(), s.dims.begin() + s.rank), file(name), name);
+  return t;
 }
 
 std::vector<std::string> Weights::names() const {

@@ -123,10 +123,10 @@ expect_error "make-inputs lengths per batch" "one value per batch item" "$bin" m
 expect_exit 2 "make-inputs absurd size" "--n must be in" "$bin" make-inputs --output "$dir/x.safetensors" --n 99999999999
 expect_exit 2 "make-inputs huge tensor" "elements" "$bin" make-inputs --output "$dir/x.safetensors" --batch 100000 --n 100000
 expect_exit 2 "missing --spec" "--spec" "$bin" attend --input "$in" --output "$dir/x.safetensors"
-expect_exit 2 "--output is --input" "is the input file" "$bin" attend --spec full --input "$in" --output "$in"
-expect_exit 2 "--output is --input by another path" "is the input file" "$bin" attend --spec full --input "$in" --output "$dir/./sub/../$(basename "$in")"
+expect_exit 2 "--output is --input" "is the command's input" "$bin" attend --spec full --input "$in" --output "$in"
+expect_exit 2 "--output is --input by another path" "is the command's input" "$bin" attend --spec full --input "$in" --output "$dir/./sub/../$(basename "$in")"
 ln -s "$in" "$dir/link.safetensors"
-expect_exit 2 "--output is --input through a symlink" "is the input file" "$bin" attend --spec full --input "$dir/link.safetensors" --output "$in"
+expect_exit 2 "--output is --input through a symlink" "is the command's input" "$bin" attend --spec full --input "$dir/link.safetensors" --output "$in"
 expect_tensors "--output is --input: input untouched" "$in" q k v do
 
 # Conventions shared by every command: usage errors exit 2 with a hint, --version, --threads.

@@ -176,7 +176,8 @@ expect_exit 1 "eval of nothing" "holds no checkpoint" "$bin" eval --checkpoint "
 expect_exit 1 "eval with the wrong task" "head does not fit" "$bin" eval --checkpoint "$dir/lm" --task mlm --data "$text"
 expect_exit 2 "eval bad output" "--format must be" "$bin" eval --checkpoint "$dir/mlm" -o xml
 
-# --- the log is an output like every other: no symlink, no FIFO, never an input, every write checked.
+# --- the log is an output like every other: no symlink, no FIFO, never an input (a usage error, as
+# for every command's outputs), every write checked.
 echo "precious" >"$dir/target.txt"
 ln -s "$dir/target.txt" "$dir/link.jsonl"
 expect_exit 1 "--log through a symlink" "symlink" "$bin" train --task mlm --data "$text" "${tiny[@]}" --steps 1 \
@@ -187,11 +188,11 @@ expect_exit 1 "--log on a FIFO" "FIFO" timeout 60 "$bin" train --task mlm --data
   --log "$dir/fifo.jsonl"
 expect_exit 1 "eval --data on a FIFO" "FIFO" timeout 60 "$bin" eval --checkpoint "$dir/mlm" --data "$dir/fifo.jsonl"
 sum_before=$(cksum <"$text")
-expect_exit 1 "--log on the --data file" "input" "$bin" train --task mlm --data "$text" "${tiny[@]}" --steps 1 \
+expect_exit 2 "--log on the --data file" "is the command's input --data" "$bin" train --task mlm --data "$text" "${tiny[@]}" --steps 1 \
   --log "$text"
 [ "$(cksum <"$text")" = "$sum_before" ] && ok || bad "the corpus was changed by a refused --log"
 ln "$text" "$dir/hardlink.txt"
-expect_exit 1 "--log on a hard link of the data" "input" "$bin" train --task mlm --data "$text" "${tiny[@]}" --steps 1 \
+expect_exit 2 "--log on a hard link of the data" "is the command's input --data" "$bin" train --task mlm --data "$text" "${tiny[@]}" --steps 1 \
   --log "$dir/hardlink.txt"
 [ "$(cksum <"$text")" = "$sum_before" ] && ok || bad "the corpus was changed through a hard link"
 # A write that fails (the file-size limit, as a full disk would): an error, never exit 0 with a torn log.
