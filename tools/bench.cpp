@@ -292,13 +292,14 @@ void run_bench(BenchOptions o) {
 
   set_threads(o.threads);
   const double sgemm = measure_sgemm_gflops(2048);
+  const double read_gbs = measure_read_gbs();
   bench::prime_threads_and_blas();
   MemoryProbe mem;
   mem.resettable = bench::reset_peak_rss();
   // The run's preamble is part of the text table; the machine-readable formats keep stdout to
   // their data and say it on stderr.
   FILE* pre = o.format == "text" ? stdout : stderr;
-  bench::print_machine(pre, sgemm, o.threads);
+  bench::print_machine(pre, sgemm, read_gbs, o.threads);
   std::fprintf(pre, "batch %lld, heads %lld (kv %lld), dim %lld, %s%s, repeat %d, seed %llu\n",
               static_cast<long long>(o.batch), static_cast<long long>(o.heads),
               static_cast<long long>(o.kv_heads), static_cast<long long>(o.dim),
@@ -322,6 +323,7 @@ void run_bench(BenchOptions o) {
                           {"gemm", gemm_backend().name},
                           {"gemm_kernel", gemm_backend().kernel},
                           {"sgemm_gflops", sgemm},
+                          {"read_gbs", read_gbs},
                           {"threads", o.threads},
                           {"clattn", {{"version", kVersion}, {"commit", kCommit}}},
                           {"date", bench::utc_now_iso8601()}};

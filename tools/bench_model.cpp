@@ -84,6 +84,8 @@ std::vector<Column> columns(const BenchModelOptions& o, int plan_width) {
                      {"GFLOP/s", "outside_gflops", "%.1f", 9},
                      {"attn GF/s", "attention_gflops", "%.1f", 9},
                      {"attn %peak", "attention_peak_fraction", "%.4f", 10, false, true},
+                     {"GB/s", "read_gbs", "%.1f", 7},
+                     {"%bw", "bandwidth_fraction", "%.4f", 7, false, true},
                      {"rss MB", "rss_mb", "%.1f", 9}});
   if (o.sequence_parallel)
     c.insert(c.end(), {{"rank MB", "peak_rss_mb_per_rank", "%.1f", 9},
@@ -122,9 +124,10 @@ void run_bench_model(const BenchModelOptions& o) {
   const ResultTable table(o.format, columns(o, plan_width));
   bench::prime_threads_and_blas();
   const double peak = measure_sgemm_gflops(2048, 3);
+  const double read_gbs = measure_read_gbs();
   FILE* pre = lead ? table.preamble() : nullptr;
   if (pre) {
-    bench::print_machine(pre, peak, max_threads());
+    bench::print_machine(pre, peak, read_gbs, max_threads());
     if (o.sequence_parallel)
       std::fprintf(pre, "sequence parallel: %s; each sequence split over %d ranks\n", comm.name().c_str(), R);
     std::fflush(pre);  // before the long work, also when stdout is a pipe
@@ -137,6 +140,7 @@ void run_bench_model(const BenchModelOptions& o) {
                         {"gemm", gemm_backend().name},
                         {"gemm_kernel", gemm_backend().kernel},
                         {"sgemm_gflops", peak},
+                        {"read_gbs", read_gbs},
                         {"threads", max_threads()},
                         {"ranks", R},
                         {"clattn", {{"version", kVersion}, {"commit", kCommit}}},
@@ -160,7 +164,7 @@ void run_bench_model(const BenchModelOptions& o) {
 
   // One row: times are the slowest rank's, memory the largest rank's (one rank: its own).
   auto report = [&](const std::string& plan, const char* mode, int64_t n, int64_t B, std::vector<double> ms,
-                    double attn_ms, double total_flops, double attn_flops, int64_t rss_kib, int64_t layers, double bytes, double wait_ms,
+                    double attn_ms, double total_flops, double attn_flops, double bytes_read, int64_t rss_kib, int64_t layers, double bytes, double wait_ms,
                     bool ring) {
     double worst[4] = {static_cast<double>(rss_kib), static_cast<double>(bench::read_status_kib("VmHWM")), bytes, wait_ms};
     comm.all_reduce_max(worst, 4);
@@ -188,6 +192,9 @@ void run_bench_model(const BenchModelOptions& o) {
                       {"outside_gflops", total_flops / outside_ms * 1e-6},
                       {"attention_gflops", attn_flops > 0 && attn_ms > 0 ? ordered_json(attn_flops / attn_ms * 1e-6) : ordered_json(nullptr)},
                       {"attention_peak_fraction", attn_flops > 0 && attn_ms > 0 ? ordered_json(attn_flops / attn_ms * 1e-6 / peak) : ordered_json(nullptr)},
+                      {"bytes_read", bytes_read > 0 ? ordered_json(bytes_read) : ordered_json(nullptr)},
+                      {"read_gbs", bytes_read > 0 ? ordered_json(bytes_read / st.median * 1e-6) : ordered_json(nullptr)},
+                      {"bandwidth_fraction", bytes_read > 0 ? ordered_json(bytes_read / st.median * 1e-6 / read_gbs) : ordered_json(nullptr)},
                       {"rss_mb", worst[0] / 1024.0},
                       {"peak_rss_mb_per_rank", o.sequence_parallel ? ordered_json(worst[1] / 1024.0) : ordered_json(nullptr)},
                       {"bytes_per_layer", o.sequence_parallel ? ordered_json(worst[2]) : ordered_json(nullptr)},
@@ -297,7 +304,7 @@ void run_bench_model(const BenchModelOptions& o) {
         // A KWT pass covers the whole set: report it as one batch of all its clips.
         report(plan, "forward", n, o.random_bert ? B : features.dim(0), std::move(t.ms), t.attn_ms,
                o.random_bert ? flops : flops / static_cast<double>(B) * static_cast<double>(features.dim(0)),
-               attention_flops(*enc, o.random_bert ? B : features.dim(0), n, false), t.rss_kib,
+               attention_flops(*enc, o.random_bert ? B : features.dim(0), n, false), 0, t.rss_kib,
                c.layers, t.bytes_per_call / static_cast<double>(c.layers), t.wait_ms, all_ring(*enc));
       }
     }
@@ -327,7 +334,7 @@ void run_bench_model(const BenchModelOptions& o) {
         (void)dec->prefill(ids);
       }, [&] { return dec->last_attention_ms(); });
       report(plan, "prefill", n, 1, std::move(t.ms), t.attn_ms, per_token * static_cast<double>(n) + 2.0 * c.hidden * c.vocab,
-             attention_flops(*dec, 1, n, true), t.rss_kib, c.layers, t.bytes_per_call / static_cast<double>(c.layers), t.wait_ms, all_ring(*dec));
+             attention_flops(*dec, 1, n, true), 0, t.rss_kib, c.layers, t.bytes_per_call / static_cast<double>(c.layers), t.wait_ms, all_ring(*dec));
       if (!decode) continue;
       std::vector<double> dms;
       double dattn = 0;
@@ -347,7 +354,14 @@ void run_bench_model(const BenchModelOptions& o) {
           dattn += a / static_cast<double>(o.decode) / o.repeat;
         }
       }
-      report(plan, "decode", 1, 1, std::move(dms), dattn, per_token + 2.0 * c.hidden * c.vocab, 0, 0, c.layers, 0, 0, false);
+      // Bytes a step must read: every weight once (the input embedding only its one row, unless
+      // it is also the output layer) and the K and V cache at the mean context of the sweep.
+      const double weights = static_cast<double>(dec->params().size()) -
+                             (c.tie_embeddings ? 0.0 : static_cast<double>((c.vocab - 1) * c.hidden));
+      const double context = static_cast<double>(n) + static_cast<double>(o.decode + 1) / 2;
+      const double step_bytes = 4.0 * (weights + 2.0 * c.layers * c.kv_heads * c.head_dim * context);
+      report(plan, "decode", 1, 1, std::move(dms), dattn, per_token + 2.0 * c.hidden * c.vocab, 0, step_bytes, 0,
+             c.layers, 0, 0, false);
     }
   }
   progress.finish();

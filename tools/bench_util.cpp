@@ -321,14 +321,15 @@ std::string cpu_model() {
   return {};
 }
 
-void print_machine(FILE* out, double sgemm_gflops, int threads) {
+void print_machine(FILE* out, double sgemm_gflops, double read_gbs, int threads) {
   const CpuFeatures& f = cpu_features();
   const GemmBackend& g = gemm_backend();
   std::fprintf(out, "cpu: %s (%s family %d model %d; %s)\n", f.model_name.empty() ? cpu_model().c_str() : f.model_name.c_str(),
                f.vendor.c_str(), f.family, f.model, f.flags().c_str());
   std::fprintf(out, "kernels: %s; gemm: %s, %s kernel (%s); %d threads\n", isa_name(active_isa()), g.name.c_str(),
                g.kernel.c_str(), g.reason.c_str(), threads);
-  std::fprintf(out, "sgemm 2048: %.1f GFLOP/s (the %%peak reference)\n", sgemm_gflops);
+  std::fprintf(out, "sgemm 2048: %.1f GFLOP/s (the %%peak reference); memory read: %.1f GB/s (the %%bw reference)\n",
+               sgemm_gflops, read_gbs);
 }
 
 std::string utc_now_iso8601() {

@@ -71,8 +71,8 @@ std::string cpu_model();
 std::string utc_now_iso8601();
 // The lines every benchmark prints before its table: CPU (model, family/model, features), the
 // ISA of the kernels, the GEMM backend with its kernel and why, the threads and the sgemm rate
-// that %peak is measured against.
-void print_machine(FILE* out, double sgemm_gflops, int threads);
+// that %peak is measured against, and the memory read bandwidth that a decode step's %bw is.
+void print_machine(FILE* out, double sgemm_gflops, double read_gbs, int threads);
 
 // Memory: glibc settings so freed big buffers go back to the OS, and /proc/self probes.
 void configure_malloc_for_rss();

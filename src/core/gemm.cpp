@@ -27,6 +27,7 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -256,6 +257,36 @@ double measure_sgemm_gflops(int64_t n, int repeat) {
     best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
   }
   return 2.0 * static_cast<double>(n) * n * n / best * 1e-9;
+}
+
+double measure_read_gbs(int64_t bytes, int repeat) {
+  const int64_t n = std::max<int64_t>(bytes / static_cast<int64_t>(sizeof(float)), 1 << 16);
+  std::vector<float> a(static_cast<size_t>(n), 1.f);  // (n) zero-filled and touched by the constructor
+  constexpr int64_t kBlock = 1 << 16;                  // floats per work item (256 KB)
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  double best = 1e30, sink = 0;
+  for (int r = 0; r < repeat + 1; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    double total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+    for (int64_t x = 0; x < blocks; ++x) {
+      // Eight independent sums: the loop is bound by the loads, not by an add's latency.
+      float acc[8] = {};
+      const float* p = a.data() + x * kBlock;
+      const int64_t m = std::min(kBlock, n - x * kBlock);
+      int64_t i = 0;
+      for (; i + 8 <= m; i += 8)
+        for (int u = 0; u < 8; ++u) acc[u] += p[i + u];
+      for (; i < m; ++i) acc[0] += p[i];
+      for (int u = 0; u < 8; ++u) total += acc[u];
+    }
+    auto t1 = std::chrono::steady_clock::now();
+    sink += total;
+    if (r > 0) best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
+  }
+  // The sums are used, so the reads cannot be removed.
+  if (sink < 0) std::fprintf(stderr, "measure_read_gbs: %g\n", sink);
+  return static_cast<double>(n) * sizeof(float) / best * 1e-9;
 }
 
 }  // namespace clattn

@@ -218,7 +218,17 @@ if need_data "the model commands" stories260k kwt1; then
   expect_error "approx bad plan" "unknown attention" "$bin" approx --model "$data/kwt1" --features "$data/kwt1/features_speech_commands.safetensors" --attention 'full;fulll'
   expect_error "approx missing model" "config" "$bin" approx --model "$dir/nothing" --features "$data/kwt1/features_speech_commands.safetensors" --attention full
   expect_ok "bench-model random bert" "$bin" bench-model --random-bert --layers 1 --hidden 32 --heads 2 --ffn 64 --lengths 128 --attention full --attention 'improved-clustered:clusters=8,topk=8' --repeat 1
-  expect_ok "bench-model decoder" "$bin" bench-model --model "$data/stories260k" --lengths 32 --decode 8 --repeat 1
+  expect_ok "bench-model decoder" "$bin" bench-model --model "$data/stories260k" --lengths 32 --decode 8 --repeat 1 --json "$dir/bm.json"
+  # Decode rows report the bytes a step reads against the measured read bandwidth; prefill rows
+  # report the attention's GFLOP/s against its work model.
+  python3 - "$dir/bm.json" <<'PY' && ok || bad "bench-model decode json lacks the bandwidth figures: $(head -c 600 "$dir/bm.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["machine"]["read_gbs"] > 0
+rows = {r["mode"]: r for r in d["results"]}
+assert rows["decode"]["bytes_read"] > 4 * 260000 and 0 < rows["decode"]["bandwidth_fraction"] < 10
+assert rows["prefill"]["attention_gflops"] > 0 and rows["prefill"]["bytes_read"] is None
+PY
   # A model that cannot run fails before the table's header: no empty table above the error.
   for args in "--model $dir/nothing" "--model $data/kwt1"; do
     expect_error "bench-model $args" "bench-model\|config" "$bin" bench-model $args --repeat 1
