@@ -164,14 +164,28 @@ void pack_panels(const float* src, int64_t rows, int64_t cols, int64_t rs, float
     float* d = dst + p * cols * kPanel;  // (cols, 64)
     const int64_t j0 = p * kPanel, nj = rows - j0 < kPanel ? rows - j0 : kPanel;
     if (nj < kPanel) std::memset(d, 0, sizeof(float) * static_cast<size_t>(cols * kPanel));
-    // Whole 16 x 16 blocks go through a register transpose; the edges element by element.
-    const int64_t jb = nj / kLanes * kLanes, eb = cols / kLanes * kLanes;
-    for (int64_t j = 0; j < jb; j += kLanes)
-      for (int64_t e = 0; e < eb; e += kLanes) {
+    // Whole blocks go through a register transpose, 16 x 16 with AVX-512 and 8 x 8 in 8-lane
+    // registers on AVX2 (16-lane shuffles are assembled lane by lane there); the edges element
+    // by element.
+#if defined(__AVX2__) && !defined(__AVX512F__)
+    constexpr int64_t kT = 8;
+#else
+    constexpr int64_t kT = kLanes;
+#endif
+    const int64_t jb = nj / kT * kT, eb = cols / kT * kT;
+    for (int64_t j = 0; j < jb; j += kT)
+      for (int64_t e = 0; e < eb; e += kT) {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+        simd::vh r[8];
+        for (int x = 0; x < 8; ++x) std::memcpy(&r[x], src + (j0 + j + x) * rs + e, sizeof r[x]);
+        simd::transpose8(r);
+        for (int x = 0; x < 8; ++x) std::memcpy(d + (e + x) * kPanel + j, &r[x], sizeof r[x]);
+#else
         simd::vf r[16];
         for (int x = 0; x < 16; ++x) r[x] = simd::load(src + (j0 + j + x) * rs + e);
         simd::transpose16(r);
         for (int x = 0; x < 16; ++x) simd::store(d + (e + x) * kPanel + j, r[x]);
+#endif
       }
     for (int64_t j = 0; j < nj; ++j) {
       const float* s = src + (j0 + j) * rs;

@@ -212,6 +212,48 @@ inline vf exp(vf x) {
   return scale_pow2(p, n);
 }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// In-place transpose of an 8 x 8 block of 8-lane rows: unpack pairs, shuffle quads, swap 128-bit
+// halves (24 shuffles for 64 floats).
+inline void transpose8(vh r[8]) {
+  __m256 t[8], u[8];
+  for (int j = 0; j < 4; ++j) {
+    t[2 * j] = _mm256_unpacklo_ps(__m256(r[2 * j]), __m256(r[2 * j + 1]));
+    t[2 * j + 1] = _mm256_unpackhi_ps(__m256(r[2 * j]), __m256(r[2 * j + 1]));
+  }
+  for (int j = 0; j < 2; ++j) {
+    u[4 * j] = _mm256_shuffle_ps(t[4 * j], t[4 * j + 2], 0x44);
+    u[4 * j + 1] = _mm256_shuffle_ps(t[4 * j], t[4 * j + 2], 0xEE);
+    u[4 * j + 2] = _mm256_shuffle_ps(t[4 * j + 1], t[4 * j + 3], 0x44);
+    u[4 * j + 3] = _mm256_shuffle_ps(t[4 * j + 1], t[4 * j + 3], 0xEE);
+  }
+  for (int j = 0; j < 4; ++j) {
+    r[j] = vh(_mm256_permute2f128_ps(u[j], u[4 + j], 0x20));
+    r[4 + j] = vh(_mm256_permute2f128_ps(u[j], u[4 + j], 0x31));
+  }
+}
+
+// In-place transpose of a 16 x 16 block held as 16 vectors (r[j] = row j), as four 8 x 8 blocks
+// of the halves: the 16-lane shuffles of the generic form are assembled lane by lane on AVX2
+// (576 scalar inserts and extracts per block in the K packing of every attention).
+inline void transpose16(vf r[16]) {
+  vh a[8], b[8], c[8], d[8];  // rows 0-7 low and high halves, rows 8-15 low and high halves
+  for (int j = 0; j < 8; ++j) {
+    a[j] = half_lo(r[j]);
+    b[j] = half_hi(r[j]);
+    c[j] = half_lo(r[8 + j]);
+    d[j] = half_hi(r[8 + j]);
+  }
+  transpose8(a);
+  transpose8(b);
+  transpose8(c);
+  transpose8(d);
+  for (int j = 0; j < 8; ++j) {
+    r[j] = join(a[j], c[j]);
+    r[8 + j] = join(b[j], d[j]);
+  }
+}
+#else
 // In-place transpose of a 16 x 16 block held as 16 vectors (r[j] = row j): four stages, each
 // swapping the off-diagonal h x h sub-blocks of every 2h x 2h block (h = 8, 4, 2, 1).
 inline void transpose16(vf r[16]) {
@@ -236,6 +278,7 @@ inline void transpose16(vf r[16]) {
 #undef CLATTN_T16_HI_2
 #undef CLATTN_T16_HI_1
 }
+#endif
 
 // dst[0, n) = src[0, n) · s, then zeros up to n_pad: the row copy of every packer and gather.
 inline void copy_row(float* dst, const float* src, int64_t n, int64_t n_pad, float s = 1.f) {
