@@ -25,12 +25,20 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 from . import _clattn
 
 SUPPORTED = ("full", "clustered", "improved-clustered")
 BACKENDS = ("auto", "cpp", "torch")
+
+# Raised by every backward of clattn that is not itself differentiable, when autograd runs it to
+# build a graph (create_graph=True): its gradient would be taken as a constant, silently dropping
+# the second-order term.
+DIFFERENTIABLE_ONCE = ("clattn.torch: clattn's attention is differentiable once; a gradient with "
+                       "create_graph=True (double backward, gradient penalties through attention) is "
+                       "not supported")
 
 # Elements of the largest per-block temporary (scores, gathered keys); the blocks loop in Python.
 _budget = {"cpu": 1 << 23, "other": 1 << 27}
@@ -412,6 +420,15 @@ class _Members(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
+        # The saved log-sum-exp is a function of q and K_T that this backward reads as a constant,
+        # so a graph of it (create_graph=True) would give wrong second derivatives: refuse.
+        if torch.is_grad_enabled():
+            raise RuntimeError(DIFFERENTIABLE_ONCE)
+        return _Members._backward(ctx, do)
+
+    @staticmethod
+    @once_differentiable
+    def _backward(ctx, do):
         q, kt, vt, tbias, m, assign, lse = ctx.saved_tensors
         scale, rows = ctx.scale, ctx.rows
         G, N, D = q.shape

@@ -231,9 +231,8 @@ class MultiheadAttention(torch.nn.Module):
         self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
         self.kdim = kdim if kdim is not None else embed_dim
         self.vdim = vdim if vdim is not None else embed_dim
-        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
         self.dropout, self.batch_first = 0.0, batch_first
-        if self._qkv_same_embed_dim:
+        if self.kdim == embed_dim and self.vdim == embed_dim:
             self.in_proj_weight = torch.nn.Parameter(torch.empty((3 * embed_dim, embed_dim), **fk))
             self.register_parameter("q_proj_weight", None)
             self.register_parameter("k_proj_weight", None)
@@ -257,7 +256,7 @@ class MultiheadAttention(torch.nn.Module):
 
     def _reset_parameters(self):
         # PyTorch's own initialisation, so a fresh module starts as torch's would.
-        if self._qkv_same_embed_dim:
+        if self.in_proj_weight is not None:
             torch.nn.init.xavier_uniform_(self.in_proj_weight)
         else:
             for w in (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight):
@@ -270,11 +269,23 @@ class MultiheadAttention(torch.nn.Module):
     def spec(self):
         return self.attention.spec
 
+    @property
+    def _qkv_same_embed_dim(self):
+        # torch.nn.TransformerEncoderLayer and TransformerEncoder, in eval mode without a gradient,
+        # hand the whole layer to a fused kernel (torch._transformer_encoder_layer_fwd) that reads
+        # in_proj_weight and computes exact attention itself, never calling this module. Of the
+        # conditions gating it, this attribute is the one on self_attn that no user setting
+        # changes (batch_first, bias, num_heads, the activation and eps are the model's; training
+        # and grad mode the caller's), and both torch 1.x and 2.x test it before the fast path.
+        # Always False and without a setter, so no assignment re-opens the fused path; the weights'
+        # layout is told by in_proj_weight being None or not.
+        return False
+
     def _project(self, query, key, value):
         E = self.embed_dim
         b = self.in_proj_bias
         bq, bk, bv = (None, None, None) if b is None else (b[:E], b[E:2 * E], b[2 * E:])
-        if self._qkv_same_embed_dim:
+        if self.in_proj_weight is not None:
             w = self.in_proj_weight
             wq, wk, wv = w[:E], w[E:2 * E], w[2 * E:]
         else:

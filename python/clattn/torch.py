@@ -111,9 +111,7 @@ class AttentionFunction(torch.autograd.Function):
         # backward with grad mode on and would take the gradient returned here as a constant,
         # silently dropping every second-order term through it: refuse instead.
         if torch.is_grad_enabled():
-            raise RuntimeError("clattn.torch: clattn's attention is differentiable once; a gradient with "
-                               "create_graph=True (double backward, gradient penalties through attention) is "
-                               "not supported")
+            raise RuntimeError(_device.DIFFERENTIABLE_ONCE)
         return AttentionFunction._backward(ctx, do)
 
     @staticmethod

@@ -301,3 +301,48 @@ def test_errors_name_the_problem():
         ct.attention(att, q, q, q, bias=torch.zeros(16, 16), backend="torch")
     with pytest.raises(ValueError, match="must be a CPU tensor"):  # the C++ kernels, forced, on a
         ct.attention(att, q.to("meta"), q.to("meta"), q.to("meta"), backend="cpp")  # tensor off the CPU
+
+
+def _penalty_gradients(fn, q, k, v):
+    """Gradients of a gradient penalty, |d(Σ o²)/dq|², which needs the second derivative."""
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    (gq,) = torch.autograd.grad(fn(*leaves).square().sum(), leaves[0], create_graph=True)
+    gq.square().sum().backward()
+    return [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("backend", ["cpp", "torch"])
+@pytest.mark.parametrize("spec", ["improved-clustered:clusters=3,topk=4", "improved-clustered:clusters=12,topk=4"])
+def test_double_backward_of_improved_clustered_raises_on_both_backends(spec, backend):
+    """The member stage's backward reads the saved log-sum-exp as a constant: taken with
+    create_graph=True it gave second derivatives off by ~1 (C = N, exact attention, showed it).
+    Both backends refuse with the same message; first-order gradients are unchanged."""
+    q, k, v = (rand(1, 2, 12, 4, seed=s) for s in (60, 61, 62))
+    att = clattn.Attention(spec)
+    with pytest.raises(RuntimeError, match="clattn's attention is differentiable once"):
+        _penalty_gradients(lambda a, b, c: ct.attention(att, a, b, c, backend=backend), q, k, v)
+    _, dq, _, _ = run(spec, backend, q, k, v, rand(1, 2, 12, 4, seed=63))
+    assert torch.isfinite(dq).all() and dq.abs().sum() > 0
+
+
+def test_double_backward_of_full_and_clustered_on_the_torch_path_is_autograds():
+    """full and clustered have no backward of their own on the tensor-op path: their second
+    derivatives are autograd's, equal to those of the same attention written as plain PyTorch
+    ops (gradgradcheck does not apply: the statistics are float32 whatever the input dtype)."""
+    B, H, N, D = 1, 2, 12, 4
+    q, k, v = (rand(B, H, N, D, seed=s) for s in (64, 65, 66))
+    spec = "clustered:clusters=3"
+    assign, _ = dv.clusters(dv.Params(clattn.Attention(spec).spec), q.reshape(B * H, N, D), [N] * (B * H), 0, 0)
+    onehot = torch.nn.functional.one_hot(assign, 3).float().view(B, H, N, 3)  # constant, as the clusters
+
+    def reference_clustered(q, k, v):
+        qc = (onehot.transpose(-1, -2) @ q) / onehot.sum(2).clamp(min=1).unsqueeze(-1)  # centroid means
+        return onehot @ reference_full(qc, k, v)
+
+    for spec, reference in (("full", reference_full), (f"clustered:clusters={N}", reference_full),
+                            (spec, reference_clustered)):
+        att = clattn.Attention(spec)
+        got = _penalty_gradients(lambda a, b, c: ct.attention(att, a, b, c, backend="torch"), q, k, v)
+        want = _penalty_gradients(reference, q, k, v)
+        for a, b in zip(got, want):
+            assert rel(a, b) <= 1e-5, (spec, rel(a, b))

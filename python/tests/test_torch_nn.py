@@ -2,6 +2,7 @@
 own math: values and gradients of softmax attention written as PyTorch ops (torch 1.13 has no
 F.scaled_dot_product_attention), and torch.nn.MultiheadAttention itself, whose state_dict loads.
 What clattn cannot do as PyTorch does is refused by name."""
+import copy
 import math
 
 import pytest
@@ -218,7 +219,6 @@ def test_modules_deep_copy_pickle_and_clone_into_a_transformer_encoder():
     """copy.deepcopy (an EMA of the model), torch.save/torch.load of a whole model and
     nn.TransformerEncoder (which deep-copies its layer) rebuild the native attention from its
     spec and layer state; the copies compute what the original computes."""
-    import copy
     import io
 
     q, k, v = (rand(2, 2, 20, 8, seed=s) for s in (1, 2, 3))
@@ -263,3 +263,61 @@ def test_grad_requiring_float_mask_is_refused_by_its_own_name():
     with pytest.raises(ValueError, match=r"attn_mask gets no gradient.*attn_mask\.detach\(\)"):
         ct.scaled_dot_product_attention(q, q, q, attn_mask=mask)
     ct.scaled_dot_product_attention(q, q, q, attn_mask=mask.detach())
+
+
+def _example_specs():
+    import clattn
+
+    return [v["example"] for v in clattn.variants()] + ["local:window=1"]
+
+
+# Each spec's layer runs without a gradient as it runs with one, in every way torch's encoder
+# modules are called for inference: torch's fused kernel, when it takes over, computes exact
+# attention and never calls the module, which showed as local:window=1 equal to full attention.
+@pytest.mark.parametrize("spec", _example_specs())
+def test_mha_in_torch_encoder_modules_runs_clattn_without_a_gradient(spec):
+    if ct.Attention(spec).capabilities["shared_qk"]:
+        pytest.skip(f"'{spec}' shares queries and keys (k is q), which MultiheadAttention's separate "
+                    f"query and key projections never give")
+    E, Hd, N = 16, 2, 40
+    torch.manual_seed(2)
+    layer = torch.nn.TransformerEncoderLayer(E, Hd, dim_feedforward=32, dropout=0.0, batch_first=True).eval()
+    torch_layer = copy.deepcopy(layer)                     # torch's own attention, the same weights
+    layer.self_attn = ct.MultiheadAttention(E, Hd, batch_first=True, spec=spec, step=3)
+    layer.self_attn.load_state_dict(torch_layer.self_attn.state_dict())
+    layer.eval()
+    x = rand(2, N, E, seed=50)
+    pad = torch.arange(N).view(1, N) >= torch.tensor([N, 29]).view(2, 1)  # True: padding
+
+    def without_gradient(module, *args, **kw):
+        outs = []
+        for mode in (torch.no_grad, torch.inference_mode):
+            with mode():
+                outs.append(module(*args, **kw).clone())
+        return outs
+
+    with torch.enable_grad():                              # the parameters want a gradient: no fast path
+        want = layer(x)
+    for got in without_gradient(layer, x):
+        assert torch.allclose(got, want, atol=1e-5), (spec, (got - want).abs().max())
+    for nested in (False, True):
+        enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=nested).eval()
+        with torch.enable_grad():
+            want = enc(x, src_key_padding_mask=pad)
+        for got in without_gradient(enc, x, src_key_padding_mask=pad):
+            assert torch.allclose(got, want, atol=1e-5), (spec, nested, (got - want).abs().max())
+    with torch.no_grad():
+        exact = torch_layer(x)
+        if spec == "full":                                 # the reference is the same layer
+            assert torch.allclose(layer(x), exact, atol=1e-5)
+        if spec == "local:window=1":                       # and what ran is not torch's exact attention
+            assert (layer(x) - exact).abs().max() > 0.1
+
+
+def test_mha_cannot_be_told_that_torch_may_fuse_it():
+    """The attribute torch's encoder modules test before their fused path stays False."""
+    m = ct.MultiheadAttention(8, 2)
+    assert m._qkv_same_embed_dim is False
+    with pytest.raises(AttributeError):
+        m._qkv_same_embed_dim = True
+    assert m._qkv_same_embed_dim is False
