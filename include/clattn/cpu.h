@@ -21,7 +21,8 @@ struct CpuFeatures {
   int model = 0;
   bool os_avx = false;     // the OS saves YMM state (XCR0 bits 1-2)
   bool os_avx512 = false;  // ... and the opmask and ZMM state (XCR0 bits 5-7)
-  bool avx2 = false, fma = false, f16c = false, bmi2 = false;
+  bool avx = false, avx2 = false, fma = false, f16c = false, bmi2 = false;
+  bool fma4 = false;       // AMD's four-operand FMA (Bulldozer to Excavator only)
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false, avx512cd = false;
   bool avx512_vpopcntdq = false, avx512_bf16 = false, amx_tile = false, amx_bf16 = false;
 

@@ -55,6 +55,7 @@ CpuFeatures read_features() {
     f.fma = bit(l1.c, 12);
     f.f16c = bit(l1.c, 29);
     const bool osxsave = bit(l1.c, 27), avx = bit(l1.c, 28);
+    f.avx = avx;
     if (osxsave && avx) {
       const uint64_t x = xcr0();
       f.os_avx = (x & 0x6) == 0x6;
@@ -75,6 +76,7 @@ CpuFeatures read_features() {
     f.amx_tile = bit(l7.d, 24);
     if (l7.a >= 1) f.avx512_bf16 = bit(cpuid(7, 1).a, 5);
   }
+  if (cpuid(0x80000000).a >= 0x80000001) f.fma4 = bit(cpuid(0x80000001).c, 16);
   if (cpuid(0x80000000).a >= 0x80000004) {
     char brand[49] = {};
     for (uint32_t i = 0; i < 3; ++i) {

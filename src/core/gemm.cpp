@@ -63,13 +63,36 @@ std::string lower(std::string s) {
   return s;
 }
 
-// The vector ISA an OpenBLAS kernel family needs: 2 AVX-512, 1 AVX2 + FMA, 0 nothing past SSE3
-// (unknown names are left to OpenBLAS, which ignores a core it does not know).
-int isa_needed(const std::string& core) {
+// What each x86-64 kernel family of OpenBLAS's DYNAMIC_ARCH build executes beyond SSE4 (the
+// names OPENBLAS_CORETYPE accepts, compared without case). One table for every decision: a core
+// whose needs the CPU lacks is never loaded, since its first product would die of SIGILL (the
+// Bulldozer family's kernels use AMD's FMA4, which no Intel CPU and no Zen has), and a name not
+// here is not a kernel OpenBLAS has.
+struct CoreNeeds {
+  const char* name;
+  bool avx, fma4, avx2, avx512, bf16_amx;
+};
+constexpr CoreNeeds kCores[] = {
+    {"katmai", false, false, false, false, false},      {"coppermine", false, false, false, false, false},
+    {"northwood", false, false, false, false, false},   {"prescott", false, false, false, false, false},
+    {"banias", false, false, false, false, false},      {"atom", false, false, false, false, false},
+    {"core2", false, false, false, false, false},       {"penryn", false, false, false, false, false},
+    {"dunnington", false, false, false, false, false},  {"nehalem", false, false, false, false, false},
+    {"athlon", false, false, false, false, false},      {"opteron", false, false, false, false, false},
+    {"opteron_sse3", false, false, false, false, false}, {"barcelona", false, false, false, false, false},
+    {"nano", false, false, false, false, false},        {"bobcat", false, false, false, false, false},
+    {"sandybridge", true, false, false, false, false},  {"bulldozer", true, true, false, false, false},
+    {"piledriver", true, true, false, false, false},    {"steamroller", true, true, false, false, false},
+    {"excavator", true, true, false, false, false},     {"haswell", true, false, true, false, false},
+    {"zen", true, false, true, false, false},           {"skylakex", true, false, true, true, false},
+    {"cooperlake", true, false, true, true, true},      {"sapphirerapids", true, false, true, true, true},
+};
+
+const CoreNeeds* core_needs(const std::string& core) {
   const std::string c = lower(core);
-  if (c == "skylakex" || c == "cooperlake" || c == "sapphirerapids") return 2;
-  if (c == "haswell" || c == "zen" || c == "excavator") return 1;
-  return 0;
+  for (const CoreNeeds& k : kCores)
+    if (c == k.name) return &k;
+  return nullptr;
 }
 
 std::string wanted_kernel(const CpuFeatures& f) {
@@ -78,9 +101,18 @@ std::string wanted_kernel(const CpuFeatures& f) {
   return "";  // pre-AVX2: OpenBLAS's own choice
 }
 
-bool cpu_runs(const CpuFeatures& f, const std::string& core) {
-  const int need = isa_needed(core);
-  return need == 0 || (need == 1 && f.has_avx2()) || (need == 2 && f.has_avx512());
+// The features of `core` this CPU lacks, "" when it runs it.
+std::string missing_for(const CpuFeatures& f, const CoreNeeds& k) {
+  std::string m;
+  auto need = [&](bool want, bool have, const char* what) {
+    if (want && !have) m += std::string(m.empty() ? "" : ", ") + what;
+  };
+  need(k.avx, f.avx && f.os_avx, "AVX");
+  need(k.fma4, f.fma4, "FMA4");
+  need(k.avx2, f.has_avx2(), "AVX2 + FMA");
+  need(k.avx512, f.has_avx512(), "AVX-512");
+  need(k.bf16_amx, f.avx512_bf16 && f.amx_tile, "AVX512-BF16 + AMX");
+  return m;
 }
 
 // C = alpha·op(A)·op(B) + beta·C on shapes that reach OpenBLAS's small-matrix, edge and packed
@@ -183,12 +215,16 @@ Openblas load() {
   const std::string user = user_env ? user_env : "";
   std::string want = wanted_kernel(f);
   std::vector<std::string> candidates;
-  if (!user.empty() && cpu_runs(f, user)) {
+  const CoreNeeds* user_core = user.empty() ? nullptr : core_needs(user);
+  const std::string user_missing = user_core ? missing_for(f, *user_core) : "";
+  if (user_core && user_missing.empty()) {
     info.reason = "$OPENBLAS_CORETYPE=" + user + " kept (this CPU runs it)";
     candidates.push_back(user);
   } else {
-    if (!user.empty())
-      info.reason = "$OPENBLAS_CORETYPE=" + user + " needs an ISA this CPU lacks, replaced: ";
+    if (user_core)
+      info.reason = "$OPENBLAS_CORETYPE=" + user + " needs an ISA this CPU lacks (" + user_missing + "), replaced: ";
+    else if (!user.empty())
+      info.reason = "$OPENBLAS_CORETYPE=" + user + " is not a kernel of OpenBLAS, replaced: ";
     if (!want.empty()) {
       info.reason += "chosen from CPU features (" + std::string(f.has_avx512() ? "AVX-512" : "AVX2 + FMA") +
                      (f.vendor == "AuthenticAMD" && !f.has_avx512() ? ", AMD" : "") + ")";
@@ -198,7 +234,10 @@ Openblas load() {
     }
   }
   if (f.has_avx2()) candidates.push_back("Haswell");
-  candidates.push_back(info.detected);
+  // OpenBLAS's own choice last, unless it is a core this CPU cannot run (it loads the kernel
+  // $OPENBLAS_CORETYPE names without checking).
+  if (const CoreNeeds* d = core_needs(info.detected); !d || missing_for(f, *d).empty())
+    candidates.push_back(info.detected);
   if (!o.dynamic_init || !o.dynamic_quit) {
     candidates = {info.detected};
     info.reason = "this OpenBLAS cannot change its kernel (no DYNAMIC_ARCH): its own choice";

@@ -69,6 +69,17 @@ if grep -qw avx512f /proc/cpuinfo; then isa_list="avx2 avx512"; else
   /usr/bin/python3 "$(dirname "$0")/st_compare.py" "$dir/o_skx.safetensors" "$dir/out.safetensors" 1e-5 && ok || bad "OPENBLAS_CORETYPE=SkylakeX changed the output"
   env OPENBLAS_CORETYPE=SkylakeX "$bin" --version | grep -q "OPENBLAS_CORETYPE=SkylakeX needs an ISA this CPU lacks" && ok || bad "the replaced OPENBLAS_CORETYPE is not reported"
 fi
+# The Bulldozer family's kernels use AMD's FMA4 (no Intel CPU, no Zen): named on a CPU without it,
+# each is replaced, said once with the feature it lacks, and the products stay right.
+if ! grep -qw fma4 /proc/cpuinfo; then
+  for core in Bulldozer Piledriver Steamroller Excavator; do
+    expect_ok "OPENBLAS_CORETYPE=$core without FMA4" env OPENBLAS_CORETYPE=$core "$bin" attend --spec full --input "$in" --output "$dir/o_fma4.safetensors"
+    /usr/bin/python3 "$(dirname "$0")/st_compare.py" "$dir/o_fma4.safetensors" "$dir/out.safetensors" 1e-5 && ok || bad "OPENBLAS_CORETYPE=$core changed the output"
+    env OPENBLAS_CORETYPE=$core "$bin" --version | grep -q "OPENBLAS_CORETYPE=$core needs an ISA this CPU lacks (FMA4), replaced" && ok || bad "OPENBLAS_CORETYPE=$core: $(env OPENBLAS_CORETYPE=$core "$bin" --version 2>&1)"
+  done
+fi
+env OPENBLAS_CORETYPE=bogus "$bin" --version >"$dir/v_bogus" 2>&1
+grep -q "OPENBLAS_CORETYPE=bogus is not a kernel of OpenBLAS, replaced" "$dir/v_bogus" && ! grep -q "kept" "$dir/v_bogus" && ok || bad "OPENBLAS_CORETYPE=bogus: $(cat "$dir/v_bogus")"
 for isa in $isa_list; do
   expect_ok "attend under CLATTN_ISA=$isa" env CLATTN_ISA=$isa "$bin" attend --spec improved-clustered:clusters=5,topk=4 --threads 2 --input "$in" --output "$dir/o_$isa.safetensors"
   /usr/bin/python3 "$(dirname "$0")/st_compare.py" "$dir/o_$isa.safetensors" "$dir/out3.safetensors" 1e-5 && ok || bad "CLATTN_ISA=$isa output differs ($isas is the default)"
