@@ -6,6 +6,7 @@
 #include <exception>
 #include <new>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli_util.h"
@@ -63,8 +64,9 @@ int main(int argc, char** argv) {
   clattn::cli::add_inspect(app);
   clattn::cli::add_variants(app);
   try {
-    // A CLATTN_ISA this CPU cannot run is refused before any work, by name (not a SIGILL later).
-    clattn::active_isa();
+    // A CLATTN_ISA this CPU cannot run is refused before any work, by name (not a SIGILL later);
+    // --version alone still prints the version and the machine, with the reason in the ISA field.
+    if (!(argc == 2 && std::string_view(argv[1]) == "--version")) clattn::active_isa();
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version: printed on stdout, exit 0
     return app.exit(e);

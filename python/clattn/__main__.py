@@ -35,7 +35,8 @@ puts on PATH.
 def machine_summary(c):
     # The line of `clattn --version` (machine_summary() in the C++ library), from config().
     cpu = c["cpu"] or c["cpu_vendor"]
-    return (f"{cpu} (family {c['cpu_family']} model {c['cpu_model']}), ISA {c['isa']}, {c['gemm']} "
+    isa = f"none ({c['isa_error']})" if c.get("isa_error") else c["isa"]
+    return (f"{cpu} (family {c['cpu_family']} model {c['cpu_model']}), ISA {isa}, {c['gemm']} "
             f"{c['gemm_kernel']} kernel, {c['threads']} threads")
 
 

@@ -137,7 +137,13 @@ PYBIND11_MODULE(_clattn, m) {
           d["cpu_family"] = f.family;
           d["cpu_model"] = f.model;
           d["cpu_flags"] = f.flags();
-          d["isa"] = clattn::isa_name(clattn::active_isa());
+          // A refused CLATTN_ISA leaves the other facts to report: "none" and the reason.
+          try {
+            d["isa"] = clattn::isa_name(clattn::active_isa());
+          } catch (const clattn::Error& e) {
+            d["isa"] = "none";
+            d["isa_error"] = std::string(e.what());
+          }
           d["isas_supported"] = clattn::supported_isas();
           d["gemm"] = g.name;
           d["gemm_library"] = g.library;

@@ -3,6 +3,7 @@ same line `clattn --version` prints, JSON, the variants and the usage. Run as a 
 subprocess of this interpreter, with this environment (PYTHONPATH names the package under test)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -28,6 +29,21 @@ def test_facts_are_those_of_config_and_the_cli(cli):
     assert lines[1:3] == v.stdout.splitlines()[1:3], (r.stdout, v.stdout)
     assert f"Python {sys.version.split()[0]} ({sys.executable})" in r.stdout
     assert "--help" in lines[-1]
+
+
+def test_a_refused_isa_still_reports_the_facts_and_the_reason():
+    # CLATTN_ISA naming an ISA this CPU lacks: both reports print the facts with the reason in the
+    # ISA field, the same words, instead of a traceback (or no version).
+    wanted = "avx512" if "avx512" not in clattn.config()["isas_supported"] else "sse9"
+    r = run_module(CLATTN_ISA=wanted)
+    assert r.returncode == 0, r.stderr
+    assert f"ISA none (CLATTN_ISA={wanted}" in r.stdout, r.stdout
+    exe = os.environ.get("CLATTN_BIN") or shutil.which("clattn")
+    assert exe, "set CLATTN_BIN to the clattn command (CTest does)"
+    v = subprocess.run([exe, "--version"], capture_output=True, text=True,
+                       env=dict(os.environ, CLATTN_ISA=wanted))
+    assert v.returncode == 0, v.stderr
+    assert v.stdout.splitlines()[0].startswith("clattn ") and r.stdout.splitlines()[1] == v.stdout.splitlines()[1]
 
 
 def test_json_is_config_and_more():

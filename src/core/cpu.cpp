@@ -1,5 +1,6 @@
 #include "clattn/cpu.h"
 
+#include <cctype>
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
@@ -104,7 +105,8 @@ Isa choose_isa() {
   return Isa::avx2;  // one generic copy of the kernels off x86 (isa_name says so)
 #else
   const char* env = std::getenv("CLATTN_ISA");
-  const std::string want = env ? env : "";
+  std::string want = env ? env : "";  // compared without case: AVX2 is avx2
+  for (char& c : want) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (want.empty()) return f.has_avx512() ? Isa::avx512 : Isa::avx2;
   std::string missing;
   auto need = [&](bool have, const char* name) {
@@ -121,9 +123,9 @@ Isa choose_isa() {
     need(f.avx512vl, "avx512vl");
     need(f.avx512cd, "avx512cd");
   } else if (want != "avx2") {
-    fail("CLATTN_ISA=", want, " is not an instruction set clattn has kernels for (avx2, avx512)");
+    fail("CLATTN_ISA=", env, " is not an instruction set clattn has kernels for (avx2, avx512)");
   }
-  check(missing.empty(), "CLATTN_ISA=", want, " but this CPU (",
+  check(missing.empty(), "CLATTN_ISA=", env, " but this CPU (",
         f.model_name.empty() ? f.vendor : f.model_name, ") lacks ", missing, "; it supports: ",
         supported_isas().empty() ? std::string("none of them") : supported_isas());
   return want == "avx512" ? Isa::avx512 : Isa::avx2;
@@ -181,9 +183,16 @@ std::string supported_isas() {
 std::string machine_summary() {
   const CpuFeatures& f = cpu_features();
   const GemmBackend& g = gemm_backend();
+  // A refused CLATTN_ISA leaves the facts to report: the summary says why instead of throwing.
+  std::string isa;
+  try {
+    isa = isa_name(active_isa());
+  } catch (const Error& e) {
+    isa = detail::concat("none (", e.what(), ")");
+  }
   return detail::concat(f.model_name.empty() ? f.vendor : f.model_name, " (family ", f.family, " model ",
-                        f.model, "), ISA ", isa_name(active_isa()), ", ", g.name, " ", g.kernel,
-                        " kernel, ", max_threads(), " threads");
+                        f.model, "), ISA ", isa, ", ", g.name, " ", g.kernel, " kernel, ", max_threads(),
+                        " threads");
 }
 
 int64_t available_memory_bytes() {

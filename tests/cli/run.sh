@@ -61,6 +61,10 @@ ls "$dir" | grep -q '\.tmp\.' && bad "temporary file left behind" || ok
 expect_ok "version names the machine" "$bin" --version
 grep -q "ISA avx" "$dir/out" && grep -q "kernel, [0-9]* threads" "$dir/out" && ok || bad "--version: $(cat "$dir/out")"
 expect_error "CLATTN_ISA unknown" "CLATTN_ISA=sse9 is not an instruction set" env CLATTN_ISA=sse9 "$bin" variants
+expect_ok "CLATTN_ISA in capitals" env CLATTN_ISA=AVX2 "$bin" variants
+# --version alone prints the version and the machine with a refused ISA, the reason in its place.
+expect_ok "--version with a refused CLATTN_ISA" env CLATTN_ISA=sse9 "$bin" --version
+grep -q "^clattn " "$dir/out" && grep -q "ISA none (CLATTN_ISA=sse9 is not an instruction set" "$dir/out" && ok || bad "--version under CLATTN_ISA=sse9: $(cat "$dir/out")"
 isas=$("$bin" --version | grep -o 'ISA [a-z0-9]*' | head -n 1)
 if grep -qw avx512f /proc/cpuinfo; then isa_list="avx2 avx512"; else
   isa_list="avx2"
