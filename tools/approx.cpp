@@ -201,7 +201,7 @@ Workload load_workload(const ApproxOptions& o, int64_t sequences) {
     w.dec = Decoder::load(o.model, lo);
     if (!o.tokens.empty()) {
       read_tokens(o.tokens, "targets", w.ids, w.B, w.T, w.labels);
-      check_context(w.T, w.dec->config().max_positions, "approx: '" + o.tokens + "'");
+      check_context(w.T, w.dec->config().max_positions, "approx: '" + o.tokens + "'", positions_field(w.dec->config()));
     } else {
       // Bounded (a text is tokenized whole) and never blocking on a FIFO or device.
       const std::string text = read_input_file(o.text, "approx: --text", kMaxTextBytes);

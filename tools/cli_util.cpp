@@ -302,9 +302,9 @@ int checked_threads(int requested, const char* cmd) {
 
 namespace clattn::cli {
 
-void check_context(int64_t T, int64_t context, const std::string& what) {
+void check_context(int64_t T, int64_t context, const std::string& what, const char* field) {
   check(context <= 0 || T <= context, what, " holds ", T, " tokens per sequence, past the model's context of ",
-        context, " (max_position_embeddings): give at most ", context, " tokens");
+        context, " (", field, "): give at most ", context, " tokens");
 }
 
 int local_ranks() {

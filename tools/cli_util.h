@@ -52,7 +52,8 @@ void check_elements(std::initializer_list<int64_t> dims, const char* what);
 // Token sequences past a model's context (max_position_embeddings; 0 = not given) are refused:
 // positions the model was never trained on give outputs that mean nothing. `what` names the
 // command and the input, e.g. "approx: 'x.safetensors'".
-void check_context(int64_t T, int64_t context, const std::string& what);
+void check_context(int64_t T, int64_t context, const std::string& what,
+                   const char* field = "max_position_embeddings");
 
 
 // A path a command reads or writes, with the option that named it ("--features"). `folder`: a

@@ -116,7 +116,7 @@ Problem from_model(const InspectOptions& o) {
     if (kind == ModelKind::llama) {
       auto dec = Decoder::load(o.model);
       check_layer(dec->config());
-      check_context(T, dec->config().max_positions, "inspect: '" + o.tokens + "'");
+      check_context(T, dec->config().max_positions, "inspect: '" + o.tokens + "'", positions_field(dec->config()));
       dec->set_capture(&cap);
       (void)dec->forward(ids, 1, T);
     } else {

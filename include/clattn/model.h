@@ -98,6 +98,12 @@ struct ModelConfig {
   std::string saved_plan = "full";
 };
 
+// The config.json field that sets a model's positions, as its family spells it: GPT-2's
+// n_positions, max_position_embeddings elsewhere (for messages about sequences that exceed it).
+inline const char* positions_field(const ModelConfig& c) {
+  return c.model_type == "gpt2" ? "n_positions" : "max_position_embeddings";
+}
+
 // Reads config.json (errors name the file and the field).
 ModelConfig read_model_config(const std::string& path);
 // The config.json text of a model (every field read_model_config reads), with clattn's own keys

@@ -38,7 +38,8 @@ const char* kind_name(ModelKind k) {
 
 pb::dict config_dict(const ModelConfig& c) {
   pb::dict d;
-  d["kind"] = kind_name(c.kind);
+  // The family: GPT-2 runs on the LLaMA decoder's code but is not a LLaMA model.
+  d["kind"] = c.model_type == "gpt2" ? "gpt2" : kind_name(c.kind);
   d["model_type"] = c.model_type;
   d["architecture"] = c.architecture;
   d["hidden"] = c.hidden;
@@ -121,7 +122,7 @@ void set_plan(const std::function<void()>& f) {
 void check_positions(const Ids& ids, const ModelConfig& c) {
   if (c.max_positions > 0 && ids.T > c.max_positions)
     throw pb::value_error("ids: " + std::to_string(ids.T) + " tokens exceed the model's " +
-                          std::to_string(c.max_positions) + " positions (max_position_embeddings)");
+                          std::to_string(c.max_positions) + " positions (" + positions_field(c) + ")");
 }
 
 template <class M>
@@ -345,7 +346,9 @@ void bind_model(pb::module_& m) {
           }
           if (kind == ModelKind::llama) return pb::cast(load_with_tokenizer<PyDecoder, Decoder>(dir));
           return pb::cast(load_with_tokenizer<PyEncoder, Encoder>(dir));
-        }, pb::arg("path"), "A Decoder (llama) or Encoder (bert, kwt) from a Hugging Face folder, by its config.json");
+        }, pb::arg("path"),
+        "A Decoder (llama, gpt2) or Encoder (bert, roberta, distilbert, kwt) from a Hugging Face folder, by its "
+        "config.json");
 }
 
 }  // namespace clattn::py
