@@ -209,6 +209,10 @@ Workload load_workload(const ApproxOptions& o, int64_t sequences) {
       std::vector<int32_t> all = tok.encode(text);
       const int64_t context = w.dec->config().max_positions > 0 ? w.dec->config().max_positions : 512;
       const int64_t n = static_cast<int64_t>(all.size());
+      // An empty or blank text is the begin-of-text token alone: one position, whose output every
+      // attention computes exactly, would report a perfect agreement that means nothing.
+      check(n >= 2, "approx: --text '", o.text, "' gives ", n, n == 1 ? " token" : " tokens",
+            " (an empty or blank text); comparing attentions needs at least 2");
       w.T = std::min(n, context);
       w.B = w.T > 0 ? std::max<int64_t>(1, std::min(sequences, n / w.T)) : 1;
       if (n > w.B * w.T)

@@ -232,6 +232,8 @@ if need_data "the model commands" stories260k kwt1; then
   expect_error "approx no input" "exactly one of" "$bin" approx --model "$data/kwt1" --attention full
   expect_error "approx bad plan" "unknown attention" "$bin" approx --model "$data/kwt1" --features "$data/kwt1/features_speech_commands.safetensors" --attention 'full;fulll'
   expect_error "approx missing model" "config" "$bin" approx --model "$dir/nothing" --features "$data/kwt1/features_speech_commands.safetensors" --attention full
+  : >"$dir/empty.txt"
+  expect_error "approx empty --text" "needs at least 2" "$bin" approx --model "$data/stories260k" --text "$dir/empty.txt" --attention 'clustered:clusters=4'
   expect_ok "bench-model random bert" "$bin" bench-model --random-bert --layers 1 --hidden 32 --heads 2 --ffn 64 --lengths 128 --attention full --attention 'improved-clustered:clusters=8,topk=8' --repeat 1
   expect_ok "bench-model decoder" "$bin" bench-model --model "$data/stories260k" --lengths 32 --decode 8 --repeat 1 --json "$dir/bm.json"
   # Decode rows report the bytes a step reads against the measured read bandwidth; prefill rows
