@@ -25,6 +25,7 @@
 // D·(f1 + f2)/2 per position with f1·f2 = buckets ≈ 2N/chunk: it grows as N^1.5 (docs/design.md).
 #include "attention/validate.h"
 #include "attention/reformer/reformer.h"
+#include "attention/reformer/reformer_internal.h"
 
 #include <algorithm>
 #include <cmath>
@@ -44,6 +45,11 @@
 namespace clattn {
 
 using mk::round_up;
+using reformer_parts::chunk_keys;
+using reformer_parts::chunk_len;
+using reformer_parts::factorise;
+using reformer_parts::prev_chunk;
+using reformer_parts::rotation;
 using tile::kInf;
 using tile::kLn2;
 using tile::kLog2e;
@@ -101,20 +107,6 @@ struct ReformerWorkspace {
   }
 };
 
-namespace {
-
-// (f1, f2) with f1·f2 = buckets, both even, f1 the even divisor nearest sqrt(buckets); (b, 1)
-// at or below 128 buckets (no factorisation).
-std::pair<int64_t, int64_t> factorise(int64_t buckets) {
-  if (buckets <= 128) return {buckets, 1};
-  int64_t best = 0;
-  for (int64_t f = 2; f * f <= buckets; f += 2)
-    if (buckets % f == 0 && (buckets / f) % 2 == 0) best = f;
-  return {best, best ? buckets / best : 0};
-}
-
-}  // namespace
-
 int64_t reformer_perm_len(int64_t n, int64_t nb, int64_t ch, bool causal) {
   return causal ? round_up(n + std::min(nb, n) * (ch - 1), ch) : n;
 }
@@ -150,32 +142,6 @@ int64_t reformer_buckets(const ReformerParams& p, int64_t n) {
 }
 
 namespace {
-
-// Members of chunk c: a prefix of perm[c·ch, (c+1)·ch) (the rest is causal padding, -1). len is
-// the length of perm (N, or the padded length with causal).
-int64_t chunk_len(const int32_t* perm, int64_t len, int64_t ch, int64_t c) {
-  int64_t n = std::min(ch, len - c * ch);
-  while (n > 0 && perm[c * ch + n - 1] < 0) --n;
-  return n;
-}
-
-// The chunk whose keys chunk c attends besides its own, or -1: the one before it, the first
-// wrapping to the last; with causal (cbucket given) the one before it only in the same bucket.
-int64_t prev_chunk(int64_t c, int64_t nch, const int32_t* cbucket) {
-  if (cbucket) return c > 0 && cbucket[c - 1] == cbucket[c] ? c - 1 : -1;
-  if (nch == 1) return -1;
-  return c == 0 ? nch - 1 : c - 1;
-}
-
-// Keys of chunk c (positions), in perm order: chunk c then its previous chunk (not repeated
-// when there is a single chunk). The reference's statement of the partition.
-int64_t chunk_keys(const int32_t* perm, int64_t len, int64_t nch, int64_t ch, int64_t c,
-                   const int32_t* cbucket, std::vector<int32_t>& keys) {
-  keys.assign(perm + c * ch, perm + c * ch + chunk_len(perm, len, ch, c));
-  const int64_t pc = prev_chunk(c, nch, cbucket);
-  if (pc >= 0) keys.insert(keys.end(), perm + pc * ch, perm + pc * ch + chunk_len(perm, len, ch, pc));
-  return static_cast<int64_t>(keys.size());
-}
 
 // The partition of round r from its buckets: sorted by (bucket, position); with causal each
 // bucket's run padded with -1 to whole chunks. Returns the number of chunks.
@@ -373,12 +339,6 @@ void request_far(const int32_t* perm, int64_t ch, int64_t c, int64_t nch, int64_
   gather::prefetch_l2(qb, qrs, far.idx, far.n, dm.D);
   gather::prefetch_l2(vb, vrs, far.idx, far.n, dm.Dv);
   if (xb) gather::prefetch_l2(xb, xrs, far.idx, far.n, dm.Dv);
-}
-
-// Entry (e, u) of round r's rotation (D, nrot): the first f1/2 columns hash b1, the rest b2.
-float rotation(const ReformerParams& p, uint64_t step, int64_t D, int64_t nrot, int64_t r, int64_t e,
-               int64_t u) {
-  return Rng(p.seed).normal(step, static_cast<uint64_t>((r * D + e) * nrot + u));
 }
 
 // Chunk `cur` of round r attends [cur | prev]; its rows' outputs are blended into ob (row
@@ -731,73 +691,6 @@ void attn_reformer_bwd(const AttentionInputs& in, const AttentionDims& d, const 
       flush(sc.slots[2]);  // the last chunk, the first one's previous
     }
   });
-}
-
-void reformer_buckets_ref(const RefProblem& pr, const ReformerParams& p, uint64_t step, int64_t b,
-                          int64_t h, int64_t round, std::vector<int32_t>& bucket) {
-  const AttentionDims& d = pr.d;
-  const int64_t nb = reformer_buckets(p, d.N);
-  const int64_t f1 = factorise(nb).first, f2 = factorise(nb).second;  // lambdas capture them
-  const int64_t nrot = f1 / 2 + (f2 > 1 ? f2 / 2 : 0);
-  bucket.resize(static_cast<size_t>(d.N));
-  for (int64_t i = 0; i < d.N; ++i) {
-    double nn = 0;
-    for (int64_t e = 0; e < d.Dk; ++e) nn += pr.qe(b, h, i, e) * pr.qe(b, h, i, e);
-    const double inv = nn > 0 ? 1 / std::sqrt(nn) : 0;
-    auto argmax = [&](int64_t u0, int64_t half) {  // over [x·R, −x·R], first maximum in that order
-      int64_t best = 0;
-      double bv = -INFINITY;
-      for (int64_t u = 0; u < half; ++u) {
-        double x = 0;
-        for (int64_t e = 0; e < d.Dk; ++e) x += pr.qe(b, h, i, e) * inv * rotation(p, step, d.Dk, nrot, round, e, u0 + u);
-        if (x > bv) bv = x, best = u;
-        if (-x > bv) bv = -x, best = u + half;
-      }
-      return best;
-    };
-    int64_t bk = argmax(0, f1 / 2);
-    if (f2 > 1) bk += f1 * argmax(f1 / 2, f2 / 2);
-    bucket[static_cast<size_t>(i)] = static_cast<int32_t>(bk);
-  }
-}
-
-void attn_reformer_ref(const RefProblem& pr, const ReformerState& st, std::vector<double>& out) {
-  const AttentionDims& d = pr.d;
-  out.assign(static_cast<size_t>(d.B * d.H * d.N * d.Dv), 0.0);
-  for (int64_t b = 0; b < d.B; ++b)
-    for (int64_t h = 0; h < d.H; ++h) {
-      const int64_t t = b * d.H + h, nv = pr.nq(b), mv = pr.nk(b);
-      auto logit = [&](int64_t i, int64_t j) {
-        double nj = 0, s = 0;
-        for (int64_t e = 0; e < d.Dk; ++e) nj += pr.qe(b, h, j, e) * pr.qe(b, h, j, e);
-        for (int64_t e = 0; e < d.Dk; ++e) s += pr.qe(b, h, i, e) * pr.qe(b, h, j, e);
-        return nj > 0 ? s / std::sqrt(nj) : 0.0;
-      };
-      std::vector<std::vector<int64_t>> seen(static_cast<size_t>(d.N));
-      std::vector<int32_t> keys;
-      for (int64_t r = 0; r < st.rounds; ++r) {
-        const auto [perm, cbucket, nch, len] = st.round(t, r, d.N);
-        for (int64_t c = 0; c < nch; ++c) {
-          chunk_keys(perm, len, nch, st.chunk, c, cbucket, keys);
-          for (int64_t x = c * st.chunk; x < c * st.chunk + chunk_len(perm, len, st.chunk, c); ++x) {
-            const int64_t i = perm[x];
-            bool any = false;
-            for (int32_t j : keys)
-              if (j < mv && j != i && (!pr.causal || j <= i)) {
-                seen[static_cast<size_t>(i)].push_back(j);
-                any = true;
-              }
-            if (!any && i < mv) seen[static_cast<size_t>(i)].push_back(i);
-          }
-        }
-      }
-      for (int64_t i = 0; i < nv; ++i) {
-        const auto& ks = seen[static_cast<size_t>(i)];
-        std::vector<double> s;
-        for (int64_t j : ks) s.push_back(logit(i, j));
-        pr.softmax_add(b, h, ks, std::move(s), 1.0, out.data() + (t * d.N + i) * d.Dv);
-      }
-    }
 }
 
 size_t reformer_workspace_bytes(const AttentionDims& d, const ReformerParams& p, Mode mode,
