@@ -22,6 +22,7 @@
 
 #include <cblas.h>
 #include <dlfcn.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cctype>
@@ -35,6 +36,7 @@
 #include "clattn/cpu.h"
 #include "clattn/error.h"
 #include "clattn/rng.h"
+#include "core/microkernel.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define CLATTN_NO_DEEPBIND 1  // the sanitizer runtimes refuse RTLD_DEEPBIND
@@ -265,6 +267,27 @@ const Openblas& openblas() {
   return o;
 }
 
+// Products with at most this many rows of A go to mk::rows_dot. Measured on the decode step of a
+// LLaMA-shaped model (hidden 512, FFN 1408, 8 layers; see docs/performance.md).
+constexpr int64_t kRowsDotMax = 4;
+
+// Splits the n rows of W over the OpenMP team in 16-row slices (whole cache lines of Y), when W
+// is large enough to pay for a parallel region; one thread inside someone else's region.
+void rows_dot_threads(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* w,
+                      int64_t ldw, float beta, float* c, int64_t ldc) {
+  constexpr int64_t kSlice = 16;
+  const int64_t slices = (n + kSlice - 1) / kSlice;
+  const bool par = !omp_in_parallel() && n * k >= (int64_t{1} << 15) && slices > 1;
+  const int teams = par ? std::min<int>(omp_get_max_threads(), static_cast<int>(slices)) : 1;
+#pragma omp parallel num_threads(teams) if (teams > 1)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t s0 = slices * t / nt, s1 = slices * (t + 1) / nt;
+    const int64_t r0 = s0 * kSlice, r1 = std::min(n, s1 * kSlice);
+    if (r1 > r0) mk::rows_dot(m, r1 - r0, k, alpha, a, lda, w + r0 * ldw, ldw, beta, c + r0, ldc);
+  }
+}
+
 }  // namespace
 
 const GemmBackend& gemm_backend() { return openblas().info; }
@@ -274,6 +297,12 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
           int64_t ldc) {
   check(m >= 0 && n >= 0 && k >= 0, "gemm: sizes must be >= 0, got m=", m, " n=", n, " k=", k);
   if (m == 0 || n == 0) return;
+  if (m <= kRowsDotMax && !trans_a && trans_b && k > 0) {
+    // A few rows times a weight's transpose (a decode step's linear layers): sgemm packs all of
+    // B before its first FMA, reading and writing it once more than the product needs.
+    rows_dot_threads(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
   openblas().sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
                    static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
                    static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));

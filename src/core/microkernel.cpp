@@ -69,4 +69,21 @@ void pack_rows(const float* src, int64_t rows, int64_t cols, int64_t rs, float* 
   kernels().pack_rows(src, rows, cols, rs, dst, rows_pad, cols_pad, scale);
 }
 
+void rows_dot(int64_t m, int64_t n, int64_t k, float alpha, const float* x, int64_t ldx, const float* w,
+              int64_t ldw, float beta, float* y, int64_t ldy) {
+  kernels().rows_dot(m, n, k, alpha, x, ldx, w, ldw, beta, y, ldy);
+}
+
+void gemm_abt16(Half f, int64_t m, int64_t npanels, int64_t depth, const float* a, int64_t lda,
+                const uint16_t* bpanels, float* c, int64_t ldc) {
+  kernels().gemm_abt16(f, m, npanels, depth, a, lda, bpanels, c, ldc);
+}
+
+void gemm_ab16(Half f, int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
+               const uint16_t* b, int64_t ldb, float* c, int64_t ldc, const float* row_scale) {
+  kernels().gemm_ab16(f, m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, row_scale);
+}
+
+void to_half(Half f, const float* src, int64_t n, uint16_t* dst) { kernels().to_half(f, src, n, dst); }
+
 }  // namespace clattn::mk

@@ -49,6 +49,22 @@ inline int64_t rows_operand_size(int64_t rows, int64_t cols) {
 void pack_rows(const float* src, int64_t rows, int64_t cols, int64_t rs, float* dst,
                int64_t rows_pad, int64_t cols_pad, float scale = 1.f);
 
+// Y (m, n) = alpha·X (m, k)·Wᵀ + beta·Y with W (n, k) row-major (a linear layer's weight), for a
+// few rows of X: each W row is read once per pair of X rows, straight from the caller's memory
+// (no packing), so the product streams W at the memory's rate. Serial; the caller splits n.
+void rows_dot(int64_t m, int64_t n, int64_t k, float alpha, const float* x, int64_t ldx, const float* w,
+              int64_t ldw, float beta, float* y, int64_t ldy);
+
+// gemm_abt and gemm_ab with B in 16-bit storage (a KV cache of f16 or bf16 floats, same
+// layouts), widened to f32 in registers: A, C and the arithmetic stay f32.
+enum class Half : uint8_t { f16, bf16 };
+void gemm_abt16(Half f, int64_t m, int64_t npanels, int64_t depth, const float* a, int64_t lda,
+                const uint16_t* bpanels, float* c, int64_t ldc);
+void gemm_ab16(Half f, int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
+               const uint16_t* b, int64_t ldb, float* c, int64_t ldc, const float* row_scale);
+// dst (n) = src rounded to the nearest f16 or bf16 (ties to even).
+void to_half(Half f, const float* src, int64_t n, uint16_t* dst);
+
 // The entry points above as one ISA copy provides them (microkernel_isa.cpp, compiled once per
 // ISA as clattn::mk::avx2::kTable and clattn::mk::avx512::kTable); the functions above forward to
 // the copy of the active ISA.
@@ -59,6 +75,10 @@ struct Kernels {
   decltype(&mk::pack_transposed) pack_transposed;
   decltype(&mk::rows_operand) rows_operand;
   decltype(&mk::pack_rows) pack_rows;
+  decltype(&mk::rows_dot) rows_dot;
+  decltype(&mk::gemm_abt16) gemm_abt16;
+  decltype(&mk::gemm_ab16) gemm_ab16;
+  decltype(&mk::to_half) to_half;
 };
 // The table in use (for tests that compare the ISA copies).
 const Kernels& kernels();

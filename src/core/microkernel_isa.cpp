@@ -3,6 +3,7 @@
 // microkernel.cpp picks the table of the active ISA (include/clattn/cpu.h).
 #include <cstring>
 
+#include "core/half.h"
 #include "core/microkernel.h"
 #include "core/simd.h"
 
@@ -45,20 +46,55 @@ inline vn splat_n(float x) {
 #endif
 }
 
+// How a tile loads one native vector of its B operand: f32 as it is, or 16-bit storage (a KV
+// cache's f16 or bf16) widened in registers, so the operand is read at half the bytes.
+struct LoadF32 {
+  using T = float;
+  static vn load(const float* p) { return load_n(p); }
+};
+struct LoadF16 {
+  using T = uint16_t;
+  static vn load(const uint16_t* p) {
+#if defined(__AVX512F__)
+    return (vn)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif defined(__F16C__)
+    return (vn)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+    vn v;
+    for (int j = 0; j < kVN; ++j) v[j] = half::f16_to_f32(p[j]);
+    return v;
+#endif
+  }
+};
+struct LoadBF16 {
+  using T = uint16_t;
+  static vn load(const uint16_t* p) {
+#if defined(__AVX512F__)
+    return (vn)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+#elif defined(__AVX2__)
+    return (vn)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+#else
+    vn v;
+    for (int j = 0; j < kVN; ++j) v[j] = half::bf16_to_f32(p[j]);
+    return v;
+#endif
+  }
+};
+
 // C (MR, NV·kVN) = A (MR, depth) · P (depth, NV·kVN), P a column slice of a (depth, 64) panel:
 // per depth step NV loads and MR broadcasts feed MR·NV FMAs.
-template <int MR, int NV>
-void abt_tile(const float* a, int64_t lda, const float* p, int64_t depth, float* c, int64_t ldc) {
+template <int MR, int NV, class LB = LoadF32>
+void abt_tile(const float* a, int64_t lda, const typename LB::T* p, int64_t depth, float* c, int64_t ldc) {
   vn acc[MR][NV];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) acc[r][v] = vn{};
   for (int64_t d = 0; d < depth; ++d) {
-    const float* pb = p + d * kPanel;
+    const typename LB::T* pb = p + d * kPanel;
     vn b[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) b[v] = load_n(pb + v * kVN);
+    for (int v = 0; v < NV; ++v) b[v] = LB::load(pb + v * kVN);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const vn ar = splat_n(a[r * lda + d]);
@@ -73,8 +109,8 @@ void abt_tile(const float* a, int64_t lda, const float* p, int64_t depth, float*
 }
 
 // C (MR, NV·kVN) = diag(s)·C + A (MR, k) · B (k, NV·kVN).
-template <int MR, int NV>
-void ab_tile(const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb, int64_t k,
+template <int MR, int NV, class LB = LoadF32>
+void ab_tile(const float* a, int64_t a_rs, int64_t a_cs, const typename LB::T* b, int64_t ldb, int64_t k,
              float* c, int64_t ldc, const float* row_scale) {
   vn acc[MR][NV];
 #pragma GCC unroll 8
@@ -86,7 +122,7 @@ void ab_tile(const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t
   for (int64_t kk = 0; kk < k; ++kk) {
     vn bv[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) bv[v] = load_n(b + kk * ldb + v * kVN);
+    for (int v = 0; v < NV; ++v) bv[v] = LB::load(b + kk * ldb + v * kVN);
     const float* ak = a + kk * a_cs;
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
@@ -101,31 +137,92 @@ void ab_tile(const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t
     for (int v = 0; v < NV; ++v) store_n(c + r * ldc + v * kVN, acc[r][v]);
 }
 
+// Y (M, R) = X (M, k) · W (R, k)ᵀ for M <= 2 rows of X and R = 4 rows of W: every W element is
+// loaded once and feeds M FMAs, so the loop runs at the speed W streams from memory. 4·M
+// accumulators, 4 W loads and M X loads stay in registers (14 of AVX2's 16 at M = 2).
+template <int M, int R>
+void rows_dot_tile(const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t k, float* out, int64_t ldo) {
+  vn acc[M][R];
+#pragma GCC unroll 8
+  for (int i = 0; i < M; ++i)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[i][r] = vn{};
+  const int64_t kb = k / kVN * kVN;
+  for (int64_t e = 0; e < kb; e += kVN) {
+    vn wv[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) wv[r] = load_n(w + r * ldw + e);
+#pragma GCC unroll 2
+    for (int i = 0; i < M; ++i) {
+      const vn xv = load_n(x + i * ldx + e);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[i][r] += xv * wv[r];
+    }
+  }
+  for (int i = 0; i < M; ++i)
+    for (int r = 0; r < R; ++r) {
+      float s = 0;
+      for (int j = 0; j < kVN; ++j) s += acc[i][r][j];
+      for (int64_t e = kb; e < k; ++e) s += x[i * ldx + e] * w[r * ldw + e];
+      out[i * ldo + r] = s;
+    }
+}
+
 constexpr int kMR = 6;
 
-using AbtFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
-constexpr AbtFn kAbt[kMR + 1] = {nullptr,
-                                 abt_tile<1, kNVMax>, abt_tile<2, kNVMax>, abt_tile<3, kNVMax>,
-                                 abt_tile<4, kNVMax>, abt_tile<5, kNVMax>, abt_tile<6, kNVMax>};
+template <class LB>
+using AbtFn = void (*)(const float*, int64_t, const typename LB::T*, int64_t, float*, int64_t);
+template <class LB>
+constexpr AbtFn<LB> kAbt[kMR + 1] = {nullptr,
+                                     abt_tile<1, kNVMax, LB>, abt_tile<2, kNVMax, LB>, abt_tile<3, kNVMax, LB>,
+                                     abt_tile<4, kNVMax, LB>, abt_tile<5, kNVMax, LB>, abt_tile<6, kNVMax, LB>};
 
-using AbFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, int64_t, float*,
+template <class LB>
+using AbFn = void (*)(const float*, int64_t, int64_t, const typename LB::T*, int64_t, int64_t, float*,
                       int64_t, const float*);
-template <int MR>
-constexpr AbFn ab_for(int nv) {
+template <int MR, class LB>
+constexpr AbFn<LB> ab_for(int nv) {
 #if defined(__AVX512F__)
-  return nv == 1 ? ab_tile<MR, 1> : nv == 2 ? ab_tile<MR, 2> : nv == 3 ? ab_tile<MR, 3> : ab_tile<MR, 4>;
+  return nv == 1 ? ab_tile<MR, 1, LB> : nv == 2 ? ab_tile<MR, 2, LB> : nv == 3 ? ab_tile<MR, 3, LB> : ab_tile<MR, 4, LB>;
 #else
-  return nv == 1 ? ab_tile<MR, 1> : ab_tile<MR, 2>;
+  return nv == 1 ? ab_tile<MR, 1, LB> : ab_tile<MR, 2, LB>;
 #endif
 }
-AbFn ab_dispatch(int mr, int nv) {
+template <class LB>
+AbFn<LB> ab_dispatch(int mr, int nv) {
   switch (mr) {
-    case 1: return ab_for<1>(nv);
-    case 2: return ab_for<2>(nv);
-    case 3: return ab_for<3>(nv);
-    case 4: return ab_for<4>(nv);
-    case 5: return ab_for<5>(nv);
-    default: return ab_for<6>(nv);
+    case 1: return ab_for<1, LB>(nv);
+    case 2: return ab_for<2, LB>(nv);
+    case 3: return ab_for<3, LB>(nv);
+    case 4: return ab_for<4, LB>(nv);
+    case 5: return ab_for<5, LB>(nv);
+    default: return ab_for<6, LB>(nv);
+  }
+}
+
+template <class LB>
+void gemm_abt_t(int64_t m, int64_t npanels, int64_t depth, const float* a, int64_t lda,
+                const typename LB::T* bpanels, float* c, int64_t ldc) {
+  for (int64_t p = 0; p < npanels; ++p) {
+    const typename LB::T* bp = bpanels + p * depth * kPanel;
+    for (int64_t c0 = 0; c0 < kPanel; c0 += kNVMax * kVN)
+      for (int64_t r0 = 0; r0 < m; r0 += kMR) {
+        const int mr = static_cast<int>(m - r0 < kMR ? m - r0 : kMR);
+        kAbt<LB>[mr](a + r0 * lda, lda, bp + c0, depth, c + r0 * ldc + p * kPanel + c0, ldc);
+      }
+  }
+}
+
+template <class LB>
+void gemm_ab_t(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
+               const typename LB::T* b, int64_t ldb, float* c, int64_t ldc, const float* row_scale) {
+  for (int64_t c0 = 0; c0 < n; c0 += kNVMax * kVN) {
+    const int nv = static_cast<int>((n - c0) / kVN < kNVMax ? (n - c0) / kVN : kNVMax);
+    for (int64_t r0 = 0; r0 < m; r0 += kMR) {
+      const int mr = static_cast<int>(m - r0 < kMR ? m - r0 : kMR);
+      ab_dispatch<LB>(mr, nv)(a + r0 * a_rs, a_rs, a_cs, b + c0, ldb, k, c + r0 * ldc + c0, ldc,
+                              row_scale ? row_scale + r0 : nullptr);
+    }
   }
 }
 
@@ -136,24 +233,62 @@ void pack_rows(const float* src, int64_t rows, int64_t cols, int64_t rs, float* 
 
 void gemm_abt(int64_t m, int64_t npanels, int64_t depth, const float* a, int64_t lda,
               const float* bpanels, float* c, int64_t ldc) {
-  for (int64_t p = 0; p < npanels; ++p) {
-    const float* bp = bpanels + p * depth * kPanel;
-    for (int64_t c0 = 0; c0 < kPanel; c0 += kNVMax * kVN)
-      for (int64_t r0 = 0; r0 < m; r0 += kMR) {
-        const int mr = static_cast<int>(m - r0 < kMR ? m - r0 : kMR);
-        kAbt[mr](a + r0 * lda, lda, bp + c0, depth, c + r0 * ldc + p * kPanel + c0, ldc);
-      }
-  }
+  gemm_abt_t<LoadF32>(m, npanels, depth, a, lda, bpanels, c, ldc);
 }
 
 void gemm_ab(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
              const float* b, int64_t ldb, float* c, int64_t ldc, const float* row_scale) {
-  for (int64_t c0 = 0; c0 < n; c0 += kNVMax * kVN) {
-    const int nv = static_cast<int>((n - c0) / kVN < kNVMax ? (n - c0) / kVN : kNVMax);
-    for (int64_t r0 = 0; r0 < m; r0 += kMR) {
-      const int mr = static_cast<int>(m - r0 < kMR ? m - r0 : kMR);
-      ab_dispatch(mr, nv)(a + r0 * a_rs, a_rs, a_cs, b + c0, ldb, k, c + r0 * ldc + c0, ldc,
-                          row_scale ? row_scale + r0 : nullptr);
+  gemm_ab_t<LoadF32>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, row_scale);
+}
+
+void gemm_abt16(Half f, int64_t m, int64_t npanels, int64_t depth, const float* a, int64_t lda,
+                const uint16_t* bpanels, float* c, int64_t ldc) {
+  if (f == Half::f16) gemm_abt_t<LoadF16>(m, npanels, depth, a, lda, bpanels, c, ldc);
+  else gemm_abt_t<LoadBF16>(m, npanels, depth, a, lda, bpanels, c, ldc);
+}
+
+void gemm_ab16(Half f, int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
+               const uint16_t* b, int64_t ldb, float* c, int64_t ldc, const float* row_scale) {
+  if (f == Half::f16) gemm_ab_t<LoadF16>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, row_scale);
+  else gemm_ab_t<LoadBF16>(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, row_scale);
+}
+
+// Rounds to nearest even; values past f16's range become ±inf (callers check magnitudes first).
+void to_half(Half f, const float* src, int64_t n, uint16_t* dst) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  if (f == Half::f16)
+    for (; i + 8 <= n; i += 8)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+  for (; i < n; ++i) dst[i] = f == Half::f16 ? half::f32_to_f16(src[i]) : half::f32_to_bf16(src[i]);
+}
+
+void rows_dot(int64_t m, int64_t n, int64_t k, float alpha, const float* x, int64_t ldx, const float* w,
+              int64_t ldw, float beta, float* y, int64_t ldy) {
+  for (int64_t i0 = 0; i0 < m; i0 += 2) {
+    const int64_t mi = m - i0 < 2 ? m - i0 : 2;
+    const float* xi = x + i0 * ldx;
+    float* yi = y + i0 * ldy;
+    for (int64_t r0 = 0; r0 < n; r0 += 4) {
+      float t[2][4];  // (mi, 4) dot products of this group of W rows
+      const float* wr = w + r0 * ldw;
+      if (n - r0 >= 4) {
+        if (mi == 2) rows_dot_tile<2, 4>(xi, ldx, wr, ldw, k, &t[0][0], 4);
+        else rows_dot_tile<1, 4>(xi, ldx, wr, ldw, k, &t[0][0], 4);
+      } else {
+        for (int64_t r = 0; r < n - r0; ++r) {
+          if (mi == 2) rows_dot_tile<2, 1>(xi, ldx, wr + r * ldw, ldw, k, &t[0][r], 4);
+          else rows_dot_tile<1, 1>(xi, ldx, wr + r * ldw, ldw, k, &t[0][r], 4);
+        }
+      }
+      const int64_t nr = n - r0 < 4 ? n - r0 : 4;
+      for (int64_t i = 0; i < mi; ++i)
+        for (int64_t r = 0; r < nr; ++r) {
+          float& o = yi[i * ldy + r0 + r];
+          // beta = 0 overwrites: what was there (even NaN) is not read, as BLAS specifies.
+          o = beta == 0.f ? alpha * t[i][r] : beta * o + alpha * t[i][r];
+        }
     }
   }
 }
@@ -217,6 +352,7 @@ void pack_rows(const float* src, int64_t rows, int64_t cols, int64_t rs, float* 
     std::memset(dst + rows * cols_pad, 0, sizeof(float) * static_cast<size_t>((rows_pad - rows) * cols_pad));
 }
 
-extern const Kernels kTable = {gemm_abt, gemm_ab, pack_panels, pack_transposed, rows_operand, pack_rows};
+extern const Kernels kTable = {gemm_abt,   gemm_ab,   pack_panels, pack_transposed, rows_operand, pack_rows,
+                               rows_dot,   gemm_abt16, gemm_ab16, to_half};
 
 }  // namespace clattn::mk::CLATTN_ISA_NS

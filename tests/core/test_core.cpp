@@ -1,6 +1,7 @@
 // Core: tensors and views, the counter-based rng, the vectorised exp, the GEMM wrapper and the
 // tile microkernels against plain loops.
 #include <gtest/gtest.h>
+#include <immintrin.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
 #include "clattn/tensor.h"
+#include "core/half.h"
 #include "core/microkernel.h"
 #include "core/simd.h"
 
@@ -174,12 +176,166 @@ TEST(Microkernel, MatchesLoops) {
   }
 }
 
+// The few-rows product (a decode step's linear layers) in every ISA copy: every row count the
+// kernel pairs, W row counts around its groups of 4, depths around the vector width, padded
+// strides, alpha and beta; beta = 0 overwrites a NaN in Y, as BLAS does.
+TEST(Microkernel, RowsDotMatchesLoops) {
+  std::vector<const mk::Kernels*> copies = {&mk::kernels()};
+  for (const char* isa : {"avx2", "avx512"})
+    if (supported_isas().find(isa) != std::string::npos && mk::kernels_for(isa)) copies.push_back(mk::kernels_for(isa));
+  Rng r(5);
+  uint64_t ctr = 0;
+  for (const mk::Kernels* K : copies)
+    for (int64_t m : {1, 2, 3, 5})
+      for (int64_t n : {1, 3, 4, 5, 17, 64})
+        for (int64_t k : {1, 7, 8, 9, 16, 63, 65, 300})
+          for (float beta : {0.f, 1.f, -0.5f}) {
+            const int64_t ldx = k + 1, ldw = k + 3, ldy = n + 2;
+            std::vector<float> x(static_cast<size_t>(m * ldx)), w(static_cast<size_t>(n * ldw)), y(static_cast<size_t>(m * ldy));
+            for (float& v : x) v = r.normal(0, ctr++);
+            for (float& v : w) v = r.normal(1, ctr++);
+            for (float& v : y) v = beta == 0.f ? NAN : r.normal(2, ctr++);
+            const std::vector<float> y0 = y;
+            K->rows_dot(m, n, k, 1.5f, x.data(), ldx, w.data(), ldw, beta, y.data(), ldy);
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = 0; j < ldy; ++j) {
+                const size_t at = static_cast<size_t>(i * ldy + j);
+                if (j >= n) {
+                  ASSERT_TRUE(std::isnan(y[at]) ? std::isnan(y0[at]) : y[at] == y0[at]);
+                  continue;
+                }
+                double s = 0, mag = 0;
+                for (int64_t e = 0; e < k; ++e) {
+                  const double p = static_cast<double>(x[static_cast<size_t>(i * ldx + e)]) * w[static_cast<size_t>(j * ldw + e)];
+                  s += p;
+                  mag += std::fabs(p);
+                }
+                const double base = beta == 0.f ? 0.0 : beta * static_cast<double>(y0[at]);
+                ASSERT_NEAR(y[at], 1.5 * s + base, 1e-5 * (mag + std::fabs(base)) + 1e-6)
+                    << "m " << m << " n " << n << " k " << k << " beta " << beta;
+              }
+          }
+}
+
+// The scalar f16 conversions against the CPU's own (F16C, in every x86-64-v3 CPU): every one of
+// the 65536 f16 values widens to the same float, and floats over every exponent (subnormals,
+// ties, the edge of 65504, inf and NaN) narrow to the same bits. bf16 narrowing rounds to the
+// nearest value, ties to even, by its definition.
+TEST(Half, ConversionsMatchF16cAndRoundToNearestEven) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float want = _cvtsh_ss(static_cast<unsigned short>(h)), got = half::f16_to_f32(static_cast<uint16_t>(h));
+    if (std::isnan(want)) ASSERT_TRUE(std::isnan(got)) << h;
+    else ASSERT_EQ(half::bits(got), half::bits(want)) << "f16 bits " << h;
+  }
+  std::vector<float> xs = {0.f, -0.f, 65504.f, 65519.f, 65520.f, 65536.f, 1e-8f, 2.9802322e-8f, 5.9604645e-8f,
+                           6.1035156e-5f, 6.0975552e-5f, INFINITY, -INFINITY, NAN, 1.f + 1.f / 2048, 1.f + 3.f / 2048};
+  Rng r(17);
+  for (uint64_t i = 0; i < 400000; ++i) xs.push_back(half::from_bits(static_cast<uint32_t>(r.u64(0, i))));
+  for (float x : xs) {
+    const uint16_t want = static_cast<uint16_t>(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+    const uint16_t got = half::f32_to_f16(x);
+    if (std::isnan(x)) ASSERT_TRUE((got & 0x7c00u) == 0x7c00u && (got & 0x3ffu) != 0) << x;
+    else ASSERT_EQ(got, want) << "x " << x << " bits " << half::bits(x);
+    const uint16_t b = half::f32_to_bf16(x);
+    if (std::isnan(x) || std::isinf(x)) {
+      ASSERT_EQ(std::isnan(half::bf16_to_f32(b)), std::isnan(x));
+      if (std::isinf(x)) ASSERT_EQ(half::bf16_to_f32(b), x);
+      continue;
+    }
+    if (std::isinf(half::bf16_to_f32(b))) {  // overflow: only past bf16's largest finite 0x7f7f
+      ASSERT_GT(std::fabs(x), half::bf16_to_f32(0x7f7f)) << x;
+      continue;
+    }
+    // The nearest bf16 (or ties to the even one), checked by the neighbours of the result.
+    const double d = std::fabs(static_cast<double>(half::bf16_to_f32(b)) - x);
+    for (int s : {-1, 1}) {
+      const uint16_t nb = static_cast<uint16_t>(b + s);
+      if (((nb ^ b) & 0x8000u) || (nb & 0x7f80u) == 0x7f80u) continue;  // sign flip, inf or NaN
+      const double dn = std::fabs(static_cast<double>(half::bf16_to_f32(nb)) - x);
+      ASSERT_TRUE(d < dn || (d == dn && (b & 1u) == 0)) << "x " << x << " bf16 " << b;
+    }
+  }
+}
+
+// The 16-bit B operands of the tiles (a KV cache's f16 or bf16 panels and value rows) in every ISA
+// copy: the same products as f32 tiles over the widened values, bit for bit, and to_half the same
+// bits as the scalar conversions.
+TEST(Microkernel, HalfOperandsMatchWidenedF32) {
+  std::vector<const mk::Kernels*> copies = {&mk::kernels()};
+  for (const char* isa : {"avx2", "avx512"})
+    if (supported_isas().find(isa) != std::string::npos && mk::kernels_for(isa)) copies.push_back(mk::kernels_for(isa));
+  Rng r(19);
+  for (const mk::Kernels* K : copies)
+    for (const mk::Half f : {mk::Half::f16, mk::Half::bf16}) {
+      auto narrow = [&](float x) { return f == mk::Half::f16 ? half::f32_to_f16(x) : half::f32_to_bf16(x); };
+      auto widen = [&](uint16_t h) { return f == mk::Half::f16 ? half::f16_to_f32(h) : half::bf16_to_f32(h); };
+      for (int64_t n : {1, 7, 8, 9, 17, 300}) {
+        std::vector<float> src(static_cast<size_t>(n));
+        for (size_t i = 0; i < src.size(); ++i) src[i] = r.normal(0, i) * 100.f;
+        std::vector<uint16_t> got(static_cast<size_t>(n));
+        K->to_half(f, src.data(), n, got.data());
+        for (size_t i = 0; i < src.size(); ++i) ASSERT_EQ(got[i], narrow(src[i])) << src[i];
+      }
+      for (int64_t m : {1, 5, 6, 7})
+        for (int64_t depth : {1, 3, 64})
+          for (int64_t np : {1, 2}) {
+            std::vector<float> a(static_cast<size_t>(m * depth)), pan32(static_cast<size_t>(np * 64 * depth));
+            std::vector<uint16_t> pan16(pan32.size());
+            for (size_t i = 0; i < a.size(); ++i) a[i] = r.normal(1, i);
+            for (size_t i = 0; i < pan16.size(); ++i) {
+              pan16[i] = narrow(r.normal(2, i));
+              pan32[i] = widen(pan16[i]);
+            }
+            std::vector<float> c16(static_cast<size_t>(m * np * 64)), c32(c16.size());
+            K->gemm_abt16(f, m, np, depth, a.data(), depth, pan16.data(), c16.data(), np * 64);
+            K->gemm_abt(m, np, depth, a.data(), depth, pan32.data(), c32.data(), np * 64);
+            ASSERT_EQ(c16, c32) << "gemm_abt16 m " << m << " depth " << depth;
+            const int64_t nn = 16 * np;  // gemm_ab: B (depth, nn) rows, C with a row scale
+            std::vector<uint16_t> b16(static_cast<size_t>(depth * nn));
+            std::vector<float> b32(b16.size()), d16(static_cast<size_t>(m * nn)), sc(static_cast<size_t>(m));
+            for (size_t i = 0; i < b16.size(); ++i) {
+              b16[i] = narrow(r.normal(3, i));
+              b32[i] = widen(b16[i]);
+            }
+            for (size_t i = 0; i < d16.size(); ++i) d16[i] = r.normal(4, i);
+            for (size_t i = 0; i < sc.size(); ++i) sc[i] = r.normal(5, i);
+            std::vector<float> d32 = d16;
+            K->gemm_ab16(f, m, nn, depth, a.data(), depth, 1, b16.data(), nn, d16.data(), nn, sc.data());
+            K->gemm_ab(m, nn, depth, a.data(), depth, 1, b32.data(), nn, d32.data(), nn, sc.data());
+            ASSERT_EQ(d16, d32) << "gemm_ab16 m " << m << " depth " << depth;
+          }
+    }
+}
+
+// gemm's few-rows path split over the threads: slices that end inside W, and a team larger than
+// the slices, give what one thread gives.
+TEST(Gemm, FewRowsOverThreadsMatchOneThread) {
+  Rng r(9);
+  uint64_t ctr = 0;
+  for (int64_t m : {1, 4})
+    for (int64_t n : {33, 1000, 1409})
+      for (int64_t k : {40, 512}) {
+        std::vector<float> x(static_cast<size_t>(m * k)), w(static_cast<size_t>(n * k)), y1(static_cast<size_t>(m * n)), y2;
+        for (float& v : x) v = r.normal(0, ctr++);
+        for (float& v : w) v = r.normal(1, ctr++);
+        for (float& v : y1) v = r.normal(2, ctr++);
+        y2 = y1;
+        {
+          const ThreadLimit one(1);
+          gemm(false, true, m, n, k, 1.f, x.data(), k, w.data(), k, 1.f, y1.data(), n);
+        }
+        const ThreadLimit most(max_threads());
+        gemm(false, true, m, n, k, 1.f, x.data(), k, w.data(), k, 1.f, y2.data(), n);
+        ASSERT_EQ(y1, y2) << m << "x" << n << "x" << k;
+      }
+}
+
 // Every transposition over awkward sizes (1, 3, 63, 64, 65 and a product past OpenBLAS's small-matrix
 // path) with alpha and beta, against double loops; bound relative to Σ|a·b|.
 TEST(Gemm, EveryTranspositionAndAwkwardSize) {
   Rng r(11);
   uint64_t ctr = 0;
-  for (int64_t m : {1, 3, 63, 64, 65, 300})
+  for (int64_t m : {1, 2, 3, 4, 5, 63, 64, 65, 300})
     for (int64_t n : {1, 3, 64, 65, 257})
       for (int64_t k : {1, 63, 65, 300})
         for (int t = 0; t < 4; ++t) {
