@@ -15,6 +15,7 @@
 #include "cli_util.h"
 #include "clattn/atomic_file.h"
 #include "clattn/error.h"
+#include "clattn/gemm.h"
 #include "clattn/input_file.h"
 #include "clattn/model.h"
 #include "clattn/parallel.h"
@@ -564,6 +565,7 @@ void run_search(const ApproxOptions& o, Workload& w) {
 
 struct GenerateOptions {
   std::string model, prompt, attention;  // empty: the plan the model was saved with
+  std::string kv_cache = "f32";
   int64_t tokens = 128;
   float temperature = 0.f, top_p = 1.f;
   int64_t top_k = 0;
@@ -582,6 +584,7 @@ void run_generate(const GenerateOptions& o) {
   // --attention replaces it.
   auto dec = Decoder::load(o.model);
   if (!o.attention.empty()) dec->set_attention(o.attention);
+  dec->set_kv_cache(parse_kv_cache_type(o.kv_cache));
   const Tokenizer tok = Tokenizer::from_file((std::filesystem::path(o.model) / "tokenizer.json").string());
   std::vector<int32_t> prompt = tok.encode(o.prompt);
   if (prompt.empty()) {
@@ -608,6 +611,16 @@ void run_generate(const GenerateOptions& o) {
   std::fprintf(stderr, "generate: %s; prefill %zu tokens at %.0f tokens/s, decode %zu tokens at %.0f tokens/s\n",
                dec->attention_plan().c_str(), prompt.size(), static_cast<double>(prompt.size()) / std::max(st.prefill_s, 1e-9),
                made.size(), static_cast<double>(made.size()) / std::max(st.decode_s, 1e-9));
+  if (st.steps > 0) {
+    // Each step reads the weights and the cache (at the mean context of the run); a 64 MB read
+    // pass (~10 ms) gives the machine's rate.
+    const double steps = static_cast<double>(st.steps);
+    const double step_s = st.decode_s / steps;
+    const double gbs = dec->step_bytes(static_cast<double>(prompt.size()) + steps / 2) / step_s * 1e-9;
+    const double peak = measure_read_gbs(int64_t{64} << 20, 3);
+    std::fprintf(stderr, "generate: decode step %.2f ms, %.1f GB/s read = %.0f%% of this machine's %.1f GB/s\n",
+                 step_s * 1e3, gbs, 100 * gbs / peak, peak);
+  }
 }
 
 }  // namespace
@@ -671,6 +684,7 @@ void add_generate(CLI::App& app) {
   sub->add_option("--top-k", o->top_k, "keep the k most likely tokens (0 = all)")->capture_default_str();
   sub->add_option("--top-p", o->top_p, "nucleus: keep the smallest set with this mass (1 = all)")->capture_default_str();
   sub->add_option("--seed", o->seed, "sampling seed")->capture_default_str();
+  add_kv_cache_option(sub, o->kv_cache);
   add_threads_option(sub, o->threads, "generate");
   sub->callback([o] { run_generate(*o); });
 }

@@ -47,7 +47,7 @@ struct BenchModelOptions {
   int64_t layers = 4, hidden = 256, heads = 4, ffn = 1024, batch = 0, decode = 128;
   std::vector<std::string> attention{"full"}, plan_files;
   int repeat = 3, threads = 0;
-  std::string json, format = "text";
+  std::string json, format = "text", kv_cache = "f32";
 };
 
 double now_ms() {
@@ -316,6 +316,7 @@ void run_bench_model(const BenchModelOptions& o) {
   // after a split prefill, whose cache is spread over the ranks).
   auto dec = Decoder::load(o.model);
   dec->set_sequence_parallel(split);
+  dec->set_kv_cache(parse_kv_cache_type(o.kv_cache));
   const bool decode = o.decode > 0 && !(o.sequence_parallel && R > 1);
   if (pre && o.decode > 0 && !decode)
     std::fprintf(pre, "bench-model: no decode rows: decoding after a split prefill is not supported\n");
@@ -354,12 +355,8 @@ void run_bench_model(const BenchModelOptions& o) {
           dattn += a / static_cast<double>(o.decode) / o.repeat;
         }
       }
-      // Bytes a step must read: every weight once (the input embedding only its one row, unless
-      // it is also the output layer) and the K and V cache at the mean context of the sweep.
-      const double weights = static_cast<double>(dec->params().size()) -
-                             (c.tie_embeddings ? 0.0 : static_cast<double>((c.vocab - 1) * c.hidden));
-      const double context = static_cast<double>(n) + static_cast<double>(o.decode + 1) / 2;
-      const double step_bytes = 4.0 * (weights + 2.0 * c.layers * c.kv_heads * c.head_dim * context);
+      // Bytes a step must read, at the mean context of the sweep.
+      const double step_bytes = dec->step_bytes(static_cast<double>(n) + static_cast<double>(o.decode + 1) / 2);
       report(plan, "decode", 1, 1, std::move(dms), dattn, per_token + 2.0 * c.hidden * c.vocab, 0, step_bytes, 0,
              c.layers, 0, 0, false);
     }
@@ -386,6 +383,7 @@ void add_bench_model(CLI::App& app) {
   sub->add_option("--ffn", o->ffn, "random BERT: feed-forward size")->capture_default_str();
   sub->add_option("--batch", o->batch, "random BERT: batch (0 = 1); KWT: clips per forward (0 = all)")->capture_default_str();
   sub->add_option("--decode", o->decode, "decoder: tokens decoded after the prefill")->capture_default_str();
+  add_kv_cache_option(sub, o->kv_cache);
   sub->add_option("--attention", o->attention, "attention plan, repeatable")->check(spec_validator())->capture_default_str();
   add_plan_file_option(sub, o->attention, &o->plan_files);
   sub->add_option("--repeat", o->repeat, "timed runs after one warm-up")->capture_default_str();

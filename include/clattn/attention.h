@@ -69,6 +69,9 @@ struct Capabilities {
   // causal, not positional).
   bool splits_sequence = false;
   bool splits_sequence_causal = false;
+  // Decodes from a KVCache of 16-bit floats (kv_cache.h): its kernels read the cache's key panels
+  // and value rows, widening them in registers (full and local).
+  bool half_cache = false;
 };
 
 // Forward only (inference), or forward then backward (training): what a call keeps and needs.

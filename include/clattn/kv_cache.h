@@ -15,6 +15,12 @@
 //                                         part is made of earlier queries (causal clustered: its
 //                                         centroids), so decoding computes what a prefill does
 //
+// 16-bit storage (KVCacheType f16 or bf16) keeps only kpan and vrow, as f16 or bf16 floats, and
+// the kernels widen them to f32 in registers (compute stays f32): a decode step reads half the
+// bytes of an f32 cache's K and V. keys() and values() then carry the shape and strides with no
+// data, so only an attention that reads the panels and value rows (Capabilities::half_cache: full
+// and local) can take such a cache; append refuses an f16 cache values past f16's range (65504).
+//
 // Use: set in.k = cache.keys(), in.v = cache.values(), in.cache = &cache. A cache is for
 // inference: backward refuses inputs that name one.
 //
@@ -25,12 +31,20 @@
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <typeinfo>
 #include <vector>
 
 #include "clattn/tensor.h"
 
 namespace clattn {
+
+// How a KVCache stores keys and values: f32, or 16-bit floats (half the bytes, rounded to
+// nearest even; f16 keeps 11 significant bits up to 65504, bf16 8 bits over f32's range).
+enum class KVCacheType : uint8_t { f32, f16, bf16 };
+const char* kv_cache_type_name(KVCacheType t);  // "f32", "f16", "bf16"
+// "f32", "f16" or "bf16" (any case); an Error naming the choices otherwise.
+KVCacheType parse_kv_cache_type(std::string_view s);
 
 // Base of an attention's derived state kept with a KVCache.
 struct CacheState {
@@ -45,7 +59,7 @@ class KVCache {
   // query_heads > 0 keeps the queries too (H = query_heads; Attention::capabilities().
   // decode_queries says which attentions need them).
   KVCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t dk, int64_t dv,
-          int64_t query_heads = 0);
+          int64_t query_heads = 0, KVCacheType type = KVCacheType::f32);
   KVCache(KVCache&&) = default;
   KVCache& operator=(KVCache&&) = default;
 
@@ -68,6 +82,7 @@ class KVCache {
   int64_t kv_heads() const { return Hkv_; }
   int64_t dk() const { return Dk_; }
   int64_t dv() const { return Dv_; }
+  KVCacheType type() const { return type_; }
   size_t bytes() const;
 
   ConstView keys() const;    // (B, Hkv, size, Dk)
@@ -81,11 +96,14 @@ class KVCache {
   float max_abs_key() const { return size_ ? kmax_[static_cast<size_t>(size_ - 1)] : 0.f; }
   float max_abs_value() const { return size_ ? vmax_[static_cast<size_t>(size_ - 1)] : 0.f; }
   float max_abs_query() const { return size_ && Hq_ > 0 ? qmax_[static_cast<size_t>(size_ - 1)] : 0.f; }
-  // Panels of (b, hk): ceil(size/64) panels of (Dk, 64); columns past size are zero.
+  // Panels of (b, hk): ceil(size/64) panels of (Dk, 64); columns past size are zero. f32 caches.
   const float* key_panels(int64_t b, int64_t hk) const;
-  // Rows of (b, hk): (size, value_ld()), columns past Dv zero.
+  // Rows of (b, hk): (size, value_ld()), columns past Dv zero. f32 caches.
   const float* value_rows(int64_t b, int64_t hk) const;
   int64_t value_ld() const { return Dvp_; }
+  // The same layouts in a 16-bit cache (f16 or bf16 bits, per type()).
+  const uint16_t* key_panels16(int64_t b, int64_t hk) const;
+  const uint16_t* value_rows16(int64_t b, int64_t hk) const;
 
   // The derived state of type T (made empty on first use or when another type holds the slot).
   // Attentions read it through the const cache of AttentionInputs: it caches, it never decides.
@@ -98,11 +116,14 @@ class KVCache {
 
  private:
   int64_t B_ = 0, Hkv_ = 0, Hq_ = 0, cap_ = 0, Dk_ = 0, Dv_ = 0, Dkp_ = 0, Dvp_ = 0, size_ = 0;
-  Tensor krow_, kpan_, vrow_, qrow_;
+  KVCacheType type_ = KVCacheType::f32;
+  Tensor krow_, kpan_, vrow_, qrow_;           // f32 caches
+  std::vector<uint16_t> kpan16_, vrow16_;      // 16-bit caches: kpan and vrow as above
   // (capacity) largest |x| of the rows of positions 0..j (a prefix maximum, so truncate keeps it
   // exact up to the granularity of appends).
   std::vector<float> kmax_, vmax_, qmax_;
   mutable std::unique_ptr<CacheState> derived_;
+  void append16(ConstView k, ConstView v, int64_t T);
 };
 
 }  // namespace clattn

@@ -38,6 +38,7 @@
 #include "clattn/attention.h"
 #include "clattn/comm.h"
 #include "clattn/data.h"
+#include "clattn/kv_cache.h"
 #include "clattn/seq_parallel.h"
 #include "clattn/tensor.h"
 
@@ -306,12 +307,21 @@ class Decoder final : public Model {
   // runs the prompt through the cache, step() appends one token; both return the logits of the
   // last position (vocab).
   void start(int64_t capacity);
+  // How start() stores the cache: f32 (default), or f16 / bf16, which halve the bytes a decode
+  // step reads from it (kv_cache.h); the attention still computes in f32. 16-bit caches are read
+  // by full and local attention: start() refuses a plan with another variant.
+  void set_kv_cache(KVCacheType type);
+  KVCacheType kv_cache() const;
   std::vector<float> prefill(std::span<const int32_t> ids);
   std::vector<float> step(int32_t id);
   int64_t position() const;
   using Model::forward_bytes;
   // With cache_positions > 0 also the KV caches of that many positions.
   double forward_bytes(int64_t B, int64_t T, int64_t cache_positions) const;
+  // Bytes one decode step must read with `context` positions cached: every weight once (the
+  // input embedding only its one row, unless it is also the output layer) and K and V of every
+  // cached position, at the size kv_cache() stores them. Over the step's time it is the rate to compare with measure_read_gbs().
+  double step_bytes(double context) const;
 
  private:
   friend class Model;
@@ -324,7 +334,8 @@ class Decoder final : public Model {
 // before `eos` (when >= 0; it is not returned). on_token(id) sees each token as it is drawn (for
 // streaming). Returns the new tokens; `stats` (optional) gets the prefill and decode seconds.
 struct GenerateStats {
-  double prefill_s = 0, decode_s = 0;
+  double prefill_s = 0, decode_s = 0;  // decode_s: the steps with sampling and on_token
+  int64_t steps = 0;                   // decode steps run (step() calls)
 };
 std::vector<int32_t> generate(Decoder& dec, std::span<const int32_t> prompt, int64_t max_tokens,
                               const SamplingOptions& opt, int32_t eos,

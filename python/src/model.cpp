@@ -250,6 +250,18 @@ void bind_model(pb::module_& m) {
            "Causal forward: logits (B, T, vocab) for ids (B, T), or (T, vocab) for ids (T,)")
       .def("start", [](PyDecoder& p, int64_t capacity) { run_locked(p, [&] { p.m->start(capacity); }); },
            pb::arg("capacity"), "Incremental decoding: clear the KV cache (capacity positions)")
+      .def_property("kv_cache", [](PyDecoder& p) { return std::string(kv_cache_type_name(p.m->kv_cache())); },
+                    [](PyDecoder& p, const std::string& t) {
+                      KVCacheType k;
+                      try {
+                        k = parse_kv_cache_type(t);
+                      } catch (const Error& e) {
+                        throw pb::value_error(e.what());
+                      }
+                      run_locked(p, [&] { p.m->set_kv_cache(k); });
+                    },
+                    "KV cache storage of start() and generate(): 'f32' (default), 'f16' or 'bf16' (half the "
+                    "bytes a decode step reads; full and local attention only; compute stays f32)")
       .def("prefill", [](PyDecoder& p, pb::handle ids_obj) {
              const Ids ids = ids_arg(ids_obj, p.m->config().vocab, "ids");
              if (ids.batched) throw pb::value_error("prefill takes one sequence (T,), got a batch");

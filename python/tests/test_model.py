@@ -6,6 +6,7 @@ import os
 import re
 
 import numpy as np
+import pytest
 
 import clattn
 from conftest import SOURCE_DIR, data_dir
@@ -28,6 +29,24 @@ def test_decoder_reproduces_reference_logits():
     last = m.prefill(ref["tokens"][:10])
     assert np.abs(last - logits[9]).max() < 1e-3
     assert np.abs(m.step(int(ref["tokens"][10])) - logits[10]).max() < 1e-3
+    # A 16-bit cache: the same story greedily, logits within its rounding (the C++ test states the
+    # measured bounds); other variants are refused with the reason; bad names are ValueErrors.
+    assert m.kv_cache == "f32"
+    story = m.generate(ref["tokens"][:5], max_tokens=40)
+    for kind, bound in (("f16", 0.05), ("BF16", 0.4)):
+        m.kv_cache = kind
+        assert m.kv_cache == kind.lower()
+        m.start(64)
+        assert np.abs(m.prefill(ref["tokens"][:10]) - logits[9]).max() < bound
+        assert np.abs(m.step(int(ref["tokens"][10])) - logits[10]).max() < bound
+        assert list(m.generate(ref["tokens"][:5], max_tokens=40)) == list(story)
+    m.set_attention("clustered:clusters=3")
+    with pytest.raises(RuntimeError, match="read by full and local attention only"):
+        m.start(64)
+    with pytest.raises(ValueError, match="f32, f16 or bf16"):
+        m.kv_cache = "fp8"
+    m.kv_cache = "f32"
+    m.set_attention("full")
 
 
 def test_encoder_features_and_plans():

@@ -1,6 +1,8 @@
 // Layer state buffers and the key/value cache of decoding.
 #include <algorithm>
+#include <cctype>
 #include <cstring>
+#include <string>
 
 #include "attention/validate.h"
 #include "clattn/attention.h"
@@ -8,6 +10,10 @@
 #include "core/microkernel.h"
 
 namespace clattn {
+namespace {
+constexpr float kF16Max = 65504.f;            // f16's largest finite value
+constexpr float kBF16Max = 3.38953139e38f;    // bf16's (0x7f7f)
+}  // namespace
 
 Tensor* AttentionState::find(std::string_view name) {
   for (auto& [n, t] : buffers)
@@ -28,10 +34,26 @@ Tensor& AttentionState::add(std::string name, const Shape& shape) {
   return buffers.back().second;
 }
 
+const char* kv_cache_type_name(KVCacheType t) {
+  switch (t) {
+    case KVCacheType::f16: return "f16";
+    case KVCacheType::bf16: return "bf16";
+    default: return "f32";
+  }
+}
+
+KVCacheType parse_kv_cache_type(std::string_view s) {
+  std::string low(s);
+  for (char& c : low) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (KVCacheType t : {KVCacheType::f32, KVCacheType::f16, KVCacheType::bf16})
+    if (low == kv_cache_type_name(t)) return t;
+  throw Error(detail::concat("KV cache type must be f32, f16 or bf16, got \"", s, "\""));
+}
+
 KVCache::KVCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t dk, int64_t dv,
-                 int64_t query_heads)
+                 int64_t query_heads, KVCacheType type)
     : B_(batch), Hkv_(kv_heads), Hq_(query_heads), cap_(mk::round_up(std::max<int64_t>(capacity, 1), mk::kPanel)),
-      Dk_(dk), Dv_(dv), Dkp_(mk::round_up(dk, mk::kLanes)), Dvp_(mk::round_up(dv, mk::kLanes)) {
+      Dk_(dk), Dv_(dv), Dkp_(mk::round_up(dk, mk::kLanes)), Dvp_(mk::round_up(dv, mk::kLanes)), type_(type) {
   check(batch >= 1 && kv_heads >= 1 && capacity >= 0 && dk >= 1 && dv >= 1,
         "KVCache: batch, kv_heads, dk, dv must be >= 1 and capacity >= 0, got batch ", batch,
         ", kv_heads ", kv_heads, ", capacity ", capacity, ", dk ", dk, ", dv ", dv);
@@ -39,9 +61,16 @@ KVCache::KVCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t dk, 
         "KVCache: query_heads must be 0 (no queries kept) or a multiple of kv_heads ", kv_heads,
         ", got ", query_heads);
   check(capacity <= (int64_t{1} << 31), "KVCache: capacity ", capacity, " is above 2^31 positions");
-  krow_ = Tensor(Shape{B_, Hkv_, cap_, Dkp_});
-  kpan_ = Tensor(Shape{B_, Hkv_, cap_ / mk::kPanel, Dk_, mk::kPanel});
-  vrow_ = Tensor(Shape{B_, Hkv_, cap_, Dvp_});
+  check(type == KVCacheType::f32 || query_heads == 0, "KVCache: a ", kv_cache_type_name(type),
+        " cache keeps no queries (query_heads must be 0, got ", query_heads, ")");
+  if (type == KVCacheType::f32) {
+    krow_ = Tensor(Shape{B_, Hkv_, cap_, Dkp_});
+    kpan_ = Tensor(Shape{B_, Hkv_, cap_ / mk::kPanel, Dk_, mk::kPanel});
+    vrow_ = Tensor(Shape{B_, Hkv_, cap_, Dvp_});
+  } else {
+    kpan16_.assign(static_cast<size_t>(B_ * Hkv_ * cap_ * Dk_), 0);   // (B, Hkv, cap/64, Dk, 64)
+    vrow16_.assign(static_cast<size_t>(B_ * Hkv_ * cap_ * Dvp_), 0);  // (B, Hkv, cap, Dvp)
+  }
   if (Hq_ > 0) qrow_ = Tensor(Shape{B_, Hq_, cap_, Dkp_});
   kmax_.assign(static_cast<size_t>(cap_), 0.f);
   vmax_.assign(static_cast<size_t>(cap_), 0.f);
@@ -73,6 +102,12 @@ void KVCache::append(ConstView k, ConstView v, ConstView q) {
   const float new_k = static_cast<float>(finite_max_abs(k, "k", "KVCache::append"));
   const float new_v = static_cast<float>(finite_max_abs(v, "v", "KVCache::append"));
   const float new_q = Hq_ > 0 ? static_cast<float>(finite_max_abs(q, "q", "KVCache::append")) : 0.f;
+  if (type_ == KVCacheType::f16)
+    check(new_k <= kF16Max && new_v <= kF16Max, "KVCache::append: |k| reaches ", new_k, " and |v| ", new_v,
+          ", past f16's largest finite value 65504: use a bf16 or f32 cache");
+  if (type_ == KVCacheType::bf16)
+    check(new_k <= kBF16Max && new_v <= kBF16Max, "KVCache::append: |k| reaches ", new_k, " and |v| ", new_v,
+          ", past bf16's largest finite value 3.39e38: use an f32 cache");
   for (int64_t t = 0; t < T; ++t) {
     const size_t j = static_cast<size_t>(size_ + t);
     kmax_[j] = std::max(new_k, size_ > 0 ? kmax_[static_cast<size_t>(size_ - 1)] : 0.f);
@@ -85,6 +120,11 @@ void KVCache::append(ConstView k, ConstView v, ConstView q) {
         for (int64_t t = 0; t < T; ++t)
           std::memcpy(qrow_.data() + ((b * Hq_ + h) * cap_ + size_ + t) * Dkp_, q.ptr(b, h, t),
                       sizeof(float) * static_cast<size_t>(Dk_));
+  }
+  if (type_ != KVCacheType::f32) {
+    append16(k, v, T);
+    size_ += T;
+    return;
   }
   for (int64_t b = 0; b < B_; ++b)
     for (int64_t hk = 0; hk < Hkv_; ++hk)
@@ -103,6 +143,24 @@ void KVCache::append(ConstView k, ConstView v, ConstView q) {
   size_ += T;
 }
 
+void KVCache::append16(ConstView k, ConstView v, int64_t T) {
+  const mk::Half f = type_ == KVCacheType::f16 ? mk::Half::f16 : mk::Half::bf16;
+  uint16_t kh[256];  // one key row narrowed, Dk at a time, before it is spread over a panel column
+  for (int64_t b = 0; b < B_; ++b)
+    for (int64_t hk = 0; hk < Hkv_; ++hk)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t j = size_ + t;
+        mk::to_half(f, v.ptr(b, hk, t), Dv_, vrow16_.data() + ((b * Hkv_ + hk) * cap_ + j) * Dvp_);
+        uint16_t* pan = kpan16_.data() + (b * Hkv_ + hk) * cap_ * Dk_ + (j / mk::kPanel) * Dk_ * mk::kPanel + j % mk::kPanel;
+        const float* kr = k.ptr(b, hk, t);
+        for (int64_t e0 = 0; e0 < Dk_; e0 += 256) {
+          const int64_t n = std::min<int64_t>(256, Dk_ - e0);
+          mk::to_half(f, kr + e0, n, kh);
+          for (int64_t e = 0; e < n; ++e) pan[(e0 + e) * mk::kPanel] = kh[e];
+        }
+      }
+}
+
 void KVCache::truncate(int64_t n) {
   check(n >= 0 && n <= size_, "KVCache::truncate: n must be in [0, ", size_, "], got ", n);
   size_ = n;
@@ -111,7 +169,7 @@ void KVCache::truncate(int64_t n) {
 
 size_t KVCache::bytes() const {
   return sizeof(float) * static_cast<size_t>(krow_.numel() + kpan_.numel() + vrow_.numel() + qrow_.numel()) +
-         (derived_ ? derived_->bytes() : 0);
+         sizeof(uint16_t) * (kpan16_.size() + vrow16_.size()) + (derived_ ? derived_->bytes() : 0);
 }
 
 ConstView KVCache::queries() const {
@@ -122,20 +180,30 @@ ConstView KVCache::queries() const {
 }
 
 ConstView KVCache::keys() const {
-  ConstView v{krow_.data(), Shape{B_, Hkv_, size_, Dk_}, {}};
+  ConstView v{type_ == KVCacheType::f32 ? krow_.data() : nullptr, Shape{B_, Hkv_, size_, Dk_}, {}};
   v.strides = {Hkv_ * cap_ * Dkp_, cap_ * Dkp_, Dkp_, 1};
   return v;
 }
 ConstView KVCache::values() const {
-  ConstView v{vrow_.data(), Shape{B_, Hkv_, size_, Dv_}, {}};
+  ConstView v{type_ == KVCacheType::f32 ? vrow_.data() : nullptr, Shape{B_, Hkv_, size_, Dv_}, {}};
   v.strides = {Hkv_ * cap_ * Dvp_, cap_ * Dvp_, Dvp_, 1};
   return v;
 }
 const float* KVCache::key_panels(int64_t b, int64_t hk) const {
+  check(type_ == KVCacheType::f32, "KVCache::key_panels: this cache holds ", kv_cache_type_name(type_), " (key_panels16)");
   return kpan_.data() + (b * Hkv_ + hk) * cap_ * Dk_;
 }
 const float* KVCache::value_rows(int64_t b, int64_t hk) const {
+  check(type_ == KVCacheType::f32, "KVCache::value_rows: this cache holds ", kv_cache_type_name(type_), " (value_rows16)");
   return vrow_.data() + (b * Hkv_ + hk) * cap_ * Dvp_;
+}
+const uint16_t* KVCache::key_panels16(int64_t b, int64_t hk) const {
+  check(type_ != KVCacheType::f32, "KVCache::key_panels16: this cache holds f32 (key_panels)");
+  return kpan16_.data() + (b * Hkv_ + hk) * cap_ * Dk_;
+}
+const uint16_t* KVCache::value_rows16(int64_t b, int64_t hk) const {
+  check(type_ != KVCacheType::f32, "KVCache::value_rows16: this cache holds f32 (value_rows)");
+  return vrow16_.data() + (b * Hkv_ + hk) * cap_ * Dvp_;
 }
 
 }  // namespace clattn

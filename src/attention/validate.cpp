@@ -14,8 +14,10 @@
 namespace clattn {
 namespace {
 
-void check_view(ConstView t, int rank, std::string_view what, std::string_view who) {
-  check(!t.empty() || t.numel() == 0, who, ": ", what, " is missing");
+// held_elsewhere: the view carries shape and strides only (a 16-bit KVCache's keys and values,
+// which the kernels read from the cache itself).
+void check_view(ConstView t, int rank, std::string_view what, std::string_view who, bool held_elsewhere = false) {
+  check(held_elsewhere || !t.empty() || t.numel() == 0, who, ": ", what, " is missing");
   check(t.rank() == rank, who, ": ", what, " must have rank ", rank, ", got shape ", t.shape);
   for (int i = 0; i < rank; ++i)
     check(t.dim(i) >= 0, who, ": ", what, " has a negative dim: ", t.shape);
@@ -254,8 +256,9 @@ AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& cap
 AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& caps, std::string_view who,
                               Magnitudes& mag) {
   check_view(in.q, 4, "q (B, H, N, Dk)", who);
-  check_view(in.k, 4, "k (B, Hkv, M, Dk)", who);
-  check_view(in.v, 4, "v (B, Hkv, M, Dv)", who);
+  const bool half_cache = in.cache && in.cache->type() != KVCacheType::f32;
+  check_view(in.k, 4, "k (B, Hkv, M, Dk)", who, half_cache);
+  check_view(in.v, 4, "v (B, Hkv, M, Dv)", who, half_cache);
   AttentionDims d;
   d.B = in.q.dim(0);
   d.H = in.q.dim(1);
@@ -294,6 +297,8 @@ AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& cap
               in.v.data == cv.data && in.v.shape == cv.shape && in.v.strides == cv.strides,
           who, ": with a cache, k and v must be cache->keys() and cache->values() (cache holds ",
           c.size(), " positions; k is ", in.k.shape, ")");
+    check(caps.half_cache || c.type() == KVCacheType::f32, who, " reads the cache's keys as f32 rows; a ",
+          kv_cache_type_name(c.type()), " KV cache is read by full and local attention only (use an f32 cache)");
   }
   check_lengths(in.query_lengths, d.B, d.N, "query_lengths", who);
   check_lengths(in.key_lengths, d.B, d.M, "key_lengths", who);

@@ -211,7 +211,9 @@ double DecoderImpl::forward_bytes(int64_t B, int64_t T, int64_t cache_positions)
   // The arena, the returned logits, the largest attention workspace; caches hold K twice (rows
   // and panels) and V once.
   const double KV = static_cast<double>(c.kv_heads * c.head_dim);
-  const double cache = cache_positions > 0 ? 4.0 * static_cast<double>(c.layers * cache_positions) * (3.0 * KV + 64) : 0;
+  const double cache = cache_positions <= 0            ? 0
+                       : kv_type_ == KVCacheType::f32 ? 4.0 * static_cast<double>(c.layers * cache_positions) * (3.0 * KV + 64)
+                                                       : 2.0 * static_cast<double>(c.layers * cache_positions) * 2.0 * KV;
   return 4.0 * static_cast<double>(plan_floats(B, T, false, false)) + 4.0 * static_cast<double>(B * T * c.vocab) + att_->workspace_bytes(d, false) + cache;
 }
 
@@ -443,15 +445,23 @@ void DecoderImpl::start(int64_t capacity) {
   for (int64_t l = 0; l < c.layers; ++l)
     check(!att_->at(l).capabilities().shared_qk, "decoder: attention of layer ", l, ": '", att_->specs()[static_cast<size_t>(l)],
           "' takes the queries as its keys, which a KV cache does not hold; it cannot decode token by token");
+  if (kv_type_ != KVCacheType::f32)
+    for (int64_t l = 0; l < c.layers; ++l)
+      check(att_->at(l).capabilities().half_cache, "decoder: attention of layer ", l, ": '",
+            att_->specs()[static_cast<size_t>(l)], "' reads the cache's keys as f32 rows; a ",
+            kv_cache_type_name(kv_type_), " KV cache is read by full and local attention only (use an f32 cache)");
   // A layer whose attention builds on earlier queries (causal clustered) keeps them in its cache,
   // so that decoding computes what a prefill of the same tokens computes.
   auto query_heads = [&](int64_t l) { return att_->at(l).capabilities().decode_queries ? c.heads : 0; };
   bool fits = cache_.size() == static_cast<size_t>(c.layers);
-  for (int64_t l = 0; fits && l < c.layers; ++l)
-    fits = cache_[static_cast<size_t>(l)].capacity() >= capacity && cache_[static_cast<size_t>(l)].query_heads() == query_heads(l);
+  for (int64_t l = 0; fits && l < c.layers; ++l) {
+    const KVCache& kc = cache_[static_cast<size_t>(l)];
+    fits = kc.capacity() >= capacity && kc.query_heads() == query_heads(l) && kc.type() == kv_type_;
+  }
   if (!fits) {
     cache_.clear();
-    for (int64_t l = 0; l < c.layers; ++l) cache_.emplace_back(1, c.kv_heads, capacity, c.head_dim, c.head_dim, query_heads(l));
+    for (int64_t l = 0; l < c.layers; ++l)
+      cache_.emplace_back(1, c.kv_heads, capacity, c.head_dim, c.head_dim, query_heads(l), kv_type_);
   }
   for (KVCache& kc : cache_) kc.clear();
   pos_ = 0;
@@ -524,9 +534,18 @@ Tensor Decoder::forward(std::span<const int32_t> ids, int64_t B, int64_t T, std:
   return impl().forward(ids, B, T, lengths);
 }
 void Decoder::start(int64_t capacity) { impl().start(capacity); }
+void Decoder::set_kv_cache(KVCacheType type) { impl().set_kv_cache(type); }
+KVCacheType Decoder::kv_cache() const { return impl().kv_cache(); }
 std::vector<float> Decoder::prefill(std::span<const int32_t> ids) { return impl().prefill(ids); }
 std::vector<float> Decoder::step(int32_t id) { return impl().step(id); }
 int64_t Decoder::position() const { return impl().position(); }
+double Decoder::step_bytes(double context) const {
+  const ModelConfig& c = config();
+  const double weights = static_cast<double>(params().size()) -
+                         (c.tie_embeddings ? 0.0 : static_cast<double>((c.vocab - 1) * c.hidden));
+  const double per_value = kv_cache() == KVCacheType::f32 ? 4.0 : 2.0;
+  return 4.0 * weights + per_value * 2.0 * static_cast<double>(c.layers * c.kv_heads * c.head_dim) * context;
+}
 double Decoder::forward_bytes(int64_t B, int64_t T, int64_t cache_positions) const {
   return impl().forward_bytes(B, T, cache_positions);
 }

@@ -270,6 +270,8 @@ class DecoderImpl final : public ModelImpl {
   // Decoder's public calls (model.h).
   Tensor forward(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths);
   void start(int64_t capacity);
+  void set_kv_cache(KVCacheType t) { kv_type_ = t; }
+  KVCacheType kv_cache() const { return kv_type_; }
   std::vector<float> prefill(std::span<const int32_t> ids);
   std::vector<float> step(int32_t id);
   int64_t position() const { return pos_; }
@@ -310,6 +312,7 @@ class DecoderImpl final : public ModelImpl {
   std::unique_ptr<Layout> L_;
   std::unique_ptr<Bufs> b_;
   std::vector<KVCache> cache_;
+  KVCacheType kv_type_ = KVCacheType::f32;  // what start() allocates
   std::vector<int32_t> posbuf_;
   bool gpt2_ = false;  // model_type gpt2 (see the class comment)
   int64_t pos_ = 0;

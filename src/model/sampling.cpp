@@ -72,16 +72,21 @@ std::vector<int32_t> generate(Decoder& dec, std::span<const int32_t> prompt, int
   std::vector<float> logits = dec.prefill(prompt);
   const auto t1 = Clock::now();
   std::vector<int32_t> out;
+  int64_t steps = 0;
   for (int64_t made = 0; made < max_tokens; ++made) {
     const int32_t next = sample_token(logits, opt, static_cast<uint64_t>(made));
     if (next == eos && eos >= 0) break;
     out.push_back(next);
     if (on_token) on_token(next);
-    if (made + 1 < max_tokens) logits = dec.step(next);
+    if (made + 1 < max_tokens) {
+      logits = dec.step(next);
+      ++steps;
+    }
   }
   if (stats) {
     stats->prefill_s = std::chrono::duration<double>(t1 - t0).count();
     stats->decode_s = std::chrono::duration<double>(Clock::now() - t1).count();
+    stats->steps = steps;
   }
   return out;
 }

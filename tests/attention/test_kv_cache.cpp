@@ -3,13 +3,17 @@
 // its strided views; bad appends and misuse are refused and leave the cache unchanged.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "clattn/attention.h"
 #include "clattn/kv_cache.h"
 #include "common/test_util.h"
+#include "core/half.h"
 
 namespace clattn {
 namespace {
@@ -150,6 +154,106 @@ TEST(ApiKVCache, KVCacheDecodeMatchesFull) {
     EXPECT_THROW(full->backward(in, out.view(), ctx, dout.view(), dq.view(), dk.view(), dv.view()), Error);
   }
   EXPECT_TRUE(unchanged());
+}
+
+// A 16-bit cache (f16 or bf16) gives, bit for bit, what an f32 cache holding the same rows
+// rounded to 16 bits gives: the kernels widen the stored bits and run the f32 arithmetic in the
+// same order. Full and local, N = 1 and 3, causal or not, grouped heads, odd head sizes, appends of
+// a prompt then single positions, and the sizes around the 64-key panels up to 1000.
+TEST(ApiKVCache, HalfCacheEqualsF32CacheOfRoundedRows) {
+  constexpr int64_t B = 2, Hkv = 2, H = 4, steps = 1000;
+  for (const KVCacheType type : {KVCacheType::f16, KVCacheType::bf16})
+    for (const auto [Dk, Dv] : {std::pair<int64_t, int64_t>{64, 64}, {20, 33}}) {
+      SCOPED_TRACE(::testing::Message() << kv_cache_type_name(type) << " Dk " << Dk << " Dv " << Dv);
+      KVCache c16(B, Hkv, steps, Dk, Dv, 0, type), c32(B, Hkv, steps, Dk, Dv);
+      EXPECT_EQ(c16.type(), type);
+      EXPECT_LT(c16.bytes(), c32.bytes() / 2);  // K once (panels) and V, two bytes each
+      const Tensor K = randn(Shape{B, Hkv, steps, Dk}, 61, 1, 3.f), V = randn(Shape{B, Hkv, steps, Dv}, 61, 2, 3.f);
+      Tensor Kr = Tensor::from(K.view()), Vr = Tensor::from(V.view());  // the rows rounded to 16 bits
+      for (Tensor* t : {&Kr, &Vr})
+        for (int64_t i = 0; i < t->numel(); ++i) {
+          float& x = t->data()[i];
+          x = type == KVCacheType::f16 ? half::f16_to_f32(half::f32_to_f16(x)) : half::bf16_to_f32(half::f32_to_bf16(x));
+        }
+      auto full = make_attention("full"), local = make_attention("local:window=16");
+      const Tensor q1 = randn(Shape{B, H, 1, Dk}, 61, 3), q3 = randn(Shape{B, H, 3, Dk}, 61, 4);
+      const std::vector<int64_t> checks = {1, 3, 63, 64, 65, 129, 1000};
+      int64_t s = 0;
+      while (s < steps) {
+        const int64_t T = s == 0 ? 3 : s == 3 ? 60 : 1;  // a prompt, a longer one, then single steps
+        const int64_t t = std::min(T, steps - s);
+        c16.append(rows(K, s, t), rows(V, s, t));
+        c32.append(rows(Kr, s, t), rows(Vr, s, t));
+        s += t;
+        if (std::find(checks.begin(), checks.end(), s) == checks.end()) continue;
+        ASSERT_EQ(c16.size(), s);
+        EXPECT_EQ(c16.keys().data, nullptr);  // shape and strides only: the rows are 16-bit
+        EXPECT_EQ(c16.keys().shape, c32.keys().shape);
+        for (const Attention* att : {full.get(), local.get()})
+          for (int which = 0; which < 3; ++which) {
+            const Tensor& q = which == 0 ? q1 : q3;
+            if (q.dim(2) > s) continue;
+            SCOPED_TRACE(::testing::Message() << att->name() << " size " << s << " N " << q.dim(2) << " causal " << (which == 2));
+            Tensor got(Shape{B, H, q.dim(2), Dv}), want(Shape{B, H, q.dim(2), Dv}), exact(Shape{B, H, q.dim(2), Dv});
+            for (int run = 0; run < 3; ++run) {
+              AttentionInputs in;
+              in.q = q.view();
+              in.causal = which == 2;
+              const KVCache* c = run == 0 ? &c16 : &c32;
+              in.k = run == 2 ? rows(K, 0, s) : c->keys();
+              in.v = run == 2 ? rows(V, 0, s) : c->values();
+              in.cache = run == 2 ? nullptr : c;
+              Context ctx = Context::for_inference();
+              ASSERT_NO_THROW(att->forward(in, (run == 0 ? got : run == 1 ? want : exact).view(), ctx));
+            }
+            ASSERT_TRUE(bitwise_equal(got, want)) << "max abs diff " << max_abs_diff(got.view(), want.view());
+            // And against the unrounded rows: the storage's rounding, scaled by |v| ~ 3.
+            EXPECT_LE(max_abs_diff(got.view(), exact.view()), type == KVCacheType::f16 ? 0.03 : 0.3);
+          }
+      }
+    }
+}
+
+// What a 16-bit cache refuses, and what refusing leaves: variants that read keys as f32 rows, f16
+// values past 65504 (the cache unchanged), queries kept in 16 bits, names that are not types.
+TEST(ApiKVCache, HalfCacheRefusals) {
+  constexpr int64_t B = 1, Hkv = 2, H = 2, D = 16;
+  KVCache c(B, Hkv, 64, D, D, 0, KVCacheType::f16);
+  const Tensor k = randn(Shape{B, Hkv, 5, D}, 62, 1), v = randn(Shape{B, Hkv, 5, D}, 62, 2);
+  c.append(k.view(), v.view());
+  const Tensor q = randn(Shape{B, H, 1, D}, 62, 3);
+  Tensor out(Shape{B, H, 1, D});
+  for (const char* spec : {"topk:topk=4", "linear", "clustered:clusters=2", "conditional-full:length_limit=512,clustered:clusters=2"}) {
+    auto att = make_attention(spec);
+    AttentionInputs in;
+    in.q = q.view();
+    in.k = c.keys();
+    in.v = c.values();
+    in.cache = &c;
+    Context ctx = Context::for_inference();
+    try {
+      att->forward(in, out.view(), ctx);
+      ADD_FAILURE() << spec << " took an f16 cache";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("f16 KV cache is read by full and local attention only"), std::string::npos)
+          << spec << ": " << e.what();
+    }
+  }
+  Tensor big = randn(Shape{B, Hkv, 1, D}, 62, 4);
+  big.data()[3] = 70000.f;
+  const Tensor v1 = randn(Shape{B, Hkv, 1, D}, 62, 5);
+  EXPECT_THROW(c.append(big.view(), v1.view()), Error);
+  EXPECT_THROW(c.append(v1.view(), big.view()), Error);
+  EXPECT_EQ(c.size(), 5);
+  KVCache cb(B, Hkv, 64, D, D, 0, KVCacheType::bf16);
+  EXPECT_NO_THROW(cb.append(big.view(), v1.view()));  // bf16 has f32's range
+  EXPECT_THROW(KVCache(B, Hkv, 64, D, D, H, KVCacheType::f16), Error);
+  EXPECT_THROW((void)c.key_panels(0, 0), Error);
+  EXPECT_THROW((void)KVCache(B, Hkv, 64, D, D).key_panels16(0, 0), Error);
+  EXPECT_EQ(parse_kv_cache_type("F16"), KVCacheType::f16);
+  EXPECT_EQ(parse_kv_cache_type("bf16"), KVCacheType::bf16);
+  EXPECT_THROW(parse_kv_cache_type("fp16"), Error);
+  EXPECT_THROW(parse_kv_cache_type(""), Error);
 }
 
 }  // namespace

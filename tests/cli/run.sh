@@ -222,6 +222,16 @@ if need_data "the model commands" stories260k kwt1; then
   expect_ok "generate sampled" "$bin" generate --model "$data/stories260k" --prompt "The cat" --tokens 10 --temperature 0.8 --top-k 20 --top-p 0.9 --seed 4 --attention 'full;local:window=32'
   expect_ok "generate causal clustered" "$bin" generate --model "$data/stories260k" --tokens 20 --attention 'improved-clustered:clusters=4,block=16'
   expect_error "generate too long" "context" "$bin" generate --model "$data/stories260k" --tokens 100000
+  # A 16-bit KV cache keeps the greedy story; the summary names the read bandwidth.
+  for kv in f16 BF16; do
+    expect_ok "generate --kv-cache $kv" "$bin" generate --model "$data/stories260k" --tokens 20 --kv-cache $kv --attention 'full;local:window=8'
+    grep -q "^Once upon a time, there was a little girl named Lily" "$dir/out" && ok || bad "generate --kv-cache $kv: $(head -c 200 "$dir/out")"
+    grep -q "decode step .* ms, .* GB/s read = .*% of this machine's" "$dir/err" && ok || bad "generate --kv-cache $kv: no bandwidth line: $(cat "$dir/err")"
+  done
+  expect_error "f16 cache with clustered" "read by full and local attention only" "$bin" generate --model "$data/stories260k" --tokens 5 --kv-cache f16 --attention 'improved-clustered:clusters=4,block=16'
+  expect_exit 2 "bad --kv-cache" "kv-cache" "$bin" generate --model "$data/stories260k" --kv-cache fp8
+  expect_ok "bench-model --kv-cache f16" "$bin" bench-model --model "$data/stories260k" --lengths 16 --decode 4 --repeat 1 --kv-cache f16 -o json
+  grep -q '"bandwidth_fraction": [0-9]' "$dir/out" && ok || bad "bench-model --kv-cache f16: no bandwidth_fraction: $(head -c 300 "$dir/out")"
   expect_ok "approx decoder" "$bin" approx --model "$data/stories260k" --tokens "$data/stories260k/reference_logits.safetensors" --attention 'topk:topk=8' --attention 'local:window=16' --json "$dir/a.json"
   grep -q '"agreement"' "$dir/a.json" && grep -q '"ratio_to_full"' "$dir/a.json" && ok || bad "approx json: $(head -c 300 "$dir/a.json")"
   expect_ok "approx kwt seeds" "$bin" approx --model "$data/kwt1" --features "$data/kwt1/features_speech_commands.safetensors" --attention 'improved-clustered:clusters=25' --seeds 2

@@ -150,23 +150,33 @@ void fwd_tile(const AttentionInputs& in, const AttentionDims& d, float scale, co
   std::memset(oacc, 0, sizeof(float) * static_cast<size_t>(rows * Dvp));
   const RowLimits lim{valid_keys(in, d, b), d.M - d.N, in.causal, bnd};
   const int64_t kbeg = lim.key_begin(q0) / kPanel * kPanel, kend = lim.key_end(q0 + rows - 1);
-  // Panels of keys [kfirst, ...): the whole head packed up front, or a band tile's own keys.
+  // Panels of keys [kfirst, ...): a cache's own (f32, or 16-bit widened by the kernels), the whole
+  // head packed up front, or a band tile's own keys.
   const float* kp = nullptr;
+  const uint16_t* kp16 = nullptr;  // a 16-bit cache's panels, and its value rows below
+  const uint16_t* vr16 = nullptr;
+  const mk::Half hf = cached && in.cache->type() == KVCacheType::bf16 ? mk::Half::bf16 : mk::Half::f16;
   int64_t kfirst = 0;
-  if (band) {
+  if (cached && in.cache->type() != KVCacheType::f32) {
+    kp16 = in.cache->key_panels16(b, hk);
+    vr16 = in.cache->value_rows16(b, hk);
+  } else if (cached) {
+    kp = in.cache->key_panels(b, hk);
+  } else if (band) {
     float* own = sc.e.floats(static_cast<size_t>((std::max<int64_t>(kend - kbeg, 1) + kPanel) * D));
     if (kend > kbeg) mk::pack_panels(in.k.ptr(b, hk, kbeg), kend - kbeg, D, in.k.stride(2), own);
     kp = own;
     kfirst = kbeg;
   } else {
-    kp = cached ? in.cache->key_panels(b, hk) : ws.kpan.data() + (b * d.Hkv + hk) * Mp * D;
+    kp = ws.kpan.data() + (b * d.Hkv + hk) * Mp * D;
   }
   const mk::RowsOperand vr = ws.vops[static_cast<size_t>(b * d.Hkv + hk)];
 
   for (int64_t k0 = kbeg; k0 < kend; k0 += kBc) {
     const int64_t bc = std::min(kBc, kend - k0), npan = (bc + kPanel - 1) / kPanel;
     const int64_t width = npan * kPanel;
-    mk::gemm_abt(rows, npan, D, qs, D, kp + ((k0 - kfirst) / kPanel) * D * kPanel, s, kBc);
+    if (kp16) mk::gemm_abt16(hf, rows, npan, D, qs, D, kp16 + (k0 / kPanel) * D * kPanel, s, kBc);
+    else mk::gemm_abt(rows, npan, D, qs, D, kp + ((k0 - kfirst) / kPanel) * D * kPanel, s, kBc);
     for (int64_t r = 0; r < rows; ++r) {
       float* row = s + r * kBc;
       const int64_t i = q0 + r, lo = lim.key_begin(i) - k0, hi = lim.key_end(i) - k0;
@@ -174,7 +184,8 @@ void fwd_tile(const AttentionInputs& in, const AttentionDims& d, float scale, co
       alpha[r] = tile::online_softmax_row(row, width, m[r], l[r]);
     }
     // O = diag(alpha)·O + P·V
-    mk::gemm_ab(rows, Dvp, bc, s, kBc, 1, vr.data + k0 * vr.ld, vr.ld, oacc, Dvp, alpha);
+    if (vr16) mk::gemm_ab16(hf, rows, Dvp, bc, s, kBc, 1, vr16 + k0 * vr.ld, vr.ld, oacc, Dvp, alpha);
+    else mk::gemm_ab(rows, Dvp, bc, s, kBc, 1, vr.data + k0 * vr.ld, vr.ld, oacc, Dvp, alpha);
   }
   for (int64_t r = 0; r < rows; ++r) {
     float* o = out.ptr(b, h, q0 + r);
@@ -208,8 +219,9 @@ void full_fwd_prepare(const AttentionInputs& in, const AttentionDims& d, FullWor
   vops.resize(static_cast<size_t>(d.B * d.Hkv));
   ws.ensure_threads();
   if (cached) {
+    const bool f32 = in.cache->type() == KVCacheType::f32;  // 16-bit rows: fwd_tile reads value_rows16
     for (int64_t t = 0; t < d.B * d.Hkv; ++t)
-      vops[static_cast<size_t>(t)] = {in.cache->value_rows(t / d.Hkv, t % d.Hkv), in.cache->value_ld()};
+      vops[static_cast<size_t>(t)] = {f32 ? in.cache->value_rows(t / d.Hkv, t % d.Hkv) : nullptr, in.cache->value_ld()};
     return;
   }
   parallel_for(d.B * d.Hkv, [&](int64_t t) {
@@ -429,7 +441,8 @@ class FullAttention final : public Attention {
     // does it split the sequence (its band would cross the ranks' borders).
     caps_ = Capabilities{.causal = true, .query_lengths = true, .key_lengths = true,
                          .bias = window == 0, .cross = true, .gqa = true, .trainable = true,
-                         .splits_sequence = window == 0, .splits_sequence_causal = window == 0};
+                         .splits_sequence = window == 0, .splits_sequence_causal = window == 0,
+                         .half_cache = true};
   }
   const SplitAttention* split() const override { return window_ > 0 ? nullptr : &ring_; }
   std::string name() const override {
