@@ -19,16 +19,21 @@ namespace {
 // accumulators, NV B vectors and one broadcast in registers: 6 x 4 on AVX-512 (29 of 32), 6 x 2
 // on AVX2 (15 of 16). Written in 64-byte vectors on AVX2, the 6 x 4 tile needed 48 registers and
 // spilled on every FMA (measured: full attention at 13 GFLOP/s against sgemm's 150).
+// Tiles of one or two rows (a decode step's query against the cache) take kNVFew vectors per row:
+// each accumulator is one FMA chain, and with two chains on AVX2 a row waited on the FMA's latency
+// instead of streaming B (decode after 8192 positions with an f16 cache: see docs/performance.md).
 #if defined(__AVX512F__)
 typedef float vn __attribute__((vector_size(64)));
 constexpr int kVN = 16;     // floats per native vector
 constexpr int kNVMax = 4;   // native vectors per tile row
+constexpr int kNVFew = 4;   // ... in tiles of at most 2 rows
 #else
 typedef float vn __attribute__((vector_size(32)));
 constexpr int kVN = 8;
 constexpr int kNVMax = 2;
+constexpr int kNVFew = 4;
 #endif
-static_assert(kPanel % (kNVMax * kVN) == 0 && kLanes % kVN == 0, "tiles must divide the panel and the padding");
+static_assert(kPanel % (kNVMax * kVN) == 0 && kPanel % (kNVFew * kVN) == 0 && kLanes % kVN == 0, "tiles must divide the panel and the padding");
 
 inline vn load_n(const float* p) {
   vn v;
@@ -56,7 +61,8 @@ struct LoadF16 {
   using T = uint16_t;
   static vn load(const uint16_t* p) {
 #if defined(__AVX512F__)
-    return (vn)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    // The zero-masked form: GCC 12's _mm512_cvtph_ps passes an undefined vector it warns about.
+    return (vn)_mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 #elif defined(__F16C__)
     return (vn)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 #else
@@ -68,16 +74,13 @@ struct LoadF16 {
 };
 struct LoadBF16 {
   using T = uint16_t;
+  // bf16 is f32's upper half: zero-extend each lane to 32 bits and shift (vpmovzxwd, vpslld).
+  typedef uint16_t vh __attribute__((vector_size(kVN * 2)));
+  typedef uint32_t vu __attribute__((vector_size(kVN * 4)));
   static vn load(const uint16_t* p) {
-#if defined(__AVX512F__)
-    return (vn)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-#elif defined(__AVX2__)
-    return (vn)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-#else
-    vn v;
-    for (int j = 0; j < kVN; ++j) v[j] = half::bf16_to_f32(p[j]);
-    return v;
-#endif
+    vh h;
+    __builtin_memcpy(&h, p, sizeof h);
+    return (vn)(__builtin_convertvector(h, vu) << 16);
   }
 };
 
@@ -182,11 +185,7 @@ using AbFn = void (*)(const float*, int64_t, int64_t, const typename LB::T*, int
                       int64_t, const float*);
 template <int MR, class LB>
 constexpr AbFn<LB> ab_for(int nv) {
-#if defined(__AVX512F__)
   return nv == 1 ? ab_tile<MR, 1, LB> : nv == 2 ? ab_tile<MR, 2, LB> : nv == 3 ? ab_tile<MR, 3, LB> : ab_tile<MR, 4, LB>;
-#else
-  return nv == 1 ? ab_tile<MR, 1, LB> : ab_tile<MR, 2, LB>;
-#endif
 }
 template <class LB>
 AbFn<LB> ab_dispatch(int mr, int nv) {
@@ -205,19 +204,26 @@ void gemm_abt_t(int64_t m, int64_t npanels, int64_t depth, const float* a, int64
                 const typename LB::T* bpanels, float* c, int64_t ldc) {
   for (int64_t p = 0; p < npanels; ++p) {
     const typename LB::T* bp = bpanels + p * depth * kPanel;
-    for (int64_t c0 = 0; c0 < kPanel; c0 += kNVMax * kVN)
-      for (int64_t r0 = 0; r0 < m; r0 += kMR) {
-        const int mr = static_cast<int>(m - r0 < kMR ? m - r0 : kMR);
-        kAbt<LB>[mr](a + r0 * lda, lda, bp + c0, depth, c + r0 * ldc + p * kPanel + c0, ldc);
+    for (int64_t r0 = 0; r0 < m; r0 += kMR) {
+      const int mr = static_cast<int>(m - r0 < kMR ? m - r0 : kMR);
+      float* cr = c + r0 * ldc + p * kPanel;
+      if (mr <= 2) {
+        for (int64_t c0 = 0; c0 < kPanel; c0 += kNVFew * kVN)
+          (mr == 1 ? abt_tile<1, kNVFew, LB> : abt_tile<2, kNVFew, LB>)(a + r0 * lda, lda, bp + c0, depth, cr + c0, ldc);
+        continue;
       }
+      for (int64_t c0 = 0; c0 < kPanel; c0 += kNVMax * kVN)
+        kAbt<LB>[mr](a + r0 * lda, lda, bp + c0, depth, cr + c0, ldc);
+    }
   }
 }
 
 template <class LB>
 void gemm_ab_t(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
                const typename LB::T* b, int64_t ldb, float* c, int64_t ldc, const float* row_scale) {
-  for (int64_t c0 = 0; c0 < n; c0 += kNVMax * kVN) {
-    const int nv = static_cast<int>((n - c0) / kVN < kNVMax ? (n - c0) / kVN : kNVMax);
+  const int nvmax = m <= 2 ? kNVFew : kNVMax;
+  for (int64_t c0 = 0; c0 < n; c0 += nvmax * kVN) {
+    const int nv = static_cast<int>((n - c0) / kVN < nvmax ? (n - c0) / kVN : nvmax);
     for (int64_t r0 = 0; r0 < m; r0 += kMR) {
       const int mr = static_cast<int>(m - r0 < kMR ? m - r0 : kMR);
       ab_dispatch<LB>(mr, nv)(a + r0 * a_rs, a_rs, a_cs, b + c0, ldb, k, c + r0 * ldc + c0, ldc,
