@@ -339,6 +339,32 @@ def mlm_reference(family, t, pre, ids, length):
 
 
 @pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])
+def test_config_fields_that_change_the_maths_are_refused(tmp_path, family):
+    """Fields transformers honours and these encoders do not implement are refused by name, not
+    loaded and ignored: relative position embeddings, a decoder or cross-attention BERT, and an
+    untied masked-LM output layer (its stored decoder weights would be dropped)."""
+    t, cfg, _ = mlm_checkpoint(family, 21)
+    write_folder(tmp_path / "ok", cfg, t)
+    clattn.load_model(str(tmp_path / "ok"))  # the same folder without the fields loads
+    changes = [(dict(tie_word_embeddings=False), "tie_word_embeddings")]
+    if family != "distilbert":
+        changes += [(dict(position_embedding_type="relative_key_query"), "position_embedding_type"),
+                    (dict(position_embedding_type="relative_key"), "position_embedding_type"),
+                    (dict(is_decoder=True), "is_decoder"),
+                    (dict(add_cross_attention=True), "add_cross_attention")]
+    for change, word in changes:
+        folder = tmp_path / (word + str(len(list(tmp_path.iterdir()))))
+        write_folder(folder, dict(cfg, **change), t)
+        with pytest.raises(RuntimeError, match=word):
+            clattn.load_model(str(folder))
+    # Explicitly absolute positions and tied embeddings are what the encoders compute.
+    if family != "distilbert":
+        write_folder(tmp_path / "abs", dict(cfg, position_embedding_type="absolute", tie_word_embeddings=True,
+                                            is_decoder=False), t)
+        clattn.load_model(str(tmp_path / "abs"))
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])
 def test_masked_lm_heads_match_numpy_and_save_back(tmp_path, family):
     t, cfg, pre = mlm_checkpoint(family, 13)
     write_folder(tmp_path / family, cfg, t)

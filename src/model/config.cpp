@@ -90,6 +90,7 @@ ModelConfig read_distilbert(const json& j, const Fields& f, const std::string& p
   c.eps = 1e-12f;
   c.type_vocab = 0;
   c.pooler_relu = true;
+  c.tie_embeddings = f.boolean_or("tie_word_embeddings", true);  // a masked-LM head checks it (encoder.cpp)
   if (j.contains("id2label") && j["id2label"].is_object()) read_labels(j, path, c);
   c.num_labels = f.integer_or("num_labels", static_cast<int64_t>(c.labels.size()));
   return c;
@@ -234,6 +235,17 @@ ModelConfig read_model_config(const std::string& path) {
   } else {
     c.vocab = f.integer("vocab_size");
     c.type_vocab = f.integer_or("type_vocab_size", 2);
+    // Fields of transformers' BERT and RoBERTa configs that change the computation and that these
+    // encoders do not implement: refused by name rather than loaded and ignored.
+    const std::string pos = f.string_or("position_embedding_type", "absolute");
+    check(pos == "absolute", "config '", path, "': position_embedding_type "", pos, "" is not supported for ",
+          c.model_type, " (absolute only: relative_key and relative_key_query add distance embeddings to the "
+          "attention scores)");
+    check(!f.boolean_or("is_decoder", false), "config '", path, "': is_decoder true is not supported for ", c.model_type,
+          " (these encoders attend in both directions)");
+    check(!f.boolean_or("add_cross_attention", false), "config '", path, "': add_cross_attention is not supported for ",
+          c.model_type);
+    c.tie_embeddings = f.boolean_or("tie_word_embeddings", true);  // a masked-LM head checks it (encoder.cpp)
     const std::string pooling = f.string_or("classifier_pooling", "first");
     check(pooling == "first" || pooling == "mean", "config '", path, "': classifier_pooling must be \"first\" or \"mean\", got \"",
           pooling, "\"");

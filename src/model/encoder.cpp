@@ -213,6 +213,9 @@ std::unique_ptr<EncoderImpl> EncoderImpl::for_checkpoint(ModelConfig cfg, const 
     cfg.num_labels = 0;
   }
   if (head && *head == TaskKind::mlm) {
+    // The output layer is the word embeddings: an untied one's stored weights would be ignored.
+    check(cfg.tie_embeddings, "model '", w.dir(), "': tie_word_embeddings false is not supported for a ", cfg.model_type,
+          " masked-LM head (its output layer is the word embeddings; the stored decoder weights would be ignored)");
     // A pretrained masked-LM head (dense, GELU, LayerNorm, then the tied output layer) when the
     // checkpoint has one; else clattn's own (the tied output layer and a bias, zero when absent).
     const std::string transform = roberta ? "lm_head.dense.weight" : distil ? "vocab_transform.weight"
