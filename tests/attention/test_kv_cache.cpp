@@ -163,7 +163,7 @@ TEST(ApiKVCache, KVCacheDecodeMatchesFull) {
 TEST(ApiKVCache, HalfCacheEqualsF32CacheOfRoundedRows) {
   constexpr int64_t B = 2, Hkv = 2, H = 4, steps = 1000;
   for (const KVCacheType type : {KVCacheType::f16, KVCacheType::bf16})
-    for (const auto [Dk, Dv] : {std::pair<int64_t, int64_t>{64, 64}, {20, 33}}) {
+    for (const auto& [Dk, Dv] : {std::pair<int64_t, int64_t>{64, 64}, {20, 33}}) {
       SCOPED_TRACE(::testing::Message() << kv_cache_type_name(type) << " Dk " << Dk << " Dv " << Dv);
       KVCache c16(B, Hkv, steps, Dk, Dv, 0, type), c32(B, Hkv, steps, Dk, Dv);
       EXPECT_EQ(c16.type(), type);

@@ -224,8 +224,11 @@ TEST(Microkernel, RowsDotMatchesLoops) {
 TEST(Half, ConversionsMatchF16cAndRoundToNearestEven) {
   for (uint32_t h = 0; h < 65536; ++h) {
     const float want = _cvtsh_ss(static_cast<unsigned short>(h)), got = half::f16_to_f32(static_cast<uint16_t>(h));
-    if (std::isnan(want)) ASSERT_TRUE(std::isnan(got)) << h;
-    else ASSERT_EQ(half::bits(got), half::bits(want)) << "f16 bits " << h;
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(got)) << h;
+    } else {
+      ASSERT_EQ(half::bits(got), half::bits(want)) << "f16 bits " << h;
+    }
   }
   std::vector<float> xs = {0.f, -0.f, 65504.f, 65519.f, 65520.f, 65536.f, 1e-8f, 2.9802322e-8f, 5.9604645e-8f,
                            6.1035156e-5f, 6.0975552e-5f, INFINITY, -INFINITY, NAN, 1.f + 1.f / 2048, 1.f + 3.f / 2048};
@@ -234,12 +237,17 @@ TEST(Half, ConversionsMatchF16cAndRoundToNearestEven) {
   for (float x : xs) {
     const uint16_t want = static_cast<uint16_t>(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
     const uint16_t got = half::f32_to_f16(x);
-    if (std::isnan(x)) ASSERT_TRUE((got & 0x7c00u) == 0x7c00u && (got & 0x3ffu) != 0) << x;
-    else ASSERT_EQ(got, want) << "x " << x << " bits " << half::bits(x);
+    if (std::isnan(x)) {
+      ASSERT_TRUE((got & 0x7c00u) == 0x7c00u && (got & 0x3ffu) != 0) << x;
+    } else {
+      ASSERT_EQ(got, want) << "x " << x << " bits " << half::bits(x);
+    }
     const uint16_t b = half::f32_to_bf16(x);
     if (std::isnan(x) || std::isinf(x)) {
       ASSERT_EQ(std::isnan(half::bf16_to_f32(b)), std::isnan(x));
-      if (std::isinf(x)) ASSERT_EQ(half::bf16_to_f32(b), x);
+      if (std::isinf(x)) {
+        ASSERT_EQ(half::bf16_to_f32(b), x);
+      }
       continue;
     }
     if (std::isinf(half::bf16_to_f32(b))) {  // overflow: only past bf16's largest finite 0x7f7f
