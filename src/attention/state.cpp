@@ -1,18 +1,18 @@
 // Layer state buffers and the key/value cache of decoding.
 #include <algorithm>
-#include <cctype>
 #include <cstring>
 #include <string>
 
 #include "attention/validate.h"
 #include "clattn/attention.h"
 #include "clattn/kv_cache.h"
+#include "core/ascii.h"
 #include "core/microkernel.h"
 
 namespace clattn {
 namespace {
-constexpr float kF16Max = 65504.f;            // f16's largest finite value
-constexpr float kBF16Max = 3.38953139e38f;    // bf16's (0x7f7f)
+// The largest finite value of each 16-bit storage: f16's 65504, bf16's 0x7f7f.
+constexpr float kF16Max = 65504.f, kBF16Max = 3.38953139e38f;
 }  // namespace
 
 Tensor* AttentionState::find(std::string_view name) {
@@ -43,8 +43,7 @@ const char* kv_cache_type_name(KVCacheType t) {
 }
 
 KVCacheType parse_kv_cache_type(std::string_view s) {
-  std::string low(s);
-  for (char& c : low) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string low = detail::ascii_lower(s);
   for (KVCacheType t : {KVCacheType::f32, KVCacheType::f16, KVCacheType::bf16})
     if (low == kv_cache_type_name(t)) return t;
   throw Error(detail::concat("KV cache type must be f32, f16 or bf16, got \"", s, "\""));
@@ -102,12 +101,12 @@ void KVCache::append(ConstView k, ConstView v, ConstView q) {
   const float new_k = static_cast<float>(finite_max_abs(k, "k", "KVCache::append"));
   const float new_v = static_cast<float>(finite_max_abs(v, "v", "KVCache::append"));
   const float new_q = Hq_ > 0 ? static_cast<float>(finite_max_abs(q, "q", "KVCache::append")) : 0.f;
-  if (type_ == KVCacheType::f16)
-    check(new_k <= kF16Max && new_v <= kF16Max, "KVCache::append: |k| reaches ", new_k, " and |v| ", new_v,
-          ", past f16's largest finite value 65504: use a bf16 or f32 cache");
-  if (type_ == KVCacheType::bf16)
-    check(new_k <= kBF16Max && new_v <= kBF16Max, "KVCache::append: |k| reaches ", new_k, " and |v| ", new_v,
-          ", past bf16's largest finite value 3.39e38: use an f32 cache");
+  if (type_ != KVCacheType::f32) {
+    const bool f16 = type_ == KVCacheType::f16;
+    const float top = f16 ? kF16Max : kBF16Max;
+    check(new_k <= top && new_v <= top, "KVCache::append: |k| reaches ", new_k, " and |v| ", new_v, ", past ",
+          kv_cache_type_name(type_), "'s largest finite value ", f16 ? "65504: use a bf16 or f32 cache" : "3.39e38: use an f32 cache");
+  }
   for (int64_t t = 0; t < T; ++t) {
     const size_t j = static_cast<size_t>(size_ + t);
     kmax_[j] = std::max(new_k, size_ > 0 ? kmax_[static_cast<size_t>(size_ - 1)] : 0.f);

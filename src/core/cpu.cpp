@@ -1,6 +1,5 @@
 #include "clattn/cpu.h"
 
-#include <cctype>
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
@@ -9,6 +8,7 @@
 
 #include "clattn/error.h"
 #include "clattn/parallel.h"
+#include "core/ascii.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -105,8 +105,7 @@ Isa choose_isa() {
   return Isa::avx2;  // one generic copy of the kernels off x86 (isa_name says so)
 #else
   const char* env = std::getenv("CLATTN_ISA");
-  std::string want = env ? env : "";  // compared without case: AVX2 is avx2
-  for (char& c : want) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string want = detail::ascii_lower(env ? env : "");  // compared without case: AVX2 is avx2
   if (want.empty()) return f.has_avx512() ? Isa::avx512 : Isa::avx2;
   std::string missing;
   auto need = [&](bool have, const char* name) {

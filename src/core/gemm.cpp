@@ -25,7 +25,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -36,6 +35,7 @@
 #include "clattn/cpu.h"
 #include "clattn/error.h"
 #include "clattn/rng.h"
+#include "core/ascii.h"
 #include "core/microkernel.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -59,11 +59,6 @@ struct Openblas {
   VoidFn dynamic_init = nullptr, dynamic_quit = nullptr;
   GemmBackend info;
 };
-
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 // What each x86-64 kernel family of OpenBLAS's DYNAMIC_ARCH build executes beyond SSE4 (the
 // names OPENBLAS_CORETYPE accepts, compared without case). One table for every decision: a core
@@ -91,7 +86,7 @@ constexpr CoreNeeds kCores[] = {
 };
 
 const CoreNeeds* core_needs(const std::string& core) {
-  const std::string c = lower(core);
+  const std::string c = detail::ascii_lower(core);
   for (const CoreNeeds& k : kCores)
     if (c == k.name) return &k;
   return nullptr;
@@ -203,7 +198,7 @@ Openblas load() {
   const CpuFeatures& f = cpu_features();
 
   auto use_kernel = [&](const std::string& core) {
-    if (!o.dynamic_init || !o.dynamic_quit || lower(current()) == lower(core)) return;
+    if (!o.dynamic_init || !o.dynamic_quit || detail::ascii_lower(current()) == detail::ascii_lower(core)) return;
     const char* prev = std::getenv("OPENBLAS_CORETYPE");
     const std::string saved = prev ? prev : "";
     setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
@@ -247,7 +242,7 @@ Openblas load() {
   for (size_t i = 0; i < candidates.size(); ++i) {
     use_kernel(candidates[i]);
     info.kernel = current();
-    if (!candidates[i].empty() && lower(info.kernel) != lower(candidates[i]) && i + 1 < candidates.size()) {
+    if (!candidates[i].empty() && detail::ascii_lower(info.kernel) != detail::ascii_lower(candidates[i]) && i + 1 < candidates.size()) {
       info.reason += "; " + candidates[i] + " not in this OpenBLAS";
       continue;
     }
