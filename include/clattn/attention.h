@@ -70,7 +70,8 @@ struct Capabilities {
   bool splits_sequence = false;
   bool splits_sequence_causal = false;
   // Decodes from a KVCache of 16-bit floats (kv_cache.h): its kernels read the cache's key panels
-  // and value rows, widening them in registers (full and local).
+  // and value rows, widening them in registers (full, local; the clustered pair when causal, from a
+  // cache that keeps queries).
   bool half_cache = false;
 };
 

@@ -15,11 +15,15 @@
 //                                         part is made of earlier queries (causal clustered: its
 //                                         centroids), so decoding computes what a prefill does
 //
-// 16-bit storage (KVCacheType f16 or bf16) keeps only kpan and vrow, as f16 or bf16 floats, and
-// the kernels widen them to f32 in registers (compute stays f32): a decode step reads half the
-// bytes of an f32 cache's K and V. keys() and values() then carry the shape and strides with no
-// data, so only an attention that reads the panels and value rows (Capabilities::half_cache: full
-// and local) can take such a cache; append refuses an f16 cache values past f16's range (65504).
+// 16-bit storage (KVCacheType f16 or bf16) keeps kpan and vrow as f16 or bf16 floats, and the
+// kernels widen them to f32 in registers (compute stays f32): a decode step reads half the bytes
+// of an f32 cache's K and V. keys() and values() then carry the shape and strides with no data,
+// so only an attention that reads the cache's own layouts (Capabilities::half_cache: full, local
+// and the clustered pair, causal) can take such a cache; append refuses an f16 cache values past
+// f16's range (65504). A 16-bit cache that keeps queries holds them in f32 (they are read at a
+// segment's start, not by every step) and K's rows in 16 bits beside the panels,
+//   krow16 (B, Hkv, capacity, Dkp)
+// for the keys causal clustered attention gathers by index (its top-k rows).
 //
 // Use: set in.k = cache.keys(), in.v = cache.values(), in.cache = &cache. A cache is for
 // inference: backward refuses inputs that name one.
@@ -104,6 +108,10 @@ class KVCache {
   // The same layouts in a 16-bit cache (f16 or bf16 bits, per type()).
   const uint16_t* key_panels16(int64_t b, int64_t hk) const;
   const uint16_t* value_rows16(int64_t b, int64_t hk) const;
+  // K rows of (b, hk), (size, key_ld()) in 16 bits, columns past Dk zero: a 16-bit cache that
+  // keeps queries only.
+  const uint16_t* key_rows16(int64_t b, int64_t hk) const;
+  int64_t key_ld() const { return Dkp_; }
 
   // The derived state of type T (made empty on first use or when another type holds the slot).
   // Attentions read it through the const cache of AttentionInputs: it caches, it never decides.
@@ -119,6 +127,7 @@ class KVCache {
   KVCacheType type_ = KVCacheType::f32;
   Tensor krow_, kpan_, vrow_, qrow_;           // f32 caches
   std::vector<uint16_t> kpan16_, vrow16_;      // 16-bit caches: kpan and vrow as above
+  std::vector<uint16_t> krow16_;               // 16-bit caches that keep queries: K rows
   // (capacity) largest |x| of the rows of positions 0..j (a prefix maximum, so truncate keeps it
   // exact up to the granularity of appends).
   std::vector<float> kmax_, vmax_, qmax_;

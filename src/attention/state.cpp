@@ -60,8 +60,6 @@ KVCache::KVCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t dk, 
         "KVCache: query_heads must be 0 (no queries kept) or a multiple of kv_heads ", kv_heads,
         ", got ", query_heads);
   check(capacity <= (int64_t{1} << 31), "KVCache: capacity ", capacity, " is above 2^31 positions");
-  check(type == KVCacheType::f32 || query_heads == 0, "KVCache: a ", kv_cache_type_name(type),
-        " cache keeps no queries (query_heads must be 0, got ", query_heads, ")");
   if (type == KVCacheType::f32) {
     krow_ = Tensor(Shape{B_, Hkv_, cap_, Dkp_});
     kpan_ = Tensor(Shape{B_, Hkv_, cap_ / mk::kPanel, Dk_, mk::kPanel});
@@ -69,6 +67,9 @@ KVCache::KVCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t dk, 
   } else {
     kpan16_.assign(static_cast<size_t>(B_ * Hkv_ * cap_ * Dk_), 0);   // (B, Hkv, cap/64, Dk, 64)
     vrow16_.assign(static_cast<size_t>(B_ * Hkv_ * cap_ * Dvp_), 0);  // (B, Hkv, cap, Dvp)
+    // K rows too where the attention gathers keys by index (causal clustered's T_j): a row is two
+    // cache lines, its column of the panels 64 (one per element).
+    if (Hq_ > 0) krow16_.assign(static_cast<size_t>(B_ * Hkv_ * cap_ * Dkp_), 0);  // (B, Hkv, cap, Dkp)
   }
   if (Hq_ > 0) qrow_ = Tensor(Shape{B_, Hq_, cap_, Dkp_});
   kmax_.assign(static_cast<size_t>(cap_), 0.f);
@@ -152,6 +153,7 @@ void KVCache::append16(ConstView k, ConstView v, int64_t T) {
         mk::to_half(f, v.ptr(b, hk, t), Dv_, vrow16_.data() + ((b * Hkv_ + hk) * cap_ + j) * Dvp_);
         uint16_t* pan = kpan16_.data() + (b * Hkv_ + hk) * cap_ * Dk_ + (j / mk::kPanel) * Dk_ * mk::kPanel + j % mk::kPanel;
         const float* kr = k.ptr(b, hk, t);
+        if (!krow16_.empty()) mk::to_half(f, kr, Dk_, krow16_.data() + ((b * Hkv_ + hk) * cap_ + j) * Dkp_);
         for (int64_t e0 = 0; e0 < Dk_; e0 += 256) {
           const int64_t n = std::min<int64_t>(256, Dk_ - e0);
           mk::to_half(f, kr + e0, n, kh);
@@ -168,7 +170,7 @@ void KVCache::truncate(int64_t n) {
 
 size_t KVCache::bytes() const {
   return sizeof(float) * static_cast<size_t>(krow_.numel() + kpan_.numel() + vrow_.numel() + qrow_.numel()) +
-         sizeof(uint16_t) * (kpan16_.size() + vrow16_.size()) + (derived_ ? derived_->bytes() : 0);
+         sizeof(uint16_t) * (kpan16_.size() + vrow16_.size() + krow16_.size()) + (derived_ ? derived_->bytes() : 0);
 }
 
 ConstView KVCache::queries() const {
@@ -199,6 +201,10 @@ const float* KVCache::value_rows(int64_t b, int64_t hk) const {
 const uint16_t* KVCache::key_panels16(int64_t b, int64_t hk) const {
   check(type_ != KVCacheType::f32, "KVCache::key_panels16: this cache holds f32 (key_panels)");
   return kpan16_.data() + (b * Hkv_ + hk) * cap_ * Dk_;
+}
+const uint16_t* KVCache::key_rows16(int64_t b, int64_t hk) const {
+  check(!krow16_.empty(), "KVCache::key_rows16: only a 16-bit cache that keeps queries holds key rows");
+  return krow16_.data() + (b * Hkv_ + hk) * cap_ * Dkp_;
 }
 const uint16_t* KVCache::value_rows16(int64_t b, int64_t hk) const {
   check(type_ != KVCacheType::f32, "KVCache::value_rows16: this cache holds f32 (value_rows)");

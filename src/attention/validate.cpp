@@ -298,7 +298,7 @@ AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& cap
           who, ": with a cache, k and v must be cache->keys() and cache->values() (cache holds ",
           c.size(), " positions; k is ", in.k.shape, ")");
     check(caps.half_cache || c.type() == KVCacheType::f32, who, " reads the cache's keys as f32 rows; a ",
-          kv_cache_type_name(c.type()), " KV cache is read by full and local attention only (use an f32 cache)");
+          kv_cache_type_name(c.type()), " KV cache is read by full, local and causal clustered attention only (use an f32 cache)");
   }
   check_lengths(in.query_lengths, d.B, d.N, "query_lengths", who);
   check_lengths(in.key_lengths, d.B, d.M, "key_lengths", who);

@@ -449,7 +449,7 @@ void DecoderImpl::start(int64_t capacity) {
     for (int64_t l = 0; l < c.layers; ++l)
       check(att_->at(l).capabilities().half_cache, "decoder: attention of layer ", l, ": '",
             att_->specs()[static_cast<size_t>(l)], "' reads the cache's keys as f32 rows; a ",
-            kv_cache_type_name(kv_type_), " KV cache is read by full and local attention only (use an f32 cache)");
+            kv_cache_type_name(kv_type_), " KV cache is read by full, local and causal clustered attention only (use an f32 cache)");
   // A layer whose attention builds on earlier queries (causal clustered) keeps them in its cache,
   // so that decoding computes what a prefill of the same tokens computes.
   auto query_heads = [&](int64_t l) { return att_->at(l).capabilities().decode_queries ? c.heads : 0; };

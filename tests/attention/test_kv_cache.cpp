@@ -215,7 +215,7 @@ TEST(ApiKVCache, HalfCacheEqualsF32CacheOfRoundedRows) {
 }
 
 // What a 16-bit cache refuses, and what refusing leaves: variants that read keys as f32 rows, f16
-// values past 65504 (the cache unchanged), queries kept in 16 bits, names that are not types.
+// values past 65504 (the cache unchanged), names that are not types.
 TEST(ApiKVCache, HalfCacheRefusals) {
   constexpr int64_t B = 1, Hkv = 2, H = 2, D = 16;
   KVCache c(B, Hkv, 64, D, D, 0, KVCacheType::f16);
@@ -223,7 +223,7 @@ TEST(ApiKVCache, HalfCacheRefusals) {
   c.append(k.view(), v.view());
   const Tensor q = randn(Shape{B, H, 1, D}, 62, 3);
   Tensor out(Shape{B, H, 1, D});
-  for (const char* spec : {"topk:topk=4", "linear", "clustered:clusters=2", "conditional-full:length_limit=512,clustered:clusters=2"}) {
+  for (const char* spec : {"topk:topk=4", "linear", "smyrf", "conditional-full:length_limit=512,topk:topk=4"}) {
     auto att = make_attention(spec);
     AttentionInputs in;
     in.q = q.view();
@@ -235,7 +235,7 @@ TEST(ApiKVCache, HalfCacheRefusals) {
       att->forward(in, out.view(), ctx);
       ADD_FAILURE() << spec << " took an f16 cache";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("f16 KV cache is read by full and local attention only"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("f16 KV cache is read by full, local and causal clustered attention only"), std::string::npos)
           << spec << ": " << e.what();
     }
   }
@@ -247,7 +247,8 @@ TEST(ApiKVCache, HalfCacheRefusals) {
   EXPECT_EQ(c.size(), 5);
   KVCache cb(B, Hkv, 64, D, D, 0, KVCacheType::bf16);
   EXPECT_NO_THROW(cb.append(big.view(), v1.view()));  // bf16 has f32's range
-  EXPECT_THROW(KVCache(B, Hkv, 64, D, D, H, KVCacheType::f16), Error);
+  EXPECT_NO_THROW(KVCache(B, Hkv, 64, D, D, H, KVCacheType::f16));  // queries in f32, K rows in 16 bits
+  EXPECT_THROW((void)c.key_rows16(0, 0), Error);                    // no queries: no K rows
   EXPECT_THROW((void)c.key_panels(0, 0), Error);
   EXPECT_THROW((void)KVCache(B, Hkv, 64, D, D).key_panels16(0, 0), Error);
   EXPECT_EQ(parse_kv_cache_type("F16"), KVCacheType::f16);

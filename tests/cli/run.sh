@@ -228,7 +228,9 @@ if need_data "the model commands" stories260k kwt1; then
     grep -q "^Once upon a time, there was a little girl named Lily" "$dir/out" && ok || bad "generate --kv-cache $kv: $(head -c 200 "$dir/out")"
     grep -q "decode step .* ms, .* GB/s read = .*% of this machine's" "$dir/err" && ok || bad "generate --kv-cache $kv: no bandwidth line: $(cat "$dir/err")"
   done
-  expect_error "f16 cache with clustered" "read by full and local attention only" "$bin" generate --model "$data/stories260k" --tokens 5 --kv-cache f16 --attention 'improved-clustered:clusters=4,block=16'
+  expect_ok "generate --kv-cache f16, causal clustered" "$bin" generate --model "$data/stories260k" --tokens 20 --kv-cache f16 --attention 'full;improved-clustered:clusters=4,topk=8,block=16'
+  grep -q "decode step .* ms, .* GB/s read" "$dir/err" && ok || bad "generate --kv-cache f16 clustered: $(cat "$dir/err")"
+  expect_error "f16 cache with linear" "read by full, local and causal clustered attention only" "$bin" generate --model "$data/stories260k" --tokens 5 --kv-cache f16 --attention linear
   expect_exit 2 "bad --kv-cache" "kv-cache" "$bin" generate --model "$data/stories260k" --kv-cache fp8
   expect_ok "bench-model --kv-cache f16" "$bin" bench-model --model "$data/stories260k" --lengths 16 --decode 4 --repeat 1 --kv-cache f16 -o json
   grep -q '"bandwidth_fraction": [0-9]' "$dir/out" && ok || bad "bench-model --kv-cache f16: no bandwidth_fraction: $(head -c 300 "$dir/out")"

@@ -47,17 +47,24 @@ std::vector<int32_t> greedy_reference() {
 // The largest |logit difference| between `forward` (T, V), the logits of a whole-sequence forward
 // of `tokens`, and decoding through the KV cache: a prefill of the first `prefix` tokens (none:
 // token by token from the start), then one step per token up to position `end`.
+// The largest |logit − forward's| over the positions decoded; agree (if given) gets the share of
+// those positions whose most likely next token is the forward's.
 double decode_error(Decoder& dec, const std::vector<int32_t>& tokens, const Tensor& forward, int64_t prefix,
-                    int64_t end) {
+                    int64_t end, double* agree = nullptr) {
   const int64_t V = forward.numel() / static_cast<int64_t>(tokens.size());
   double worst = 0;
+  int64_t same = 0, seen = 0;
   auto compare = [&](const std::vector<float>& l, int64_t t) {
     for (int64_t v = 0; v < V; ++v)
       worst = std::max(worst, static_cast<double>(std::abs(l[static_cast<size_t>(v)] - forward.data()[t * V + v])));
+    const float* f = forward.data() + t * V;
+    same += std::max_element(l.begin(), l.end()) - l.begin() == std::max_element(f, f + V) - f;
+    ++seen;
   };
   dec.start(static_cast<int64_t>(tokens.size()));
   if (prefix > 0) compare(dec.prefill(std::span<const int32_t>(tokens.data(), static_cast<size_t>(prefix))), prefix - 1);
   for (int64_t t = prefix; t < end; ++t) compare(dec.step(tokens[static_cast<size_t>(t)]), t);
+  if (agree) *agree = seen ? static_cast<double>(same) / static_cast<double>(seen) : 1.0;
   return worst;
 }
 
@@ -117,8 +124,9 @@ TEST(Stories260k, GreedyFromBosReproducesTheReferenceStory) {
 }
 
 // A 16-bit KV cache (f16, bf16) keeps the reference story token for token and the logits of
-// every position within a stated bound of the f32 forward, for full
-// and local attention; a plan with a variant that reads keys as f32 rows is refused by start().
+// every position within a stated bound of the f32 forward, for full, local and causal
+// improved-clustered attention; a plan with a variant that reads keys as f32 rows is refused by
+// start().
 TEST(Stories260k, HalfKVCacheKeepsTheStoryAndBoundsLogits) {
   CLATTN_NEED_DATA("stories260k");
   const std::string dir = data_dir() + "/stories260k";
@@ -128,19 +136,24 @@ TEST(Stories260k, HalfKVCacheKeepsTheStoryAndBoundsLogits) {
   const std::vector<int32_t> tokens = SafetensorsFile::open(dir + "/reference_logits.safetensors").get_i32("tokens");
   for (const KVCacheType type : {KVCacheType::f16, KVCacheType::bf16}) {
     SCOPED_TRACE(kv_cache_type_name(type));
-    for (const char* plan : {"full", "local:window=32"}) {
+    for (const char* plan : {"full", "local:window=32", "improved-clustered:clusters=4,topk=8,block=16,segment=64"}) {
       SCOPED_TRACE(plan);
       dec->set_attention(plan);
       dec->set_kv_cache(KVCacheType::f32);
       const Tensor want = dec->forward(tokens, 1, 200);
       dec->set_kv_cache(type);
-      const double err = decode_error(*dec, tokens, want, 0, 200), err_prefill = decode_error(*dec, tokens, want, 50, 200);
-      std::printf("%s %s: max |dlogit| %.3g token by token, %.3g after a prefill of 50\n", kv_cache_type_name(type), plan,
-                  err, err_prefill);
+      double agree = 0;
+      const double err = decode_error(*dec, tokens, want, 0, 200, &agree), err_prefill = decode_error(*dec, tokens, want, 50, 200);
+      std::printf("%s %s: max |dlogit| %.3g token by token, %.3g after a prefill of 50; top-1 agreement %.3f\n",
+                  kv_cache_type_name(type), plan, err, err_prefill, agree);
       // Measured: f16 0.023 (full) and 0.032 (local), bf16 0.15 and 0.19, on logits of std 7.3 and |x| up to 22.
-      const double bound = type == KVCacheType::f16 ? 0.05 : 0.4;
+      // Causal clustered chooses clusters and top-k keys, and a rounded key can move a choice:
+      // measured f16 0.43 and bf16 3.5, the same top-1 token at 99.5 % and 94.5 % of the positions.
+      const bool clustered = std::string(plan).find("clustered") != std::string::npos;
+      const double bound = clustered ? (type == KVCacheType::f16 ? 1.0 : 6.0) : type == KVCacheType::f16 ? 0.05 : 0.4;
       EXPECT_LE(err, bound);
       EXPECT_LE(err_prefill, bound);
+      EXPECT_GE(agree, !clustered ? 0.99 : type == KVCacheType::f16 ? 0.98 : 0.9);
       EXPECT_GT(err, 0.0) << "the cache did not round";
     }
     dec->set_attention("full");
@@ -152,12 +165,13 @@ TEST(Stories260k, HalfKVCacheKeepsTheStoryAndBoundsLogits) {
       logits = dec->step(got.back());
     }
     EXPECT_EQ(got, story);
-    dec->set_attention("improved-clustered:clusters=4,topk=8,block=16,segment=64");
+    dec->set_attention("linear");
     try {
       dec->start(10);
-      ADD_FAILURE() << "start() took a 16-bit cache for causal clustered attention";
+      ADD_FAILURE() << "start() took a 16-bit cache for linear attention";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("is read by full and local attention only"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("is read by full, local and causal clustered attention only"), std::string::npos)
+          << e.what();
     }
   }
 }

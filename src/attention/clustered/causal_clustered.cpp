@@ -173,7 +173,7 @@ void segment_fwd(const AttentionInputs& in, const AttentionDims& d, const Cluste
                         cz.resid.data() + tb * static_cast<size_t>(cz.cmax * Dv),
                         improved ? cz.topk_idx.data() + tb * static_cast<size_t>(cz.cmax * cz.kmax) : nullptr, cz.kmax};
     int64_t k = 0;
-    block_fwd(sc.stream, in, b, h, hk, r.a, r.b, member + r.a, snap, k, cz.inlse.data() + t * d.N, g.c, out,
+    block_fwd(sc.stream, in, ko, b, h, hk, r.a, r.b, member + r.a, snap, k, cz.inlse.data() + t * d.N, g.c, out,
               cz.lzp.data() + t * d.N, cz.alpha.data() + t * d.N, sc.ms);
     cz.ksel[tb] = static_cast<int32_t>(k);
   }
@@ -246,7 +246,7 @@ void attn_causal_clustered_fwd(const AttentionInputs& in, const AttentionDims& d
   ws.ensure_threads();
   const int64_t Mp = round_up(d.M, kPanel);
   auto operands = [&](int64_t b, int64_t hk) {
-    if (in.cache) return KeyOperands{in.cache->key_panels(b, hk), in.cache->value_rows(b, hk), in.cache->value_ld()};
+    if (in.cache) return cache_operands(*in.cache, b, hk);
     const mk::RowsOperand v = full_value_rows(fws, b * d.Hkv + hk);
     return KeyOperands{full_key_panels(fws) + (b * d.Hkv + hk) * Mp * D, v.data, v.ld};
   };
@@ -326,7 +326,9 @@ size_t causal_clustered_workspace_bytes(const AttentionDims& d, const ClusteredP
   int64_t per = f * (cpan * D + kPanel * cpan + C * D + C * Dvp + 2 * C + kCb * kBc) +
                 C * (2 * k * static_cast<int64_t>(sizeof(Cand)) + 12) + 4 * (2 * Ls + C) + 8 * Ls +
                 f * (cpan * 64 + cluster::kHashBlock * 64) +
-                f * (round_up(std::max<int64_t>(k, 1), 16) * (D + Dvp) + k * D + kMb * (D + 64 + Dvp) + kMb);
+                f * (round_up(std::max<int64_t>(k, 1), 16) * (D + Dvp) + k * D + kMb * (D + 64 + Dvp) + kMb) +
+                // a 16-bit cache's T_j bits and the residual's product
+                2 * round_up(std::max<int64_t>(k, 1), 16) * (D + Dvp) + f * (k + Dvp);
   if (mode == Mode::training)
     per += f * (S * C * (Dvp + 2) + C * Dkp * 2 + 2 * kCb * kBc + kBc * (Dkp + Dvp) + 2 * k * (D + Dv) + 4 * Dv) +
            8 * Ls + f * std::max<int64_t>(1, (d.M + kSpan - 1) / kSpan) * C * Dkp;

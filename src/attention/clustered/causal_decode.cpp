@@ -76,7 +76,7 @@ void decode_prefix(const AttentionInputs& in, const AttentionDims& d, const Clus
     const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
     DecodeHead& dh = ds.heads[static_cast<size_t>(t)];
     CausalThread& sc = ws.threads[static_cast<size_t>(thread)];
-    const KeyOperands ko{kc.key_panels(b, hk), kc.value_rows(b, hk), kc.value_ld()};
+    const KeyOperands ko = cache_operands(kc, b, hk);
     float* tile = sc.tile.floats(static_cast<size_t>(kCb * kBc));
     for (int64_t ra = std::clamp(g.E - g.off, int64_t{0}, nv); ra < nv;) {
       const int64_t beta = (ra + g.off) / g.Lb, rb = std::min(nv, (beta + 1) * g.Lb - g.off);
@@ -112,7 +112,7 @@ void decode_prefix(const AttentionInputs& in, const AttentionDims& d, const Clus
       nearest_centroids(in.q.ptr(b, h, ra), rb - ra, in.q.stride(2), D, dh.qcpan.data(), dh.norms.data(), dh.ce, mem,
                         sc.near);
       const Snapshot snap{dh.lse_c.data(), dh.mass.data(), dh.resid.data(), improved ? dh.topk.data() : nullptr, kmax};
-      block_fwd(dh.st, in, b, h, hk, ra, rb, mem, snap, dh.k, inl + t * d.N, g.c, out, rowbuf + t * d.N,
+      block_fwd(dh.st, in, ko, b, h, hk, ra, rb, mem, snap, dh.k, inl + t * d.N, g.c, out, rowbuf + t * d.N,
                 rowbuf + (BH + t) * d.N, sc.ms);
       ra = rb;
     }

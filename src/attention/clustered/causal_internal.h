@@ -12,6 +12,7 @@
 #include "attention/clustered/clustered.h"
 #include "attention/clustered/clustered_internal.h"
 #include "attention/tile/topk_select.h"
+#include "clattn/kv_cache.h"
 #include "clattn/rng.h"
 #include "cluster/cluster.h"
 #include "core/microkernel.h"
@@ -30,12 +31,24 @@ struct Geometry {
 };
 
 // Where one (b, kv head) reads its keys and values: K in panels (np, Dk, 64) and V rows (M, vld),
-// vld >= Dv with zero padding — full's packed operands, or a KVCache's own.
+// vld >= Dv with zero padding — full's packed operands, or a KVCache's own. A 16-bit cache gives
+// the same layouts in f16 or bf16 bits (kpan16, vrow16) and K's rows (M, kld) for the gathers of
+// T_j; the f32 pointers are then null and the kernels widen in registers.
 struct KeyOperands {
   const float* kpan = nullptr;
   const float* vrow = nullptr;
   int64_t vld = 0;
+  const uint16_t* kpan16 = nullptr;
+  const uint16_t* vrow16 = nullptr;
+  const uint16_t* krow16 = nullptr;
+  int64_t kld = 0;
+  mk::Half half = mk::Half::f16;
+  bool is16() const { return kpan16 != nullptr; }
 };
+
+// A KVCache's own operands for (b, kv head): f32 panels and rows, or a 16-bit cache's (whose K
+// rows it holds when it keeps queries).
+KeyOperands cache_operands(const KVCache& kc, int64_t b, int64_t hk);
 
 // The clusters of one segment: hashing of its definers, Hamming k-means, centroid means.
 // Returns the number of clusters ce (<= C); assign (np) gets each definer's cluster and qc (ce, Dk)
@@ -92,11 +105,15 @@ struct Snapshot {
   int64_t kmax;
 };
 
-// T_j's rows gathered for the member products (improved).
+// T_j's rows gathered for the member products (improved): f32, or the 16-bit bits of a 16-bit
+// cache (kt16, vt16, same shapes), which the products widen in registers.
 struct MemberScratch {
   std::vector<int32_t> order, off, used;
   Workspace kt, vt, qm, sm, um, tmp;
-  size_t bytes() const { return held_bytes(order, off, used, kt, vt, qm, sm, um, tmp); }
+  std::vector<uint16_t> kt16, vt16;
+  bool half = false;  // the gathered rows are kt16, vt16
+  mk::Half hf = mk::Half::f16;
+  size_t bytes() const { return held_bytes(order, off, used, kt, vt, qm, sm, um, tmp, kt16, vt16); }
 };
 
 // Every centroid's log-sum-exp at the stream's position; returns k = min(topk, P) (0: clustered).
@@ -108,7 +125,7 @@ void select_topk(Stream& st, int64_t j, const Snapshot& out);
 // rows into sc as K_Tᵀ (D, kw) and V_T (kw, Dvp), kw = round_up(k, 16): the operands of
 // cluster_members_fwd. next (k indices, or nullptr) are the rows the next call will gather:
 // requested now, so their misses overlap this cluster's work.
-void finish_cluster(const Stream& st, int64_t j, int64_t k, ConstView kh, ConstView vh,
+void finish_cluster(const Stream& st, int64_t j, int64_t k, ConstView kh, ConstView vh, const KeyOperands& ko,
                     const Snapshot& out, const int32_t* next, MemberScratch& sc);
 // The prefix part of the members mi[0, n) (rows ra + mi[r]) of cluster j, T_j's rows in sc, blended
 // into out, which holds the in-block part with its log-sum-exp inl (per row, −inf when empty).
@@ -117,8 +134,8 @@ void cluster_members_fwd(const AttentionInputs& in, int64_t b, int64_t h, int64_
                          int64_t n, int64_t j, int64_t k, bool improved, const Snapshot& snap,
                          const float* inl, float c, View out, float* lzp, float* alpha, MemberScratch& sc);
 // A block of the prefill: the snapshot and the members of rows [ra, rb) (row r in cluster
-// mem[r − ra]).
-void block_fwd(Stream& st, const AttentionInputs& in, int64_t b, int64_t h, int64_t hk, int64_t ra,
+// mem[r − ra]); T_j's rows come from in.k, in.v, or from ko when it is a 16-bit cache's.
+void block_fwd(Stream& st, const AttentionInputs& in, const KeyOperands& ko, int64_t b, int64_t h, int64_t hk, int64_t ra,
                int64_t rb, const int32_t* mem, const Snapshot& snap, int64_t& k, const float* inl,
                float c, View out, float* lzp, float* alpha, MemberScratch& sc);
 

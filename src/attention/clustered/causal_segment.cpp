@@ -17,6 +17,18 @@ using mk::round_up;
 using tile::kInf;
 using tile::kLn2;
 
+KeyOperands cache_operands(const KVCache& kc, int64_t b, int64_t hk) {
+  if (kc.type() == KVCacheType::f32) return KeyOperands{kc.key_panels(b, hk), kc.value_rows(b, hk), kc.value_ld()};
+  KeyOperands ko;
+  ko.vld = kc.value_ld();
+  ko.kpan16 = kc.key_panels16(b, hk);
+  ko.vrow16 = kc.value_rows16(b, hk);
+  ko.krow16 = kc.keeps_queries() ? kc.key_rows16(b, hk) : nullptr;
+  ko.kld = kc.key_ld();
+  ko.half = kc.type() == KVCacheType::bf16 ? mk::Half::bf16 : mk::Half::f16;
+  return ko;
+}
+
 int64_t segment_clusters(const float* qdef, int64_t np, int64_t ldq, int64_t D,
                          const ClusteredParams& p, const cluster::LshPlanes& planes, const Rng& rng,
                          uint64_t kstream, int32_t* assign, float* qc, ClusterScratch& cs) {
@@ -95,7 +107,8 @@ void Stream::advance_rows(int64_t j0, int64_t to, const KeyOperands& ko, float* 
     // Keys [k0, k1) in the panels from a0 (a multiple of 64); keys before k0 are masked.
     const int64_t k1 = std::min(to, (k0 / kBc + 1) * kBc), a0 = k0 / kPanel * kPanel;
     const int64_t npan = (k1 - a0 + kPanel - 1) / kPanel, width = npan * kPanel;
-    mk::gemm_abt(rows, npan, D, qcs.data() + j0 * D, D, ko.kpan + a0 * D, sc, kBc);
+    if (ko.is16()) mk::gemm_abt16(ko.half, rows, npan, D, qcs.data() + j0 * D, D, ko.kpan16 + a0 * D, sc, kBc);
+    else mk::gemm_abt(rows, npan, D, qcs.data() + j0 * D, D, ko.kpan + a0 * D, sc, kBc);
     for (int64_t x = 0; x < rows; ++x) {
       const int64_t j = j0 + x;
       float* row = sc + x * kBc;
@@ -107,7 +120,8 @@ void Stream::advance_rows(int64_t j0, int64_t to, const KeyOperands& ko, float* 
       alpha[x] = tile::online_softmax_row(row, width, m[static_cast<size_t>(j)], l[static_cast<size_t>(j)]);
     }
     // Acc = diag(alpha)·Acc + P·V
-    mk::gemm_ab(rows, Dvp, k1 - a0, sc, kBc, 1, ko.vrow + a0 * ko.vld, ko.vld, a, Dvp, alpha);
+    if (ko.is16()) mk::gemm_ab16(ko.half, rows, Dvp, k1 - a0, sc, kBc, 1, ko.vrow16 + a0 * ko.vld, ko.vld, a, Dvp, alpha);
+    else mk::gemm_ab(rows, Dvp, k1 - a0, sc, kBc, 1, ko.vrow + a0 * ko.vld, ko.vld, a, Dvp, alpha);
     k0 = k1;
   }
 }
@@ -146,16 +160,64 @@ void select_topk(Stream& st, int64_t j, const Snapshot& out) {
   for (int64_t x = 0; x < n; ++x) tk[x] = cd[x].i;
 }
 
-void finish_cluster(const Stream& st, int64_t j, int64_t k, ConstView kh, ConstView vh,
+namespace {
+
+// T_j's rows of a 16-bit cache, as bits: K_Tᵀ (D, kw) and V_T (kw, Dvp), padding zero. The bits
+// are copied, not widened: the member products widen them in registers as the f32 path reads its
+// gathered floats, so both compute on the same values.
+void gather16(const KeyOperands& ko, const int32_t* tk, int64_t k, int64_t D, int64_t Dvp, int64_t kw,
+              MemberScratch& sc) {
+  sc.kt16.assign(static_cast<size_t>(D * kw), 0);
+  sc.vt16.resize(static_cast<size_t>(kw * Dvp));
+  for (int64_t x = 0; x < k; ++x) {
+    const uint16_t* kr = ko.krow16 + tk[x] * ko.kld;
+    for (int64_t e = 0; e < D; ++e) sc.kt16[static_cast<size_t>(e * kw + x)] = kr[e];
+    std::memcpy(sc.vt16.data() + x * Dvp, ko.vrow16 + tk[x] * ko.vld, sizeof(uint16_t) * static_cast<size_t>(Dvp));
+  }
+  std::fill(sc.vt16.begin() + k * Dvp, sc.vt16.end(), uint16_t{0});
+  sc.half = true;
+  sc.hf = ko.half;
+}
+
+}  // namespace
+
+void finish_cluster(const Stream& st, int64_t j, int64_t k, ConstView kh, ConstView vh, const KeyOperands& ko,
                     const Snapshot& out, const int32_t* next, MemberScratch& sc) {
   const int64_t P = st.pos, D = st.D, Dv = st.Dv, Dvp = round_up(Dv, mk::kLanes);
   float* res = out.resid + j * Dv;
   const float* a = st.acc.data() + j * Dvp;
   const float inv = 1.f / st.l[static_cast<size_t>(j)];
   for (int64_t e = 0; e < Dv; ++e) res[e] = a[e] * inv;  // Vc_j
+  sc.half = false;
   if (st.topk == 0) return;
   const int32_t* tk = out.topk + j * out.kmax;
   const int64_t kw = round_up(k, mk::kLanes);
+  if (ko.is16()) {
+    gather16(ko, tk, k, D, Dvp, kw, sc);
+    if (k == P) {
+      out.mass[j] = 1.f;
+      std::fill(res, res + Dv, 0.f);
+      return;
+    }
+    // m_j and R_j = Vc_j − Σ_T A_jl v_l as one (1, k)·(k, Dvp) product over the 16-bit rows,
+    // accumulated in key order as the f32 path's row updates.
+    const Cand* cd = st.cand.data() + j * 2 * st.topk;
+    const float lse2 = out.lse_c[j] * tile::kLog2e;
+    float* w = sc.tmp.floats(static_cast<size_t>(k + Dvp));  // (k) −A_jl, then (Dvp) R_j
+    float* r = w + k;
+    double msum = 0;
+    for (int64_t x = 0; x < k; ++x) {
+      const float p = tile::prob(cd[x].v, lse2);
+      msum += p;
+      w[x] = -p;
+    }
+    std::copy(res, res + Dv, r);
+    std::fill(r + Dv, r + Dvp, 0.f);
+    mk::gemm_ab16(ko.half, 1, Dvp, k, w, k, 1, sc.vt16.data(), Dvp, r, Dvp, nullptr);
+    std::copy(r, r + Dv, res);
+    out.mass[j] = static_cast<float>(msum);
+    return;
+  }
   float* ktt = sc.kt.floats(static_cast<size_t>(D * kw));   // (D, kw) K_Tᵀ
   float* vt = sc.vt.floats(static_cast<size_t>(kw * Dvp));  // (kw, Dvp) V_T
   const gather::Ahead ahead{next, next ? k : 0};
@@ -200,11 +262,13 @@ void cluster_members_fwd(const AttentionInputs& in, int64_t b, int64_t h, int64_
     if (improved) {
       for (int64_t r = 0; r < rows; ++r) simd::copy_row(qm + r * D, in.q.ptr(b, h, ra + mi[y0 + r]), D, D, c);
       std::memset(sm, 0, sizeof(float) * static_cast<size_t>(rows * kw));
-      mk::gemm_ab(rows, kw, D, qm, D, 1, ktt, kw, sm, kw, nullptr);
+      if (sc.half) mk::gemm_ab16(sc.hf, rows, kw, D, qm, D, 1, sc.kt16.data(), kw, sm, kw, nullptr);
+      else mk::gemm_ab(rows, kw, D, qm, D, 1, ktt, kw, sm, kw, nullptr);
       tile::softmax_rows(sm, rows, kw, k, lzr);
       for (int64_t r = 0; r < rows; ++r) lzr[r] = lzr[r] * kLn2 - lm;  // log Z_pre = lse_T − log m_j
       std::memset(um, 0, sizeof(float) * static_cast<size_t>(rows * Dvp));
-      mk::gemm_ab(rows, Dvp, kw, sm, kw, 1, vt, Dvp, um, Dvp, nullptr);
+      if (sc.half) mk::gemm_ab16(sc.hf, rows, Dvp, kw, sm, kw, 1, sc.vt16.data(), Dvp, um, Dvp, nullptr);
+      else mk::gemm_ab(rows, Dvp, kw, sm, kw, 1, vt, Dvp, um, Dvp, nullptr);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = ra + mi[y0 + r];
@@ -232,7 +296,7 @@ void cluster_members_fwd(const AttentionInputs& in, int64_t b, int64_t h, int64_
   }
 }
 
-void block_fwd(Stream& st, const AttentionInputs& in, int64_t b, int64_t h, int64_t hk, int64_t ra,
+void block_fwd(Stream& st, const AttentionInputs& in, const KeyOperands& ko, int64_t b, int64_t h, int64_t hk, int64_t ra,
                int64_t rb, const int32_t* mem, const Snapshot& snap, int64_t& k, const float* inl,
                float c, View out, float* lzp, float* alpha, MemberScratch& sc) {
   const int64_t n = rb - ra, ce = st.ce, Dv = st.Dv;
@@ -242,9 +306,9 @@ void block_fwd(Stream& st, const AttentionInputs& in, int64_t b, int64_t h, int6
   sc.order.resize(static_cast<size_t>(n));
   sc.off.resize(static_cast<size_t>(ce + 1));
   cluster::counting_sort(mem, n, ce, sc.order.data(), sc.off.data());
-  ConstView kh = in.k, vh = in.v;  // (1, 1, M, D) views of this kv head
-  kh.data = in.k.ptr(b, hk, 0);
-  vh.data = in.v.ptr(b, hk, 0);
+  ConstView kh = in.k, vh = in.v;  // (1, 1, M, D) views of this kv head (no data: a 16-bit cache)
+  kh.data = in.k.data ? in.k.ptr(b, hk, 0) : nullptr;
+  vh.data = in.v.data ? in.v.ptr(b, hk, 0) : nullptr;
   // The clusters this block's queries join: their T_j first, so that each gather can request
   // the next cluster's rows. Members are numbered from ra (cluster_members_fwd adds it).
   std::vector<int32_t>& used = sc.used;
@@ -258,7 +322,7 @@ void block_fwd(Stream& st, const AttentionInputs& in, int64_t b, int64_t h, int6
     const int64_t j = used[u];
     const int32_t m0 = sc.off[static_cast<size_t>(j)], m1 = sc.off[static_cast<size_t>(j + 1)];
     const int32_t* next = u + 1 < used.size() && st.topk > 0 ? snap.topk + used[u + 1] * snap.kmax : nullptr;
-    finish_cluster(st, j, k, kh, vh, snap, next, sc);
+    finish_cluster(st, j, k, kh, vh, ko, snap, next, sc);
     cluster_members_fwd(in, b, h, ra, sc.order.data() + m0, m1 - m0, j, k, st.topk > 0, snap, inl, c, out,
                         lzp, alpha, sc);
   }

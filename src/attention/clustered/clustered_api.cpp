@@ -11,6 +11,7 @@
 #include "attention/clustered/clustered_internal.h"
 #include "attention/query_groups.h"
 #include "attention/registry.h"
+#include "clattn/kv_cache.h"
 #include "parallel/split_attention.h"
 
 namespace clattn {
@@ -50,7 +51,8 @@ class ClusteredAttention final : public Attention {
     caps_ = Capabilities{.causal = true, .query_lengths = true, .key_lengths = true, .bias = false,
                          .cross = true, .gqa = true, .trainable = true, .shared_qk = false,
                          .stochastic = !p.positional, .stateful = false, .decode_queries = true,
-                         .splits_sequence = !p.positional, .splits_sequence_causal = false};
+                         .splits_sequence = !p.positional, .splits_sequence_causal = false,
+                         .half_cache = true};
   }
   ClusteredAttention(const ClusteredAttention&) = delete;
   ClusteredAttention& operator=(const ClusteredAttention&) = delete;
@@ -73,6 +75,11 @@ class ClusteredAttention final : public Attention {
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", kind_);
     check_softmax_range(d, mag, softmax_scale(p_.scale, d.Dk), kind_);
     check_member_range(d, mag, false, kind_);  // centroids sum their member queries
+    // A 16-bit cache holds K's rows only beside the queries (kv_cache.h): the decoding pipeline
+    // reads it; the plain and the prefill pipelines read K as f32 rows.
+    check(!in.cache || in.cache->type() == KVCacheType::f32 || (in.causal && in.cache->keeps_queries()), kind_,
+          " reads a ", in.cache ? kv_cache_type_name(in.cache->type()) : "", " KV cache only causally and from a "
+          "cache that keeps the queries (query_heads = H, as a Decoder's does); use an f32 cache");
     ClusteredState& st = ctx.state<ClusteredState>();
     if (in.causal) {
       attn_causal_clustered_fwd(in, d, p_, in.step, out, st, ctx.scratch());
