@@ -37,11 +37,9 @@ cmake --build build-test -j "$jobs"
 # with pkg-config, and clattn as an add_subdirectory() subproject.
 CLATTN_JOBS=$jobs bash tests/install/run.sh "$PWD" "$PWD/build-test"
 
-# One build runs every ISA (include/clattn/cpu.h): the suites above ran the widest kernels this CPU
-# has; on an AVX-512 CPU the kernel suites run again on the AVX2 copy, as an AVX2-only CPU runs them.
-if grep -qw avx512f /proc/cpuinfo; then
-  (cd build-test && CLATTN_ISA=avx2 ctest --output-on-failure --timeout 900 -R '^(attention|cluster|core|nn|model|parallel|train|cli)$')
-fi
+# One build runs every ISA (include/clattn/cpu.h): the suites that reach the per-ISA kernels
+# (src/core/isa.h: tiles and k-means) run each ISA this CPU has in one process (ScopedIsa), and
+# tests/cli/run.sh runs the command line under each CLATTN_ISA.
 
 if [ "${CLATTN_SKIP_SANITIZE:-0}" != 1 ]; then
   # -O1 keeps the sanitized suite quick; -g1 (line tables: file:line in every report) compiles a

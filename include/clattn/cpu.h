@@ -36,11 +36,13 @@ struct CpuFeatures {
 
 const CpuFeatures& cpu_features();
 
-enum class Isa { avx2, avx512 };
+// generic: the portable copy of a build for a processor other than x86-64 (no vector ISA named).
+enum class Isa { avx2, avx512, generic };
 
 // The instruction set the dispatched kernels run: the widest this CPU and this build support, or
 // $CLATTN_ISA. Throws clattn::Error naming the problem when CLATTN_ISA is not avx2/avx512 or names
-// an ISA this CPU lacks (with the features it misses). Fixed at the first call.
+// an ISA this CPU lacks (with the features it misses). Chosen at the first call, in one place
+// (src/core/isa.h: one table of kernels per ISA).
 Isa active_isa();
 const char* isa_name(Isa isa);
 // The ISAs this CPU can run, narrowest first (what the tests iterate over).

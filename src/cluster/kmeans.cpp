@@ -10,6 +10,7 @@
 
 #include "clattn/error.h"
 #include "cluster/cluster.h"
+#include "core/isa.h"
 
 #include "clattn/cpu.h"
 #include "clattn/parallel.h"
@@ -33,35 +34,11 @@ void assign_nearest_ref(const uint64_t* codes, int64_t n, const uint64_t* centro
   }
 }
 
-// The vector kernels of k-means are compiled once per ISA (kmeans_isa.cpp), like the tiles.
-namespace avx2 {
-void assign_nearest_isa(const uint64_t*, int64_t, const uint64_t*, int64_t, int32_t*, uint32_t*);
-void count_bits_isa(const uint64_t*, const int32_t*, int64_t, uint32_t*, uint32_t*);
-}  // namespace avx2
-namespace avx512 {
-void assign_nearest_isa(const uint64_t*, int64_t, const uint64_t*, int64_t, int32_t*, uint32_t*);
-void count_bits_isa(const uint64_t*, const int32_t*, int64_t, uint32_t*, uint32_t*);
-}  // namespace avx512
-
-namespace {
-bool use_avx512() {
-#if defined(CLATTN_HAVE_AVX512_KERNELS)
-  static const bool on = active_isa() == Isa::avx512;
-  return on;
-#else
-  return false;
-#endif
-}
-}  // namespace
-
+// The vector kernels of k-means are compiled once per ISA (kmeans_isa.cpp), in the tables of
+// core/isa.h.
 void assign_nearest(const uint64_t* codes, int64_t n, const uint64_t* centroids, int64_t C,
                     int32_t* assign, uint32_t* dist) {
-#if defined(CLATTN_HAVE_AVX512_KERNELS)
-  if (use_avx512()) return avx512::assign_nearest_isa(codes, n, centroids, C, assign, dist);
-  avx2::assign_nearest_isa(codes, n, centroids, C, assign, dist);
-#else
-  assign_nearest_ref(codes, n, centroids, C, assign, dist);
-#endif
+  isa_kernels().assign_nearest(codes, n, centroids, C, assign, dist);
 }
 
 namespace {
@@ -69,16 +46,7 @@ namespace {
 // counts (C, 64) += bits of each member's code; sizes (C) += members.
 void count_bits(const uint64_t* codes, const int32_t* assign, int64_t n, uint32_t* counts,
                 uint32_t* sizes) {
-#if defined(CLATTN_HAVE_AVX512_KERNELS)
-  if (use_avx512()) return avx512::count_bits_isa(codes, assign, n, counts, sizes);
-  avx2::count_bits_isa(codes, assign, n, counts, sizes);
-#else
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t* cnt = counts + static_cast<int64_t>(assign[i]) * 64;
-    ++sizes[assign[i]];
-    for (uint64_t x = codes[i]; x; x &= x - 1) ++cnt[std::countr_zero(x)];
-  }
-#endif
+  isa_kernels().count_bits(codes, assign, n, counts, sizes);
 }
 
 constexpr int64_t kVotes = 65;  // per cluster: 64 bit counts, then the size

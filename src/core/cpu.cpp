@@ -1,4 +1,5 @@
 #include "clattn/cpu.h"
+#include "core/isa.h"
 
 #include <cstdio>
 #include <cstdint>
@@ -102,7 +103,7 @@ Isa choose_isa() {
   const CpuFeatures& f = cpu_features();
 #if !defined(CLATTN_X86)
   (void)f;
-  return Isa::avx2;  // one generic copy of the kernels off x86 (isa_name says so)
+  return Isa::generic;  // one portable copy of the kernels off x86
 #else
   const char* env = std::getenv("CLATTN_ISA");
   const std::string want = detail::ascii_lower(env ? env : "");  // compared without case: AVX2 is avx2
@@ -157,18 +158,19 @@ const CpuFeatures& cpu_features() {
   return f;
 }
 
-Isa active_isa() {
+namespace detail {
+Isa chosen_isa() {
   static const Isa isa = choose_isa();
   return isa;
 }
+}  // namespace detail
 
 const char* isa_name(Isa isa) {
-#if !defined(CLATTN_X86)
-  (void)isa;
-  return "generic";
-#else
-  return isa == Isa::avx512 ? "avx512" : "avx2";
-#endif
+  switch (isa) {
+    case Isa::avx512: return "avx512";
+    case Isa::avx2: return "avx2";
+    default: return "generic";
+  }
 }
 
 std::string supported_isas() {

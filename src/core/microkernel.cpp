@@ -1,45 +1,24 @@
-// The tile kernels' entry points: each forwards to the ISA copy chosen once per process
-// (include/clattn/cpu.h). The copies are built from microkernel_isa.cpp.
+// The tile kernels' entry points: each forwards to the active ISA's copy (core/isa.h). The
+// copies are built from microkernel_isa.cpp.
 #include "core/microkernel.h"
 
 #include <cstring>
 
 #include "clattn/cpu.h"
+#include "core/isa.h"
 
 namespace clattn::mk {
-#if defined(CLATTN_HAVE_AVX512_KERNELS)
-namespace avx2 {
-extern const Kernels kTable;
-}
-namespace avx512 {
-extern const Kernels kTable;
-}
-#else
-namespace base {
-extern const Kernels kTable;
-}
-#endif
 
 const Kernels* kernels_for(const char* isa) {
-#if defined(CLATTN_HAVE_AVX512_KERNELS)
-  if (std::strcmp(isa, "avx2") == 0) return &avx2::kTable;
-  if (std::strcmp(isa, "avx512") == 0) return &avx512::kTable;
+  for (Isa i : {Isa::avx2, Isa::avx512, Isa::generic})
+    if (std::strcmp(isa, isa_name(i)) == 0) {
+      const IsaKernels* k = isa_kernels_for(i);
+      return k ? k->tiles : nullptr;
+    }
   return nullptr;
-#else
-  return std::strcmp(isa, isa_name(active_isa())) == 0 ? &base::kTable : nullptr;
-#endif
 }
 
-const Kernels& kernels() {
-  static const Kernels* const k = [] {
-#if defined(CLATTN_HAVE_AVX512_KERNELS)
-    return active_isa() == Isa::avx512 ? &avx512::kTable : &avx2::kTable;
-#else
-    return &base::kTable;
-#endif
-  }();
-  return *k;
-}
+const Kernels& kernels() { return *isa_kernels().tiles; }
 
 void gemm_abt(int64_t m, int64_t npanels, int64_t depth, const float* a, int64_t lda,
               const float* bpanels, float* c, int64_t ldc) {

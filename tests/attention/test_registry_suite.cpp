@@ -23,6 +23,7 @@
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
 #include "clattn/spec.h"
+#include "core/isa.h"
 #include "common/fd.h"
 #include "common/test_util.h"
 
@@ -247,6 +248,22 @@ class RegistrySuite : public ::testing::TestWithParam<Entry> {
 
 TEST_P(RegistrySuite, AwkwardLengths) {
   for (int64_t n : {1, 3, 63, 64, 65, 113, 1000}) run(Problem{.B = 1, .H = 2, .Hkv = 2, .N = n, .M = n, .Dk = 16, .Dv = 16});
+}
+
+// Every ISA copy of the kernels this CPU runs (core/isa.h), in one process, against the same
+// references: lengths around the 64-wide tiles, N != M, odd head sizes, GQA, padding, causal.
+TEST_P(RegistrySuite, EveryIsaMatchesTheReference) {
+  for (const Isa isa : runnable_isas()) {
+    const ScopedIsa scoped(isa);
+    SCOPED_TRACE(isa_name(isa));
+    for (int64_t n : {1, 65, 1000}) run(Problem{.B = 1, .H = 2, .Hkv = 2, .N = n, .M = n, .Dk = 16, .Dv = 16});
+    run(Problem{.B = 2, .H = 2, .Hkv = 2, .N = 63, .M = 1000, .Dk = 8, .Dv = 24});
+    run(Problem{.B = 1, .H = 2, .Hkv = 1, .N = 70, .M = 90, .Dk = 17, .Dv = 33});
+    run(Problem{.B = 2, .H = 8, .Hkv = 4, .N = 65, .M = 65, .Dk = 16, .Dv = 16});
+    run(Problem{.B = 3, .H = 2, .Hkv = 2, .N = 65, .M = 65, .Dk = 8, .Dv = 8, .qlen = {65, 1, 30}, .klen = {65, 64, 2}});
+    for (auto [n, m] : {std::pair<int64_t, int64_t>{65, 65}, {1000, 1000}, {10, 600}})
+      run(Problem{.B = 1, .H = 2, .Hkv = 2, .N = n, .M = m, .Dk = 16, .Dv = 16, .causal = true});
+  }
 }
 
 TEST_P(RegistrySuite, CrossAttentionNotEqualM) {

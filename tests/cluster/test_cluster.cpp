@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cluster/cluster.h"
+#include "core/isa.h"
 #include "common/test_util.h"
 
 namespace clattn::cluster {
@@ -47,7 +48,11 @@ TEST(Lsh, CodesMatchDirectProjection) {
   EXPECT_EQ(draw_planes(Rng(1), 3, 8, 4, false).thresholds[5], 0.f);
 }
 
+// In every ISA copy this CPU runs (core/isa.h), one process.
 TEST(KMeans, NearestMatchesReference) {
+  for (const Isa isa : runnable_isas()) {
+  const ScopedIsa scoped(isa);
+  SCOPED_TRACE(isa_name(isa));
   Rng r(3);
   // Centroid counts around the vector kernels' groups (4, 8 and 16 per pass) and code counts
   // around their 4 or 8 codes per pass; all-ones and all-zeros codes reach distances 0 and 64.
@@ -65,6 +70,7 @@ TEST(KMeans, NearestMatchesReference) {
       EXPECT_EQ(a1, a2) << "C=" << C << " n=" << n;
       EXPECT_EQ(d1, d2) << "C=" << C << " n=" << n;
     }
+  }
 }
 
 TEST(KMeans, DistinctCodesAndDeterminism) {
@@ -98,8 +104,12 @@ TEST(KMeans, DistinctCodesAndDeterminism) {
   EXPECT_EQ(std::set<uint64_t>(c1.begin(), c1.end()).size(), 40u);
 }
 
-// The fast k-means (Hamerly bounds, early stop, vector scans) gives exactly the plain one's result.
+// The fast k-means (Hamerly bounds, early stop, vector scans) gives exactly the plain one's result,
+// in every ISA copy.
 TEST(KMeans, MatchesPlainLloyd) {
+  for (const Isa isa : runnable_isas()) {  // every ISA copy this CPU runs (core/isa.h)
+  const ScopedIsa scoped(isa);
+  SCOPED_TRACE(isa_name(isa));
   KMeansScratch ws;
   for (uint64_t seed = 1; seed <= 6; ++seed)
     for (auto [n, C, fams, flips] : {std::tuple<int64_t, int64_t, int, int>{2000, 37, 20, 6},
@@ -120,6 +130,7 @@ TEST(KMeans, MatchesPlainLloyd) {
         ASSERT_EQ(a, b) << "seed " << seed << " n " << n << " C " << C << " iterations " << iters;
       }
     }
+  }
 }
 
 TEST(KMeans, FewerDistinctCodesThanClusters) {

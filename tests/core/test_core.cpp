@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -19,6 +20,7 @@
 #include "clattn/rng.h"
 #include "clattn/tensor.h"
 #include "core/half.h"
+#include "core/isa.h"
 #include "core/microkernel.h"
 #include "core/simd.h"
 
@@ -125,6 +127,35 @@ TEST(Gemm, MatchesLoops) {
       for (int64_t e = 0; e < k; ++e) s += static_cast<double>(a[static_cast<size_t>(i * k + e)]) * b[static_cast<size_t>(e * n + j)];
       EXPECT_NEAR(c[static_cast<size_t>(i * n + j)], 2 * s + 0.5, 1e-4);
     }
+}
+
+// One table per ISA, chosen in one place: ScopedIsa switches every dispatched entry point (the
+// tiles' and k-means') and the reported ISA, and gives the chosen one back; an ISA this build has
+// no copy of, or this CPU cannot run, is refused by name.
+TEST(IsaTables, ScopedIsaSwitchesEveryEntryPoint) {
+  const Isa chosen = active_isa();
+  const std::vector<Isa> isas = runnable_isas();
+  ASSERT_FALSE(isas.empty());
+  EXPECT_NE(std::find(isas.begin(), isas.end(), chosen), isas.end());
+  for (const Isa isa : isas) {
+    const IsaKernels* k = isa_kernels_for(isa);
+    ASSERT_NE(k, nullptr);
+    EXPECT_EQ(k->isa, isa);
+    {
+      const ScopedIsa scoped(isa);
+      EXPECT_EQ(active_isa(), isa);
+      EXPECT_EQ(&isa_kernels(), k);
+      EXPECT_EQ(&mk::kernels(), k->tiles);
+      EXPECT_EQ(mk::kernels_for(isa_name(isa)), k->tiles);
+    }
+    EXPECT_EQ(active_isa(), chosen);
+  }
+  EXPECT_EQ(isa_kernels_for(Isa::generic), nullptr);  // an x86-64 build names its copies
+  EXPECT_THROW(ScopedIsa{Isa::generic}, Error);
+  EXPECT_STREQ(isa_name(Isa::generic), "generic");
+  if (!cpu_features().has_avx512()) {
+    EXPECT_THROW(ScopedIsa{Isa::avx512}, Error);
+  }
 }
 
 // Both microkernel shapes over awkward sizes, against plain loops, in every ISA copy this CPU runs

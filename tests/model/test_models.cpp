@@ -17,6 +17,7 @@
 #include "clattn/model.h"
 #include "clattn/rng.h"
 #include "clattn/safetensors.h"
+#include "core/isa.h"
 #include "common/data.h"
 #include "common/test_util.h"
 
@@ -68,6 +69,7 @@ double decode_error(Decoder& dec, const std::vector<int32_t>& tokens, const Tens
   return worst;
 }
 
+// On every ISA copy of the kernels this CPU runs (core/isa.h), in one process.
 TEST(Stories260k, FullAttentionReproducesReferenceLogits) {
   CLATTN_NEED_DATA("stories260k");
   const std::string dir = data_dir() + "/stories260k";
@@ -75,6 +77,9 @@ TEST(Stories260k, FullAttentionReproducesReferenceLogits) {
   const SafetensorsFile ref = SafetensorsFile::open(dir + "/reference_logits.safetensors");
   const std::vector<int32_t> tokens = ref.get_i32("tokens");
   const Tensor want = ref.get_f32("logits");  // (200, 512)
+  for (const Isa isa : runnable_isas()) {
+  const ScopedIsa scoped(isa);
+  SCOPED_TRACE(isa_name(isa));
   const Tensor got = dec->forward(tokens, 1, 200);
   double worst = 0;
   for (int64_t i = 0; i < want.numel(); ++i) worst = std::max(worst, static_cast<double>(std::abs(want.data()[i] - got.data()[i])));
@@ -83,6 +88,7 @@ TEST(Stories260k, FullAttentionReproducesReferenceLogits) {
   EXPECT_LE(decode_error(*dec, tokens, got, 0, 200), 1e-4) << "incremental decoding vs prefill";
   // A prefill of a prefix, then steps, gives the same too.
   EXPECT_LE(decode_error(*dec, tokens, got, 50, 51), 1e-4);
+  }
 }
 
 // With a causal clustered plan, token-by-token decoding (and a prefill then steps) gives the logits
