@@ -18,7 +18,7 @@ every product over all the threads, and another process on a core slows them sev
 usage: bench/llamacpp/compare.py [--model DIR] [--threads 2] [--prefill 2048,8192]
            [--decode-after 512,8192] [--decode 64] [--repeat 3] [--kv f16|f32]
            [--attention full ...] [--clattn-kv f32,f16] [--clattn build/clattn] [--work build/llamacpp]
-           [--json OUT]
+           [--fa 0,1] [--no-warmup] [--json OUT]
 """
 import argparse
 import json
@@ -51,14 +51,14 @@ def cpu_name():
         return "unknown CPU"
 
 
-def llbench(exe, gguf, n, decode, fa, kv, threads, repeat):
-    """Per-run (prefill tok/s, decode ms/token) of llama.cpp; one warm-up run is dropped."""
+def llbench(exe, gguf, n, decode, fa, kv, threads, repeat, warmup=True):
+    """Per-run (prefill tok/s, decode ms/token) of llama.cpp; one warm-up run is dropped (warmup)."""
     out = run([exe, gguf, "--n", n, "--decode", decode, "--ctx", n + decode, "--batch", 2048, "--ubatch", 2048,
-               "--fa", fa, "--kv", kv, "--threads", threads, "--repeat", repeat + 1])
+               "--fa", fa, "--kv", kv, "--threads", threads, "--repeat", repeat + int(warmup)])
     runs = []
     for line in out.splitlines():
         m = re.match(r"run (\d+): prefill \d+ tokens [\d.]+ ms \(([\d.]+) tok/s\)(?:.*?([\d.]+) ms/token)?", line)
-        if m and int(m.group(1)) > 0:
+        if m and int(m.group(1)) >= int(warmup):
             runs.append((float(m.group(2)), float(m.group(3)) if m.group(3) else None))
     if len(runs) != repeat:
         sys.exit(f"compare.py: llbench printed {len(runs)} timed runs, expected {repeat}:\n{out}")
@@ -103,6 +103,9 @@ def main():
     ap.add_argument("--clattn", default=str(ROOT / "build" / "clattn"))
     ap.add_argument("--work", default=str(ROOT / "build" / "llamacpp"),
                     help="folder for node-llama-cpp, llbench, the random model and the GGUF files")
+    ap.add_argument("--fa", default="0,1", help="llama.cpp flash attention settings to time (0 off, 1 on)")
+    ap.add_argument("--no-warmup", action="store_true",
+                    help="time llama.cpp's first run too (a prompt of 32768 tokens takes minutes per run)")
     ap.add_argument("--json", help="also write the table's numbers as JSON to this file")
     a = ap.parse_args()
     plans = [(p, kv) for p in (a.attention or ["full"]) for kv in a.clattn_kv.split(",") if kv]
@@ -123,16 +126,27 @@ def main():
     if not gguf.is_file() or (src.is_file() and gguf.stat().st_mtime < src.stat().st_mtime):
         run([sys.executable, HERE / "hf2gguf.py", model, gguf] + (["--f16"] if a.gguf_f16 else []))
 
-    cols = [f"llama.cpp fa {fa}" for fa in (0, 1)] + [f"clattn {p}, {kv} cache" for p, kv in plans]
+    fas = [int(x) for x in a.fa.split(",") if x]
+    cols = [f"llama.cpp fa {fa}" for fa in fas] + [f"clattn {p}, {kv} cache" for p, kv in plans]
     table, raw, machine = [], [], None
+    # A decode run prefills its prompt first: a prefill row of the same length takes its figures
+    # from those runs instead of prefilling again (at 32768 tokens, minutes per run).
+    ll_runs = {}
+
+    def ll(n, d, fa):
+        key = (n, fa)
+        if key not in ll_runs or (d > 0 and ll_runs[key][0] == 0):
+            ll_runs[key] = (d, llbench(exe, gguf, n, d, fa, a.kv, a.threads, a.repeat, not a.no_warmup))
+        return ll_runs[key][1]
+
     for kind, ns in (("prefill", prefill), ("decode", after)):
         for n in ns:
             d = a.decode if kind == "decode" else 0
             label = f"prefill {n} tokens, tok/s" if kind == "prefill" else f"decode {d} tokens after {n}, ms/token"
             row = [label]
-            for fa in (0, 1):
+            for fa in fas:
                 print(f"{label}: llama.cpp fa {fa}", file=sys.stderr)
-                runs = llbench(exe, gguf, n, d, fa, a.kv, a.threads, a.repeat)
+                runs = ll(n, a.decode if kind == "prefill" and n in after else d, fa)
                 vals = [r[0] if kind == "prefill" else r[1] for r in runs]
                 row.append(cell(vals))
                 raw.append({"row": label, "who": f"llama.cpp fa {fa}", "runs": vals})
