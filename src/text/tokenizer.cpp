@@ -107,13 +107,11 @@ void Tokenizer::Impl::load(const json& root) {
     std::snprintf(t, sizeof t, "<0x%02X>", b);
     byte_token[static_cast<size_t>(b)] = model_id(t);
   }
-  // Longest first within a first byte, so the first match found at a position is the longest, as
-  // tokenizers' leftmost-longest automaton gives.
-  for (uint32_t k = 0; k < added.size(); ++k)
-    added_by_byte[static_cast<unsigned char>(added[k].content[0])].push_back(k);
-  for (auto& list : added_by_byte)
-    std::stable_sort(list.begin(), list.end(),
-                     [&](uint32_t x, uint32_t y) { return added[x].content.size() > added[y].content.size(); });
+  // The trie gives the longest content first at a position, as tokenizers' leftmost-longest
+  // automaton does.
+  std::vector<std::string> contents;
+  for (const AddedToken& t : added) contents.push_back(t.content);
+  added_trie.build(contents);
 }
 
 void Tokenizer::Impl::load_pre(const json& p) {
@@ -178,6 +176,8 @@ void Tokenizer::Impl::load_wordpiece(const json& model) {
     if (!v->is_number_unsigned()) bad("model.max_input_chars_per_word must be a non-negative integer, not ", v->dump());
     wp_max_chars = static_cast<int64_t>(std::min<uint64_t>(v->get<uint64_t>(), INT64_MAX));
   }
+  wp_longest = 0;
+  for (const std::string& t : tokens) wp_longest = std::max(wp_longest, t.size());
 }
 
 void Tokenizer::Impl::load_model(const json& model) {

@@ -135,7 +135,7 @@ std::string Tokenizer::Impl::normalize(std::string_view text) const {
 void Tokenizer::Impl::tokenize_normalized(std::string_view norm, std::vector<int32_t>& out) const {
   const auto model = [&](std::string_view word) {
     if (model_kind == ModelKind::Bpe) return bpe(word, out);
-    tok::wordpiece(word, wp_prefix, wp_max_chars, unk, [&](std::string_view w) { return model_id(w); }, out);
+    tok::wordpiece(word, wp_prefix, wp_max_chars, unk, wp_longest, [&](std::string_view w) { return model_id(w); }, out);
   };
   switch (pre) {
     case PreTokenizer::None:
@@ -172,22 +172,37 @@ char32_t cp_before(std::string_view text, size_t end) {
 
 }  // namespace
 
+thread_local std::vector<int32_t> tok::AddedTrie::path_;
+
+void tok::AddedTrie::build(const std::vector<std::string>& contents) {
+  edges_.clear();
+  ends_.assign(1, {});
+  for (uint32_t k = 0; k < contents.size(); ++k) {
+    int32_t node = 0;
+    for (const char c : contents[k]) {
+      const auto [it, fresh] = edges_.try_emplace(key(node, static_cast<unsigned char>(c)), static_cast<int32_t>(ends_.size()));
+      if (fresh) ends_.emplace_back();
+      node = it->second;
+    }
+    ends_[static_cast<size_t>(node)].push_back(k);
+  }
+}
+
 void Tokenizer::Impl::split_added(std::string_view text, bool normalized_pass, std::vector<Span>& out) const {
   size_t plain = 0;  // start of the plain text not yet emitted
   for (size_t i = 0; i < text.size();) {
-    const AddedToken* hit = nullptr;
-    for (uint32_t k : added_by_byte[static_cast<unsigned char>(text[i])]) {
-      const AddedToken& t = added[k];
-      if (t.normalized != normalized_pass || text.compare(i, t.content.size(), t.content) != 0) continue;
-      const size_t e = i + t.content.size();
+    const int64_t k = added_trie.match(text, i, [&](uint32_t x) {
+      const AddedToken& t = added[x];
+      if (t.normalized != normalized_pass) return false;
       if (t.single_word) {  // a whole word only: no word character touching either end
-        if (i > 0 && is_word_char(cp_before(text, i))) continue;
+        const size_t e = i + t.content.size();
+        if (i > 0 && is_word_char(cp_before(text, i))) return false;
         size_t j = e;
-        if (e < text.size() && is_word_char(unicode::next_cp(text, j))) continue;
+        if (e < text.size() && is_word_char(unicode::next_cp(text, j))) return false;
       }
-      hit = &t;
-      break;
-    }
+      return true;
+    });
+    const AddedToken* hit = k >= 0 ? &added[static_cast<size_t>(k)] : nullptr;
     if (!hit) {
       i += utf8_len(text, i);
       continue;

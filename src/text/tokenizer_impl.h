@@ -105,6 +105,7 @@ struct Tokenizer::Impl {
   ModelKind model_kind = ModelKind::Bpe;
   std::string wp_prefix;           // WordPiece: continuing_subword_prefix ("##")
   int64_t wp_max_chars = 100;      // WordPiece: longer words (in code points) are unk
+  size_t wp_longest = 0;           // WordPiece: bytes of the longest vocab entry
   PreTokenizer pre = PreTokenizer::None;
   bool bl_prefix_space = false, bl_regex = true;  // ByteLevel pre-tokenizer switches
   std::vector<Step> normalizer, decoder;
@@ -114,7 +115,7 @@ struct Tokenizer::Impl {
   // Added tokens split out of the text before normalization (normalized = false) or after it
   // (normalized = true), longest first among those starting with the same byte.
   std::vector<AddedToken> added;
-  std::array<std::vector<uint32_t>, 256> added_by_byte;  // first byte -> indices into added
+  tok::AddedTrie added_trie;  // over added[k].content
   int32_t bos = -1, eos = -1;
 
   template <class... A>

@@ -78,8 +78,8 @@ void bert_pre_tokenize(std::string_view text, std::vector<std::string_view>& wor
   if (start != std::string_view::npos) words.push_back(text.substr(start));
 }
 
-void wordpiece(std::string_view word, std::string_view prefix, int64_t max_chars, int32_t unk, const IdOf& id_of,
-               std::vector<int32_t>& out) {
+void wordpiece(std::string_view word, std::string_view prefix, int64_t max_chars, int32_t unk, size_t longest,
+               const IdOf& id_of, std::vector<int32_t>& out) {
   int64_t chars = 0;
   for (size_t i = 0; i < word.size(); i += clattn::unicode::utf8_len(word, i)) ++chars;
   if (chars > max_chars) {
@@ -87,9 +87,13 @@ void wordpiece(std::string_view word, std::string_view prefix, int64_t max_chars
     return;
   }
   const size_t mark = out.size();
-  std::string piece;  // prefix + candidate, rebuilt per try: words are short (max_chars)
+  std::string piece;  // prefix + candidate, rebuilt per try: at most `longest` bytes
   for (size_t start = 0; start < word.size();) {
-    size_t end = word.size();
+    // The longest candidate any vocab entry can match, ending on a code point's first byte.
+    const size_t head = start > 0 ? prefix.size() : 0;
+    const size_t room = longest > head ? longest - head : 0;  // bytes a candidate may take
+    size_t end = room >= word.size() - start ? word.size() : start + room;
+    while (end > start && end < word.size() && (static_cast<unsigned char>(word[end]) & 0xC0) == 0x80) --end;
     int32_t found = -1;
     while (start < end) {
       piece.assign(start > 0 ? prefix : std::string_view{});
