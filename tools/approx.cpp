@@ -14,6 +14,8 @@
 
 #include "cli_util.h"
 #include "clattn/atomic_file.h"
+#include "clattn/attention.h"
+#include "clattn/cpu.h"
 #include "clattn/error.h"
 #include "clattn/gemm.h"
 #include "clattn/input_file.h"
@@ -479,6 +481,32 @@ double layer_attention_ms(const std::string& spec, const ModelConfig& c, int64_t
   return t[1];
 }
 
+// What timing every candidate (and full) at length n will cost, before any is timed: one call's
+// memory (q, k, v, out and the workspace) against what is available, and the time of the four
+// calls of layer_attention_ms from the work models at half this machine's sgemm rate. A search
+// that would time for more than an hour is refused with the estimate; one past a minute says so.
+// (--length 10^6 timed full attention for hours without a word; 6e7 ended in bad_alloc.)
+void check_cost_length(const std::vector<std::string>& specs, const ModelConfig& c, int64_t n, bool causal) {
+  const AttentionDims d{.B = 1, .H = c.heads, .Hkv = c.kv_heads, .N = n, .M = n, .Dk = c.head_dim, .Dv = c.head_dim};
+  const double inputs = 4.0 * static_cast<double>(n * c.head_dim) * static_cast<double>(2 * c.heads + 2 * c.kv_heads);
+  const double rate = 0.5e9 * measure_sgemm_gflops(512, 2);  // flop/s
+  double secs = 0;
+  std::vector<std::string> all = specs;
+  all.push_back("full");
+  for (const std::string& s : all) {
+    const std::unique_ptr<Attention> a = make_attention(s);
+    check_memory(inputs + static_cast<double>(a->workspace_bytes(d, Mode::inference, max_threads())),
+                 detail::concat("approx: timing '", s, "' at --length ", n));
+    secs += 4.0 * a->work(d, causal, Mode::inference).flops() / rate;
+  }
+  check(secs <= 3600, "approx: timing the candidates and full attention at --length ", n, " would take about ",
+        static_cast<int64_t>(secs / 60), " minutes (their work models at half this machine's sgemm rate); give a "
+        "smaller --length");
+  if (secs > 60)
+    std::fprintf(stderr, "approx: timing the candidates at --length %lld takes about %.0f s (work models)\n",
+                 static_cast<long long>(n), secs);
+}
+
 void run_search(const ApproxOptions& o, Workload& w) {
   const double target = *o.target;
   usage_check(o.metric == "agreement" || o.metric == "kl" || o.metric == "accuracy",
@@ -500,6 +528,7 @@ void run_search(const ApproxOptions& o, Workload& w) {
     check(!causal || a->capabilities().causal, "approx: candidate '", c, "' cannot honour the causal mask of a decoder");
   }
   check_memory(2.0 * w.model().forward_bytes(w.B, w.T > 0 ? w.T : n_data), "approx: " + o.model);
+  check_cost_length(cands, cfg, n_cost, causal);
   const int64_t half = (w.B + 1) / 2;
   w.model().set_attention("full");
   const Tensor full_cal = w.run(0, half), full_held = w.run(half, w.B);

@@ -41,6 +41,10 @@ open(sys.argv[2], "wb").write(struct.pack("<Q", len(h)) + h + b"".join(parts))
 PY
   expect_exit 2 "bad metric" "--metric must be" "$bin" approx --model "$kwt" --features "$fsdd" --target 0.9 --metric top5
   expect_exit 2 "target out of range" "--target must be in" "$bin" approx --model "$kwt" --features "$fsdd" --target 1.5
+  # A length whose timing would take hours, or more memory than the machine has, is refused with
+  # the estimate before anything is timed.
+  expect_error "length past an hour" "would take about" "$bin" approx --model "$kwt" --features "$fsdd" --target 0.9 --length 1000000
+  expect_error "length past memory" "approx: timing 'clustered" "$bin" approx --model "$kwt" --features "$fsdd" --target 0.9 --length 60000000 --candidates 'clustered:clusters=25'
   # Two candidates, cost at N = 2048 (long enough that both are well below full even on a loaded
   # machine: the costs are timed), a target the cheap one reaches on most layers.
   cands='clustered:clusters=25;improved-clustered:clusters=25,topk=32'
