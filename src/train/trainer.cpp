@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -454,6 +456,13 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
     elapsed_ = st.elapsed_s;
     if (st.best_metric) best_ = *st.best_metric;
     best_step_ = st.best_step;
+    // best/ is written before latest/ (evaluate()), so after a kill between the two it is the newer
+    // one: what it holds is the best so far, whatever latest/ says.
+    if (const fs::path bs = f.root / "best" / "train_state.json"; fs::exists(bs)) {
+      const train::SavedState b = train::read_train_state(bs.string());
+      best_step_ = b.step;
+      best_ = b.best_metric ? *b.best_metric : std::numeric_limits<double>::quiet_NaN();
+    }
     check(optim_->steps_done() == step_, "train: the optimizer state has ", optim_->steps_done(),
           " steps, train_state.json says ", step_);
     last_eval_ = step_;
@@ -498,13 +507,28 @@ void Trainer::begin() {
   files_->log.write({{"config", cfg}, {"attention", a.attention}, {"resume_step", step_}});
 }
 
+namespace {
+
+// The barrier after rank 0's checkpoint write. Writing is progress, not a stall: the MPI watchdog
+// times blocking waits (a multi-GB write on slow storage outlasted its 300 s, and with
+// --comm-timeout 1 it fired mid-write and left .tmp-best), so the ranks meet in a non-blocking
+// reduction polled with test(), which it does not time. A rank 0 that dies mid-write still ends
+// the job through the launcher.
+void wait_for_checkpoint(Communicator& comm) {
+  float token = 0.f;
+  const std::unique_ptr<CommRequest> req = comm.iall_reduce_sum(&token, 1);
+  while (!req->test()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+}  // namespace
+
 void Trainer::checkpoint(const std::string& name, const char* why) {
   if (opt_.checkpoint.empty()) return;
   // Every rank is at this step (the evaluation before was collective); the sharded optimizer
   // gathers its moments, and rank 0 alone writes.
   if (!lead()) {
     if (opt_.shard_optimizer) optim_->save("");
-    comm_->barrier();
+    wait_for_checkpoint(*comm_);
     return;
   }
   json st = {{"step", step_}, {"elapsed_s", elapsed_}, {"best_step", best_step_}, {"seed", opt_.task.seed},
@@ -517,7 +541,7 @@ void Trainer::checkpoint(const std::string& name, const char* why) {
     write_tokenizer(tmp.string());
     write_file_atomic((tmp / "train_state.json").string(), st.dump(2) + "\n");
   });
-  comm_->barrier();
+  wait_for_checkpoint(*comm_);
 }
 
 void Trainer::write_tokenizer(const std::string& dir) const {
@@ -722,8 +746,10 @@ EvalReport Trainer::evaluate() {
   files_->log.write({{"step", step_}, {"eval_loss", r.result.loss}, {"eval_metric", r.result.metric}, {"metric", metric_},
                      {"elapsed_s", elapsed_}, {"attention", opt_.attention}, {"examples", r.result.examples}});
   if (on_eval) on_eval(r);
-  checkpoint("latest", "eval");
+  // best/ first: a kill between the two writes leaves best/ newer than latest/, and a resume reads
+  // the best from best/ itself, so the pair never names a best step that best/ does not hold.
   if (r.improved) checkpoint("best", "eval");
+  checkpoint("latest", "eval");
   return r;
 }
 

@@ -3,6 +3,7 @@
 // training), a loaded Encoder is the object that trains, and the Trainer (the library's loop)
 // resumes bit for bit.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <algorithm>
@@ -198,6 +199,22 @@ TEST(Trainer, ResumesBitExactAndWritesLoadableCheckpoints) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("--lr"), std::string::npos) << e.what();
     }
+  }
+  // A kill between the two writes of an evaluation: best/ is written first, so latest/ may name an
+  // older best than best/ holds; the resumed run takes the best from best/ itself.
+  {
+    fs::copy(root / "ref", root / "kill", fs::copy_options::recursive);
+    const fs::path ls = root / "kill" / "latest" / "train_state.json";
+    nlohmann::json st = nlohmann::json::parse(std::ifstream(ls));
+    const nlohmann::json bst = nlohmann::json::parse(std::ifstream(root / "kill" / "best" / "train_state.json"));
+    st["best_step"] = 0;
+    st["best_metric"] = 1e9;
+    std::ofstream(ls) << st.dump(2) << "\n";
+    TrainOptions a = options("kill");
+    a.resume = true;
+    Trainer t(a);
+    EXPECT_EQ(t.best_step(), bst["step"].get<int64_t>());
+    EXPECT_EQ(t.best_metric(), bst["best_metric"].get<double>());
   }
   std::unique_ptr<Model> best = Model::load((root / "ref" / "best").string());
   EXPECT_EQ(best->attention_plan(), "improved-clustered:clusters=3,topk=4,block=8");
