@@ -3,9 +3,9 @@
 //
 // Reading trusts nothing in the file: every offset is checked against the mapped size, every
 // element count against 64-bit overflow, so a lying header yields an Error, never a stray read.
-// Tolerated: holes in the data buffer (the HF reader rejects them; here they are simply never
-// read), duplicate keys (nlohmann keeps the last) and NUL padding after the JSON (nlohmann ends its
-// input at a NUL).
+// Refused as the Hugging Face reader refuses them: a tensor name given twice (JSON would keep the
+// last silently) and a data buffer the tensors do not cover exactly (holes between them, bytes
+// past the last). Tolerated: spaces or NULs after the JSON (nlohmann ends its input at a NUL).
 // The file is read into memory at open(), not mapped: a mapped file that another process truncates
 // raises SIGBUS on the next access to a lost page, a signal no check can turn into an Error. A read
 // copy also sees one consistent size (a file that shrinks while being read is an Error). The cost
@@ -27,6 +27,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string_view>
 #include <tuple>
 #include <utility>
@@ -263,13 +264,21 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   const uint64_t data_size = size - f.data_start_;
 
   json header;
+  std::string twice;  // a top-level key given twice
   try {
-    header = json::parse(f.map_ + 8, f.map_ + f.data_start_);
+    std::set<std::string> keys;
+    const json::parser_callback_t cb = [&](int depth, json::parse_event_t event, json& parsed) {
+      if (event == json::parse_event_t::key && depth == 1 && twice.empty() && !keys.insert(parsed.get<std::string>()).second)
+        twice = parsed.get<std::string>();
+      return true;
+    };
+    header = json::parse(f.map_ + 8, f.map_ + f.data_start_, cb);
   } catch (const json::exception& e) {
     // Clipped: nlohmann quotes the offending token, which may be the whole header.
     fail(where, ": header is not valid JSON: ", clip(e.what(), 4 * kMaxShown));
   }
   check(header.is_object(), where, ": header must be a JSON object, got ", brief(header));
+  check(twice.empty(), where, ": tensor '", clip(twice), "' is named twice in the header");
 
   std::vector<std::tuple<uint64_t, uint64_t, const std::string*>> spans;  // (begin, end, name)
   for (auto it = header.begin(); it != header.end(); ++it) {
@@ -288,7 +297,15 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     const auto& [b1, e1, n1] = spans[i];
     check(e0 <= b1, where, ": tensors '", clip(*n0), "' [", b0, ", ", e0, ") and '", clip(*n1), "' [",
           b1, ", ", e1, ") overlap in the data buffer");
+    check(e0 == b1, where, ": the data buffer has a hole of ", b1 - e0, " bytes [", e0, ", ", b1, ") between tensors '",
+          clip(*n0), "' and '", clip(*n1), "'");
   }
+  check(spans.empty() || std::get<0>(spans.front()) == 0, where, ": the data buffer has a hole of ",
+        spans.empty() ? 0 : std::get<0>(spans.front()), " bytes before its first tensor '",
+        spans.empty() ? std::string() : clip(*std::get<2>(spans.front())), "'");
+  const uint64_t covered = spans.empty() ? 0 : std::get<1>(spans.back());
+  check(covered == data_size, where, ": the data buffer has ", data_size - covered, " bytes past ",
+        spans.empty() ? std::string("the header (no tensor holds data)") : "its last tensor '" + clip(*std::get<2>(spans.back())) + "'");
   return f;
 }
 
