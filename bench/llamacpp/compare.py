@@ -18,7 +18,7 @@ every product over all the threads, and another process on a core slows them sev
 usage: bench/llamacpp/compare.py [--model DIR] [--threads 2] [--prefill 2048,8192]
            [--decode-after 512,8192] [--decode 64] [--repeat 3] [--kv f16|f32]
            [--attention full ...] [--clattn-kv f32,f16] [--clattn build/clattn] [--work build/llamacpp]
-           [--fa 0,1] [--no-warmup] [--json OUT]
+           [--clattn-weights f32,f16] [--fa 0,1] [--no-warmup] [--json OUT]
 """
 import argparse
 import json
@@ -65,12 +65,14 @@ def llbench(exe, gguf, n, decode, fa, kv, threads, repeat, warmup=True):
     return runs
 
 
-def clattn_rows(exe, model, n, decode, plan, kv, threads, repeat):
-    """clattn bench-model's JSON rows (prefill, and decode when decode > 0) for one plan and cache."""
+def clattn_rows(exe, model, n, decode, plan, kv, weights, threads, repeat):
+    """clattn bench-model's JSON rows (prefill, and decode when decode > 0) for one plan, cache and
+    weight storage."""
     with tempfile.TemporaryDirectory() as d:
         js = Path(d) / "r.json"
         run([exe, "bench-model", "--model", model, "--lengths", n, "--decode", decode, "--attention", plan,
-             "--kv-cache", kv, "--threads", threads, "--repeat", repeat, "--json", js])
+             "--kv-cache", kv, "--threads", threads, "--repeat", repeat, "--json", js]
+            + (["--weights", weights] if weights != "f32" else []))
         doc = json.loads(js.read_text())
     return {r["mode"]: r for r in doc["results"]}, doc["machine"]
 
@@ -100,6 +102,8 @@ def main():
     ap.add_argument("--attention", action="append", help="clattn plan, repeatable (default: full)")
     ap.add_argument("--clattn-kv", default="f32,f16",
                     help="clattn KV cache types, comma-separated: a column per plan and type (16-bit: full, local)")
+    ap.add_argument("--clattn-weights", default="f32",
+                    help="comma list of clattn weight storages (f32, f16, bf16; compare f16 with --gguf-f16)")
     ap.add_argument("--clattn", default=str(ROOT / "build" / "clattn"))
     ap.add_argument("--work", default=str(ROOT / "build" / "llamacpp"),
                     help="folder for node-llama-cpp, llbench, the random model and the GGUF files")
@@ -108,7 +112,8 @@ def main():
                     help="time llama.cpp's first run too (a prompt of 32768 tokens takes minutes per run)")
     ap.add_argument("--json", help="also write the table's numbers as JSON to this file")
     a = ap.parse_args()
-    plans = [(p, kv) for p in (a.attention or ["full"]) for kv in a.clattn_kv.split(",") if kv]
+    plans = [(p, kv, w) for p in (a.attention or ["full"]) for kv in a.clattn_kv.split(",") if kv
+             for w in a.clattn_weights.split(",") if w]
     lengths = lambda s: [int(x) for x in s.split(",") if x]
     prefill, after = lengths(a.prefill), lengths(a.decode_after)
     work = Path(a.work)
@@ -127,11 +132,12 @@ def main():
         run([sys.executable, HERE / "hf2gguf.py", model, gguf] + (["--f16"] if a.gguf_f16 else []))
 
     fas = [int(x) for x in a.fa.split(",") if x]
-    cols = [f"llama.cpp fa {fa}" for fa in fas] + [f"clattn {p}, {kv} cache" for p, kv in plans]
+    name = lambda p, kv, w: f"clattn {p}, {kv} cache" + (f", {w} weights" if w != "f32" else "")
+    cols = [f"llama.cpp fa {fa}" for fa in fas] + [name(p, kv, w) for p, kv, w in plans]
     table, raw, machine = [], [], None
     # A decode run prefills its prompt first: a prefill row of the same length takes its figures
     # from those runs instead of prefilling again (at 32768 tokens, minutes per run).
-    ll_runs = {}
+    ll_runs, cl_runs = {}, {}
 
     def ll(n, d, fa):
         key = (n, fa)
@@ -150,16 +156,20 @@ def main():
                 vals = [r[0] if kind == "prefill" else r[1] for r in runs]
                 row.append(cell(vals))
                 raw.append({"row": label, "who": f"llama.cpp fa {fa}", "runs": vals})
-            for p, kv in plans:
-                print(f"{label}: clattn {p}, {kv} cache", file=sys.stderr)
-                rows, machine = clattn_rows(a.clattn, model, n, d, p, kv, a.threads, a.repeat)
+            for p, kv, w in plans:
+                print(f"{label}: {name(p, kv, w)}", file=sys.stderr)
+                key = (n, p, kv, w)  # as llama.cpp's: a decode run's prefill serves the prefill row
+                if key not in cl_runs or (d > 0 and "decode" not in cl_runs[key][0]):
+                    dd = a.decode if kind == "prefill" and n in after else d
+                    cl_runs[key] = clattn_rows(a.clattn, model, n, dd, p, kv, w, a.threads, a.repeat)
+                rows, machine = cl_runs[key]
                 r = rows[kind]
                 if kind == "prefill":  # tok/s from the slowest, median and fastest run
                     vals = [n / (r[k] * 1e-3) for k in ("ms_max", "ms_median", "ms_min")]
                 else:
                     vals = [r["ms_min"], r["ms_median"], r["ms_max"]]
                 row.append(cell(vals))
-                raw.append({"row": label, "who": f"clattn {p}, {kv} cache", "runs": vals, "clattn": r})
+                raw.append({"row": label, "who": name(p, kv, w), "runs": vals, "clattn": r})
             table.append(row)
 
     print(f"\n{cpu_name()}, {a.threads} threads; model {model}; llama.cpp KV cache {a.kv}, batch = ubatch = 2048, "
