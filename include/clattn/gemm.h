@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 namespace clattn {
 
@@ -9,6 +10,31 @@ namespace clattn {
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
           int64_t ldc);
+
+// How a linear layer's weight matrix is stored: f32, or 16-bit floats for inference (f16: 11
+// significant bits up to 65504; bf16: 8 bits over f32's range), rounded to nearest even. Products
+// read the 16-bit values and compute in f32.
+enum class WeightType : uint8_t { f32, f16, bf16 };
+const char* weight_type_name(WeightType t);  // "f32", "f16", "bf16"
+// "f32", "f16" or "bf16" (any case); an Error naming the choices otherwise.
+WeightType parse_weight_type(std::string_view s);
+
+// A weight matrix W (n, k) row-major with row stride ld (elements), of any WeightType: data is
+// const float* for f32, const uint16_t* (the bits) for f16 and bf16.
+struct WeightMatrix {
+  const void* data = nullptr;
+  int64_t ld = 0;
+  WeightType type = WeightType::f32;
+};
+
+// Y (m, n) = alpha·X (m, k)·Wᵀ + beta·Y, the product of a linear layer. An f32 W is gemm(false,
+// true, ...) exactly. A 16-bit W: a few rows of X (a decode step) stream W once, widened in
+// registers; more rows widen blocks of W rows into `workspace` (linear_gemm_workspace floats)
+// for one sgemm each. Accumulation is f32 either way.
+void linear_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* x, int64_t ldx, const WeightMatrix& w,
+                 float beta, float* y, int64_t ldy, float* workspace);
+// Floats of workspace linear_gemm needs for W (n, k) (0 for f32).
+int64_t linear_gemm_workspace(WeightType t, int64_t n, int64_t k);
 
 // Measures this machine's sgemm rate (GFLOP/s) on square n x n products with the current
 // thread count: best of `repeat` after a warm-up.

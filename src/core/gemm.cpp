@@ -283,7 +283,83 @@ void rows_dot_threads(int64_t m, int64_t n, int64_t k, float alpha, const float*
   }
 }
 
+// Rows of W widened per sgemm of a 16-bit linear_gemm: about 1 MB of f32 (an L2's worth on the
+// machines measured), at least 64 rows so each sgemm is wide enough to run at its rate.
+int64_t widen_block_rows(int64_t n, int64_t k) {
+  const int64_t rows = std::max<int64_t>(64, (int64_t{1} << 18) / std::max<int64_t>(k, 1) / 16 * 16);
+  return std::min(n, rows);
+}
+
+void rows_dot16_threads(mk::Half f, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                        const uint16_t* w, int64_t ldw, float beta, float* c, int64_t ldc) {
+  constexpr int64_t kSlice = 16;
+  const int64_t slices = (n + kSlice - 1) / kSlice;
+  const bool par = !omp_in_parallel() && n * k >= (int64_t{1} << 15) && slices > 1;
+  const int teams = par ? std::min<int>(omp_get_max_threads(), static_cast<int>(slices)) : 1;
+#pragma omp parallel num_threads(teams) if (teams > 1)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t s0 = slices * t / nt, s1 = slices * (t + 1) / nt;
+    const int64_t r0 = s0 * kSlice, r1 = std::min(n, s1 * kSlice);
+    if (r1 > r0) mk::rows_dot16(f, m, r1 - r0, k, alpha, a, lda, w + r0 * ldw, ldw, beta, c + r0, ldc);
+  }
+}
+
 }  // namespace
+
+const char* weight_type_name(WeightType t) {
+  switch (t) {
+    case WeightType::f32: return "f32";
+    case WeightType::f16: return "f16";
+    case WeightType::bf16: return "bf16";
+  }
+  return "?";
+}
+
+WeightType parse_weight_type(std::string_view s) {
+  const std::string low = detail::ascii_lower(std::string(s));
+  for (WeightType t : {WeightType::f32, WeightType::f16, WeightType::bf16})
+    if (low == weight_type_name(t)) return t;
+  fail("weights: unknown type '", s, "' (choose f32, f16 or bf16)");
+}
+
+int64_t linear_gemm_workspace(WeightType t, int64_t n, int64_t k) {
+  return t == WeightType::f32 || n <= 0 || k <= 0 ? 0 : widen_block_rows(n, k) * k;
+}
+
+void linear_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* x, int64_t ldx, const WeightMatrix& w,
+                 float beta, float* y, int64_t ldy, float* workspace) {
+  if (w.type == WeightType::f32) {
+    gemm(false, true, m, n, k, alpha, x, ldx, static_cast<const float*>(w.data), w.ld, beta, y, ldy);
+    return;
+  }
+  check(m >= 0 && n >= 0 && k >= 0, "linear_gemm: sizes must be >= 0, got m=", m, " n=", n, " k=", k);
+  check(w.ld >= k, "linear_gemm: W's row stride ", w.ld, " is below its row length k=", k);
+  if (m == 0 || n == 0) return;
+  const mk::Half f = w.type == WeightType::f16 ? mk::Half::f16 : mk::Half::bf16;
+  const uint16_t* wh = static_cast<const uint16_t*>(w.data);  // (n, k) with row stride w.ld
+  if (m <= kRowsDotMax || k == 0) {
+    rows_dot16_threads(f, m, n, k, alpha, x, ldx, wh, w.ld, beta, y, ldy);
+    return;
+  }
+  check(workspace != nullptr, "linear_gemm: a 16-bit W with m=", m, " > ", kRowsDotMax,
+        " rows needs the workspace of linear_gemm_workspace()");
+  const int64_t block = widen_block_rows(n, k);
+  for (int64_t r0 = 0; r0 < n; r0 += block) {
+    const int64_t nb = std::min(block, n - r0);
+    float* wf = workspace;  // (nb, k) the block of W rows widened
+    const int64_t chunks = (nb + 15) / 16;
+    const bool par = !omp_in_parallel() && nb * k >= (int64_t{1} << 16);
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t a = c * 16, b = std::min(nb, a + 16);
+      mk::widen_rows(f, wh + (r0 + a) * w.ld, b - a, k, w.ld, wf + a * k, k);
+    }
+    openblas().sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(nb),
+                     static_cast<int>(k), alpha, x, static_cast<int>(ldx), wf, static_cast<int>(k), beta, y + r0,
+                     static_cast<int>(ldy));
+  }
+}
 
 const GemmBackend& gemm_backend() { return openblas().info; }
 

@@ -65,4 +65,13 @@ void gemm_ab16(Half f, int64_t m, int64_t n, int64_t k, const float* a, int64_t 
 
 void to_half(Half f, const float* src, int64_t n, uint16_t* dst) { kernels().to_half(f, src, n, dst); }
 
+void rows_dot16(Half f, int64_t m, int64_t n, int64_t k, float alpha, const float* x, int64_t ldx, const uint16_t* w,
+                int64_t ldw, float beta, float* y, int64_t ldy) {
+  kernels().rows_dot16(f, m, n, k, alpha, x, ldx, w, ldw, beta, y, ldy);
+}
+
+void widen_rows(Half f, const uint16_t* src, int64_t rows, int64_t cols, int64_t lds, float* dst, int64_t ldd) {
+  kernels().widen_rows(f, src, rows, cols, lds, dst, ldd);
+}
+
 }  // namespace clattn::mk

@@ -64,6 +64,13 @@ void gemm_ab16(Half f, int64_t m, int64_t n, int64_t k, const float* a, int64_t 
                const uint16_t* b, int64_t ldb, float* c, int64_t ldc, const float* row_scale);
 // dst (n) = src rounded to the nearest f16 or bf16 (ties to even).
 void to_half(Half f, const float* src, int64_t n, uint16_t* dst);
+// rows_dot with W (n, k) in 16-bit storage (a linear layer's f16 or bf16 weights), widened in
+// registers: rows_dot's vector sums over the widened W; the k % lanes tail is fused multiply-adds,
+// where GCC vectorises rows_dot's into a multiply then in-order adds (a last-bit difference).
+void rows_dot16(Half f, int64_t m, int64_t n, int64_t k, float alpha, const float* x, int64_t ldx, const uint16_t* w,
+                int64_t ldw, float beta, float* y, int64_t ldy);
+// dst (rows, cols) with row stride ldd = src (rows, cols, row stride lds) widened to f32 (exact).
+void widen_rows(Half f, const uint16_t* src, int64_t rows, int64_t cols, int64_t lds, float* dst, int64_t ldd);
 
 // The entry points above as one ISA copy provides them (microkernel_isa.cpp, compiled once per
 // ISA as clattn::mk::avx2::kTable and clattn::mk::avx512::kTable); the functions above forward to
@@ -79,6 +86,8 @@ struct Kernels {
   decltype(&mk::gemm_abt16) gemm_abt16;
   decltype(&mk::gemm_ab16) gemm_ab16;
   decltype(&mk::to_half) to_half;
+  decltype(&mk::rows_dot16) rows_dot16;
+  decltype(&mk::widen_rows) widen_rows;
 };
 // The table in use (for tests that compare the ISA copies).
 const Kernels& kernels();

@@ -56,6 +56,7 @@ inline vn splat_n(float x) {
 struct LoadF32 {
   using T = float;
   static vn load(const float* p) { return load_n(p); }
+  static float scalar(float x) { return x; }
 };
 struct LoadF16 {
   using T = uint16_t;
@@ -71,6 +72,7 @@ struct LoadF16 {
     return v;
 #endif
   }
+  static float scalar(uint16_t h) { return half::f16_to_f32(h); }
 };
 struct LoadBF16 {
   using T = uint16_t;
@@ -82,6 +84,7 @@ struct LoadBF16 {
     __builtin_memcpy(&h, p, sizeof h);
     return (vn)(__builtin_convertvector(h, vu) << 16);
   }
+  static float scalar(uint16_t h) { return half::bf16_to_f32(h); }
 };
 
 // C (MR, NV·kVN) = A (MR, depth) · P (depth, NV·kVN), P a column slice of a (depth, 64) panel:
@@ -142,9 +145,12 @@ void ab_tile(const float* a, int64_t a_rs, int64_t a_cs, const typename LB::T* b
 
 // Y (M, R) = X (M, k) · W (R, k)ᵀ for M <= 2 rows of X and R = 4 rows of W: every W element is
 // loaded once and feeds M FMAs, so the loop runs at the speed W streams from memory. 4·M
-// accumulators, 4 W loads and M X loads stay in registers (14 of AVX2's 16 at M = 2).
-template <int M, int R>
-void rows_dot_tile(const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t k, float* out, int64_t ldo) {
+// accumulators, 4 W loads and M X loads stay in registers (14 of AVX2's 16 at M = 2). LW loads W:
+// f32, or a linear layer's 16-bit weights widened in registers (half the bytes streamed); the
+// sums run in the f32 kernel's order over the widened values.
+template <int M, int R, class LW = LoadF32>
+void rows_dot_tile(const float* x, int64_t ldx, const typename LW::T* w, int64_t ldw, int64_t k, float* out,
+                   int64_t ldo) {
   vn acc[M][R];
 #pragma GCC unroll 8
   for (int i = 0; i < M; ++i)
@@ -154,7 +160,7 @@ void rows_dot_tile(const float* x, int64_t ldx, const float* w, int64_t ldw, int
   for (int64_t e = 0; e < kb; e += kVN) {
     vn wv[R];
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) wv[r] = load_n(w + r * ldw + e);
+    for (int r = 0; r < R; ++r) wv[r] = LW::load(w + r * ldw + e);
 #pragma GCC unroll 2
     for (int i = 0; i < M; ++i) {
       const vn xv = load_n(x + i * ldx + e);
@@ -166,9 +172,39 @@ void rows_dot_tile(const float* x, int64_t ldx, const float* w, int64_t ldw, int
     for (int r = 0; r < R; ++r) {
       float s = 0;
       for (int j = 0; j < kVN; ++j) s += acc[i][r][j];
-      for (int64_t e = kb; e < k; ++e) s += x[i * ldx + e] * w[r * ldw + e];
+      for (int64_t e = kb; e < k; ++e) s += x[i * ldx + e] * LW::scalar(w[r * ldw + e]);
       out[i * ldo + r] = s;
     }
+}
+
+template <class LW>
+void rows_dot_t(int64_t m, int64_t n, int64_t k, float alpha, const float* x, int64_t ldx, const typename LW::T* w,
+                int64_t ldw, float beta, float* y, int64_t ldy) {
+  for (int64_t i0 = 0; i0 < m; i0 += 2) {
+    const int64_t mi = m - i0 < 2 ? m - i0 : 2;
+    const float* xi = x + i0 * ldx;
+    float* yi = y + i0 * ldy;
+    for (int64_t r0 = 0; r0 < n; r0 += 4) {
+      float t[2][4];  // (mi, 4) dot products of this group of W rows
+      const typename LW::T* wr = w + r0 * ldw;
+      if (n - r0 >= 4) {
+        if (mi == 2) rows_dot_tile<2, 4, LW>(xi, ldx, wr, ldw, k, &t[0][0], 4);
+        else rows_dot_tile<1, 4, LW>(xi, ldx, wr, ldw, k, &t[0][0], 4);
+      } else {
+        for (int64_t r = 0; r < n - r0; ++r) {
+          if (mi == 2) rows_dot_tile<2, 1, LW>(xi, ldx, wr + r * ldw, ldw, k, &t[0][r], 4);
+          else rows_dot_tile<1, 1, LW>(xi, ldx, wr + r * ldw, ldw, k, &t[0][r], 4);
+        }
+      }
+      const int64_t nr = n - r0 < 4 ? n - r0 : 4;
+      for (int64_t i = 0; i < mi; ++i)
+        for (int64_t r = 0; r < nr; ++r) {
+          float& o = yi[i * ldy + r0 + r];
+          // beta = 0 overwrites: what was there (even NaN) is not read, as BLAS specifies.
+          o = beta == 0.f ? alpha * t[i][r] : beta * o + alpha * t[i][r];
+        }
+    }
+  }
 }
 
 constexpr int kMR = 6;
@@ -272,29 +308,27 @@ void to_half(Half f, const float* src, int64_t n, uint16_t* dst) {
 
 void rows_dot(int64_t m, int64_t n, int64_t k, float alpha, const float* x, int64_t ldx, const float* w,
               int64_t ldw, float beta, float* y, int64_t ldy) {
-  for (int64_t i0 = 0; i0 < m; i0 += 2) {
-    const int64_t mi = m - i0 < 2 ? m - i0 : 2;
-    const float* xi = x + i0 * ldx;
-    float* yi = y + i0 * ldy;
-    for (int64_t r0 = 0; r0 < n; r0 += 4) {
-      float t[2][4];  // (mi, 4) dot products of this group of W rows
-      const float* wr = w + r0 * ldw;
-      if (n - r0 >= 4) {
-        if (mi == 2) rows_dot_tile<2, 4>(xi, ldx, wr, ldw, k, &t[0][0], 4);
-        else rows_dot_tile<1, 4>(xi, ldx, wr, ldw, k, &t[0][0], 4);
-      } else {
-        for (int64_t r = 0; r < n - r0; ++r) {
-          if (mi == 2) rows_dot_tile<2, 1>(xi, ldx, wr + r * ldw, ldw, k, &t[0][r], 4);
-          else rows_dot_tile<1, 1>(xi, ldx, wr + r * ldw, ldw, k, &t[0][r], 4);
-        }
-      }
-      const int64_t nr = n - r0 < 4 ? n - r0 : 4;
-      for (int64_t i = 0; i < mi; ++i)
-        for (int64_t r = 0; r < nr; ++r) {
-          float& o = yi[i * ldy + r0 + r];
-          // beta = 0 overwrites: what was there (even NaN) is not read, as BLAS specifies.
-          o = beta == 0.f ? alpha * t[i][r] : beta * o + alpha * t[i][r];
-        }
+  rows_dot_t<LoadF32>(m, n, k, alpha, x, ldx, w, ldw, beta, y, ldy);
+}
+
+void rows_dot16(Half f, int64_t m, int64_t n, int64_t k, float alpha, const float* x, int64_t ldx, const uint16_t* w,
+                int64_t ldw, float beta, float* y, int64_t ldy) {
+  if (f == Half::f16) rows_dot_t<LoadF16>(m, n, k, alpha, x, ldx, w, ldw, beta, y, ldy);
+  else rows_dot_t<LoadBF16>(m, n, k, alpha, x, ldx, w, ldw, beta, y, ldy);
+}
+
+// Rows of a 16-bit matrix widened to f32: dst (rows, cols) with row stride ldd.
+void widen_rows(Half f, const uint16_t* src, int64_t rows, int64_t cols, int64_t lds, float* dst, int64_t ldd) {
+  const int64_t cb = cols / kVN * kVN;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* s = src + r * lds;
+    float* d = dst + r * ldd;
+    if (f == Half::f16) {
+      for (int64_t e = 0; e < cb; e += kVN) store_n(d + e, LoadF16::load(s + e));
+      for (int64_t e = cb; e < cols; ++e) d[e] = LoadF16::scalar(s[e]);
+    } else {
+      for (int64_t e = 0; e < cb; e += kVN) store_n(d + e, LoadBF16::load(s + e));
+      for (int64_t e = cb; e < cols; ++e) d[e] = LoadBF16::scalar(s[e]);
     }
   }
 }
@@ -359,6 +393,6 @@ void pack_rows(const float* src, int64_t rows, int64_t cols, int64_t rs, float* 
 }
 
 extern const Kernels kTable = {gemm_abt,   gemm_ab,   pack_panels, pack_transposed, rows_operand, pack_rows,
-                               rows_dot,   gemm_abt16, gemm_ab16, to_half};
+                               rows_dot,   gemm_abt16, gemm_ab16, to_half,   rows_dot16,      widen_rows};
 
 }  // namespace clattn::mk::CLATTN_ISA_NS

@@ -346,6 +346,94 @@ TEST(Microkernel, HalfOperandsMatchWidenedF32) {
     }
 }
 
+// The few-rows product with 16-bit W (a decode step's f16 / bf16 linear weights) in every ISA copy:
+// against a double reference over the widened weights and against the f32 kernel over them (the
+// same vector sums; only the k % lanes tail may round differently, FMA against GCC's vectorised
+// multiply then add), bound by f32 accumulation over k terms; padded strides, alpha and beta,
+// NaN in Y overwritten when beta = 0.
+TEST(Microkernel, RowsDot16MatchesReference) {
+  std::vector<const mk::Kernels*> copies = {&mk::kernels()};
+  for (const char* isa : {"avx2", "avx512"})
+    if (supported_isas().find(isa) != std::string::npos && mk::kernels_for(isa)) copies.push_back(mk::kernels_for(isa));
+  Rng r(23);
+  uint64_t ctr = 0;
+  for (const mk::Kernels* K : copies)
+    for (const mk::Half f : {mk::Half::f16, mk::Half::bf16})
+      for (int64_t m : {1, 2, 3})
+        for (int64_t n : {1, 63, 64, 65})
+          for (int64_t k : {1, 3, 16, 17, 1000})
+            for (float beta : {0.f, -0.5f}) {
+              const int64_t ldx = k + 1, ldw = k + 3, ldy = n + 2;
+              std::vector<float> x(static_cast<size_t>(m * ldx)), y(static_cast<size_t>(m * ldy)), w32(static_cast<size_t>(n * ldw));
+              std::vector<uint16_t> w16(w32.size());
+              for (float& v : x) v = r.normal(0, ctr++);
+              for (size_t i = 0; i < w16.size(); ++i) {
+                const float v = r.normal(1, ctr++);
+                w16[i] = f == mk::Half::f16 ? half::f32_to_f16(v) : half::f32_to_bf16(v);
+                w32[i] = f == mk::Half::f16 ? half::f16_to_f32(w16[i]) : half::bf16_to_f32(w16[i]);
+              }
+              for (float& v : y) v = beta == 0.f ? NAN : r.normal(2, ctr++);
+              std::vector<float> y32 = y;
+              const std::vector<float> y0 = y;
+              K->rows_dot16(f, m, n, k, 1.5f, x.data(), ldx, w16.data(), ldw, beta, y.data(), ldy);
+              K->rows_dot(m, n, k, 1.5f, x.data(), ldx, w32.data(), ldw, beta, y32.data(), ldy);
+              for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < n; ++j) {
+                  double s = 0, mag = 0;
+                  for (int64_t e = 0; e < k; ++e) {
+                    const double p = static_cast<double>(x[static_cast<size_t>(i * ldx + e)]) * w32[static_cast<size_t>(j * ldw + e)];
+                    s += p;
+                    mag += std::fabs(p);
+                  }
+                  const size_t at = static_cast<size_t>(i * ldy + j);
+                  const double want = 1.5 * s + (beta == 0.f ? 0.0 : beta * static_cast<double>(y0[at]));
+                  // f32 rounding: about 2^-24 per term summed, and per scaling.
+                  const double bound = 6e-8 * static_cast<double>(k + 3) * (1.5 * mag + (beta == 0.f ? 0.0 : std::fabs(beta * y0[at])));
+                  ASSERT_NEAR(y[at], want, bound)
+                      << "m " << m << " n " << n << " k " << k;
+                  ASSERT_NEAR(y[at], y32[at], bound) << "m " << m << " n " << n << " k " << k;
+                }
+              for (int64_t i = 0; i < m; ++i)  // the row padding is not written
+                for (int64_t j = n; j < ldy; ++j) {
+                  const size_t at = static_cast<size_t>(i * ldy + j);
+                  ASSERT_TRUE(std::isnan(y0[at]) ? std::isnan(y[at]) : y[at] == y0[at]);
+                }
+            }
+}
+
+// linear_gemm over a 16-bit W: few rows (rows_dot16) and many (blocks of widened rows, several
+// blocks at k = 300, n = 2000) equal the f32 product of the widened weights; beta and row strides.
+TEST(Gemm, LinearGemm16EqualsF32OfRoundedWeights) {
+  Rng r(29);
+  uint64_t ctr = 0;
+  for (const WeightType t : {WeightType::f16, WeightType::bf16})
+    for (int64_t m : {1, 4, 5, 64, 130})
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{65, 17}, {300, 1000}, {2000, 300}}) {
+        const int64_t ldw = k + 5, ldy = n + 1;
+        std::vector<float> x(static_cast<size_t>(m * k)), w32(static_cast<size_t>(n * ldw)), y(static_cast<size_t>(m * ldy));
+        std::vector<uint16_t> w16(w32.size());
+        for (float& v : x) v = r.normal(0, ctr++);
+        for (size_t i = 0; i < w16.size(); ++i) {
+          const float v = r.normal(1, ctr++);
+          w16[i] = t == WeightType::f16 ? half::f32_to_f16(v) : half::f32_to_bf16(v);
+          w32[i] = t == WeightType::f16 ? half::f16_to_f32(w16[i]) : half::bf16_to_f32(w16[i]);
+        }
+        for (float& v : y) v = r.normal(2, ctr++);
+        std::vector<float> want = y;
+        gemm(false, true, m, n, k, 0.5f, x.data(), k, w32.data(), ldw, 1.f, want.data(), ldy);
+        std::vector<float> ws(static_cast<size_t>(linear_gemm_workspace(t, n, k)));
+        EXPECT_EQ(linear_gemm_workspace(WeightType::f32, n, k), 0);
+        linear_gemm(m, n, k, 0.5f, x.data(), k, WeightMatrix{w16.data(), ldw, t}, 1.f, y.data(), ldy, ws.data());
+        double worst = 0, scale = 0;
+        for (size_t i = 0; i < y.size(); ++i) {
+          worst = std::max(worst, static_cast<double>(std::fabs(y[i] - want[i])));
+          scale = std::max(scale, static_cast<double>(std::fabs(want[i])));
+        }
+        EXPECT_LE(worst, 1e-6 * scale) << weight_type_name(t) << " m " << m << " n " << n << " k " << k;
+      }
+  EXPECT_THROW(parse_weight_type("half"), Error);
+}
+
 // gemm's few-rows path split over the threads: slices that end inside W, and a team larger than
 // the slices, give what one thread gives.
 TEST(Gemm, FewRowsOverThreadsMatchOneThread) {
