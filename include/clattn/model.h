@@ -38,6 +38,7 @@
 #include "clattn/attention.h"
 #include "clattn/comm.h"
 #include "clattn/data.h"
+#include "clattn/gemm.h"
 #include "clattn/kv_cache.h"
 #include "clattn/seq_parallel.h"
 #include "clattn/tensor.h"
@@ -153,6 +154,13 @@ struct LoadOptions {
   std::optional<TaskKind> head;
   int64_t num_labels = 0;
   uint64_t seed = 0;
+  // How a decoder holds its linear layers' weights (attention q, k, v, o, the MLP, an untied
+  // output layer): f32, or f16 / bf16 for inference, half the bytes a decode step reads. A
+  // checkpoint stored in that type is taken bit for bit; others are rounded to nearest even (an
+  // f16 value past 65504 is refused, naming the tensor). Embeddings (a tied output layer with
+  // them), norms and biases stay f32. A model with 16-bit weights does not train or save, and its
+  // params() are refused; encoders take f32 only.
+  WeightType weights = WeightType::f32;
 };
 
 // The implementation behind the handles below (src/model/model_impl.h).
@@ -225,8 +233,10 @@ class Model {
   // workspace and saved state, and the parameters with their gradients and both AdamW moments.
   double train_bytes(int64_t B, int64_t T) const;
 
+  // Every parameter as f32 (an Error for a model loaded with 16-bit weights).
   std::span<float> params();
   std::span<const float> params() const;
+  WeightType weights() const;  // how the linear layers' weights are held (LoadOptions::weights)
   std::span<float> grads();  // allocated (zero) on first use
   const std::vector<ParamInfo>& param_info() const;
   const ParamInfo& param(const std::string& name) const;  // an Error naming it when absent

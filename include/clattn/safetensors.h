@@ -47,6 +47,9 @@ class SafetensorsFile {
   // An F32 tensor's data in place in the file's bytes held by this object (valid while it lives),
   // or nullptr when it is another dtype or not 4-byte aligned in the file (then get_f32 copies it).
   const float* mapped_f32(const std::string& name) const;
+  // A tensor's bytes as the file stores them (info() says the dtype), valid while this lives;
+  // only byte-aligned, so read them with memcpy.
+  const uint8_t* bytes(const std::string& name) const { return map_ + data_start_ + info(name).begin; }
   // I32 (or I64 whose values fit) tensors as int32, flattened; shape via info().
   std::vector<int32_t> get_i32(const std::string& name) const;
 

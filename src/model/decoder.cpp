@@ -52,8 +52,8 @@ struct DecoderImpl::Bufs : ModelImpl::ArenaPlan {
   float *keep_ffn = nullptr, *keep_att = nullptr;  // (rows, H) each: the first layer's held dy (hold_first_layer)
 };
 
-DecoderImpl::DecoderImpl(const ModelConfig& cfg_in, const CheckpointNames* ckpt)
-    : ModelImpl(cfg_in, ckpt), L_(std::make_unique<Layout>()), b_(std::make_unique<Bufs>()) {
+DecoderImpl::DecoderImpl(const ModelConfig& cfg_in, const CheckpointNames* ckpt, WeightType weights)
+    : ModelImpl(cfg_in, ckpt, weights), L_(std::make_unique<Layout>()), b_(std::make_unique<Bufs>()) {
   ModelConfig& c = cfg_;
   head_ = TaskKind::lm;
   if (c.model_type.empty()) c.model_type = "llama";
@@ -83,15 +83,15 @@ DecoderImpl::DecoderImpl(const ModelConfig& cfg_in, const CheckpointNames* ckpt)
       const std::string p = "h." + std::to_string(l) + ".";
       y.in_norm = add(p + "ln_1.weight", {H}, Init::one);
       y.in_norm_b = add(p + "ln_1.bias", {H}, Init::zero);
-      y.wqkv = add(p + "attn.c_attn.weight", {3 * H, H}, Init::normal, true);
+      y.wqkv = add_linear(p + "attn.c_attn.weight", {3 * H, H}, true);
       y.bqkv = add(p + "attn.c_attn.bias", {3 * H}, Init::zero);
-      y.wo = add(p + "attn.c_proj.weight", {H, H}, Init::normal, true);
+      y.wo = add_linear(p + "attn.c_proj.weight", {H, H}, true);
       y.bo = add(p + "attn.c_proj.bias", {H}, Init::zero);
       y.post_norm = add(p + "ln_2.weight", {H}, Init::one);
       y.post_norm_b = add(p + "ln_2.bias", {H}, Init::zero);
-      y.wgu = add(p + "mlp.c_fc.weight", {F, H}, Init::normal, true);
+      y.wgu = add_linear(p + "mlp.c_fc.weight", {F, H}, true);
       y.bgu = add(p + "mlp.c_fc.bias", {F}, Init::zero);
-      y.down = add(p + "mlp.c_proj.weight", {H, F}, Init::normal, true);
+      y.down = add_linear(p + "mlp.c_proj.weight", {H, F}, true);
       y.bdown = add(p + "mlp.c_proj.bias", {H}, Init::zero);
       y.begin = y.in_norm;
       y.end = y.bdown + H;
@@ -102,14 +102,14 @@ DecoderImpl::DecoderImpl(const ModelConfig& cfg_in, const CheckpointNames* ckpt)
     const std::string p = "model.layers." + std::to_string(l) + ".";
     y.in_norm = add(p + "input_layernorm.weight", {H}, Init::one);
     // q, k, v adjacent (one (Q + 2KV, H) matrix: one GEMM), and gate, up (one (2F, H) matrix).
-    y.wqkv = add(p + "self_attn.q_proj.weight", {Q, H}, Init::normal);
-    add(p + "self_attn.k_proj.weight", {KV, H}, Init::normal);
-    add(p + "self_attn.v_proj.weight", {KV, H}, Init::normal);
-    y.wo = add(p + "self_attn.o_proj.weight", {H, Q}, Init::normal);
+    y.wqkv = add_linear(p + "self_attn.q_proj.weight", {Q, H});
+    add_linear(p + "self_attn.k_proj.weight", {KV, H});
+    add_linear(p + "self_attn.v_proj.weight", {KV, H});
+    y.wo = add_linear(p + "self_attn.o_proj.weight", {H, Q});
     y.post_norm = add(p + "post_attention_layernorm.weight", {H}, Init::one);
-    y.wgu = add(p + "mlp.gate_proj.weight", {F, H}, Init::normal);
-    add(p + "mlp.up_proj.weight", {F, H}, Init::normal);
-    y.down = add(p + "mlp.down_proj.weight", {H, F}, Init::normal);
+    y.wgu = add_linear(p + "mlp.gate_proj.weight", {F, H});
+    add_linear(p + "mlp.up_proj.weight", {F, H});
+    y.down = add_linear(p + "mlp.down_proj.weight", {H, F});
     y.begin = y.in_norm;
     y.end = y.down + H * F;
     L.layers.push_back(y);
@@ -122,7 +122,8 @@ DecoderImpl::DecoderImpl(const ModelConfig& cfg_in, const CheckpointNames* ckpt)
   } else {
     L.norm = add("model.norm.weight", {H}, Init::one);
   }
-  L.lm_head = c.tie_embeddings ? L.embed : add("lm_head.weight", {c.vocab, H}, Init::normal);
+  // A tied output layer is the embedding, which stays f32 (one row of it is read per token).
+  L.lm_head = c.tie_embeddings ? L.embed : add_linear("lm_head.weight", {c.vocab, H});
   allocate();
   att_ = std::make_unique<LayerAttention>(c.layers, true, c.kv_heads != c.heads);
   att_->set_plan("full");
@@ -136,7 +137,7 @@ std::unique_ptr<DecoderImpl> DecoderImpl::for_checkpoint(ModelConfig cfg, const 
   // stores it bare.
   CheckpointNames names{&w, "", {}};
   if (cfg.model_type == "gpt2" && w.has("transformer.wte.weight")) names.prefix = "transformer.";
-  std::unique_ptr<DecoderImpl> d(new DecoderImpl(cfg, &names));
+  std::unique_ptr<DecoderImpl> d(new DecoderImpl(cfg, &names, opt.weights));
   d->init(opt.seed);
   return d;
 }
@@ -234,7 +235,7 @@ void DecoderImpl::forward_layers(int64_t B, int64_t T, std::span<const int32_t> 
     Bufs::Saved& s = b.S[static_cast<size_t>(l)];
     float* xnext = l + 1 < c.layers ? b.S[static_cast<size_t>(l + 1)].x : b.xl;
     norm_fwd(s.xn1, s.x, y.in_norm, y.in_norm_b, rows, s.r1);
-    lin(s.qkv, QKV, s.xn1, H, p(y.wqkv), bias(y.bqkv), rows, H, QKV);
+    lin(s.qkv, QKV, s.xn1, H, y.wqkv, bias(y.bqkv), rows, H, QKV);
     if (!gpt2_) {
       nn::rope_fwd(s.qkv, QKV, hd, pos, rows, nh, hd, c.rope_theta);
       nn::rope_fwd(s.qkv + Q, QKV, hd, pos, rows, kvh, hd, c.rope_theta);
@@ -252,21 +253,21 @@ void DecoderImpl::forward_layers(int64_t B, int64_t T, std::span<const int32_t> 
     att_->forward(l, ai, hv(s.ao, nh, Q), train);
     // u1 = x + drop(ao·Wo + bo)
     if (drop) {
-      lin(b.dt, H, s.ao, Q, p(y.wo), bias(y.bo), rows, Q, H);
+      lin(b.dt, H, s.ao, Q, y.wo, bias(y.bo), rows, Q, H);
       residual_dropout(s.u1, s.x, b.dt, B, T, H, l, 0, step, first);
     } else {
-      lin(s.u1, H, s.ao, Q, p(y.wo), bias(y.bo), rows, Q, H, s.x);
+      lin(s.u1, H, s.ao, Q, y.wo, bias(y.bo), rows, Q, H, s.x);
     }
     norm_fwd(s.xn2, s.u1, y.post_norm, y.post_norm_b, rows, s.r2);
-    lin(s.gu, GU, s.xn2, H, p(y.wgu), bias(y.bgu), rows, H, GU);
+    lin(s.gu, GU, s.xn2, H, y.wgu, bias(y.bgu), rows, H, GU);
     if (gpt2_) nn::gelu_fwd(b.sbuf, s.gu, rows * F, nn::Gelu::tanh);
     else nn::swiglu_rows_fwd(b.sbuf, F, s.gu, 2 * F, rows, F);
     // x' = u1 + drop(s·Wdown + bdown)
     if (drop) {
-      lin(b.dt, H, b.sbuf, F, p(y.down), bias(y.bdown), rows, F, H);
+      lin(b.dt, H, b.sbuf, F, y.down, bias(y.bdown), rows, F, H);
       residual_dropout(xnext, s.u1, b.dt, B, T, H, l, 1, step, first);
     } else {
-      lin(xnext, H, b.sbuf, F, p(y.down), bias(y.bdown), rows, F, H, s.u1);
+      lin(xnext, H, b.sbuf, F, y.down, bias(y.bdown), rows, F, H, s.u1);
     }
   }
 }
@@ -282,7 +283,7 @@ void DecoderImpl::final_norm(int64_t rows, int64_t from) {
 }
 
 void DecoderImpl::inference_logits(float* out, int64_t n) {
-  lin(out, cfg_.vocab, xf_, cfg_.hidden, p(L_->lm_head), nullptr, n, cfg_.hidden, cfg_.vocab);
+  lin(out, cfg_.vocab, xf_, cfg_.hidden, L_->lm_head, nullptr, n, cfg_.hidden, cfg_.vocab);
 }
 
 void DecoderImpl::norm_fwd(float* y, const float* x, int64_t gain, int64_t bias, int64_t rows, float* stat) {
@@ -385,6 +386,7 @@ StepResult DecoderImpl::forward_backward(const Batch& bt, bool train, uint64_t s
   const double t0 = ms_now();
   check_batch(bt);
   if (train) {
+    check_f32_weights("training");
     att_->check_trainable();
     (void)grads();
   }
@@ -541,10 +543,10 @@ std::vector<float> Decoder::step(int32_t id) { return impl().step(id); }
 int64_t Decoder::position() const { return impl().position(); }
 double Decoder::step_bytes(double context) const {
   const ModelConfig& c = config();
-  const double weights = static_cast<double>(params().size()) -
-                         (c.tie_embeddings ? 0.0 : static_cast<double>((c.vocab - 1) * c.hidden));
+  // Parameters as held (2 bytes per 16-bit weight), less the f32 embedding rows a step skips.
+  const double weights = impl().param_bytes() - (c.tie_embeddings ? 0.0 : 4.0 * static_cast<double>((c.vocab - 1) * c.hidden));
   const double per_value = kv_cache() == KVCacheType::f32 ? 4.0 : 2.0;
-  return 4.0 * weights + per_value * 2.0 * static_cast<double>(c.layers * c.kv_heads * c.head_dim) * context;
+  return weights + per_value * 2.0 * static_cast<double>(c.layers * c.kv_heads * c.head_dim) * context;
 }
 double Decoder::forward_bytes(int64_t B, int64_t T, int64_t cache_positions) const {
   return impl().forward_bytes(B, T, cache_positions);

@@ -369,7 +369,7 @@ void EncoderImpl::embed_features(const float* feats, int64_t B) {
   const Layout& L = *L_;
   const int64_t H = c.hidden, P = c.num_patches, T = P + 1;
   // Patches through the projection in one GEMM, then each sequence is [cls; patches] + positions.
-  lin(b_->proj, H, feats, c.input_dim, p(L.patch_w), p(L.patch_b), B * P, c.input_dim, H);
+  lin(b_->proj, H, feats, c.input_dim, L.patch_w, p(L.patch_b), B * P, c.input_dim, H);
   float* x = b_->S[0].x;
   const float* cls = p(L.cls);
   const float* pos = p(L.pos);
@@ -395,30 +395,30 @@ void EncoderImpl::forward_layers(int64_t B, int64_t T, std::span<const int32_t> 
     Bufs::Saved& s = b_->S[static_cast<size_t>(l)];
     float* xnext = l + 1 < c.layers ? b_->S[static_cast<size_t>(l + 1)].x : b_->xl;
     if (c.pre_ln) nn::layernorm_fwd(s.xn1, s.x, p(y.ln1g), p(y.ln1b), rows, H, c.eps, s.m1, s.r1);
-    lin(s.qkv, 3 * H, s.xn1, H, p(y.wqkv), y.bqkv >= 0 ? p(y.bqkv) : nullptr, rows, H, 3 * H);
+    lin(s.qkv, 3 * H, s.xn1, H, y.wqkv, y.bqkv >= 0 ? p(y.bqkv) : nullptr, rows, H, 3 * H);
     if (qmul != 1.f)
       for_rows(rows, H, [&](int64_t r) { for (int64_t k = 0; k < H; ++k) s.qkv[r * 3 * H + k] *= qmul; });
     const AttentionInputs ai = att_->inputs(l, hv(s.qkv, 3 * H), hv(s.qkv + H, 3 * H), hv(s.qkv + 2 * H, 3 * H), lens, step, train);
     att_->forward(l, ai, hv(s.ao, H), train);
     // u1 = x + drop(ao·Wo + bo)
     if (drop) {
-      lin(b_->dt, H, s.ao, H, p(y.wo), p(y.bo), rows, H, H);
+      lin(b_->dt, H, s.ao, H, y.wo, p(y.bo), rows, H, H);
       residual_dropout(s.u1, s.x, b_->dt, B, T, H, l, 0, step, first);
     } else {
-      lin(s.u1, H, s.ao, H, p(y.wo), p(y.bo), rows, H, H, s.x);
+      lin(s.u1, H, s.ao, H, y.wo, p(y.bo), rows, H, H, s.x);
     }
     if (c.pre_ln) nn::layernorm_fwd(s.xn2, s.u1, p(y.ln2g), p(y.ln2b), rows, H, c.eps, s.m2, s.r2);
     else nn::layernorm_fwd(s.xn2, s.u1, p(y.ln1g), p(y.ln1b), rows, H, c.eps, s.m1, s.r1);
-    lin(s.h, F, s.xn2, H, p(y.w1), p(y.b1), rows, H, F);
+    lin(s.h, F, s.xn2, H, y.w1, p(y.b1), rows, H, F);
     nn::gelu_fwd(b_->gbuf, s.h, rows * F, gk);
     // pre-LN: x' = u1 + drop(g·W2 + b2); post-LN: u2 = f + drop(g·W2 + b2), x' = LN2(u2)
     float* sum = c.pre_ln ? xnext : s.u2;
     const float* res = c.pre_ln ? s.u1 : s.xn2;
     if (drop) {
-      lin(b_->dt, H, b_->gbuf, F, p(y.w2), p(y.b2), rows, F, H);
+      lin(b_->dt, H, b_->gbuf, F, y.w2, p(y.b2), rows, F, H);
       residual_dropout(sum, res, b_->dt, B, T, H, l, 1, step, first);
     } else {
-      lin(sum, H, b_->gbuf, F, p(y.w2), p(y.b2), rows, F, H, res);
+      lin(sum, H, b_->gbuf, F, y.w2, p(y.b2), rows, F, H, res);
     }
     if (!c.pre_ln) nn::layernorm_fwd(xnext, s.u2, p(y.ln2g), p(y.ln2b), rows, H, c.eps, s.m2, s.r2);
   }
@@ -469,7 +469,7 @@ void EncoderImpl::pool(int64_t B, int64_t T, std::span<const int32_t> lengths) {
   }
   if (split) sp_->all_reduce_sum(first, static_cast<size_t>(B * H));
   if (!pooler_) return;
-  lin(hs, H, first, H, p(L_->pool_w), p(L_->pool_b), B, H, H);
+  lin(hs, H, first, H, L_->pool_w, p(L_->pool_b), B, H, H);
   if (cfg_.pooler_relu) for (int64_t i = 0; i < B * H; ++i) hs[i] = std::max(hs[i], 0.f);
   else for (int64_t i = 0; i < B * H; ++i) hs[i] = std::tanh(hs[i]);
 }
@@ -705,7 +705,7 @@ Tensor EncoderImpl::forward_tokens(std::span<const int32_t> ids, int64_t B, int6
   }
   pool(B, T, lengths);
   Tensor logits(Shape{B, c.num_labels});
-  lin(logits.data(), c.num_labels, b_->hs, c.hidden, p(L_->cls_w), p(L_->cls_b), B, c.hidden, c.num_labels);
+  lin(logits.data(), c.num_labels, b_->hs, c.hidden, L_->cls_w, p(L_->cls_b), B, c.hidden, c.num_labels);
   return logits;
 }
 
@@ -723,14 +723,14 @@ Tensor EncoderImpl::forward_mlm(std::span<const int32_t> ids, int64_t B, int64_t
     x = b_->mt;
   }
   Tensor logits(Shape{B, T, c.vocab});  // (B, n, vocab): this rank's positions when split
-  lin(logits.data(), c.vocab, x, c.hidden, p(L_->word), p(L_->mlm_b), B * T, c.hidden, c.vocab);
+  lin(logits.data(), c.vocab, x, c.hidden, L_->word, p(L_->mlm_b), B * T, c.hidden, c.vocab);
   return logits;
 }
 
 void EncoderImpl::mlm_transform(int64_t rows) {
   const int64_t H = cfg_.hidden;
   const nn::Gelu gk = cfg_.gelu_tanh ? nn::Gelu::tanh : nn::Gelu::erf;
-  lin(b_->mu, H, b_->xf, H, p(L_->mlm_tw), p(L_->mlm_tb), rows, H, H);
+  lin(b_->mu, H, b_->xf, H, L_->mlm_tw, p(L_->mlm_tb), rows, H, H);
   nn::gelu_fwd(b_->mg, b_->mu, rows * H, gk);
   nn::layernorm_fwd(b_->mt, b_->mg, p(L_->mlm_lng), p(L_->mlm_lnb), rows, H, cfg_.eps, b_->mstat, b_->mstat + rows);
 }
@@ -762,7 +762,7 @@ Tensor EncoderImpl::forward_features(ConstView features) {
   final_norm(B * T);
   pool(B, T, {});
   Tensor logits(Shape{B, c.num_labels});
-  lin(logits.data(), c.num_labels, b_->hs, c.hidden, p(L_->cls_w), p(L_->cls_b), B, c.hidden, c.num_labels);
+  lin(logits.data(), c.num_labels, b_->hs, c.hidden, L_->cls_w, p(L_->cls_b), B, c.hidden, c.num_labels);
   return logits;
 }
 

@@ -23,6 +23,7 @@
 #include "clattn/safetensors.h"
 #include "model/layer_attention.h"
 #include "model/model_impl.h"
+#include "core/microkernel.h"
 #include "model/model_internal.h"
 #include "model/weights.h"
 
@@ -83,7 +84,8 @@ const char* layers_field(const ModelConfig& c) {
 
 }  // namespace
 
-ModelImpl::ModelImpl(const ModelConfig& cfg, const CheckpointNames* ckpt) : cfg_(cfg), ckpt_(ckpt) {
+ModelImpl::ModelImpl(const ModelConfig& cfg, const CheckpointNames* ckpt, WeightType weights)
+    : cfg_(cfg), ckpt_(ckpt), weights_(weights) {
   if (ckpt_) prefix_ = ckpt_->prefix;
 }
 ModelImpl::~ModelImpl() = default;
@@ -170,14 +172,14 @@ double ModelImpl::inference_flops(int64_t rows, double keys) const {
   const double r = static_cast<double>(rows);
   const double head_dim = cfg_.head_dim > 0 ? static_cast<double>(cfg_.head_dim)
                                             : static_cast<double>(cfg_.hidden) / static_cast<double>(std::max<int64_t>(cfg_.heads, 1));
-  return 2.0 * static_cast<double>(params_.size()) * r +
+  return 2.0 * static_cast<double>(param_count()) * r +
          4.0 * static_cast<double>(cfg_.layers * cfg_.heads) * head_dim * keys * r;
 }
 
 double ModelImpl::train_bytes(int64_t B, int64_t T) const {
   if (split_on()) T = sequence_split(T).local_rows(sp_->rank());
   const AttentionDims d{B, cfg_.heads, cfg_.kv_heads, T, T, cfg_.head_dim, cfg_.head_dim};
-  return 4.0 * arena_floats(B, T, true) + att_->workspace_bytes(d, true) + 4.0 * 4.0 * static_cast<double>(params_.size());
+  return 4.0 * arena_floats(B, T, true) + att_->workspace_bytes(d, true) + 4.0 * 4.0 * static_cast<double>(param_count());
 }
 
 int64_t ModelImpl::add(const std::string& name, std::vector<int64_t> shape, Init init, bool transposed) {
@@ -198,7 +200,46 @@ int64_t ModelImpl::add(const std::string& name, std::vector<int64_t> shape, Init
   inits_.push_back(init);
   prefixed_.push_back(!head);
   transposed_.push_back(transposed);
+  linear_.push_back(false);
   return off;
+}
+
+int64_t ModelImpl::add_linear(const std::string& name, std::vector<int64_t> shape, bool transposed) {
+  const int64_t off = add(name, std::move(shape), Init::normal, transposed);
+  linear_.back() = true;
+  return off;
+}
+
+size_t ModelImpl::param_index(int64_t off) const {
+  auto it = std::upper_bound(info_.begin(), info_.end(), off,
+                             [](int64_t o, const ParamInfo& pi) { return o < pi.offset; });
+  check(it != info_.begin() && off < std::prev(it)->offset + std::prev(it)->size, "model: internal: no parameter at offset ", off);
+  return static_cast<size_t>(std::prev(it) - info_.begin());
+}
+
+int64_t ModelImpl::f32_at_mapped(int64_t off) const {
+  const size_t i = param_index(off);
+  check(!linear_[i], "model: internal: '", info_[i].name, "' is held in ", weight_type_name(weights_),
+        "; read it through weight()");
+  return at_[i] + (off - info_[i].offset);
+}
+
+WeightMatrix ModelImpl::weight(int64_t off, int64_t in) const {
+  if (at_.empty()) return WeightMatrix{p(off), in, WeightType::f32};
+  const size_t i = param_index(off);
+  if (!linear_[i]) return WeightMatrix{p(off), in, WeightType::f32};
+  return WeightMatrix{half_.data() + at_[i] + (off - info_[i].offset), in, weights_};
+}
+
+void ModelImpl::check_f32_weights(const char* what) const {
+  check(at_.empty(), "model: ", what, " needs f32 weights, and this model holds its linear layers' weights in ",
+        weight_type_name(weights_), " (loaded with weights ", weight_type_name(weights_),
+        ", for inference only); load it with weights f32");
+}
+
+double ModelImpl::param_bytes() const {
+  double b = 4.0 * static_cast<double>(params_.size());
+  return b + 2.0 * static_cast<double>(half_.size());
 }
 
 void ModelImpl::expect_tensor(const std::string& stored, const std::string& name, const std::vector<int64_t>& shape) const {
@@ -258,17 +299,37 @@ void ModelImpl::check_layers_fit(int64_t first_layer_begin) {
 
 void ModelImpl::allocate() {
   ckpt_ = nullptr;  // it lives in the factory that called the constructor
-  const int64_t n = info_.empty() ? 0 : info_.back().offset + info_.back().size;
-  check_memory(4.0 * static_cast<double>(n), params_what(cfg_));
-  params_.assign(static_cast<size_t>(n), 0.f);
+  const int64_t n = param_count();
+  if (weights_ == WeightType::f32 || std::find(linear_.begin(), linear_.end(), true) == linear_.end()) {
+    check_memory(4.0 * static_cast<double>(n), params_what(cfg_));
+    params_.assign(static_cast<size_t>(n), 0.f);
+    return;
+  }
+  // Each linear weight in half_, everything else in params_, both in layout order, so matrices
+  // that are adjacent in the layout (q|k|v, gate|up) stay one matrix.
+  int64_t nf = 0, nh = 0, ws = 0;
+  at_.resize(info_.size());
+  for (size_t i = 0; i < info_.size(); ++i) {
+    int64_t& next = linear_[i] ? nh : nf;
+    at_[i] = next;
+    next += info_[i].size;
+    // Sized for any row count: a fused matrix (q|k|v) has more rows than its parts.
+    if (linear_[i]) ws = std::max(ws, linear_gemm_workspace(weights_, int64_t{1} << 40, info_[i].shape[1]));
+  }
+  check_memory(4.0 * static_cast<double>(nf) + 2.0 * static_cast<double>(nh), params_what(cfg_));
+  params_.assign(static_cast<size_t>(nf), 0.f);
+  half_.assign(static_cast<size_t>(nh), 0);
+  widen_.assign(static_cast<size_t>(ws), 0.f);
 }
 
 std::span<float> ModelImpl::grads() {
+  check_f32_weights("grads()");
   if (grads_.size() != params_.size()) grads_.assign(params_.size(), 0.f);
   return {grads_.data(), grads_.size()};
 }
 
 void ModelImpl::zero_grads() {
+  check_f32_weights("zero_grads()");
   if (grads_.size() != params_.size()) grads_.assign(params_.size(), 0.f);
   else std::memset(grads_.data(), 0, sizeof(float) * grads_.size());
 }
@@ -282,8 +343,19 @@ const ParamInfo& ModelImpl::param(const std::string& name) const {
 void ModelImpl::init(uint64_t seed) {
   const Rng rng(seed);
   for (size_t i = 0; i < info_.size(); ++i) {
-    float* d = p(info_[i].offset);
     const int64_t n = info_[i].size;
+    if (is_half(i)) {  // the f32 draws, rounded
+      const mk::Half f = weights_ == WeightType::f16 ? mk::Half::f16 : mk::Half::bf16;
+      uint16_t* h = half_.data() + at_[i];
+      parallel_for((n + 4095) / 4096, [&](int64_t blk) {
+        float tmp[4096];
+        const int64_t j0 = blk * 4096, j1 = std::min(n, j0 + 4096);
+        for (int64_t j = j0; j < j1; ++j) tmp[j - j0] = 0.02f * rng.normal(i, static_cast<uint64_t>(j));
+        mk::to_half(f, tmp, j1 - j0, h + j0);
+      });
+      continue;
+    }
+    float* d = p(info_[i].offset);
     if (inits_[i] == Init::normal) {
       parallel_for((n + 4095) / 4096, [&](int64_t blk) {
         for (int64_t j = blk * 4096; j < std::min(n, (blk + 1) * 4096); ++j)
@@ -301,6 +373,11 @@ void ModelImpl::load_weights(Weights& w, bool verbose, const std::vector<std::st
     const ParamInfo& pi = info_[i];
     const std::string name = (prefixed_[i] ? prefix_ : "") + pi.name;
     if (!w.has(name) && std::find(optional.begin(), optional.end(), pi.name) != optional.end()) continue;
+    if (is_half(i)) {
+      const std::vector<int64_t> stored = transposed_[i] ? std::vector<int64_t>{pi.shape[1], pi.shape[0]} : pi.shape;
+      w.get16(name, stored, weights_, half_.data() + at_[i], transposed_[i]);
+      continue;
+    }
     if (transposed_[i]) {
       const int64_t out = pi.shape[0], in = pi.shape[1];
       const float* src = w.get(name, {in, out});  // (in, out)
@@ -331,6 +408,7 @@ void ModelImpl::load_weights(Weights& w, bool verbose, const std::vector<std::st
 }
 
 void ModelImpl::save(const std::string& dir) const {
+  check_f32_weights("save()");
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -406,14 +484,30 @@ void ModelImpl::carve(int64_t B, int64_t T, bool train, bool head) {
   head_layout_ = head;
 }
 
-void ModelImpl::lin(float* y, int64_t ldy, const float* x, int64_t ldx, const float* w, const float* b, int64_t rows,
+void ModelImpl::lin(float* y, int64_t ldy, const float* x, int64_t ldx, int64_t w_off, const float* b, int64_t rows,
                 int64_t in, int64_t out, const float* res) {
   const double t0 = ms_now();
+  const WeightMatrix wm = weight(w_off, in);
+  const size_t row_bytes = sizeof(float) * static_cast<size_t>(out);
+  if (wm.type != WeightType::f32) {
+    // y = res + b (or b, or 0) first, then the product with beta = 1, as for f32 below.
+#pragma omp parallel for schedule(static) if (rows * out > 32768)
+    for (int64_t r = 0; r < rows; ++r) {
+      if (res && y + r * ldy != res + r * ldy) std::memcpy(y + r * ldy, res + r * ldy, row_bytes);
+      if (!res && b) std::memcpy(y + r * ldy, b, row_bytes);
+      else if (!res) std::memset(y + r * ldy, 0, row_bytes);
+      else if (b)
+        for (int64_t e = 0; e < out; ++e) y[r * ldy + e] += b[e];
+    }
+    if (rows > 0) linear_gemm(rows, out, in, 1.f, x, ldx, wm, 1.f, y, ldy, widen_.data());
+    dense_ms_ += ms_now() - t0;
+    return;
+  }
+  const float* w = static_cast<const float*>(wm.data);
   if (!res) {
     nn::linear_fwd(y, ldy, x, ldx, w, b, rows, in, out);
   } else {
     // y = res + b first, then one sgemm with beta = 1: the residual add costs no extra pass.
-    const size_t row_bytes = sizeof(float) * static_cast<size_t>(out);
 #pragma omp parallel for schedule(static) if (rows * out > 32768)
     for (int64_t r = 0; r < rows; ++r) {
       if (y + r * ldy != res + r * ldy) std::memcpy(y + r * ldy, res + r * ldy, row_bytes);
@@ -513,7 +607,6 @@ void ModelImpl::token_loss(const Batch& b, const float* xf, float* dxf, int64_t 
                        float scale_in, StepResult& r) {
   const int64_t H = cfg_.hidden, rows = b.B * b.T;
   const int64_t O = param_rows(w_off);
-  const float* w = p(w_off);
   const float* bias = b_off >= 0 ? p(b_off) : nullptr;
   // Only rows with a target go through the output layer (for mlm, 15 % of them).
   int64_t n = 0;
@@ -528,7 +621,7 @@ void ModelImpl::token_loss(const Batch& b, const float* xf, float* dxf, int64_t 
   });
   if (train) std::memset(dxf, 0, sizeof(float) * static_cast<size_t>(rows * H));
   if (n == 0) return;
-  lin(logits_, O, hs_, H, w, bias, n, H, O);
+  lin(logits_, O, hs_, H, w_off, bias, n, H, O);
   for (int64_t i = 0; i < n; ++i) {
     const float* row = logits_ + i * O;
     if (std::max_element(row, row + O) - row == tsel_[static_cast<size_t>(i)]) ++r.correct;
@@ -538,7 +631,7 @@ void ModelImpl::token_loss(const Batch& b, const float* xf, float* dxf, int64_t 
   r.loss_sum += nn::cross_entropy(train ? logits_ : nullptr, logits_, tsel_.data(), n, O, scale, &counted);
   r.counted += counted;
   if (!train) return;
-  lin_bwd(dhs_, H, g(w_off), b_off >= 0 ? g(b_off) : nullptr, logits_, O, hs_, H, w, n, H, O);
+  lin_bwd(dhs_, H, g(w_off), b_off >= 0 ? g(b_off) : nullptr, logits_, O, hs_, H, p(w_off), n, H, O);
   model::for_rows(n, H, [&](int64_t i) {
     std::memcpy(dxf + static_cast<int64_t>(sel_[static_cast<size_t>(i)]) * H, dhs_ + i * H, sizeof(float) * static_cast<size_t>(H));
   });
@@ -546,8 +639,7 @@ void ModelImpl::token_loss(const Batch& b, const float* xf, float* dxf, int64_t 
 
 void ModelImpl::pooled_loss(const Batch& b, int64_t w_off, int64_t b_off, bool train, float scale_in, StepResult& r) {
   const int64_t H = cfg_.hidden, O = param_rows(w_off), n = b.B;
-  const float* w = p(w_off);
-  lin(logits_, O, hs_, H, w, b_off >= 0 ? p(b_off) : nullptr, n, H, O);
+  lin(logits_, O, hs_, H, w_off, b_off >= 0 ? p(b_off) : nullptr, n, H, O);
   // Every rank of a split sequence computes the pooled head alike: rank 0 alone reports its
   // figures and adds its parameter gradient, so the sums over the ranks count it once.
   const bool lead = split_lead();
@@ -569,7 +661,7 @@ void ModelImpl::pooled_loss(const Batch& b, int64_t w_off, int64_t b_off, bool t
     r.correct += correct;
   }
   if (train)
-    lin_bwd(dhs_, H, lead ? g(w_off) : nullptr, lead && b_off >= 0 ? g(b_off) : nullptr, logits_, O, hs_, H, w, n, H, O);
+    lin_bwd(dhs_, H, lead ? g(w_off) : nullptr, lead && b_off >= 0 ? g(b_off) : nullptr, logits_, O, hs_, H, p(w_off), n, H, O);
 }
 
 void ModelImpl::layer_grads_ready(int64_t begin, int64_t end) const {
@@ -580,7 +672,7 @@ void ModelImpl::other_grads_ready(int64_t layers_begin, int64_t layers_end) cons
   const auto& ready = *on_grads_ready;
   if (!ready) return;
   if (layers_begin > 0) ready(0, layers_begin);
-  if (layers_end < static_cast<int64_t>(params_.size())) ready(layers_end, static_cast<int64_t>(params_.size()));
+  if (layers_end < param_count()) ready(layers_end, param_count());
 }
 
 int64_t ModelImpl::param_rows(int64_t off) const {
@@ -621,6 +713,7 @@ double Model::forward_bytes(int64_t B, int64_t T) const { return impl_->forward_
 double Model::train_bytes(int64_t B, int64_t T) const { return impl_->train_bytes(B, T); }
 std::span<float> Model::params() { return impl_->params(); }
 std::span<const float> Model::params() const { return std::as_const(*impl_).params(); }
+WeightType Model::weights() const { return impl_->weights(); }
 std::span<float> Model::grads() { return impl_->grads(); }
 const std::vector<ParamInfo>& Model::param_info() const { return impl_->param_info(); }
 const ParamInfo& Model::param(const std::string& name) const { return impl_->param(name); }
@@ -656,6 +749,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelConfig& cf
   std::unique_ptr<Weights> w = Weights::open(dir);
   std::unique_ptr<Model> m;
   std::vector<std::string> optional;
+  check(cfg.kind == ModelKind::llama || o.weights == WeightType::f32, "model '", dir, "': weights ",
+        weight_type_name(o.weights), " is for decoders; an encoder loads with weights f32");
   if (cfg.kind == ModelKind::llama) m.reset(new Decoder(DecoderImpl::for_checkpoint(cfg, *w, o)));
   else m.reset(new Encoder(EncoderImpl::for_checkpoint(cfg, *w, o, optional)));
   // A clattn checkpoint runs with the attention it was trained with, and its layer state.

@@ -15,6 +15,7 @@
 
 #include "clattn/comm.h"
 #include "clattn/data.h"
+#include "clattn/gemm.h"
 #include "clattn/kv_cache.h"
 #include "clattn/model.h"
 #include "clattn/seq_parallel.h"
@@ -58,9 +59,18 @@ class ModelImpl {
   double last_attention_ms() const;
   virtual double forward_bytes(int64_t B, int64_t T) const = 0;
   double train_bytes(int64_t B, int64_t T) const;
-  std::span<float> params() { return {params_.data(), params_.size()}; }
-  std::span<const float> params() const { return {params_.data(), params_.size()}; }
+  std::span<float> params() {
+    check_f32_weights("params()");
+    return {params_.data(), params_.size()};
+  }
+  std::span<const float> params() const {
+    check_f32_weights("params()");
+    return {params_.data(), params_.size()};
+  }
   std::span<float> grads();
+  WeightType weights() const { return weights_; }
+  // Bytes the parameters take as held: 4 per f32 value, 2 per 16-bit weight.
+  double param_bytes() const;
   const std::vector<ParamInfo>& param_info() const { return info_; }
   const ParamInfo& param(const std::string& name) const;
   void zero_grads();
@@ -73,7 +83,9 @@ class ModelImpl {
  protected:
   friend class Model;  // the factories: init(), load_weights()
   enum class Init { normal, one, zero };
-  explicit ModelImpl(const ModelConfig& cfg, const CheckpointNames* ckpt = nullptr);
+  // weights: how the parameters add_linear() lays out are held (the rest stay f32).
+  explicit ModelImpl(const ModelConfig& cfg, const CheckpointNames* ckpt = nullptr,
+                     WeightType weights = WeightType::f32);
   // Layout: every parameter once, in order (adjacent tensors that form one fused matrix must be
   // added in that order), then allocate(). Under a checkpoint each add() checks the tensor's
   // presence and shape first. Without one the config alone sizes the model: once the first layer
@@ -82,6 +94,9 @@ class ModelImpl {
   // `transposed`: the checkpoint stores this matrix as (in, out) (GPT-2's Conv1D) while the model
   // holds it (out, in) like every other linear layer; load and save transpose it.
   int64_t add(const std::string& name, std::vector<int64_t> shape, Init init, bool transposed = false);
+  // add() of a linear layer's weight (out, in), Init::normal: held in 16 bits when weights_ is
+  // f16 or bf16, and read only through lin() (weight()).
+  int64_t add_linear(const std::string& name, std::vector<int64_t> shape, bool transposed = false);
   void check_layers_fit(int64_t first_layer_begin);
   void allocate();
   // The checkpoint's tensor `stored` (the parameter `name` with its prefix) has `shape` as stored.
@@ -92,8 +107,19 @@ class ModelImpl {
   // Copies each parameter from the checkpoint folder's tensors (prefix_ applied to the names
   // that take it); names in `optional` may be absent (they keep their initial values).
   void load_weights(Weights& w, bool verbose, const std::vector<std::string>& optional);
-  float* p(int64_t off) { return params_.data() + off; }
-  const float* p(int64_t off) const { return params_.data() + off; }
+  // The f32 parameter at (logical) offset off; with 16-bit weights the f32 buffer leaves them out,
+  // and the offset is mapped past them.
+  float* p(int64_t off) { return params_.data() + f32_at(off); }
+  const float* p(int64_t off) const { return params_.data() + f32_at(off); }
+  int64_t f32_at(int64_t off) const { return at_.empty() ? off : f32_at_mapped(off); }
+  int64_t f32_at_mapped(int64_t off) const;
+  size_t param_index(int64_t off) const;  // the parameter that holds offset off
+  bool is_half(size_t i) const { return !at_.empty() && linear_[i]; }
+  // The linear weight at offset off, (rows, in) row-major, as it is held.
+  WeightMatrix weight(int64_t off, int64_t in) const;
+  // Refuses what needs every parameter in f32 (training, saving, params()) with 16-bit weights.
+  void check_f32_weights(const char* what) const;
+  int64_t param_count() const { return info_.empty() ? 0 : info_.back().offset + info_.back().size; }
   float* g(int64_t off) { return grads_.data() + off; }
   virtual bool causal() const = 0;
   // What every architecture's plan of the arena holds for the code they share: the floats it
@@ -117,8 +143,9 @@ class ModelImpl {
   float* arena(int64_t n);
 
   // Timed helpers over the flat buffers: y = x·Wᵀ + b, or with `res`, y = res + x·Wᵀ + b (the
-  // residual fused into the GEMM's C; y may equal res).
-  void lin(float* y, int64_t ldy, const float* x, int64_t ldx, const float* w, const float* b,
+  // residual fused into the GEMM's C; y may equal res). w: the weight's parameter offset (f32 or
+  // 16-bit, weight()).
+  void lin(float* y, int64_t ldy, const float* x, int64_t ldx, int64_t w, const float* b,
            int64_t rows, int64_t in, int64_t out, const float* res = nullptr);
   void lin_bwd(float* dx, int64_t lddx, float* dw, float* db, const float* dy, int64_t lddy,
                const float* x, int64_t ldx, const float* w, int64_t rows, int64_t in, int64_t out,
@@ -196,6 +223,13 @@ class ModelImpl {
   std::vector<Init> inits_;
   std::vector<bool> prefixed_;  // per parameter: its checkpoint name takes prefix_
   std::vector<bool> transposed_;  // per parameter: stored (in, out) in the checkpoint
+  std::vector<bool> linear_;      // per parameter: laid out by add_linear()
+  // With 16-bit weights: per parameter, its offset into params_ (f32) or half_ (16-bit); empty
+  // when every parameter is f32 (then offsets index params_ directly).
+  WeightType weights_ = WeightType::f32;
+  std::vector<int64_t> at_;
+  std::vector<uint16_t> half_;  // the linear weights, f16 or bf16 bits, in layout order
+  std::vector<float> widen_;    // (linear_gemm_workspace) W rows widened for many-row products
   Tensor arena_;
   // Head workspace (carved from the arena): selected rows, their targets, gathered hidden states.
   std::vector<int32_t> sel_, tsel_;
@@ -264,7 +298,8 @@ class EncoderImpl final : public ModelImpl {
 // Decoder (model.h): LLaMA family and GPT-2, with KV-cache decoding.
 class DecoderImpl final : public ModelImpl {
  public:
-  explicit DecoderImpl(const ModelConfig& cfg, const CheckpointNames* ckpt = nullptr);
+  explicit DecoderImpl(const ModelConfig& cfg, const CheckpointNames* ckpt = nullptr,
+                       WeightType weights = WeightType::f32);
   ~DecoderImpl() override;
   static std::unique_ptr<DecoderImpl> for_checkpoint(ModelConfig cfg, const Weights& w, const LoadOptions& opt);
   // Decoder's public calls (model.h).

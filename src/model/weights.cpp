@@ -11,6 +11,8 @@
 
 #include "clattn/error.h"
 #include "clattn/input_file.h"
+#include "core/half.h"
+#include "core/microkernel.h"
 
 namespace clattn {
 namespace {
@@ -46,7 +48,64 @@ void check_finite_tensor(const float* p, const std::vector<int64_t>& shape, cons
        " at index ", at.str(), "; a checkpoint's weights must be finite");
 }
 
+std::string index_str(const std::vector<int64_t>& shape, int64_t flat) {
+  std::vector<int64_t> idx(shape.size());
+  for (size_t i = shape.size(); i-- > 0;) {
+    idx[i] = shape[i] > 0 ? flat % shape[i] : 0;
+    flat = shape[i] > 0 ? flat / shape[i] : 0;
+  }
+  std::ostringstream at;
+  at << '(';
+  for (size_t i = 0; i < idx.size(); ++i) at << (i ? ", " : "") << idx[i];
+  at << ')';
+  return at.str();
+}
+
 }  // namespace
+
+void Weights::get16(const std::string& name, const std::vector<int64_t>& shape, WeightType type, uint16_t* dst,
+                    bool transpose) {
+  check(type != WeightType::f32 && (!transpose || shape.size() == 2), "model: internal: get16 of f32 or of a ",
+        shape.size(), "-d transpose");
+  const bool f16 = type == WeightType::f16;
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  auto it = where_.find(name);
+  check(it != where_.end(), "model '", dir_, "': tensor '", name, "' ", shape_str(shape),
+        " is missing from the checkpoint");
+  if (!files_.empty() && !transpose) {
+    const SafetensorsFile& f = *files_[it->second];
+    const TensorInfo& info = f.info(name);
+    if (info.dtype == (f16 ? DType::F16 : DType::BF16)) {
+      check(info.shape == shape, "model '", f.path(), "': tensor '", name, "' has shape ", shape_str(info.shape),
+            " but the config implies ", shape_str(shape));
+      std::memcpy(dst, f.bytes(name), sizeof(uint16_t) * static_cast<size_t>(n));
+      // All exponent bits set: inf (mantissa 0) or NaN, in either format.
+      const uint16_t exp = f16 ? 0x7c00u : 0x7f80u, man = f16 ? 0x03ffu : 0x007fu;
+      for (int64_t i = 0; i < n; ++i)
+        if ((dst[i] & exp) == exp)
+          fail("model '", f.path(), "': tensor '", name, "' holds ", (dst[i] & man) ? "nan" : (dst[i] & 0x8000u) ? "-inf" : "inf",
+               " at index ", index_str(shape, i), "; a checkpoint's weights must be finite");
+      used_.insert(name);
+      return;
+    }
+  }
+  const float* src = get(name, shape);  // (shape) row-major, checked finite
+  if (f16)
+    for (int64_t i = 0; i < n; ++i)
+      if (std::fabs(src[i]) > 65504.f)
+        fail("model '", file(name), "': tensor '", name, "' holds ", src[i], " at index ", index_str(shape, i),
+             ", past f16's largest finite value 65504: load it with weights bf16 or f32");
+  const mk::Half h = f16 ? mk::Half::f16 : mk::Half::bf16;
+  if (!transpose) {
+    mk::to_half(h, src, n, dst);
+    return;
+  }
+  const int64_t a = shape[0], b = shape[1];  // src (a, b) -> dst (b, a)
+  for (int64_t r = 0; r < a; ++r)
+    for (int64_t c = 0; c < b; ++c)
+      dst[c * a + r] = f16 ? half::f32_to_f16(src[r * b + c]) : half::f32_to_bf16(src[r * b + c]);
+}
 
 int64_t first_non_finite(const float* p, int64_t n) {
   constexpr int64_t kBlock = 4096;

@@ -1,6 +1,7 @@
 // The tensors of a Hugging Face checkpoint folder: model.safetensors, or the sharded form named by
 // model.safetensors.index.json, read into memory (never mapped: a file changed underneath cannot
-// fault). F32 tensors are read in place; F16 and BF16 are converted to F32 once, on load. Every lookup states the shape the config implies, and a
+// fault). F32 tensors are read in place; F16 and BF16 are converted to F32 once, on load, except
+// where get16() takes a tensor's own 16-bit bits (a decoder's linear weights). Every lookup states the shape the config implies, and a
 // missing or misshapen tensor is an error naming the file and the tensor. The first lookup of a
 // tensor also checks its values: a NaN or Inf weight is an error naming the file, the tensor and
 // the index, never a model that runs and samples garbage.
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "clattn/gemm.h"
 #include "clattn/safetensors.h"
 #include "clattn/tensor.h"
 
@@ -28,6 +30,12 @@ class Weights {
   std::vector<int64_t> shape(const std::string& name) const;  // of a tensor that has()
   // The file that holds `name` (a tensor that has()): a shard's path, or the name of in-memory weights.
   std::string file(const std::string& name) const;
+  // The tensor `name` with exactly `shape` as `type` (f16 or bf16) into dst (numel values): its
+  // own bits when the file stores that type (never widened), else rounded to nearest even from
+  // f32; an f16 value past 65504 is an error naming the tensor. With `transpose` (shape is (a, b)
+  // as stored), dst receives (b, a). Checked finite like get().
+  void get16(const std::string& name, const std::vector<int64_t>& shape, WeightType type, uint16_t* dst,
+             bool transpose = false);
   // A tensor of any shape as F32 (a copy), e.g. the attention state clattn saves.
   Tensor get_any(const std::string& name) const;
   std::vector<std::string> names() const;  // every tensor of the checkpoint, sorted
