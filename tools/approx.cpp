@@ -45,6 +45,7 @@ struct ApproxOptions {
   std::optional<double> target;
   std::string metric = "agreement", candidates, plan_out = "plan.json";
   int64_t length = 0, sequences = 8;
+  std::string weights = "f32";
 };
 
 // The model's outputs on one input set: logits (rows, classes) compared row by row; for a decoder
@@ -198,6 +199,7 @@ Workload load_workload(const ApproxOptions& o, int64_t sequences) {
   const ModelKind kind = model_kind(o.model);
   LoadOptions lo;
   lo.verbose = o.verbose;
+  lo.weights = parse_weight_type(o.weights);
   Workload w;
   if (kind == ModelKind::llama) {
     check(o.features.empty(), "approx: --features is for KWT encoders; this model is a decoder");
@@ -594,7 +596,7 @@ void run_search(const ApproxOptions& o, Workload& w) {
 
 struct GenerateOptions {
   std::string model, prompt, attention;  // empty: the plan the model was saved with
-  std::string kv_cache = "f32";
+  std::string kv_cache = "f32", weights = "f32";
   int64_t tokens = 128;
   float temperature = 0.f, top_p = 1.f;
   int64_t top_k = 0;
@@ -611,7 +613,9 @@ void run_generate(const GenerateOptions& o) {
   usage_check(o.top_p > 0 && o.top_p <= 1, "generate: --top-p must be in (0, 1], got ", o.top_p);
   // The loader restores the plan a checkpoint was trained with (as Python's load_model does);
   // --attention replaces it.
-  auto dec = Decoder::load(o.model);
+  LoadOptions lo;
+  lo.weights = parse_weight_type(o.weights);
+  auto dec = Decoder::load(o.model, lo);
   if (!o.attention.empty()) dec->set_attention(o.attention);
   dec->set_kv_cache(parse_kv_cache_type(o.kv_cache));
   const Tokenizer tok = Tokenizer::from_file((std::filesystem::path(o.model) / "tokenizer.json").string());
@@ -692,6 +696,7 @@ void add_approx(CLI::App& app) {
   sub->add_option("--repeat", o->repeat, "timed forwards per plan after one warm-up; ms is their median")
       ->capture_default_str();
   sub->add_option("--json", o->json_out, "also write {\"model\", \"results\": [...]} to this file");
+  add_weights_option(sub, o->weights);
   add_threads_option(sub, o->threads, "approx");
   sub->add_flag("--verbose", o->verbose, "list checkpoint tensors the model does not use");
   sub->callback([o] { run_approx(*o); });
@@ -714,6 +719,7 @@ void add_generate(CLI::App& app) {
   sub->add_option("--top-p", o->top_p, "nucleus: keep the smallest set with this mass (1 = all)")->capture_default_str();
   sub->add_option("--seed", o->seed, "sampling seed")->capture_default_str();
   add_kv_cache_option(sub, o->kv_cache);
+  add_weights_option(sub, o->weights);
   add_threads_option(sub, o->threads, "generate");
   sub->callback([o] { run_generate(*o); });
 }

@@ -47,7 +47,7 @@ struct BenchModelOptions {
   int64_t layers = 4, hidden = 256, heads = 4, ffn = 1024, batch = 0, decode = 128;
   std::vector<std::string> attention{"full"}, plan_files;
   int repeat = 3, threads = 0;
-  std::string json, format = "text", kv_cache = "f32";
+  std::string json, format = "text", kv_cache = "f32", weights = "f32";
 };
 
 double now_ms() {
@@ -106,6 +106,8 @@ void run_bench_model(const BenchModelOptions& o) {
   check_size(o.decode, 0, kMaxCount, "bench-model: --decode");
   const std::vector<int64_t> lengths_given = bench::parse_lengths(o.lengths, "bench-model");
   usage_check(o.random_bert != !o.model.empty(), "bench-model: give exactly one of --model DIR and --random-bert");
+  usage_check(parse_weight_type(o.weights) == WeightType::f32 || (!o.random_bert && model_kind(o.model) == ModelKind::llama),
+              "bench-model: --weights ", o.weights, " is for decoders; encoders run with f32 weights");
   std::vector<PathArg> inputs{{"--model", o.model, true}, {"--features", o.features}};
   for (const PathArg& p : path_args("--plan", o.plan_files)) inputs.push_back(p);
   check_outputs("bench-model", {{"--json", o.json}}, inputs);
@@ -314,7 +316,9 @@ void run_bench_model(const BenchModelOptions& o) {
   }
   // Decoder: prefill of N tokens, then --decode tokens one at a time through the KV cache (not
   // after a split prefill, whose cache is spread over the ranks).
-  auto dec = Decoder::load(o.model);
+  LoadOptions lo;
+  lo.weights = parse_weight_type(o.weights);
+  auto dec = Decoder::load(o.model, lo);
   dec->set_sequence_parallel(split);
   dec->set_kv_cache(parse_kv_cache_type(o.kv_cache));
   const bool decode = o.decode > 0 && !(o.sequence_parallel && R > 1);
@@ -384,6 +388,7 @@ void add_bench_model(CLI::App& app) {
   sub->add_option("--batch", o->batch, "random BERT: batch (0 = 1); KWT: clips per forward (0 = all)")->capture_default_str();
   sub->add_option("--decode", o->decode, "decoder: tokens decoded after the prefill")->capture_default_str();
   add_kv_cache_option(sub, o->kv_cache);
+  add_weights_option(sub, o->weights);
   sub->add_option("--attention", o->attention, "attention plan, repeatable")->check(spec_validator())->capture_default_str();
   add_plan_file_option(sub, o->attention, &o->plan_files);
   sub->add_option("--repeat", o->repeat, "timed runs after one warm-up")->capture_default_str();

@@ -109,6 +109,8 @@ CLI::Option* add_plan_file_option(CLI::App* sub, std::vector<std::string>& atten
 
 // `--kv-cache f32|f16|bf16`: how a decoder's KV cache stores keys and values (Decoder::set_kv_cache).
 CLI::Option* add_kv_cache_option(CLI::App* sub, std::string& type);
+// `--weights f32|f16|bf16`: how a decoder holds its linear layers' weights (LoadOptions::weights).
+CLI::Option* add_weights_option(CLI::App* sub, std::string& type);
 
 // `-o,--format`: what goes to stdout — text (the default), md, csv, json or jsonl (result_table.h).
 // The old spelling `--output-format` still works, with a note naming the new one.

@@ -234,6 +234,15 @@ if need_data "the model commands" stories260k kwt1; then
   expect_exit 2 "bad --kv-cache" "kv-cache" "$bin" generate --model "$data/stories260k" --kv-cache fp8
   expect_ok "bench-model --kv-cache f16" "$bin" bench-model --model "$data/stories260k" --lengths 16 --decode 4 --repeat 1 --kv-cache f16 -o json
   grep -q '"bandwidth_fraction": [0-9]' "$dir/out" && ok || bad "bench-model --kv-cache f16: no bandwidth_fraction: $(head -c 300 "$dir/out")"
+  # 16-bit linear weights keep the greedy story too; bad values name the choices.
+  for w in f16 BF16; do
+    expect_ok "generate --weights $w" "$bin" generate --model "$data/stories260k" --tokens 20 --weights $w --kv-cache f16
+    grep -q "^Once upon a time, there was a little girl named Lily" "$dir/out" && ok || bad "generate --weights $w: $(head -c 200 "$dir/out")"
+  done
+  expect_exit 2 "bad --weights" "f32,f16,bf16" "$bin" generate --model "$data/stories260k" --weights fp16
+  expect_ok "bench-model --weights bf16" "$bin" bench-model --model "$data/stories260k" --lengths 16 --decode 4 --repeat 1 --weights bf16 -o json
+  expect_error "bench-model --weights on an encoder" "is for decoders" "$bin" bench-model --random-bert --layers 1 --hidden 32 --heads 2 --ffn 64 --lengths 16 --repeat 1 --weights f16
+  expect_ok "approx --weights f16" "$bin" approx --model "$data/stories260k" --tokens "$data/stories260k/reference_logits.safetensors" --attention 'local:window=16' --weights f16
   expect_ok "approx decoder" "$bin" approx --model "$data/stories260k" --tokens "$data/stories260k/reference_logits.safetensors" --attention 'topk:topk=8' --attention 'local:window=16' --json "$dir/a.json"
   grep -q '"agreement"' "$dir/a.json" && grep -q '"ratio_to_full"' "$dir/a.json" && ok || bad "approx json: $(head -c 300 "$dir/a.json")"
   expect_ok "approx kwt seeds" "$bin" approx --model "$data/kwt1" --features "$data/kwt1/features_speech_commands.safetensors" --attention 'improved-clustered:clusters=25' --seeds 2
