@@ -126,9 +126,20 @@ void check_positions(const Ids& ids, const ModelConfig& c) {
 }
 
 template <class M>
-std::unique_ptr<M> load(const std::filesystem::path& dir) {
+std::unique_ptr<M> load(const std::filesystem::path& dir, const LoadOptions& opt) {
   pb::gil_scoped_release nogil;
-  return M::load(dir.string());
+  return M::load(dir.string(), opt);
+}
+
+// The `weights` argument: 'f32', 'f16' or 'bf16' (ValueError naming them otherwise).
+LoadOptions load_options(const std::string& weights) {
+  LoadOptions o;
+  try {
+    o.weights = parse_weight_type(weights);
+  } catch (const Error& e) {
+    throw pb::value_error(e.what());
+  }
+  return o;
 }
 
 // tokenizer: the folder's tokenizer.json as a clattn.Tokenizer, or None.
@@ -144,9 +155,10 @@ struct PyEncoder {
 };
 
 template <class P, class M>
-std::unique_ptr<P> load_with_tokenizer(const std::filesystem::path& dir) {
+std::unique_ptr<P> load_with_tokenizer(const std::filesystem::path& dir, const std::string& weights = "f32") {
+  const LoadOptions opt = load_options(weights);
   auto p = std::make_unique<P>();
-  p->m = load<M>(dir);
+  p->m = load<M>(dir, opt);
   p->tokenizer = tokenizer_of_folder(dir.string());
   return p;
 }
@@ -166,8 +178,14 @@ auto run_locked(P& p, F&& f) {
 
 void bind_model(pb::module_& m) {
   pb::class_<PyDecoder>(m, "Decoder", "A LLaMA-family decoder loaded from a Hugging Face folder")
-      .def(pb::init([](const std::filesystem::path& dir) { return load_with_tokenizer<PyDecoder, Decoder>(dir); }),
-           pb::arg("path"))
+      .def(pb::init([](const std::filesystem::path& dir, const std::string& weights) {
+             return load_with_tokenizer<PyDecoder, Decoder>(dir, weights);
+           }),
+           pb::arg("path"), pb::kw_only(), pb::arg("weights") = "f32",
+           "weights: how the linear layers' weights are held, 'f32' (default), 'f16' or 'bf16' (half the bytes a "
+           "decode step reads; inference only: such a model does not train or save)")
+      .def_property_readonly("weights", [](PyDecoder& p) { return std::string(weight_type_name(p.m->weights())); },
+                             "How the linear layers' weights are held: 'f32', 'f16' or 'bf16'")
       .def_property_readonly("config", [](PyDecoder& p) { return config_dict(p.m->config()); })
       .def_property_readonly("tokenizer", [](PyDecoder& p) { return p.tokenizer; },
                              "The folder's tokenizer.json as a clattn.Tokenizer (None without one)")
@@ -350,17 +368,19 @@ void bind_model(pb::module_& m) {
 
   m.def("read_plan", [](const std::filesystem::path& path) { return read_plan_file(path.string()); }, pb::arg("path"),
         "The attention plan of a plan file (`clattn approx --target` writes one), for set_attention()");
-  m.def("load_model", [](const std::filesystem::path& dir) -> pb::object {
+  m.def("load_model", [](const std::filesystem::path& dir, const std::string& weights) -> pb::object {
+          (void)load_options(weights);  // a bad value is a ValueError before anything is read
           ModelKind kind;
           {
             pb::gil_scoped_release nogil;
             kind = model_kind(dir.string());
           }
-          if (kind == ModelKind::llama) return pb::cast(load_with_tokenizer<PyDecoder, Decoder>(dir));
-          return pb::cast(load_with_tokenizer<PyEncoder, Encoder>(dir));
-        }, pb::arg("path"),
+          if (kind == ModelKind::llama) return pb::cast(load_with_tokenizer<PyDecoder, Decoder>(dir, weights));
+          return pb::cast(load_with_tokenizer<PyEncoder, Encoder>(dir, weights));
+        }, pb::arg("path"), pb::kw_only(), pb::arg("weights") = "f32",
         "A Decoder (llama, gpt2) or Encoder (bert, roberta, distilbert, kwt) from a Hugging Face folder, by its "
-        "config.json");
+        "config.json. weights: a decoder's linear-layer weights as 'f32' (default), 'f16' or 'bf16' (inference "
+        "only); encoders take 'f32'");
 }
 
 }  // namespace clattn::py

@@ -49,6 +49,30 @@ def test_decoder_reproduces_reference_logits():
     m.set_attention("full")
 
 
+def test_decoder_with_16bit_weights():
+    # f16 / bf16 linear weights: the f32 model's greedy story, logits within their rounding (the
+    # C++ test states the measured bounds: 0.011 for f16, 0.11 for bf16 over 200 steps); such a
+    # model does not train or save; bad names are ValueErrors naming the choices.
+    path = str(data_dir() / "stories260k")
+    ref = clattn.read_safetensors(str(data_dir() / "stories260k" / "reference_logits.safetensors"))
+    f32 = clattn.load_model(path)
+    assert f32.weights == "f32"
+    story = list(f32.generate(ref["tokens"][:5], max_tokens=40))
+    logits = f32.forward(ref["tokens"][:40])
+    for kind, bound in (("f16", 0.05), ("BF16", 0.4)):
+        m = clattn.load_model(path, weights=kind)
+        assert isinstance(m, clattn.Decoder) and m.weights == kind.lower()
+        assert np.abs(m.forward(ref["tokens"][:40]) - logits).max() < bound
+        assert list(m.generate(ref["tokens"][:5], max_tokens=40)) == story
+    assert clattn.Decoder(path, weights="bf16").weights == "bf16"
+    with pytest.raises(RuntimeError, match="needs f32 weights"):
+        m.save(str(SOURCE_DIR / "build" / "never_written"))
+    with pytest.raises(ValueError, match="f32, f16 or bf16"):
+        clattn.load_model(path, weights="fp16")
+    with pytest.raises(RuntimeError, match="is for decoders"):
+        clattn.load_model(str(data_dir() / "kwt1"), weights="f16")
+
+
 def test_encoder_features_and_plans():
     m = clattn.load_model(str(data_dir() / "kwt1"))
     assert isinstance(m, clattn.Encoder) and m.config["kind"] == "kwt"
