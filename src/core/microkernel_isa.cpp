@@ -2,6 +2,7 @@
 // avx512) into namespaces clattn::mk::avx2 / ::avx512, each exporting one table of entry points;
 // microkernel.cpp picks the table of the active ISA (include/clattn/cpu.h).
 #include <cstring>
+#include <type_traits>
 
 #include "core/half.h"
 #include "core/microkernel.h"
@@ -161,6 +162,12 @@ void rows_dot_tile(const float* x, int64_t ldx, const typename LW::T* w, int64_t
     vn wv[R];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) wv[r] = LW::load(w + r * ldw + e);
+    if constexpr (!std::is_same_v<typename LW::T, float>) {
+      // The next R rows' line at this column: each 16-bit row is half as many lines as an f32
+      // row, too short a stream for the hardware prefetcher to reach full speed on its own.
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) simd::prefetch_line(reinterpret_cast<const float*>(w + (R + r) * ldw + e), false);
+    }
 #pragma GCC unroll 2
     for (int i = 0; i < M; ++i) {
       const vn xv = load_n(x + i * ldx + e);
