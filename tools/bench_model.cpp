@@ -106,8 +106,8 @@ void run_bench_model(const BenchModelOptions& o) {
   check_size(o.decode, 0, kMaxCount, "bench-model: --decode");
   const std::vector<int64_t> lengths_given = bench::parse_lengths(o.lengths, "bench-model");
   usage_check(o.random_bert != !o.model.empty(), "bench-model: give exactly one of --model DIR and --random-bert");
-  usage_check(parse_weight_type(o.weights) == WeightType::f32 || (!o.random_bert && model_kind(o.model) == ModelKind::llama),
-              "bench-model: --weights ", o.weights, " is for decoders; encoders run with f32 weights");
+  usage_check(parse_weight_type(o.weights) == WeightType::f32 || !o.random_bert, "bench-model: --weights ", o.weights,
+              " is for checkpoints (--model); --random-bert runs with f32 weights");
   std::vector<PathArg> inputs{{"--model", o.model, true}, {"--features", o.features}};
   for (const PathArg& p : path_args("--plan", o.plan_files)) inputs.push_back(p);
   check_outputs("bench-model", {{"--json", o.json}}, inputs);
@@ -266,7 +266,9 @@ void run_bench_model(const BenchModelOptions& o) {
                                               " layers (hidden ", c.hidden, ", ffn ", c.ffn, ")"));
       enc = Encoder::random_bert(c, 0);
     } else {
-      enc = Encoder::load(o.model);
+      LoadOptions lo;
+      lo.weights = parse_weight_type(o.weights);
+      enc = Encoder::load(o.model, lo);
       check(!o.features.empty(), "bench-model: a KWT model needs --features FILE");
       features = SafetensorsFile::open(o.features).get_f32("features");
       lengths = {enc->config().num_patches + 1};

@@ -290,7 +290,7 @@ CLI::Option* add_kv_cache_option(CLI::App* sub, std::string& type) {
 CLI::Option* add_weights_option(CLI::App* sub, std::string& type) {
   return sub
       ->add_option("--weights", type,
-                   "decoder weights of the linear layers: f32, or f16/bf16 (half the bytes a decode step reads; "
+                   "weights of the linear layers: f32, or f16/bf16 (half the bytes a decode step reads; "
                    "embeddings, norms and biases stay f32; compute stays f32)")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}, CLI::ignore_case))
       ->capture_default_str();

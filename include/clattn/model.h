@@ -154,12 +154,12 @@ struct LoadOptions {
   std::optional<TaskKind> head;
   int64_t num_labels = 0;
   uint64_t seed = 0;
-  // How a decoder holds its linear layers' weights (attention q, k, v, o, the MLP, an untied
-  // output layer): f32, or f16 / bf16 for inference, half the bytes a decode step reads. A
-  // checkpoint stored in that type is taken bit for bit; others are rounded to nearest even (an
-  // f16 value past 65504 is refused, naming the tensor). Embeddings (a tied output layer with
-  // them), norms and biases stay f32. A model with 16-bit weights does not train or save, and its
-  // params() are refused; encoders take f32 only.
+  // How the linear layers' weights are held (a decoder's attention q, k, v, o, its MLP and an
+  // untied output layer; an encoder's layer matrices): f32, or f16 / bf16 for inference, half the
+  // bytes a decode step reads. A checkpoint stored in that type is taken bit for bit; others are
+  // rounded to nearest even (an f16 value past 65504 is refused, naming the tensor). Embeddings (a
+  // tied output layer with them), norms, biases and encoders' pooler and classifier stay f32. A
+  // model with 16-bit weights does not train or save, and its params() are refused.
   WeightType weights = WeightType::f32;
 };
 

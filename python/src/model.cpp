@@ -300,8 +300,13 @@ void bind_model(pb::module_& m) {
       .def("__repr__", [](PyDecoder& p) { return "clattn.Decoder(" + p.m->config().model_type + ")"; });
 
   pb::class_<PyEncoder>(m, "Encoder", "A BERT-style or KWT encoder loaded from a Hugging Face folder")
-      .def(pb::init([](const std::filesystem::path& dir) { return load_with_tokenizer<PyEncoder, Encoder>(dir); }),
-           pb::arg("path"))
+      .def(pb::init([](const std::filesystem::path& dir, const std::string& weights) {
+             return load_with_tokenizer<PyEncoder, Encoder>(dir, weights);
+           }),
+           pb::arg("path"), pb::kw_only(), pb::arg("weights") = "f32",
+           "weights: how the layers' matrices are held, 'f32' (default), 'f16' or 'bf16' (inference only)")
+      .def_property_readonly("weights", [](PyEncoder& p) { return std::string(weight_type_name(p.m->weights())); },
+                             "How the layers' matrices are held: 'f32', 'f16' or 'bf16'")
       .def_property_readonly("config", [](PyEncoder& p) { return config_dict(p.m->config()); })
       .def_property_readonly("tokenizer", [](PyEncoder& p) { return p.tokenizer; },
                              "The folder's tokenizer.json as a clattn.Tokenizer (None without one)")
@@ -379,8 +384,7 @@ void bind_model(pb::module_& m) {
           return pb::cast(load_with_tokenizer<PyEncoder, Encoder>(dir, weights));
         }, pb::arg("path"), pb::kw_only(), pb::arg("weights") = "f32",
         "A Decoder (llama, gpt2) or Encoder (bert, roberta, distilbert, kwt) from a Hugging Face folder, by its "
-        "config.json. weights: a decoder's linear-layer weights as 'f32' (default), 'f16' or 'bf16' (inference "
-        "only); encoders take 'f32'");
+        "config.json. weights: the linear layers' weights as 'f32' (default), 'f16' or 'bf16' (inference only)");
 }
 
 }  // namespace clattn::py

@@ -60,8 +60,8 @@ struct EncoderImpl::Bufs : ModelImpl::ArenaPlan {
 };
 
 EncoderImpl::EncoderImpl(const ModelConfig& cfg_in, const std::optional<TaskKind>& head, bool pooler,
-                         const CheckpointNames* ckpt)
-    : ModelImpl(cfg_in, ckpt), L_(std::make_unique<Layout>()), b_(std::make_unique<Bufs>()), pooler_(pooler) {
+                         const CheckpointNames* ckpt, WeightType weights)
+    : ModelImpl(cfg_in, ckpt, weights), L_(std::make_unique<Layout>()), b_(std::make_unique<Bufs>()), pooler_(pooler) {
   ModelConfig& c = cfg_;
   head_ = head;
   check(c.hidden >= 1 && c.layers >= 1 && c.heads >= 1 && c.hidden % c.heads == 0 && c.ffn >= 1 &&
@@ -104,21 +104,21 @@ EncoderImpl::EncoderImpl(const ModelConfig& cfg_in, const std::optional<TaskKind
     Layout::Layer y;
     // query, key and value adjacent: one (3H, H) matrix and one (3H) bias for a fused GEMM (at
     // KWT's H = 64 a narrow product runs at half the sgemm rate).
-    y.wqkv = add(name(p, n.q, ".weight"), {H, H}, Init::normal);
-    add(name(p, n.k, ".weight"), {H, H}, Init::normal);
-    add(name(p, n.v, ".weight"), {H, H}, Init::normal);
+    y.wqkv = add_linear(name(p, n.q, ".weight"), {H, H});
+    add_linear(name(p, n.k, ".weight"), {H, H});
+    add_linear(name(p, n.v, ".weight"), {H, H});
     if (c.qkv_bias) {
       y.bqkv = add(name(p, n.q, ".bias"), {H}, Init::zero);
       add(name(p, n.k, ".bias"), {H}, Init::zero);
       add(name(p, n.v, ".bias"), {H}, Init::zero);
     }
-    y.wo = add(name(p, n.o, ".weight"), {H, H}, Init::normal);
+    y.wo = add_linear(name(p, n.o, ".weight"), {H, H});
     y.bo = add(name(p, n.o, ".bias"), {H}, Init::zero);
     y.ln1g = add(name(p, n.ln1, ".weight"), {H}, Init::one);
     y.ln1b = add(name(p, n.ln1, ".bias"), {H}, Init::zero);
-    y.w1 = add(name(p, n.ff1, ".weight"), {F, H}, Init::normal);
+    y.w1 = add_linear(name(p, n.ff1, ".weight"), {F, H});
     y.b1 = add(name(p, n.ff1, ".bias"), {F}, Init::zero);
-    y.w2 = add(name(p, n.ff2, ".weight"), {H, F}, Init::normal);
+    y.w2 = add_linear(name(p, n.ff2, ".weight"), {H, F});
     y.b2 = add(name(p, n.ff2, ".bias"), {H}, Init::zero);
     y.ln2g = add(name(p, n.ln2, ".weight"), {H}, Init::one);
     y.ln2b = add(name(p, n.ln2, ".bias"), {H}, Init::zero);
@@ -231,7 +231,7 @@ std::unique_ptr<EncoderImpl> EncoderImpl::for_checkpoint(ModelConfig cfg, const 
   const bool pooler = cfg.kind == ModelKind::bert &&
                       ((roberta || distil) ? classify : w.has(pre + "pooler.dense.weight"));
   const CheckpointNames names{&w, pre, optional};
-  std::unique_ptr<EncoderImpl> e(new EncoderImpl(cfg, head, pooler, &names));
+  std::unique_ptr<EncoderImpl> e(new EncoderImpl(cfg, head, pooler, &names, opt.weights));
   e->init(opt.seed);  // what the checkpoint lacks (a new head) starts from here
   return e;
 }
@@ -615,6 +615,7 @@ StepResult EncoderImpl::forward_backward(const Batch& bt, bool train, uint64_t s
   const double t0 = ms_now();
   check_batch(bt);
   if (train) {
+    check_f32_weights("training");
     att_->check_trainable();
     (void)grads();
   }

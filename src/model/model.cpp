@@ -749,8 +749,6 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelConfig& cf
   std::unique_ptr<Weights> w = Weights::open(dir);
   std::unique_ptr<Model> m;
   std::vector<std::string> optional;
-  check(cfg.kind == ModelKind::llama || o.weights == WeightType::f32, "model '", dir, "': weights ",
-        weight_type_name(o.weights), " is for decoders; an encoder loads with weights f32");
   if (cfg.kind == ModelKind::llama) m.reset(new Decoder(DecoderImpl::for_checkpoint(cfg, *w, o)));
   else m.reset(new Encoder(EncoderImpl::for_checkpoint(cfg, *w, o, optional)));
   // A clattn checkpoint runs with the attention it was trained with, and its layer state.

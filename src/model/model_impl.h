@@ -246,7 +246,7 @@ class ModelImpl {
 class EncoderImpl final : public ModelImpl {
  public:
   EncoderImpl(const ModelConfig& cfg, const std::optional<TaskKind>& head, bool pooler,
-              const CheckpointNames* ckpt = nullptr);
+              const CheckpointNames* ckpt = nullptr, WeightType weights = WeightType::f32);
   ~EncoderImpl() override;
   // The layout a checkpoint implies (its config, which tensors it has, the head asked for), and
   // the names allowed to be absent (they start from their initial values).

@@ -241,7 +241,7 @@ if need_data "the model commands" stories260k kwt1; then
   done
   expect_exit 2 "bad --weights" "f32,f16,bf16" "$bin" generate --model "$data/stories260k" --weights fp16
   expect_ok "bench-model --weights bf16" "$bin" bench-model --model "$data/stories260k" --lengths 16 --decode 4 --repeat 1 --weights bf16 -o json
-  expect_error "bench-model --weights on an encoder" "is for decoders" "$bin" bench-model --random-bert --layers 1 --hidden 32 --heads 2 --ffn 64 --lengths 16 --repeat 1 --weights f16
+  expect_error "bench-model --weights with --random-bert" "is for checkpoints" "$bin" bench-model --random-bert --layers 1 --hidden 32 --heads 2 --ffn 64 --lengths 16 --repeat 1 --weights f16
   expect_ok "approx --weights f16" "$bin" approx --model "$data/stories260k" --tokens "$data/stories260k/reference_logits.safetensors" --attention 'local:window=16' --weights f16
   expect_ok "approx decoder" "$bin" approx --model "$data/stories260k" --tokens "$data/stories260k/reference_logits.safetensors" --attention 'topk:topk=8' --attention 'local:window=16' --json "$dir/a.json"
   grep -q '"agreement"' "$dir/a.json" && grep -q '"ratio_to_full"' "$dir/a.json" && ok || bad "approx json: $(head -c 300 "$dir/a.json")"

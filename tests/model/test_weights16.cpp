@@ -1,8 +1,10 @@
-// Decoders with 16-bit linear weights (LoadOptions::weights f16 / bf16): the same logits as the
-// f32 model whose weights were rounded beforehand, a 16-bit checkpoint taken bit for bit, the
-// refusals (training, saving, f16 overflow), and stories260k's greedy continuation.
+// Models with 16-bit linear weights (LoadOptions::weights f16 / bf16): the same logits as the f32
+// model whose weights were rounded beforehand (decoders and encoders), a 16-bit checkpoint taken
+// bit for bit, the refusals (training, saving, f16 overflow), stories260k's greedy continuation
+// and KWT-1's labels.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -55,11 +57,32 @@ ModelConfig small_gpt2() {  // Conv1D matrices stored (in, out): held transposed
   return c;
 }
 
+bool ends_with(const std::string& name, const char* s) {
+  return name.size() >= std::strlen(s) && name.compare(name.size() - std::strlen(s), std::string::npos, s) == 0;
+}
+
+// The tensors a model holds in 16 bits: decoders' linear layers and an untied output layer,
+// encoders' layer matrices (not the pooler, classifier or embeddings).
 bool is_linear(const std::string& name) {
   for (const char* s : {"_proj.weight", "lm_head.weight", "c_attn.weight", "c_fc.weight"})
-    if (name.size() >= std::strlen(s) && name.compare(name.size() - std::strlen(s), std::string::npos, s) == 0)
-      return true;
-  return false;
+    if (ends_with(name, s)) return true;
+  return name.find("encoder.layer.") != std::string::npos && ends_with(name, ".weight") &&
+         name.find("LayerNorm") == std::string::npos;
+}
+
+ModelConfig small_bert() {
+  ModelConfig c;
+  c.kind = ModelKind::bert;
+  c.model_type = "bert";
+  c.hidden = 40;
+  c.layers = 2;
+  c.heads = 4;
+  c.ffn = 100;
+  c.vocab = 77;
+  c.max_positions = 64;
+  c.type_vocab = 2;
+  c.num_labels = 3;
+  return c;
 }
 
 // dst: src's checkpoint with its linear weights stored as F16 or BF16 (rounded), the rest F32.
@@ -157,6 +180,42 @@ TEST(Weights16, EqualsF32ModelOfRoundedWeights) {
     }
 }
 
+// An encoder's layer matrices in 16 bits: the same bits from a 16-bit checkpoint and from rounding
+// on load, and within 1e-6 of the logits' scale of f32 over the rounded weights (every product
+// has 24 rows: the widened blocks and sgemm).
+TEST(Weights16, EncoderEqualsF32OfRoundedWeights) {
+  std::vector<int32_t> ids;
+  for (int32_t i = 0; i < 24; ++i) ids.push_back((i * 37 + 5) % 77);
+  for (const WeightType t : {WeightType::f16, WeightType::bf16}) {
+    SCOPED_TRACE(weight_type_name(t));
+    const std::string src = temp_dir("bsrc"), dst = temp_dir("bdst");
+    Model::create(small_bert(), TaskKind::classify, 5)->save(src);
+    write_16bit_checkpoint(src, dst, t);
+    LoadOptions o16;
+    o16.weights = t;
+    auto half = Encoder::load(dst, o16), narrowed = Encoder::load(src, o16), rounded = Encoder::load(dst);
+    const Tensor a = half->forward_tokens(ids, 2, 12), b = narrowed->forward_tokens(ids, 2, 12),
+                 c = rounded->forward_tokens(ids, 2, 12);
+    ASSERT_EQ(a.numel(), c.numel());
+    double d = 0, scale = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      EXPECT_EQ(a.data()[i], b.data()[i]);
+      d = std::max(d, static_cast<double>(std::fabs(a.data()[i] - c.data()[i])));
+      scale = std::max(scale, static_cast<double>(std::fabs(c.data()[i])));
+    }
+    EXPECT_LE(d, 1e-6 * scale);
+    Batch bt;
+    bt.B = 1;
+    bt.T = 4;
+    bt.ids = {1, 2, 3, 4};
+    bt.targets = {1};
+    bt.lengths = {4};
+    EXPECT_THROW(half->forward_backward(bt, true, 0), Error);
+    fs::remove_all(src);
+    fs::remove_all(dst);
+  }
+}
+
 TEST(Weights16, RefusesTrainingSavingAndF16Overflow) {
   const std::string src = temp_dir("refuse");
   auto m = Model::create(small_llama(), TaskKind::lm, 4);
@@ -226,6 +285,36 @@ TEST(Stories260k, SixteenBitWeightsKeepGreedyTokens) {
     for (size_t i = 0; i + 1 < want.size(); ++i) worst = std::max(worst, max_diff(f32->step(want[i]), d->step(want[i])));
     std::printf("stories260k %s weights: max |logit - f32 logit| over 200 steps %.3g\n", weight_type_name(t), worst);
     EXPECT_LT(worst, t == WeightType::f16 ? 0.03 : 0.3);
+  }
+}
+
+// KWT-1 (an encoder of feature frames) with f16 and bf16 layer weights: the same predicted labels
+// as f32 on its 4 clips, logits within about 4x the measured largest difference (f16 0.00133, bf16
+// 0.00677).
+TEST(Kwt1, SixteenBitWeightsKeepPredictions) {
+  CLATTN_NEED_DATA("kwt1");
+  const std::string dir = testing::data_dir().string() + "/kwt1";
+  const SafetensorsFile f = SafetensorsFile::open(dir + "/features_speech_commands.safetensors");
+  const Tensor x = f.get_f32("features");
+  const Tensor want = Encoder::load(dir)->forward_features(x.view());
+  const int64_t C = want.dim(1);
+  for (const WeightType t : {WeightType::f16, WeightType::bf16}) {
+    SCOPED_TRACE(weight_type_name(t));
+    LoadOptions o;
+    o.weights = t;
+    const Tensor got = Encoder::load(dir, o)->forward_features(x.view());
+    double worst = 0;
+    int64_t same = 0;
+    for (int64_t r = 0; r < want.dim(0); ++r) {
+      const float* a = want.data() + r * C;
+      const float* b = got.data() + r * C;
+      same += std::max_element(a, a + C) - a == std::max_element(b, b + C) - b;
+      for (int64_t j = 0; j < C; ++j) worst = std::max(worst, static_cast<double>(std::fabs(a[j] - b[j])));
+    }
+    std::printf("kwt1 %s weights: %lld of %lld labels as f32, max |logit - f32 logit| %.3g\n", weight_type_name(t),
+                static_cast<long long>(same), static_cast<long long>(want.dim(0)), worst);
+    EXPECT_EQ(same, want.dim(0));
+    EXPECT_LT(worst, t == WeightType::f16 ? 0.005 : 0.03);
   }
 }
 
