@@ -73,19 +73,27 @@ void Weights::get16(const std::string& name, const std::vector<int64_t>& shape, 
   auto it = where_.find(name);
   check(it != where_.end(), "model '", dir_, "': tensor '", name, "' ", shape_str(shape),
         " is missing from the checkpoint");
-  if (!files_.empty() && !transpose) {
+  if (!files_.empty()) {
     const SafetensorsFile& f = *files_[it->second];
     const TensorInfo& info = f.info(name);
     if (info.dtype == (f16 ? DType::F16 : DType::BF16)) {
       check(info.shape == shape, "model '", f.path(), "': tensor '", name, "' has shape ", shape_str(info.shape),
             " but the config implies ", shape_str(shape));
-      std::memcpy(dst, f.bytes(name), sizeof(uint16_t) * static_cast<size_t>(n));
+      const uint8_t* src = f.bytes(name);  // (shape) 16-bit values, only byte-aligned
+      if (!transpose) {
+        std::memcpy(dst, src, sizeof(uint16_t) * static_cast<size_t>(n));
+      } else {
+        const int64_t a = shape[0], b = shape[1];  // src (a, b) -> dst (b, a)
+        for (int64_t r = 0; r < a; ++r)
+          for (int64_t c = 0; c < b; ++c) std::memcpy(dst + c * a + r, src + 2 * (r * b + c), 2);
+      }
       // All exponent bits set: inf (mantissa 0) or NaN, in either format.
       const uint16_t exp = f16 ? 0x7c00u : 0x7f80u, man = f16 ? 0x03ffu : 0x007fu;
       for (int64_t i = 0; i < n; ++i)
         if ((dst[i] & exp) == exp)
           fail("model '", f.path(), "': tensor '", name, "' holds ", (dst[i] & man) ? "nan" : (dst[i] & 0x8000u) ? "-inf" : "inf",
-               " at index ", index_str(shape, i), "; a checkpoint's weights must be finite");
+               " at index ", index_str(transpose ? std::vector<int64_t>{shape[1], shape[0]} : shape, i),
+               transpose ? " (held transposed)" : "", "; a checkpoint's weights must be finite");
       used_.insert(name);
       return;
     }

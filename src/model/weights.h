@@ -1,8 +1,9 @@
 // The tensors of a Hugging Face checkpoint folder: model.safetensors, or the sharded form named by
 // model.safetensors.index.json, read into memory (never mapped: a file changed underneath cannot
 // fault). F32 tensors are read in place; F16 and BF16 are converted to F32 once, on load, except
-// where get16() takes a tensor's own 16-bit bits (a decoder's linear weights). Every lookup states the shape the config implies, and a
-// missing or misshapen tensor is an error naming the file and the tensor. The first lookup of a
+// where get16() takes a tensor's own 16-bit bits (a model's 16-bit linear weights). Every lookup
+// states the shape the config implies, and a missing or misshapen tensor is an error naming the
+// file and the tensor. The first lookup of a
 // tensor also checks its values: a NaN or Inf weight is an error naming the file, the tensor and
 // the index, never a model that runs and samples garbage.
 #pragma once
