@@ -328,9 +328,9 @@ class Decoder final : public Model {
   using Model::forward_bytes;
   // With cache_positions > 0 also the KV caches of that many positions.
   double forward_bytes(int64_t B, int64_t T, int64_t cache_positions) const;
-  // Bytes one decode step must read with `context` positions cached: every weight once (the
-  // input embedding only its one row, unless it is also the output layer) and K and V of every
-  // cached position, at the size kv_cache() stores them. Over the step's time it is the rate to compare with measure_read_gbs().
+  // Bytes one decode step must read with `context` positions cached: every weight once, as held
+  // (2 bytes for 16-bit weights(), 4 otherwise; the input embedding only its one row, unless it is
+  // also the output layer) and K and V of every cached position, at the size kv_cache() stores them. Over the step's time it is the rate to compare with measure_read_gbs().
   double step_bytes(double context) const;
 
  private:
