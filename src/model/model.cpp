@@ -21,9 +21,9 @@
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
 #include "clattn/safetensors.h"
+#include "core/microkernel.h"
 #include "model/layer_attention.h"
 #include "model/model_impl.h"
-#include "core/microkernel.h"
 #include "model/model_internal.h"
 #include "model/weights.h"
 
@@ -238,8 +238,7 @@ void ModelImpl::check_f32_weights(const char* what) const {
 }
 
 double ModelImpl::param_bytes() const {
-  double b = 4.0 * static_cast<double>(params_.size());
-  return b + 2.0 * static_cast<double>(half_.size());
+  return 4.0 * static_cast<double>(params_.size()) + 2.0 * static_cast<double>(half_.size());
 }
 
 void ModelImpl::expect_tensor(const std::string& stored, const std::string& name, const std::vector<int64_t>& shape) const {
@@ -493,11 +492,16 @@ void ModelImpl::lin(float* y, int64_t ldy, const float* x, int64_t ldx, int64_t 
     // y = res + b (or b, or 0) first, then the product with beta = 1, as for f32 below.
 #pragma omp parallel for schedule(static) if (rows * out > 32768)
     for (int64_t r = 0; r < rows; ++r) {
-      if (res && y + r * ldy != res + r * ldy) std::memcpy(y + r * ldy, res + r * ldy, row_bytes);
-      if (!res && b) std::memcpy(y + r * ldy, b, row_bytes);
-      else if (!res) std::memset(y + r * ldy, 0, row_bytes);
-      else if (b)
-        for (int64_t e = 0; e < out; ++e) y[r * ldy + e] += b[e];
+      float* yr = y + r * ldy;
+      if (res) {
+        if (yr != res + r * ldy) std::memcpy(yr, res + r * ldy, row_bytes);
+        if (b)
+          for (int64_t e = 0; e < out; ++e) yr[e] += b[e];
+      } else if (b) {
+        std::memcpy(yr, b, row_bytes);
+      } else {
+        std::memset(yr, 0, row_bytes);
+      }
     }
     if (rows > 0) linear_gemm(rows, out, in, 1.f, x, ldx, wm, 1.f, y, ldy, widen_.data());
     dense_ms_ += ms_now() - t0;

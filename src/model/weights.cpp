@@ -25,29 +25,7 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return os.str();
 }
 
-// Refuses a tensor holding NaN or Inf, naming the file, the tensor and the first bad index:
-// such a weight poisons every logit downstream, where it is reported far from its cause.
-void check_finite_tensor(const float* p, const std::vector<int64_t>& shape, const std::string& file,
-                         const std::string& name) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  const int64_t bad = first_non_finite(p, n);
-  if (bad == n) return;
-  std::vector<int64_t> idx(shape.size());
-  int64_t rest = bad;
-  for (size_t i = shape.size(); i-- > 0;) {
-    idx[i] = shape[i] > 0 ? rest % shape[i] : 0;
-    rest = shape[i] > 0 ? rest / shape[i] : 0;
-  }
-  std::ostringstream at;
-  at << '(';
-  for (size_t i = 0; i < idx.size(); ++i) at << (i ? ", " : "") << idx[i];
-  at << ')';
-  const float v = p[bad];
-  fail("model '", file, "': tensor '", name, "' holds ", std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf",
-       " at index ", at.str(), "; a checkpoint's weights must be finite");
-}
-
+// "(i, j, ...)": the index of element `flat` of a row-major tensor of `shape`.
 std::string index_str(const std::vector<int64_t>& shape, int64_t flat) {
   std::vector<int64_t> idx(shape.size());
   for (size_t i = shape.size(); i-- > 0;) {
@@ -59,6 +37,19 @@ std::string index_str(const std::vector<int64_t>& shape, int64_t flat) {
   for (size_t i = 0; i < idx.size(); ++i) at << (i ? ", " : "") << idx[i];
   at << ')';
   return at.str();
+}
+
+// Refuses a tensor holding NaN or Inf, naming the file, the tensor and the first bad index:
+// such a weight poisons every logit downstream, where it is reported far from its cause.
+void check_finite_tensor(const float* p, const std::vector<int64_t>& shape, const std::string& file,
+                         const std::string& name) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  const int64_t bad = first_non_finite(p, n);
+  if (bad == n) return;
+  const float v = p[bad];
+  fail("model '", file, "': tensor '", name, "' holds ", std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf",
+       " at index ", index_str(shape, bad), "; a checkpoint's weights must be finite");
 }
 
 }  // namespace

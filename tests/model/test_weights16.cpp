@@ -256,6 +256,19 @@ TEST(Weights16, RefusesTrainingSavingAndF16Overflow) {
   LoadOptions obf;
   obf.weights = WeightType::bf16;
   EXPECT_NO_THROW((void)Decoder::load(big, obf));
+  // An F16 checkpoint holding inf bits (1e38 rounded): refused like a non-finite f32 weight.
+  const std::string inf16 = temp_dir("inf16");
+  m->params()[static_cast<size_t>(m->param("model.layers.0.self_attn.q_proj.weight").offset + 5)] = 1e38f;
+  m->save(big);
+  write_16bit_checkpoint(big, inf16, WeightType::f16);
+  try {
+    (void)Decoder::load(inf16, o16);
+    ADD_FAILURE() << "inf bits were not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'model.layers.0.self_attn.q_proj.weight' holds inf at index (0, 5)"),
+              std::string::npos) << e.what();
+  }
+  fs::remove_all(inf16);
   EXPECT_THROW((void)parse_weight_type("fp16"), Error);
   EXPECT_EQ(parse_weight_type("BF16"), WeightType::bf16);
   fs::remove_all(src);
