@@ -148,10 +148,11 @@ void ab_tile(const float* a, int64_t a_rs, int64_t a_cs, const typename LB::T* b
 // loaded once and feeds M FMAs, so the loop runs at the speed W streams from memory. 4·M
 // accumulators, 4 W loads and M X loads stay in registers (14 of AVX2's 16 at M = 2). LW loads W:
 // f32, or a linear layer's 16-bit weights widened in registers (half the bytes streamed); the
-// sums run in the f32 kernel's order over the widened values.
+// sums run in the f32 kernel's order over the widened values. pf: R rows (stride ldw) of W that
+// 16-bit loads prefetch, the next tile's (or this one's, at the end of W).
 template <int M, int R, class LW = LoadF32>
 void rows_dot_tile(const float* x, int64_t ldx, const typename LW::T* w, int64_t ldw, int64_t k, float* out,
-                   int64_t ldo) {
+                   int64_t ldo, const typename LW::T* pf = nullptr) {
   vn acc[M][R];
 #pragma GCC unroll 8
   for (int i = 0; i < M; ++i)
@@ -166,7 +167,7 @@ void rows_dot_tile(const float* x, int64_t ldx, const typename LW::T* w, int64_t
       // The next R rows' line at this column: each 16-bit row is half as many lines as an f32
       // row, too short a stream for the hardware prefetcher to reach full speed on its own.
 #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) simd::prefetch_line(reinterpret_cast<const float*>(w + (R + r) * ldw + e), false);
+      for (int r = 0; r < R; ++r) simd::prefetch_line(reinterpret_cast<const float*>(pf + r * ldw + e), false);
     }
 #pragma GCC unroll 2
     for (int i = 0; i < M; ++i) {
@@ -195,12 +196,14 @@ void rows_dot_t(int64_t m, int64_t n, int64_t k, float alpha, const float* x, in
       float t[2][4];  // (mi, 4) dot products of this group of W rows
       const typename LW::T* wr = w + r0 * ldw;
       if (n - r0 >= 4) {
-        if (mi == 2) rows_dot_tile<2, 4, LW>(xi, ldx, wr, ldw, k, &t[0][0], 4);
-        else rows_dot_tile<1, 4, LW>(xi, ldx, wr, ldw, k, &t[0][0], 4);
+        const typename LW::T* pf = n - r0 >= 8 ? wr + 4 * ldw : wr;  // never past W
+        if (mi == 2) rows_dot_tile<2, 4, LW>(xi, ldx, wr, ldw, k, &t[0][0], 4, pf);
+        else rows_dot_tile<1, 4, LW>(xi, ldx, wr, ldw, k, &t[0][0], 4, pf);
       } else {
         for (int64_t r = 0; r < n - r0; ++r) {
-          if (mi == 2) rows_dot_tile<2, 1, LW>(xi, ldx, wr + r * ldw, ldw, k, &t[0][r], 4);
-          else rows_dot_tile<1, 1, LW>(xi, ldx, wr + r * ldw, ldw, k, &t[0][r], 4);
+          const typename LW::T* wrr = wr + r * ldw;
+          if (mi == 2) rows_dot_tile<2, 1, LW>(xi, ldx, wrr, ldw, k, &t[0][r], 4, wrr);
+          else rows_dot_tile<1, 1, LW>(xi, ldx, wrr, ldw, k, &t[0][r], 4, wrr);
         }
       }
       const int64_t nr = n - r0 < 4 ? n - r0 : 4;
