@@ -7,7 +7,7 @@
 // these benchmarks need src/ headers. They are kept here, beside the tests (which may include
 // src/), as their own executable clattn_kernel_bench, built with the benchmarks
 // (CLATTN_BUILD_BENCH) and never registered with CTest.
-// Run: ./build/clattn_kernel_bench --benchmark_filter=Abt
+// Run: ./build/clattn_kernel_bench --benchmark_filter=Abt (RowsDot: the decode step's products)
 #include <benchmark/benchmark.h>
 
 #include <utility>
@@ -54,6 +54,28 @@ void BM_Ab(benchmark::State& st) {
   st.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * n * k, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_Ab);
+
+// y (1, 1408) = x (1, 512) · Wᵀ over 60 weight matrices in turn (173 MB of f32, past the caches,
+// as a decode step's MLP reads them): rows_dot on f32 (range(0) = 0) against rows_dot16 on f16 (1)
+// and bf16 (2), one thread. Bytes/s is the rate W streams at.
+void BM_RowsDot(benchmark::State& st) {
+  const int64_t n = 1408, k = 512, mats = 60;
+  const int type = static_cast<int>(st.range(0));
+  auto x = randv(static_cast<size_t>(k), 1);
+  std::vector<float> w32, y(static_cast<size_t>(n));
+  std::vector<uint16_t> w16;
+  if (type == 0) w32 = randv(static_cast<size_t>(n * k * mats), 2);
+  else w16.assign(static_cast<size_t>(n * k * mats), type == 1 ? 0x2e66 : 0x3dcc);  // about 0.1
+  for (auto _ : st) {
+    for (int64_t m = 0; m < mats; ++m) {
+      if (type == 0) mk::rows_dot(1, n, k, 1.f, x.data(), k, w32.data() + m * n * k, k, 0.f, y.data(), n);
+      else mk::rows_dot16(type == 1 ? mk::Half::f16 : mk::Half::bf16, 1, n, k, 1.f, x.data(), k, w16.data() + m * n * k, k, 0.f, y.data(), n);
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.SetBytesProcessed(static_cast<int64_t>(st.iterations()) * n * k * mats * (type == 0 ? 4 : 2));
+}
+BENCHMARK(BM_RowsDot)->Arg(0)->Arg(1)->Arg(2);
 
 void BM_Exp2(benchmark::State& st) {
   auto x = randv(64 * 512, 1);
