@@ -28,9 +28,9 @@ struct WeightMatrix {
 };
 
 // Y (m, n) = alpha·X (m, k)·Wᵀ + beta·Y, the product of a linear layer. An f32 W is gemm(false,
-// true, ...) exactly. A 16-bit W: a few rows of X (a decode step) stream W once, widened in
-// registers; more rows widen blocks of W rows into `workspace` (linear_gemm_workspace floats)
-// for one sgemm each. Accumulation is f32 either way.
+// true, ...) exactly. A 16-bit W: up to 8 rows of X (a decode step, a short prompt) stream W,
+// widened in registers; more rows widen blocks of W rows into `workspace`
+// (linear_gemm_workspace floats) for one sgemm each. Accumulation is f32 either way.
 void linear_gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* x, int64_t ldx, const WeightMatrix& w,
                  float beta, float* y, int64_t ldy, float* workspace);
 // Floats of workspace linear_gemm needs for W (n, k) (0 for f32).

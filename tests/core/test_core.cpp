@@ -401,13 +401,13 @@ TEST(Microkernel, RowsDot16MatchesReference) {
             }
 }
 
-// linear_gemm over a 16-bit W: few rows (rows_dot16) and many (blocks of widened rows, several
-// blocks at k = 300, n = 2000) equal the f32 product of the widened weights; beta and row strides.
+// linear_gemm over a 16-bit W: few rows (rows_dot16, m <= 8) and many (blocks of widened rows,
+// several blocks at k = 300, n = 2000) equal the f32 product of the widened weights; beta and row strides.
 TEST(Gemm, LinearGemm16EqualsF32OfRoundedWeights) {
   Rng r(29);
   uint64_t ctr = 0;
   for (const WeightType t : {WeightType::f16, WeightType::bf16})
-    for (int64_t m : {1, 4, 5, 64, 130})
+    for (int64_t m : {1, 4, 5, 8, 9, 64, 130})
       for (auto [n, k] : {std::pair<int64_t, int64_t>{65, 17}, {300, 1000}, {2000, 300}}) {
         const int64_t ldw = k + 5, ldy = n + 1;
         std::vector<float> x(static_cast<size_t>(m * k)), w32(static_cast<size_t>(n * ldw)), y(static_cast<size_t>(m * ldy));
