@@ -12,7 +12,7 @@ clattn's prefill and decode speed. This script:
   4. prints one table, medians with the range of the timed runs, and the CPU it ran on.
 
 Without --model it builds the random LLaMA of make_random_llama.py (hidden 512, 8 layers, 8 heads
-of 64, FFN 1408, vocab 512, context 32768, f32). Run it on a quiet machine: both programs spread
+of 64, FFN 1408, vocab 512, context 65536, f32). Run it on a quiet machine: both programs spread
 every product over all the threads, and another process on a core slows them several times.
 
 usage: bench/llamacpp/compare.py [--model DIR] [--threads 2] [--prefill 2048,8192]

@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """A random-weight LLaMA in Hugging Face layout (config.json + model.safetensors + stories260k's tokenizer).
 
-hidden 512, 8 layers, 8 heads of 64, 8 kv heads, ffn 1408, vocab 512, context 32768, rope theta 10000, fp32,
-untied lm_head. Weights ~ N(0, 0.02) (HF LlamaConfig.initializer_range), norms 1. The lm_head row of EOS (id 2)
-is zero, so greedy decoding never stops early at EOS (its logit is 0 while 511 others are symmetric around 0).
+hidden 512, 8 layers, 8 heads of 64, 8 kv heads, ffn 1408, vocab 512, context 65536 (so a decode
+after a 32768-token prompt fits), rope theta 10000, fp32, untied lm_head. Weights ~ N(0, 0.02) (HF
+LlamaConfig.initializer_range), norms 1. The lm_head row of EOS (id 2) is zero, so greedy decoding
+never stops early at EOS (its logit is 0 while 511 others are symmetric around 0).
 
 usage: make_random_llama.py OUT_DIR [--seed S]
 """
@@ -36,7 +37,7 @@ def write_safetensors(path, tensors):
 def main():
     out = Path(sys.argv[1])
     seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 0
-    H, L, NH, NKV, HD, FF, V, CTX = 512, 8, 8, 8, 64, 1408, 512, 32768
+    H, L, NH, NKV, HD, FF, V, CTX = 512, 8, 8, 8, 64, 1408, 512, 65536
     rng = np.random.default_rng(seed)
     r = lambda *s: (rng.standard_normal(s, dtype=np.float32) * 0.02)
     t = {"model.embed_tokens.weight": r(V, H)}

@@ -149,7 +149,7 @@ void ab_tile(const float* a, int64_t a_rs, int64_t a_cs, const typename LB::T* b
 // accumulators, 4 W loads and M X loads stay in registers (14 of AVX2's 16 at M = 2). LW loads W:
 // f32, or a linear layer's 16-bit weights widened in registers (half the bytes streamed); the
 // sums run in the f32 kernel's order over the widened values. pf: R rows (stride ldw) of W that
-// 16-bit loads prefetch, the next tile's (or this one's, at the end of W).
+// the loads prefetch, the next tile's (or this one's, at the end of W).
 template <int M, int R, class LW = LoadF32>
 void rows_dot_tile(const float* x, int64_t ldx, const typename LW::T* w, int64_t ldw, int64_t k, float* out,
                    int64_t ldo, const typename LW::T* pf = nullptr) {
@@ -163,12 +163,11 @@ void rows_dot_tile(const float* x, int64_t ldx, const typename LW::T* w, int64_t
     vn wv[R];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) wv[r] = LW::load(w + r * ldw + e);
-    if constexpr (!std::is_same_v<typename LW::T, float>) {
-      // The next R rows' line at this column: each 16-bit row is half as many lines as an f32
-      // row, too short a stream for the hardware prefetcher to reach full speed on its own.
+    // The next R rows' line at this column: a row of a linear layer's weight is a few lines (2 KB
+    // at k = 512 in f32, half that in 16 bits), too short a stream for the hardware prefetcher
+    // to reach full speed on its own.
 #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) simd::prefetch_line(reinterpret_cast<const float*>(pf + r * ldw + e), false);
-    }
+    for (int r = 0; r < R; ++r) simd::prefetch_line(reinterpret_cast<const float*>(pf + r * ldw + e), false);
 #pragma GCC unroll 2
     for (int i = 0; i < M; ++i) {
       const vn xv = load_n(x + i * ldx + e);
