@@ -74,4 +74,24 @@ void widen_rows(Half f, const uint16_t* src, int64_t rows, int64_t cols, int64_t
   kernels().widen_rows(f, src, rows, cols, lds, dst, ldd);
 }
 
+float row_max(const float* row, int64_t width) { return kernels().row_max(row, width); }
+float exp2_row(float* row, int64_t width, float sub) { return kernels().exp2_row(row, width, sub); }
+void exp2_rows_shifted(float* s, int64_t rows, int64_t ld, int64_t width, const float* m, const float* l2) {
+  kernels().exp2_rows_shifted(s, rows, ld, width, m, l2);
+}
+void prob_row(float* row, int64_t width, float lse2) { kernels().prob_row(row, width, lse2); }
+void grad_scores_rows(float* ds, const float* p, int64_t rows, int64_t ld, int64_t width, const float* di,
+                      float scale) {
+  kernels().grad_scores_rows(ds, p, rows, ld, width, di, scale);
+}
+float online_softmax_row(float* row, int64_t width, float& m, float& l) {
+  return kernels().online_softmax_row(row, width, m, l);
+}
+void softmax_rows(float* s, int64_t rows, int64_t kw, int64_t k, float* lse2) {
+  kernels().softmax_rows(s, rows, kw, k, lse2);
+}
+float softmax_row_extra(float* row, int64_t kw, float extra, float& p_extra) {
+  return kernels().softmax_row_extra(row, kw, extra, p_extra);
+}
+
 }  // namespace clattn::mk

@@ -72,8 +72,25 @@ void rows_dot16(Half f, int64_t m, int64_t n, int64_t k, float alpha, const floa
 // dst (rows, cols) with row stride ldd = src (rows, cols, row stride lds) widened to f32 (exact).
 void widen_rows(Half f, const uint16_t* src, int64_t rows, int64_t cols, int64_t lds, float* dst, int64_t ldd);
 
-// The entry points above as one ISA copy provides them (microkernel_isa.cpp, compiled once per
-// ISA as clattn::mk::avx2::kTable and clattn::mk::avx512::kTable); the functions above forward to
+// The row passes of the flash-style kernels over score rows in log2 units (rows_isa.cpp; widths
+// are multiples of 16). Callers reach them through attention/tile/tile_ops.h.
+float row_max(const float* row, int64_t width);
+// row <- 2^(row - sub); returns the sum.
+float exp2_row(float* row, int64_t width, float sub);
+// Each of `rows` rows (stride ld) <- 2^((row - m[r]) - l2[r]): a softmax recomputed from its saved
+// row max and log2 sum, in that order of operations.
+void exp2_rows_shifted(float* s, int64_t rows, int64_t ld, int64_t width, const float* m, const float* l2);
+// row <- 2^min(row - lse2, 0).
+void prob_row(float* row, int64_t width, float lse2);
+// ds <- p ∘ (ds - di[r]) · scale, row by row (stride ld): the scores' gradient of a softmax.
+void grad_scores_rows(float* ds, const float* p, int64_t rows, int64_t ld, int64_t width, const float* di,
+                      float scale);
+float online_softmax_row(float* row, int64_t width, float& m, float& l);
+void softmax_rows(float* s, int64_t rows, int64_t kw, int64_t k, float* lse2);
+float softmax_row_extra(float* row, int64_t kw, float extra, float& p_extra);
+
+// The entry points above as one ISA copy provides them (microkernel_isa.cpp and rows_isa.cpp,
+// compiled once per ISA as clattn::mk::avx2::kTable and clattn::mk::avx512::kTable); the functions above forward to
 // the copy of the active ISA.
 struct Kernels {
   decltype(&mk::gemm_abt) gemm_abt;
@@ -88,6 +105,14 @@ struct Kernels {
   decltype(&mk::to_half) to_half;
   decltype(&mk::rows_dot16) rows_dot16;
   decltype(&mk::widen_rows) widen_rows;
+  decltype(&mk::row_max) row_max;
+  decltype(&mk::exp2_row) exp2_row;
+  decltype(&mk::exp2_rows_shifted) exp2_rows_shifted;
+  decltype(&mk::prob_row) prob_row;
+  decltype(&mk::grad_scores_rows) grad_scores_rows;
+  decltype(&mk::online_softmax_row) online_softmax_row;
+  decltype(&mk::softmax_rows) softmax_rows;
+  decltype(&mk::softmax_row_extra) softmax_row_extra;
 };
 // The table in use (for tests that compare the ISA copies).
 const Kernels& kernels();

@@ -401,7 +401,20 @@ void pack_rows(const float* src, int64_t rows, int64_t cols, int64_t rs, float* 
     std::memset(dst + rows * cols_pad, 0, sizeof(float) * static_cast<size_t>((rows_pad - rows) * cols_pad));
 }
 
+// The row passes, defined in rows_isa.cpp in this namespace.
+float row_max(const float* row, int64_t width);
+float exp2_row(float* row, int64_t width, float sub);
+void exp2_rows_shifted(float* s, int64_t rows, int64_t ld, int64_t width, const float* m, const float* l2);
+void prob_row(float* row, int64_t width, float lse2);
+void grad_scores_rows(float* ds, const float* p, int64_t rows, int64_t ld, int64_t width, const float* di,
+                      float scale);
+float online_softmax_row(float* row, int64_t width, float& m, float& l);
+void softmax_rows(float* s, int64_t rows, int64_t kw, int64_t k, float* lse2);
+float softmax_row_extra(float* row, int64_t kw, float extra, float& p_extra);
+
 extern const Kernels kTable = {gemm_abt,   gemm_ab,   pack_panels, pack_transposed, rows_operand, pack_rows,
-                               rows_dot,   gemm_abt16, gemm_ab16, to_half,   rows_dot16,      widen_rows};
+                               rows_dot,   gemm_abt16, gemm_ab16, to_half,   rows_dot16,      widen_rows,
+                               row_max,    exp2_row,  exp2_rows_shifted, prob_row, grad_scores_rows,
+                               online_softmax_row, softmax_rows, softmax_row_extra};
 
 }  // namespace clattn::mk::CLATTN_ISA_NS

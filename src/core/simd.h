@@ -179,8 +179,30 @@ inline vf round_small(vf x) {
   return (x + big) - big;
 }
 
-// 2^x, relative error ~1e-7 (Taylor degree 7 on [-1/2, 1/2]); 2^-inf = 0, saturates to inf.
-// Callers never pass NaN (inputs are validated; masks are -inf).
+// 2^x, relative error ~1e-7 (results below 2^-126 may be flushed to 0); 2^-inf = 0, saturates
+// to inf. Callers never pass NaN (inputs are
+// validated; masks are -inf).
+#if defined(__AVX512F__)
+// AVX-512: r = x − floor(x) in one vreduceps and 2^floor(x) inside vscalefps, with a degree-6
+// minimax polynomial for 2^r on [0, 1) (relative error 6.3e-8 evaluated in f32): 11 operations
+// where the portable form below takes 13, in the row pass that is the softmax of every
+// flash-style tile. Results below 2^-126 are 0 (no subnormals): a vscalefps that underflows takes
+// a microcode assist on Intel cores, and a row of masked (-inf) scores then ran 11x slower.
+inline vf exp2(vf x) {
+  const __mmask16 normal = _mm512_cmp_ps_mask(x, splat(-126.f), _CMP_GE_OQ);
+  x = vmin(vmax(x, splat(-126.f)), splat(200.f));
+  const vf r = _mm512_maskz_reduce_ps(kAll, x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  vf p = splat(2.1702748199459165e-04f);
+  p = p * r + 1.2439744314178824e-03f;
+  p = p * r + 9.6788080409169200e-03f;
+  p = p * r + 5.5483374744653700e-02f;
+  p = p * r + 2.4022983014583588e-01f;
+  p = p * r + 6.9314700365066530e-01f;
+  p = p * r + 1.f;
+  return _mm512_maskz_scalef_ps(normal, p, x);
+}
+#else
+// Taylor degree 7 on [-1/2, 1/2].
 inline vf exp2(vf x) {
   x = vmin(vmax(x, splat(-200.f)), splat(200.f));
   const vf n = round_small(x);
@@ -195,6 +217,7 @@ inline vf exp2(vf x) {
   p = p * r + 1.f;
   return scale_pow2(p, n);
 }
+#endif
 
 // e^x with Cody-Waite range reduction (ln2 split in two), relative error ~1e-7.
 inline vf exp(vf x) {

@@ -207,6 +207,143 @@ TEST(Microkernel, MatchesLoops) {
   }
 }
 
+// The row passes of the flash-style kernels (the softmax of every score tile) in every ISA copy,
+// against double-precision loops: exp2 to 3e-7 relative over the range scores take, -inf rows,
+// the online step's rescale factor and running sums, and the softmax of a row's first k columns.
+TEST(Microkernel, RowPassesMatchLoops) {
+  std::vector<const mk::Kernels*> copies = {&mk::kernels()};
+  for (const char* isa : {"avx2", "avx512"})
+    if (supported_isas().find(isa) != std::string::npos && mk::kernels_for(isa)) copies.push_back(mk::kernels_for(isa));
+  for (const mk::Kernels* K : copies) {
+    SCOPED_TRACE(K == &mk::kernels() ? std::string("active ISA ") + isa_name(active_isa()) : "table");
+    // exp2 over [-150, 130] in steps that hit integers, halves and everything between.
+    std::vector<float> x;
+    for (float v = -150.f; v < 130.f; v += 0.0137f) x.push_back(v);
+    for (float v : {0.f, -0.f, 1.f, -1.f, 0.5f, -0.5f, 127.f, -126.f, 200.f, -200.f}) x.push_back(v);
+    x.resize(static_cast<size_t>(mk::round_up(static_cast<int64_t>(x.size()), 16)), -INFINITY);
+    std::vector<float> e = x;
+    const float sum = K->exp2_row(e.data(), static_cast<int64_t>(e.size()), 3.f);
+    double want_sum = 0, worst = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float arg = x[i] - 3.f;  // the kernel's argument, rounded as it rounds it
+      const double ref = std::exp2(static_cast<double>(arg));
+      want_sum += arg >= 128.f ? INFINITY : ref;
+      if (arg >= 128.f) EXPECT_EQ(e[i], INFINITY) << x[i];
+      else if (ref == 0.0) EXPECT_EQ(e[i], 0.f) << x[i];
+      else if (ref < 0x1p-126) EXPECT_TRUE(e[i] == 0.f || std::abs(e[i] - ref) < 1e-44) << x[i];  // subnormal: may flush
+      else worst = std::max(worst, std::abs(e[i] - ref) / ref);
+    }
+    EXPECT_LT(worst, 3e-7);
+    EXPECT_EQ(sum, INFINITY);
+    std::vector<float> fin;
+    for (float v : x) if (v < 100.f) fin.push_back(v);
+    fin.resize(static_cast<size_t>(mk::round_up(static_cast<int64_t>(fin.size()), 16)), -INFINITY);
+    double fin_sum = 0;
+    for (float v : fin) fin_sum += std::exp2(static_cast<double>(v - 3.f));
+    EXPECT_NEAR(K->exp2_row(fin.data(), static_cast<int64_t>(fin.size()), 3.f), fin_sum, 1e-6 * fin_sum);
+    {
+      std::vector<float> ints = {0.f, 1.f, 2.f, -1.f, -24.f, 10.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      K->exp2_row(ints.data(), 16, 0.f);
+      EXPECT_EQ(ints[0], 1.f);  // integral powers are exact
+      EXPECT_EQ(ints[1], 2.f);
+      EXPECT_EQ(ints[2], 4.f);
+      EXPECT_EQ(ints[3], 0.5f);
+      EXPECT_EQ(ints[4], std::ldexp(1.f, -24));
+      EXPECT_EQ(ints[5], 1024.f);
+    }
+    Rng r(11);
+    const int64_t rows = 5, width = 48;
+    std::vector<float> s(static_cast<size_t>(rows * width));
+    for (size_t i = 0; i < s.size(); ++i) s[i] = 4.f * r.normal(0, i);
+    for (int64_t j = 0; j < width; ++j) s[static_cast<size_t>(2 * width + j)] = -INFINITY;  // row 2 sees nothing
+    for (int64_t q = 0; q < rows; ++q) {
+      const float* row = s.data() + q * width;
+      EXPECT_EQ(K->row_max(row, width), *std::max_element(row, row + width));
+    }
+    // online_softmax_row from a running (m, l) against the closed form.
+    for (int64_t q = 0; q < rows; ++q) {
+      std::vector<float> row(s.begin() + q * width, s.begin() + (q + 1) * width);
+      float m = q == 2 ? -INFINITY : 1.5f, l = q == 2 ? 0.f : 2.f;
+      const float m0 = m, l0 = l;
+      const float alpha = K->online_softmax_row(row.data(), width, m, l);
+      const float mx = std::max(m0, *std::max_element(s.begin() + q * width, s.begin() + (q + 1) * width));
+      if (q == 2) {
+        EXPECT_EQ(alpha, 1.f);
+        EXPECT_EQ(m, -INFINITY);
+        EXPECT_EQ(l, 0.f);
+        for (float v : row) EXPECT_EQ(v, 0.f);
+        continue;
+      }
+      EXPECT_EQ(m, mx);
+      EXPECT_NEAR(alpha, std::exp2(static_cast<double>(m0) - mx), 1e-6);
+      double lw = l0 * std::exp2(static_cast<double>(m0) - mx);
+      for (int64_t j = 0; j < width; ++j) {
+        const double p = std::exp2(static_cast<double>(s[static_cast<size_t>(q * width + j)] - mx));
+        EXPECT_NEAR(row[static_cast<size_t>(j)], p, 3e-7 * p + 1e-30);
+        lw += p;
+      }
+      EXPECT_NEAR(l, lw, 1e-6 * lw);
+    }
+    // softmax_rows over the first k columns, and prob_row against the log2-sum-exp2 it returns.
+    for (int64_t k : {1, 17, 48}) {
+      std::vector<float> sm = s, lse2(static_cast<size_t>(rows));
+      for (int64_t j = 0; j < width; ++j) sm[static_cast<size_t>(2 * width + j)] = 0.25f * static_cast<float>(j);
+      std::vector<float> orig = sm;
+      K->softmax_rows(sm.data(), rows, width, k, lse2.data());
+      for (int64_t q = 0; q < rows; ++q) {
+        double mx = -INFINITY, z = 0;
+        for (int64_t j = 0; j < k; ++j) mx = std::max(mx, static_cast<double>(orig[static_cast<size_t>(q * width + j)]));
+        for (int64_t j = 0; j < k; ++j) z += std::exp2(orig[static_cast<size_t>(q * width + j)] - mx);
+        EXPECT_NEAR(lse2[static_cast<size_t>(q)], mx + std::log2(z), 1e-5);
+        for (int64_t j = 0; j < width; ++j) {
+          const double want = j < k ? std::exp2(orig[static_cast<size_t>(q * width + j)] - mx) / z : 0.0;
+          EXPECT_NEAR(sm[static_cast<size_t>(q * width + j)], want, 1e-6) << q << " " << j;
+        }
+        std::vector<float> pr(orig.begin() + q * width, orig.begin() + (q + 1) * width);
+        K->prob_row(pr.data(), width, lse2[static_cast<size_t>(q)]);
+        for (int64_t j = 0; j < k; ++j) {
+          EXPECT_LE(pr[static_cast<size_t>(j)], 1.f);
+          EXPECT_NEAR(pr[static_cast<size_t>(j)], sm[static_cast<size_t>(q * width + j)], 1e-6);
+        }
+      }
+    }
+    // exp2_rows_shifted and grad_scores_rows, row by row against loops.
+    std::vector<float> m(static_cast<size_t>(rows)), l2(static_cast<size_t>(rows)), di(static_cast<size_t>(rows));
+    for (int64_t q = 0; q < rows; ++q) {
+      m[static_cast<size_t>(q)] = 3.f + static_cast<float>(q);
+      l2[static_cast<size_t>(q)] = 0.5f * static_cast<float>(q);
+      di[static_cast<size_t>(q)] = r.normal(5, static_cast<uint64_t>(q));
+    }
+    std::vector<float> p = s;
+    K->exp2_rows_shifted(p.data(), rows, width, width, m.data(), l2.data());
+    std::vector<float> ds(s.size());
+    for (size_t i = 0; i < ds.size(); ++i) ds[i] = r.normal(6, i);
+    std::vector<float> ds0 = ds;
+    K->grad_scores_rows(ds.data(), p.data(), rows, width, width, di.data(), 0.125f);
+    for (int64_t q = 0; q < rows; ++q)
+      for (int64_t j = 0; j < width; ++j) {
+        const size_t i = static_cast<size_t>(q * width + j);
+        const double want = std::exp2(static_cast<double>((s[i] - m[static_cast<size_t>(q)]) - l2[static_cast<size_t>(q)]));
+        EXPECT_NEAR(p[i], want, 3e-7 * want + 1e-30);
+        EXPECT_NEAR(ds[i], static_cast<double>(p[i]) * (ds0[i] - di[static_cast<size_t>(q)]) * 0.125, 1e-6);
+      }
+    // softmax_row_extra: a row with its own extra logit; nothing visible gives -inf and zeros.
+    std::vector<float> row(s.begin(), s.begin() + width), orig(row);
+    float pe = -1.f;
+    const float lse = K->softmax_row_extra(row.data(), width, 2.f, pe);
+    double mx = 2.0, z = 0;
+    for (float v : orig) mx = std::max(mx, static_cast<double>(v));
+    for (float v : orig) z += std::exp2(v - mx);
+    z += std::exp2(2.0 - mx);
+    EXPECT_NEAR(lse, mx + std::log2(z), 1e-5);
+    EXPECT_NEAR(pe, std::exp2(2.0 - mx) / z, 1e-6);
+    std::vector<float> none(static_cast<size_t>(width), -INFINITY);
+    EXPECT_EQ(K->softmax_row_extra(none.data(), width, -INFINITY, pe), -INFINITY);
+    EXPECT_EQ(pe, 0.f);
+    for (float v : none) EXPECT_EQ(v, 0.f);
+  }
+}
+
 // The few-rows product (a decode step's linear layers) in every ISA copy: every row count the
 // kernel pairs, W row counts around its groups of 4, depths around the vector width, padded
 // strides, alpha and beta; beta = 0 overwrites a NaN in Y, as BLAS does.

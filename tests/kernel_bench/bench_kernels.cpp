@@ -10,6 +10,7 @@
 // Run: ./build/clattn_kernel_bench --benchmark_filter=Abt (RowsDot: the decode step's products)
 #include <benchmark/benchmark.h>
 
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -77,16 +78,27 @@ void BM_RowsDot(benchmark::State& st) {
 }
 BENCHMARK(BM_RowsDot)->Arg(0)->Arg(1)->Arg(2);
 
-void BM_Exp2(benchmark::State& st) {
+// The forward's softmax pass over one (64, 512) score tile: row max, then exp2 and sum, in the
+// active ISA's copy (rows_isa.cpp), as full attention runs it.
+void BM_OnlineSoftmax(benchmark::State& st) {
   auto x = randv(64 * 512, 1);
+  // range(0) = 1: three quarters of each row masked (-inf), as a band's or a causal tile's rows are.
+  if (st.range(0) == 1)
+    for (size_t i = 0; i < x.size(); ++i)
+      if (i % 512 >= 128) x[i] = -INFINITY;
+  std::vector<float> s(x.size());
   for (auto _ : st) {
-    simd::vf acc{};
-    for (size_t i = 0; i < x.size(); i += 16) acc += simd::exp2(simd::load(x.data() + i));
-    benchmark::DoNotOptimize(acc);
+    s = x;
+    float m = -1e30f, l = 0.f;
+    for (int64_t r = 0; r < 64; ++r) {
+      m = -1e30f;
+      mk::online_softmax_row(s.data() + r * 512, 512, m, l);
+    }
+    benchmark::DoNotOptimize(l);
   }
   st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(x.size()));
 }
-BENCHMARK(BM_Exp2);
+BENCHMARK(BM_OnlineSoftmax)->Arg(0)->Arg(1);
 
 // The sort-based variants' gather: 32-row blocks in random order from a head of range(0) rows of
 // 64 floats (16 MB at 65536: DRAM, not cache), with the next block requested while copying and

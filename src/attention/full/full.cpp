@@ -359,23 +359,14 @@ void attn_full_bwd(const AttentionInputs& in, const AttentionDims& d, float scal
         mk::gemm_abt(rows, npan, D, qs, Dkp, kpan + hkv * Mp * D + k0 * D, p, kBcB);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = q0 + r;
-          float* row = p + r * kBcB;
-          mask_row(row, width, lim.key_begin(i) - k0, lim.key_end(i) - k0, bias_row_ptr(in, i, k0));
-          const simd::vn mv = simd::splat_n(mh[i]), lv = simd::splat_n(llh[i]);
-          for (int64_t j = 0; j < width; j += simd::kNative)
-            simd::store_n(row + j, simd::exp2_n((simd::load_n(row + j) - mv) - lv));
+          mask_row(p + r * kBcB, width, lim.key_begin(i) - k0, lim.key_end(i) - k0, bias_row_ptr(in, i, k0));
         }
+        mk::exp2_rows_shifted(p, rows, kBcB, width, mh + q0, llh + q0);
         // O = P·V  ->  dV += Pᵀ·dO
         mk::gemm_ab(width, Dvp, rows, p, 1, kBcB, dot, Dvp, dvacc, Dvp, nullptr);
         // dP = dO·Vᵀ ; dS = P ∘ (dP - D_i) · scale
         mk::gemm_abt(rows, npan, Dv, dot, Dvp, vpan + hkv * Mp * Dv + k0 * Dv, ds, kBcB);
-        for (int64_t r = 0; r < rows; ++r) {
-          const simd::vf di = simd::splat(dvech[q0 + r]), sv = simd::splat(scale);
-          float* dr = ds + r * kBcB;
-          const float* pr = p + r * kBcB;
-          for (int64_t j = 0; j < width; j += simd::kLanes)
-            simd::store(dr + j, simd::load(pr + j) * (simd::load(dr + j) - di) * sv);
-        }
+        mk::grad_scores_rows(ds, p, rows, kBcB, width, dvech + q0, scale);
         // S = scale·Q·Kᵀ  ->  dQ += dS·K ,  dK += dSᵀ·Q  (accumulated against c·Q, undone below)
         mk::gemm_ab(rows, Dkp, width, ds, kBcB, 1, krow + (hkv * Mp + k0) * Dkp, Dkp,
                     dqt + q0 * Dkp, Dkp, nullptr);

@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/microkernel.h"
 #include "core/simd.h"
 
 namespace clattn::tile {
@@ -22,39 +23,18 @@ inline void mask_tail(float* row, int64_t width, int64_t lim) {
   for (int64_t j = std::clamp(lim, int64_t{0}, width); j < width; ++j) row[j] = -kInf;
 }
 
+// The row passes run the active ISA's copy (core/rows_isa.cpp, through mk::kernels()).
 // Max of a row of `width` scores, width a multiple of 16.
-inline float row_max(const float* row, int64_t width) {
-  simd::vn m = simd::splat_n(-kInf);
-  for (int64_t j = 0; j < width; j += simd::kNative) {
-    const simd::vn x = simd::load_n(row + j);
-    m = x > m ? x : m;
-  }
-  return simd::hmax_n(m);
-}
+inline float row_max(const float* row, int64_t width) { return mk::row_max(row, width); }
 
 // row <- 2^(row - sub); returns the sum. width is a multiple of 16.
-inline float exp2_row(float* row, int64_t width, float sub) {
-  const simd::vn s = simd::splat_n(sub);
-  simd::vn acc{};
-  for (int64_t j = 0; j < width; j += simd::kNative) {
-    const simd::vn p = simd::exp2_n(simd::load_n(row + j) - s);
-    simd::store_n(row + j, p);
-    acc += p;
-  }
-  return simd::hsum_n(acc);
-}
+inline float exp2_row(float* row, int64_t width, float sub) { return mk::exp2_row(row, width, sub); }
 
 // row <- 2^min(row − lse2, 0): probabilities of scores (log2 units) recomputed against a saved
 // log2-sum-exp2. Exactly min is a no-op (no score exceeds the log-sum-exp of its row), but a score
 // recomputed by another product, or a logit near 1e10 where one ulp is 1024, can round above the
 // saved value; a probability above 1 would then break the bound |dV| <= Σ|G| of the backward.
-inline void prob_row(float* row, int64_t width, float lse2) {
-  const simd::vn s = simd::splat_n(lse2), zero{};
-  for (int64_t j = 0; j < width; j += simd::kNative) {
-    const simd::vn x = simd::load_n(row + j) - s;
-    simd::store_n(row + j, simd::exp2_n(x > zero ? zero : x));
-  }
-}
+inline void prob_row(float* row, int64_t width, float lse2) { mk::prob_row(row, width, lse2); }
 // The same for one score.
 inline float prob(float score2, float lse2) { return std::exp2(std::min(score2 - lse2, 0.f)); }
 
@@ -62,48 +42,21 @@ inline float prob(float score2, float lse2) { return std::exp2(std::min(score2 -
 // masked; k >= 1): normalises the rows in place and writes each row's log2-sum-exp2 into lse2.
 // The member stage of improved-clustered attention (each member against its cluster's top-k).
 inline void softmax_rows(float* s, int64_t rows, int64_t kw, int64_t k, float* lse2) {
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = s + r * kw;
-    mask_tail(row, kw, k);
-    const float mx = row_max(row, kw);
-    const float sum = exp2_row(row, kw, mx);
-    lse2[r] = mx + std::log2(sum);
-    const simd::vf inv = simd::splat(1.f / sum);
-    for (int64_t x = 0; x < kw; x += simd::kLanes) simd::store(row + x, simd::load(row + x) * inv);
-  }
+  mk::softmax_rows(s, rows, kw, k, lse2);
 }
 
 // Online-softmax step for one row of a new tile (FlashAttention): updates the running max m
 // (log2 units) and sum l, turns the row into unnormalised probabilities and returns the factor
 // alpha by which the row's earlier accumulator must be rescaled.
 inline float online_softmax_row(float* row, int64_t width, float& m, float& l) {
-  const float mnew = std::max(m, row_max(row, width));
-  if (mnew == -kInf) {  // nothing visible yet: P = 0, accumulator untouched
-    std::fill(row, row + width, 0.f);
-    return 1.f;
-  }
-  const float alpha = std::exp2(m - mnew);
-  l = l * alpha + exp2_row(row, width, mnew);
-  m = mnew;
-  return alpha;
+  return mk::online_softmax_row(row, width, m, l);
 }
 
 // Softmax of a row of kw scores (log2 units) and one optional extra logit (a causal self key;
 // -inf when none): normalises the row in place, sets p_extra, and returns the log2-sum-exp2 —
 // or -inf, with the row zeroed, when nothing is visible.
 inline float softmax_row_extra(float* row, int64_t kw, float extra, float& p_extra) {
-  const float m = std::max(row_max(row, kw), extra);
-  p_extra = 0.f;
-  if (m == -kInf) {
-    std::fill(row, row + kw, 0.f);
-    return -kInf;
-  }
-  const float pe = std::exp2(extra - m);
-  const float l = exp2_row(row, kw, m) + pe;
-  const float inv = 1.f / l;
-  for (int64_t x = 0; x < kw; ++x) row[x] *= inv;
-  p_extra = pe * inv;
-  return m + std::log2(l);
+  return mk::softmax_row_extra(row, kw, extra, p_extra);
 }
 
 // The same without an extra logit: a row's softmax and log2-sum-exp2 (-inf, row zeroed: none).
