@@ -11,6 +11,15 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
           int64_t ldc);
 
+// Y (m, n) = X (m, k)·Wᵀ + bias [+ Y]: a linear layer's forward, W (n, k) row-major with row
+// stride ldw, bias (n) or nullptr, and with `accumulate` the residual already in Y added. Shapes
+// of narrow layers (k <= 1024, n <= 4096, m > 4) run in clattn's register tiles over W packed
+// once per call, the bias and residual folded into the tiles' first step; others fill Y with the
+// bias and call sgemm with beta = 1. gemm(false, true, ...) with alpha 1 and beta 0 or 1 takes the
+// same tiles for the same shapes.
+void linear_product(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, const float* w, int64_t ldw,
+                    const float* bias, bool accumulate, float* y, int64_t ldy);
+
 // How a linear layer's weight matrix is stored: f32, or 16-bit floats for inference (f16: 11
 // significant bits up to 65504; bf16: 8 bits over f32's range), rounded to nearest even. Products
 // read the 16-bit values and compute in f32.

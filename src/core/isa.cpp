@@ -4,6 +4,7 @@
 #include <atomic>
 
 #include "clattn/error.h"
+#include "nn/nn_isa.h"
 
 namespace clattn {
 
@@ -22,6 +23,12 @@ extern const Kernels kTable;
 CLATTN_KMEANS_DECL(avx2)
 CLATTN_KMEANS_DECL(avx512)
 #undef CLATTN_KMEANS_DECL
+namespace nn::avx2 {
+extern const NnKernels kNnTable;
+}
+namespace nn::avx512 {
+extern const NnKernels kNnTable;
+}
 #else
 namespace mk::base {
 extern const Kernels kTable;
@@ -30,14 +37,18 @@ namespace cluster::base {
 void assign_nearest_isa(const uint64_t*, int64_t, const uint64_t*, int64_t, int32_t*, uint32_t*);
 void count_bits_isa(const uint64_t*, const int32_t*, int64_t, uint32_t*, uint32_t*);
 }  // namespace cluster::base
+namespace nn::base {
+extern const NnKernels kNnTable;
+}
 #endif
 
 namespace {
 
 #if defined(CLATTN_HAVE_AVX512_KERNELS)
-const IsaKernels kAvx2{Isa::avx2, &mk::avx2::kTable, cluster::avx2::assign_nearest_isa, cluster::avx2::count_bits_isa};
+const IsaKernels kAvx2{Isa::avx2, &mk::avx2::kTable, cluster::avx2::assign_nearest_isa, cluster::avx2::count_bits_isa,
+                       &nn::avx2::kNnTable};
 const IsaKernels kAvx512{Isa::avx512, &mk::avx512::kTable, cluster::avx512::assign_nearest_isa,
-                         cluster::avx512::count_bits_isa};
+                         cluster::avx512::count_bits_isa, &nn::avx512::kNnTable};
 #else
 // One copy, built for the compiler's target: x86-64-v3 on x86, the portable code elsewhere.
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
@@ -45,7 +56,8 @@ constexpr Isa kBaseIsa = Isa::avx2;
 #else
 constexpr Isa kBaseIsa = Isa::generic;
 #endif
-const IsaKernels kBase{kBaseIsa, &mk::base::kTable, cluster::base::assign_nearest_isa, cluster::base::count_bits_isa};
+const IsaKernels kBase{kBaseIsa, &mk::base::kTable, cluster::base::assign_nearest_isa, cluster::base::count_bits_isa,
+                       &nn::base::kNnTable};
 #endif
 
 std::atomic<const IsaKernels*> g_active{nullptr};
@@ -71,6 +83,8 @@ const IsaKernels& isa_kernels() {
 }
 
 Isa active_isa() { return isa_kernels().isa; }
+
+const nn::NnKernels& nn::isa_nn_kernels() { return *isa_kernels().nn; }
 
 std::vector<Isa> runnable_isas() {
   std::vector<Isa> out;

@@ -18,6 +18,10 @@
 
 namespace clattn {
 
+namespace nn {
+struct NnKernels;
+}
+
 struct IsaKernels {
   Isa isa = Isa::avx2;
   const mk::Kernels* tiles = nullptr;  // the tile products, packers and few-row products
@@ -26,6 +30,7 @@ struct IsaKernels {
                          uint32_t* dist) = nullptr;
   void (*count_bits)(const uint64_t* codes, const int32_t* assign, int64_t n, uint32_t* counts,
                      uint32_t* sizes) = nullptr;
+  const nn::NnKernels* nn = nullptr;  // the nn layers' activations and norm rows (nn/nn_isa.h)
 };
 
 // The active ISA's table (chosen at the first call; see active_isa()).

@@ -25,6 +25,11 @@ void gemm_abt(int64_t m, int64_t npanels, int64_t depth, const float* a, int64_t
   kernels().gemm_abt(m, npanels, depth, a, lda, bpanels, c, ldc);
 }
 
+void gemm_abt_add(int64_t m, int64_t npanels, int64_t depth, const float* a, int64_t lda, const float* bpanels,
+                  float* c, int64_t ldc, const float* bias, bool add) {
+  kernels().gemm_abt_add(m, npanels, depth, a, lda, bpanels, c, ldc, bias, add);
+}
+
 void gemm_ab(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
              const float* b, int64_t ldb, float* c, int64_t ldc, const float* row_scale) {
   kernels().gemm_ab(m, n, k, a, a_rs, a_cs, b, ldb, c, ldc, row_scale);

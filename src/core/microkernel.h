@@ -22,6 +22,12 @@ inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 void gemm_abt(int64_t m, int64_t npanels, int64_t depth, const float* a, int64_t lda,
               const float* bpanels, float* c, int64_t ldc);
 
+// C (m, 64·np) = [C +] [bias +] A · Bpanels: gemm_abt for a linear layer's forward (Y = X·Wᵀ
+// with W packed in panels), its bias (64·np floats, or nullptr) and a residual already in C (add)
+// folded into the tiles' first step instead of a pass over C.
+void gemm_abt_add(int64_t m, int64_t npanels, int64_t depth, const float* a, int64_t lda, const float* bpanels,
+                  float* c, int64_t ldc, const float* bias, bool add);
+
 // row_scale: nullptr = plain accumulate; otherwise C row r is multiplied by row_scale[r] first.
 void gemm_ab(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
              const float* b, int64_t ldb, float* c, int64_t ldc, const float* row_scale);
@@ -94,6 +100,7 @@ float softmax_row_extra(float* row, int64_t kw, float extra, float& p_extra);
 // the copy of the active ISA.
 struct Kernels {
   decltype(&mk::gemm_abt) gemm_abt;
+  decltype(&mk::gemm_abt_add) gemm_abt_add;
   decltype(&mk::gemm_ab) gemm_ab;
   decltype(&mk::pack_panels) pack_panels;
   decltype(&mk::pack_transposed) pack_transposed;

@@ -90,13 +90,19 @@ struct LoadBF16 {
 
 // C (MR, NV·kVN) = A (MR, depth) · P (depth, NV·kVN), P a column slice of a (depth, 64) panel:
 // per depth step NV loads and MR broadcasts feed MR·NV FMAs.
+// bias (NV·kVN floats, or nullptr) and add (start from C) fold a linear layer's bias and residual
+// into the accumulators' start.
 template <int MR, int NV, class LB = LoadF32>
-void abt_tile(const float* a, int64_t lda, const typename LB::T* p, int64_t depth, float* c, int64_t ldc) {
+void abt_tile(const float* a, int64_t lda, const typename LB::T* p, int64_t depth, float* c, int64_t ldc,
+              const float* bias, bool add) {
   vn acc[MR][NV];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[r][v] = vn{};
+    for (int v = 0; v < NV; ++v) {
+      acc[r][v] = add ? load_n(c + r * ldc + v * kVN) : vn{};
+      if (bias) acc[r][v] += load_n(bias + v * kVN);
+    }
   for (int64_t d = 0; d < depth; ++d) {
     const typename LB::T* pb = p + d * kPanel;
     vn b[NV];
@@ -219,7 +225,7 @@ void rows_dot_t(int64_t m, int64_t n, int64_t k, float alpha, const float* x, in
 constexpr int kMR = 6;
 
 template <class LB>
-using AbtFn = void (*)(const float*, int64_t, const typename LB::T*, int64_t, float*, int64_t);
+using AbtFn = void (*)(const float*, int64_t, const typename LB::T*, int64_t, float*, int64_t, const float*, bool);
 template <class LB>
 constexpr AbtFn<LB> kAbt[kMR + 1] = {nullptr,
                                      abt_tile<1, kNVMax, LB>, abt_tile<2, kNVMax, LB>, abt_tile<3, kNVMax, LB>,
@@ -246,19 +252,21 @@ AbFn<LB> ab_dispatch(int mr, int nv) {
 
 template <class LB>
 void gemm_abt_t(int64_t m, int64_t npanels, int64_t depth, const float* a, int64_t lda,
-                const typename LB::T* bpanels, float* c, int64_t ldc) {
+                const typename LB::T* bpanels, float* c, int64_t ldc, const float* bias = nullptr, bool add = false) {
   for (int64_t p = 0; p < npanels; ++p) {
     const typename LB::T* bp = bpanels + p * depth * kPanel;
+    const float* bpp = bias ? bias + p * kPanel : nullptr;
     for (int64_t r0 = 0; r0 < m; r0 += kMR) {
       const int mr = static_cast<int>(m - r0 < kMR ? m - r0 : kMR);
       float* cr = c + r0 * ldc + p * kPanel;
       if (mr <= 2) {
         for (int64_t c0 = 0; c0 < kPanel; c0 += kNVFew * kVN)
-          (mr == 1 ? abt_tile<1, kNVFew, LB> : abt_tile<2, kNVFew, LB>)(a + r0 * lda, lda, bp + c0, depth, cr + c0, ldc);
+          (mr == 1 ? abt_tile<1, kNVFew, LB> : abt_tile<2, kNVFew, LB>)(a + r0 * lda, lda, bp + c0, depth, cr + c0, ldc,
+                                                                      bpp ? bpp + c0 : nullptr, add);
         continue;
       }
       for (int64_t c0 = 0; c0 < kPanel; c0 += kNVMax * kVN)
-        kAbt<LB>[mr](a + r0 * lda, lda, bp + c0, depth, cr + c0, ldc);
+        kAbt<LB>[mr](a + r0 * lda, lda, bp + c0, depth, cr + c0, ldc, bpp ? bpp + c0 : nullptr, add);
     }
   }
 }
@@ -285,6 +293,11 @@ void pack_rows(const float* src, int64_t rows, int64_t cols, int64_t rs, float* 
 void gemm_abt(int64_t m, int64_t npanels, int64_t depth, const float* a, int64_t lda,
               const float* bpanels, float* c, int64_t ldc) {
   gemm_abt_t<LoadF32>(m, npanels, depth, a, lda, bpanels, c, ldc);
+}
+
+void gemm_abt_add(int64_t m, int64_t npanels, int64_t depth, const float* a, int64_t lda, const float* bpanels,
+                  float* c, int64_t ldc, const float* bias, bool add) {
+  gemm_abt_t<LoadF32>(m, npanels, depth, a, lda, bpanels, c, ldc, bias, add);
 }
 
 void gemm_ab(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
@@ -412,7 +425,7 @@ float online_softmax_row(float* row, int64_t width, float& m, float& l);
 void softmax_rows(float* s, int64_t rows, int64_t kw, int64_t k, float* lse2);
 float softmax_row_extra(float* row, int64_t kw, float extra, float& p_extra);
 
-extern const Kernels kTable = {gemm_abt,   gemm_ab,   pack_panels, pack_transposed, rows_operand, pack_rows,
+extern const Kernels kTable = {gemm_abt,   gemm_abt_add, gemm_ab,   pack_panels, pack_transposed, rows_operand, pack_rows,
                                rows_dot,   gemm_abt16, gemm_ab16, to_half,   rows_dot16,      widen_rows,
                                row_max,    exp2_row,  exp2_rows_shifted, prob_row, grad_scores_rows,
                                online_softmax_row, softmax_rows, softmax_row_extra};

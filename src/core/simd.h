@@ -429,6 +429,9 @@ inline vn splat_n(float x) {
 }
 
 #if defined(__AVX512F__)
+inline vn vmax_n(vn a, vn b) { return vmax(a, b); }
+inline vn vmin_n(vn a, vn b) { return vmin(a, b); }
+inline vn exp_n(vn x) { return exp(x); }
 inline vn exp2_n(vn x) { return exp2(x); }
 inline float hmax_n(vn v) { return hmax(v); }
 inline float hsum_n(vn v) { return hsum(v); }
@@ -461,6 +464,43 @@ inline vn exp2_n(vn x) {
   bits = (bits + (__builtin_convertvector(n, vni) << 23)) & live;
   std::memcpy(&p, &bits, sizeof p);
   return p;
+}
+// maxps/minps semantics (the second operand when either is NaN), as vmax/vmin.
+inline vn vmax_n(vn a, vn b) {
+#if defined(__AVX2__)
+  return vn(_mm256_max_ps(__m256(a), __m256(b)));
+#else
+  return a > b ? a : b;
+#endif
+}
+inline vn vmin_n(vn a, vn b) {
+#if defined(__AVX2__)
+  return vn(_mm256_min_ps(__m256(a), __m256(b)));
+#else
+  return a < b ? a : b;
+#endif
+}
+// exp of the 16-lane form in one register, operation for operation (the same bits per lane).
+inline vn exp_n(vn x) {
+  x = vmin_n(vmax_n(x, splat_n(-150.f)), splat_n(100.f));
+  const vn big = splat_n(12582912.f);
+  const vn n = (x * 1.44269504088896341f + big) - big;
+  const vn r = (x - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;
+  vn p = splat_n(1.f / 5040.f);
+  p = p * r + 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const vni h = __builtin_convertvector(n, vni) >> 1;
+  const vni rest = __builtin_convertvector(n, vni) - h;
+  vn a, b;
+  const vni ea = (h + 127) << 23, eb = (rest + 127) << 23;
+  std::memcpy(&a, &ea, sizeof a);
+  std::memcpy(&b, &eb, sizeof b);
+  return p * a * b;
 }
 typedef float vn4 __attribute__((vector_size(16)));
 inline float hmax_n(vn v) {

@@ -511,14 +511,12 @@ void ModelImpl::lin(float* y, int64_t ldy, const float* x, int64_t ldx, int64_t 
   if (!res) {
     nn::linear_fwd(y, ldy, x, ldx, w, b, rows, in, out);
   } else {
-    // y = res + b first, then one sgemm with beta = 1: the residual add costs no extra pass.
+    // y = res (a copy when not in place), then the product accumulating into it with the bias.
+    if (res != y) {
 #pragma omp parallel for schedule(static) if (rows * out > 32768)
-    for (int64_t r = 0; r < rows; ++r) {
-      if (y + r * ldy != res + r * ldy) std::memcpy(y + r * ldy, res + r * ldy, row_bytes);
-      if (b)
-        for (int64_t e = 0; e < out; ++e) y[r * ldy + e] += b[e];
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(y + r * ldy, res + r * ldy, row_bytes);
     }
-    if (rows > 0) gemm(false, true, rows, out, in, 1.f, x, ldx, w, in, 1.f, y, ldy);
+    if (rows > 0) linear_product(rows, out, in, x, ldx, w, in, b, true, y, ldy);
   }
   dense_ms_ += ms_now() - t0;
 }

@@ -12,11 +12,10 @@ namespace clattn::nn {
 
 using namespace detail;  // nn_internal.h: SIMD names, kParallelMin, for_column_ranges
 
-// y (rows, out) = x (rows, in) · Wᵀ (in, out) + b: y is first filled with the bias rows (or
-// zeros) over the OpenMP threads, then one sgemm adds the product with beta = 1. Measured at
-// rows = 16384, in = 256, out = 1024 on 2 threads (best of 30): bias fill + beta = 1 at 190
-// GFLOP/s, beta = 0 then a bias pass over y at 170, and without a bias zero fill + beta = 1 at
-// 194 against 186 for beta = 0 (OpenBLAS scales C in its own pass when beta != 1).
+// y (rows, out) = x (rows, in) · Wᵀ (in, out) + b, through clattn::linear_product: narrow layers
+// in the register tiles with the bias folded in, others as a bias fill then one sgemm with
+// beta = 1 (measured at rows = 16384, in = 256, out = 1024 on 2 threads, best of 30, before the
+// tiles: bias fill + beta = 1 at 190 GFLOP/s, beta = 0 then a bias pass at 170).
 void linear_fwd(float* y, int64_t ldy, const float* x, int64_t ldx, const float* w, const float* b,
                 int64_t rows, int64_t in, int64_t out) {
   check(rows >= 0 && in >= 1 && out >= 1, "linear_fwd: need rows >= 0, in >= 1 and out >= 1, got rows=",
@@ -28,13 +27,7 @@ void linear_fwd(float* y, int64_t ldy, const float* x, int64_t ldx, const float*
         " ldx=", ldx, " ldy=", ldy);
   if (rows == 0) return;
   check(y != nullptr && x != nullptr && w != nullptr, "linear_fwd: y, x and w must not be null");
-  const size_t row_bytes = sizeof(float) * static_cast<size_t>(out);
-#pragma omp parallel for schedule(static) if (rows * out > kParallelMin)
-  for (int64_t r = 0; r < rows; ++r) {
-    if (b != nullptr) std::memcpy(y + r * ldy, b, row_bytes);
-    else std::memset(y + r * ldy, 0, row_bytes);
-  }
-  gemm(false, true, rows, out, in, 1.f, x, ldx, w, in, 1.f, y, ldy);
+  linear_product(rows, out, in, x, ldx, w, in, b, false, y, ldy);
 }
 
 void embedding_fwd(float* y, const int32_t* ids, const float* table, int64_t n, int64_t dim,

@@ -1,4 +1,5 @@
 // Row-wise layers of nn.h: LayerNorm, RMSNorm and the row softmax, and the norms' backward passes.
+// The norms' forward rows are the active ISA's (nn/elementwise_isa.cpp, through nn_isa.h).
 // Each row is read from cache two or three times (statistics, then the output), so a call costs
 // one read and one write of the data; rows are spread over the OpenMP threads. The backward
 // passes make two sweeps: the gain/bias gradients by column ranges (one thread per column, rows in
@@ -11,6 +12,7 @@
 #include "clattn/nn.h"
 #include "core/simd.h"
 #include "nn/nn_internal.h"
+#include "nn/nn_isa.h"
 
 namespace clattn::nn {
 
@@ -25,78 +27,17 @@ inline vf keep_first(vf v, int n, float fill) {
   return lane < n ? v : splat(fill);
 }
 
-// Σ x[e] over n floats (two accumulators: one add chain per vector is latency bound).
-inline float row_sum(const float* x, int64_t n) {
-  vf a0{}, a1{};
-  int64_t e = 0;
-  for (; e + 2 * kLanes <= n; e += 2 * kLanes) {
-    a0 += load(x + e);
-    a1 += load(x + e + kLanes);
-  }
-  for (; e + kLanes <= n; e += kLanes) a0 += load(x + e);
-  if (e < n) a1 += load_partial(x + e, static_cast<int>(n - e));
-  return simd::hsum(a0 + a1);
-}
-
-// Σ (x[e] − m)² over n floats.
-inline float row_sq_dev(const float* x, int64_t n, float m) {
-  const vf mv = splat(m);
-  vf a0{}, a1{};
-  int64_t e = 0;
-  for (; e + 2 * kLanes <= n; e += 2 * kLanes) {
-    const vf d0 = load(x + e) - mv, d1 = load(x + e + kLanes) - mv;
-    a0 += d0 * d0;
-    a1 += d1 * d1;
-  }
-  for (; e + kLanes <= n; e += kLanes) {
-    const vf d = load(x + e) - mv;
-    a0 += d * d;
-  }
-  if (e < n) {
-    const int r = static_cast<int>(n - e);
-    const vf d = keep_first(load_partial(x + e, r) - mv, r, 0.f);
-    a1 += d * d;
-  }
-  return simd::hsum(a0 + a1);
-}
-
-// Σ x[e]² over n floats.
-inline float row_sq(const float* x, int64_t n) {
-  vf a0{}, a1{};
-  int64_t e = 0;
-  for (; e + 2 * kLanes <= n; e += 2 * kLanes) {
-    const vf v0 = load(x + e), v1 = load(x + e + kLanes);
-    a0 += v0 * v0;
-    a1 += v1 * v1;
-  }
-  for (; e + kLanes <= n; e += kLanes) {
-    const vf v = load(x + e);
-    a0 += v * v;
-  }
-  if (e < n) {
-    const vf v = load_partial(x + e, static_cast<int>(n - e));
-    a1 += v * v;
-  }
-  return simd::hsum(a0 + a1);
-}
-
-// Rows whose float sums overflow (|x| beyond ~1e19: Σx² is inf) take the double path below; the
-// common case pays one comparison per row. Norms are scale invariant, so such rows have finite,
-// ordinary outputs: in float they came out as 0 (s = 1/inf) or NaN.
-constexpr float kFloatMax = std::numeric_limits<float>::max();
 // A row with rstd below this (standard deviation above 1e30) may have x − mean beyond float's
 // range (values near ±FLT_MAX of both signs): its backward forms (x − m)·s in double.
 constexpr float kTinyRstd = 1e-30f;
 
-// LayerNorm statistics of a row in double: mean and 1/sqrt(var + eps).
-void row_stats_double(const float* x, int64_t n, float eps, bool centre, double& m, double& s) {
-  double sum = 0;
-  if (centre)
-    for (int64_t e = 0; e < n; ++e) sum += x[e];
-  m = centre ? sum / static_cast<double>(n) : 0.0;
-  double sq = 0;
-  for (int64_t e = 0; e < n; ++e) sq += (x[e] - m) * (x[e] - m);
-  s = 1.0 / std::sqrt(sq / static_cast<double>(n) + eps);
+// Runs fn(r0, r1) over blocks of rows spread over the threads (one thread below kParallelMin floats).
+template <class Fn>
+void over_row_blocks(int64_t rows, int64_t dim, Fn fn) {
+  constexpr int64_t kRows = 16;
+  const int64_t blocks = (rows + kRows - 1) / kRows;
+#pragma omp parallel for schedule(static) if (rows * dim > kParallelMin)
+  for (int64_t b = 0; b < blocks; ++b) fn(b * kRows, std::min(rows, (b + 1) * kRows));
 }
 
 void check_norm(const char* name, const void* y, const void* x, const void* w, int64_t rows,
@@ -113,62 +54,15 @@ void layernorm_fwd(float* y, const float* x, const float* gamma, const float* be
                    int64_t dim, float eps, float* mean, float* rstd) {
   check_norm("layernorm_fwd", y, x, gamma, rows, dim, eps);
   check(rows == 0 || beta != nullptr, "layernorm_fwd: beta must not be null");
-  const float inv_dim = 1.f / static_cast<float>(dim);
-#pragma omp parallel for schedule(static) if (rows * dim > kParallelMin)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * dim;  // (dim)
-    float* yr = y + r * dim;        // (dim), may be xr
-    const float m = row_sum(xr, dim) * inv_dim;
-    const float sq = row_sq_dev(xr, dim, m);
-    if (!(std::fabs(m) <= kFloatMax && sq <= kFloatMax)) {  // overflowed (or NaN): in double
-      double md = 0, sd = 0;
-      row_stats_double(xr, dim, eps, true, md, sd);
-      if (mean) mean[r] = static_cast<float>(md);
-      if (rstd) rstd[r] = static_cast<float>(sd);
-      for (int64_t e = 0; e < dim; ++e)
-        yr[e] = static_cast<float>((xr[e] - md) * sd * gamma[e] + beta[e]);
-      continue;
-    }
-    const float s = 1.f / std::sqrt(sq * inv_dim + eps);
-    if (mean) mean[r] = m;
-    if (rstd) rstd[r] = s;
-    const vf mv = splat(m), sv = splat(s);
-    int64_t e = 0;
-    for (; e + kLanes <= dim; e += kLanes)
-      store(yr + e, (load(xr + e) - mv) * sv * load(gamma + e) + load(beta + e));
-    if (e < dim) {
-      const int n = static_cast<int>(dim - e);
-      store_partial(yr + e, (load_partial(xr + e, n) - mv) * sv * load_partial(gamma + e, n) + load_partial(beta + e, n), n);
-    }
-  }
+  const NnKernels& k = isa_nn_kernels();
+  over_row_blocks(rows, dim, [&](int64_t r0, int64_t r1) { k.layernorm_rows(y, x, gamma, beta, r0, r1, dim, eps, mean, rstd); });
 }
 
 void rmsnorm_fwd(float* y, const float* x, const float* w, int64_t rows, int64_t dim, float eps,
                  float* rstd) {
   check_norm("rmsnorm_fwd", y, x, w, rows, dim, eps);
-  const float inv_dim = 1.f / static_cast<float>(dim);
-#pragma omp parallel for schedule(static) if (rows * dim > kParallelMin)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * dim;  // (dim)
-    float* yr = y + r * dim;        // (dim), may be xr
-    const float sq = row_sq(xr, dim);
-    float s;
-    if (sq <= kFloatMax) {
-      s = 1.f / std::sqrt(sq * inv_dim + eps);
-    } else {  // Σx² overflowed (or NaN): in double; x·s stays in range
-      double md = 0, sd = 0;
-      row_stats_double(xr, dim, eps, false, md, sd);
-      s = static_cast<float>(sd);
-    }
-    if (rstd) rstd[r] = s;
-    const vf sv = splat(s);
-    int64_t e = 0;
-    for (; e + kLanes <= dim; e += kLanes) store(yr + e, load(xr + e) * sv * load(w + e));
-    if (e < dim) {
-      const int n = static_cast<int>(dim - e);
-      store_partial(yr + e, load_partial(xr + e, n) * sv * load_partial(w + e, n), n);
-    }
-  }
+  const NnKernels& k = isa_nn_kernels();
+  over_row_blocks(rows, dim, [&](int64_t r0, int64_t r1) { k.rmsnorm_rows(y, x, w, r0, r1, dim, eps, rstd); });
 }
 
 // A row whose entries are all −inf (a fully masked row) becomes all zeros rather than NaN.

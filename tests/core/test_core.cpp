@@ -626,6 +626,65 @@ TEST(Gemm, EveryTranspositionAndAwkwardSize) {
         }
 }
 
+// linear_product (and gemm's X·Wᵀ with alpha 1, beta 0 or 1, which takes the same register tiles)
+// over the shapes around its panels, rows per task and depth limit, with and without a bias and a
+// residual, padded strides, in every ISA copy; beta 0 overwrites a NaN; one thread and the team give
+// the same bits.
+TEST(Gemm, LinearProductMatchesLoopsAndThreads) {
+  Rng r(13);
+  uint64_t ctr = 0;
+  for (const Isa isa : runnable_isas()) {
+    const ScopedIsa scoped(isa);
+    SCOPED_TRACE(isa_name(isa));
+    for (int64_t m : {5, 7, 96, 97, 200})
+      for (int64_t n : {1, 63, 64, 65, 130, 256})
+        for (int64_t k : {1, 3, 64, 100, 1024, 1025}) {
+          if (m * n * k > 20'000'000) continue;
+          const int64_t ldx = k + 1, ldw = k + 3, ldy = n + 2;
+          std::vector<float> x(static_cast<size_t>(m * ldx)), w(static_cast<size_t>(n * ldw)), b(static_cast<size_t>(n)),
+              y0(static_cast<size_t>(m * ldy));
+          for (float& v : x) v = r.normal(0, ctr++);
+          for (float& v : w) v = r.normal(1, ctr++);
+          for (float& v : b) v = r.normal(2, ctr++);
+          for (float& v : y0) v = r.normal(3, ctr++);
+          for (int mode = 0; mode < 4; ++mode) {
+            const bool with_bias = mode & 1, acc = mode & 2;
+            std::vector<float> y1 = y0, y2 = y0;
+            {
+              const ThreadLimit one(1);
+              linear_product(m, n, k, x.data(), ldx, w.data(), ldw, with_bias ? b.data() : nullptr, acc, y1.data(), ldy);
+            }
+            linear_product(m, n, k, x.data(), ldx, w.data(), ldw, with_bias ? b.data() : nullptr, acc, y2.data(), ldy);
+            if (k <= 1024) {  // the tiles' shapes (sgemm's split over threads may round otherwise)
+              ASSERT_EQ(y1, y2) << m << "x" << n << "x" << k << " mode " << mode;
+            }
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = 0; j < ldy; ++j) {
+                const size_t at = static_cast<size_t>(i * ldy + j);
+                if (j >= n) {
+                  ASSERT_EQ(y2[at], y0[at]);  // the padding of Y is never written
+                  continue;
+                }
+                double s = (with_bias ? b[static_cast<size_t>(j)] : 0.0) + (acc ? y0[at] : 0.0), mag = std::fabs(s);
+                for (int64_t e = 0; e < k; ++e) {
+                  const double p = static_cast<double>(x[static_cast<size_t>(i * ldx + e)]) * w[static_cast<size_t>(j * ldw + e)];
+                  s += p;
+                  mag += std::fabs(p);
+                }
+                ASSERT_NEAR(y2[at], s, 1e-5 * mag + 1e-6) << m << "x" << n << "x" << k << " mode " << mode;
+              }
+          }
+          // gemm with beta 0 through the same tiles: C's NaN is not read.
+          std::vector<float> c(static_cast<size_t>(m * ldy), NAN), want(static_cast<size_t>(m * ldy), NAN);
+          linear_product(m, n, k, x.data(), ldx, w.data(), ldw, nullptr, false, want.data(), ldy);
+          gemm(false, true, m, n, k, 1.f, x.data(), ldx, w.data(), ldw, 0.f, c.data(), ldy);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) ASSERT_EQ(c[static_cast<size_t>(i * ldy + j)], want[static_cast<size_t>(i * ldy + j)]);
+        }
+  }
+  EXPECT_THROW(linear_product(2, 3, 4, nullptr, 3, nullptr, 4, nullptr, false, nullptr, 3), Error);  // ldx < k
+}
+
 // The features clattn reads from CPUID agree with the kernel's own reading (/proc/cpuinfo flags),
 // and the GEMM kernel it chose is one this CPU runs and passed its known-answer check.
 TEST(Cpu, FeaturesMatchProcCpuinfoAndGemmKernelFits) {

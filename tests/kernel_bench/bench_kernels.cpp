@@ -10,11 +10,13 @@
 // Run: ./build/clattn_kernel_bench --benchmark_filter=Abt (RowsDot: the decode step's products)
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 #include <vector>
 
 #include "attention/tile/gather.h"
+#include "clattn/gemm.h"
 #include "clattn/rng.h"
 #include "core/microkernel.h"
 #include "core/simd.h"
@@ -99,6 +101,31 @@ void BM_OnlineSoftmax(benchmark::State& st) {
   st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(x.size()));
 }
 BENCHMARK(BM_OnlineSoftmax)->Arg(0)->Arg(1);
+
+// A narrow model's linear layer over a whole batch: Y (m, n) = X (m, k) · Wᵀ with m = 29700
+// (KWT-1's 300 clips of 99 tokens), k = range(0), n = range(1), on the OpenMP team: clattn::gemm
+// (range(2) = 0) against the tile product over W packed in panels, rows split over the team (1).
+void BM_Linear(benchmark::State& st) {
+  const int64_t m = 29700, k = st.range(0), n = st.range(1);
+  auto x = randv(static_cast<size_t>(m * k), 1), w = randv(static_cast<size_t>(n * k), 2);
+  std::vector<float> y(static_cast<size_t>(m * n)), panels(static_cast<size_t>(mk::round_up(n, 64) * k));
+  for (auto _ : st) {
+    if (st.range(2) == 0) {
+      gemm(false, true, m, n, k, 1.f, x.data(), k, w.data(), k, 0.f, y.data(), n);
+    } else {
+      mk::pack_panels(w.data(), n, k, k, panels.data());
+      const int64_t blocks = (m + 191) / 192;
+#pragma omp parallel for schedule(static)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t r0 = b * 192, rows = std::min<int64_t>(192, m - r0);
+        mk::gemm_abt(rows, (n + 63) / 64, k, x.data() + r0 * k, k, panels.data(), y.data() + r0 * n, n);
+      }
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * n * k, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_Linear)->ArgsProduct({{64, 256}, {64, 192, 256}, {0, 1}})->Args({256, 1024, 0})->Args({256, 1024, 1})->Args({1024, 256, 0})->Args({1024, 256, 1})->Args({512, 512, 0})->Args({512, 512, 1})->UseRealTime();
 
 // The sort-based variants' gather: 32-row blocks in random order from a head of range(0) rows of
 // 64 floats (16 MB at 65536: DRAM, not cache), with the next block requested while copying and

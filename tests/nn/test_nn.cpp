@@ -11,6 +11,7 @@
 #include "clattn/error.h"
 #include "clattn/nn.h"
 #include "clattn/rng.h"
+#include "core/isa.h"
 
 namespace clattn::nn {
 namespace {
@@ -44,6 +45,17 @@ std::vector<double> linear_ref(const std::vector<float>& x, int64_t ldx, const s
       y[sz(r * out + o)] = s;
     }
   return y;
+}
+
+// Runs body once per ISA copy this CPU runs (the activations' and norms' passes are compiled once
+// per ISA: nn/elementwise_isa.cpp), each under its own trace.
+template <class F>
+void for_each_isa(F body) {
+  for (const clattn::Isa isa : clattn::runnable_isas()) {
+    const clattn::ScopedIsa scoped(isa);
+    SCOPED_TRACE(clattn::isa_name(isa));
+    body();
+  }
 }
 
 TEST(Linear, MatchesReferenceWithStridesAndBias) {
@@ -89,56 +101,60 @@ TEST(Linear, RejectsBadArguments) {
 // LayerNorm and RMSNorm
 
 TEST(LayerNorm, MatchesReferenceAndInPlace) {
-  for (int64_t rows : kRows)
-    for (int64_t dim : kDims) {
-      SCOPED_TRACE("rows=" + std::to_string(rows) + " dim=" + std::to_string(dim));
-      const float eps = 1e-5f;
-      const std::vector<float> x = randn(rows * dim, 10, 2.f, 3.f), g = randn(dim, 11), b = randn(dim, 12);
-      std::vector<float> y(sz(rows * dim)), mean(sz(rows)), rstd(sz(rows));
-      layernorm_fwd(y.data(), x.data(), g.data(), b.data(), rows, dim, eps, mean.data(), rstd.data());
-      std::vector<float> yi = x;
-      layernorm_fwd(yi.data(), yi.data(), g.data(), b.data(), rows, dim, eps);
-      for (int64_t r = 0; r < rows; ++r) {
-        double m = 0, v = 0;
-        for (int64_t e = 0; e < dim; ++e) m += x[sz(r * dim + e)];
-        m /= double(dim);
-        for (int64_t e = 0; e < dim; ++e) v += (x[sz(r * dim + e)] - m) * (x[sz(r * dim + e)] - m);
-        v /= double(dim);
-        const double s = 1 / std::sqrt(v + eps);
-        ASSERT_NEAR(mean[sz(r)], m, 1e-5 * (std::fabs(m) + 1));
-        ASSERT_NEAR(rstd[sz(r)], s, 1e-5 * s);
-        for (int64_t e = 0; e < dim; ++e) {
-          const double ref = (x[sz(r * dim + e)] - m) * s * g[sz(e)] + b[sz(e)];
-          const double tol = 1e-5 * std::max(1.0, std::fabs(ref));
-          ASSERT_NEAR(y[sz(r * dim + e)], ref, tol) << "r=" << r << " e=" << e;
-          ASSERT_EQ(yi[sz(r * dim + e)], y[sz(r * dim + e)]) << "in place differs, r=" << r << " e=" << e;
+  for_each_isa([&] {
+    for (int64_t rows : kRows)
+      for (int64_t dim : kDims) {
+        SCOPED_TRACE("rows=" + std::to_string(rows) + " dim=" + std::to_string(dim));
+        const float eps = 1e-5f;
+        const std::vector<float> x = randn(rows * dim, 10, 2.f, 3.f), g = randn(dim, 11), b = randn(dim, 12);
+        std::vector<float> y(sz(rows * dim)), mean(sz(rows)), rstd(sz(rows));
+        layernorm_fwd(y.data(), x.data(), g.data(), b.data(), rows, dim, eps, mean.data(), rstd.data());
+        std::vector<float> yi = x;
+        layernorm_fwd(yi.data(), yi.data(), g.data(), b.data(), rows, dim, eps);
+        for (int64_t r = 0; r < rows; ++r) {
+          double m = 0, v = 0;
+          for (int64_t e = 0; e < dim; ++e) m += x[sz(r * dim + e)];
+          m /= double(dim);
+          for (int64_t e = 0; e < dim; ++e) v += (x[sz(r * dim + e)] - m) * (x[sz(r * dim + e)] - m);
+          v /= double(dim);
+          const double s = 1 / std::sqrt(v + eps);
+          ASSERT_NEAR(mean[sz(r)], m, 1e-5 * (std::fabs(m) + 1));
+          ASSERT_NEAR(rstd[sz(r)], s, 1e-5 * s);
+          for (int64_t e = 0; e < dim; ++e) {
+            const double ref = (x[sz(r * dim + e)] - m) * s * g[sz(e)] + b[sz(e)];
+            const double tol = 1e-5 * std::max(1.0, std::fabs(ref));
+            ASSERT_NEAR(y[sz(r * dim + e)], ref, tol) << "r=" << r << " e=" << e;
+            ASSERT_EQ(yi[sz(r * dim + e)], y[sz(r * dim + e)]) << "in place differs, r=" << r << " e=" << e;
+          }
         }
       }
-    }
+  });
 }
 
 TEST(RmsNorm, MatchesReferenceAndInPlace) {
-  for (int64_t rows : kRows)
-    for (int64_t dim : kDims) {
-      SCOPED_TRACE("rows=" + std::to_string(rows) + " dim=" + std::to_string(dim));
-      const float eps = 1e-6f;
-      const std::vector<float> x = randn(rows * dim, 20, 2.f, 0.5f), w = randn(dim, 21);
-      std::vector<float> y(sz(rows * dim)), rstd(sz(rows));
-      rmsnorm_fwd(y.data(), x.data(), w.data(), rows, dim, eps, rstd.data());
-      std::vector<float> yi = x;
-      rmsnorm_fwd(yi.data(), yi.data(), w.data(), rows, dim, eps);
-      for (int64_t r = 0; r < rows; ++r) {
-        double ms = 0;
-        for (int64_t e = 0; e < dim; ++e) ms += double(x[sz(r * dim + e)]) * x[sz(r * dim + e)];
-        const double s = 1 / std::sqrt(ms / double(dim) + eps);
-        ASSERT_NEAR(rstd[sz(r)], s, 1e-5 * s);
-        for (int64_t e = 0; e < dim; ++e) {
-          const double ref = x[sz(r * dim + e)] * s * w[sz(e)];
-          ASSERT_NEAR(y[sz(r * dim + e)], ref, 1e-5 * std::max(1.0, std::fabs(ref))) << "r=" << r << " e=" << e;
-          ASSERT_EQ(yi[sz(r * dim + e)], y[sz(r * dim + e)]);
+  for_each_isa([&] {
+    for (int64_t rows : kRows)
+      for (int64_t dim : kDims) {
+        SCOPED_TRACE("rows=" + std::to_string(rows) + " dim=" + std::to_string(dim));
+        const float eps = 1e-6f;
+        const std::vector<float> x = randn(rows * dim, 20, 2.f, 0.5f), w = randn(dim, 21);
+        std::vector<float> y(sz(rows * dim)), rstd(sz(rows));
+        rmsnorm_fwd(y.data(), x.data(), w.data(), rows, dim, eps, rstd.data());
+        std::vector<float> yi = x;
+        rmsnorm_fwd(yi.data(), yi.data(), w.data(), rows, dim, eps);
+        for (int64_t r = 0; r < rows; ++r) {
+          double ms = 0;
+          for (int64_t e = 0; e < dim; ++e) ms += double(x[sz(r * dim + e)]) * x[sz(r * dim + e)];
+          const double s = 1 / std::sqrt(ms / double(dim) + eps);
+          ASSERT_NEAR(rstd[sz(r)], s, 1e-5 * s);
+          for (int64_t e = 0; e < dim; ++e) {
+            const double ref = x[sz(r * dim + e)] * s * w[sz(e)];
+            ASSERT_NEAR(y[sz(r * dim + e)], ref, 1e-5 * std::max(1.0, std::fabs(ref))) << "r=" << r << " e=" << e;
+            ASSERT_EQ(yi[sz(r * dim + e)], y[sz(r * dim + e)]);
+          }
         }
       }
-    }
+  });
 }
 
 TEST(Norms, RejectBadArguments) {
@@ -152,34 +168,36 @@ TEST(Norms, RejectBadArguments) {
 // Norms are scale invariant: rows of |x| ~ 1e20 .. 1e37, whose float Σx² overflows to inf, give
 // the outputs of the same rows at scale 1 (not 0 or NaN), and input gradients scaled by 1/s.
 TEST(Norms, HugeRowsAreScaleInvariant) {
-  const int64_t rows = 3;
-  for (const int64_t dim : {3, 17, 64}) {
-    const size_t n = sz(rows * dim);
-    const std::vector<float> x = randn(rows * dim, 40), w = randn(dim, 41, 0.5f, 1.f), b = randn(dim, 42),
-                             dy = randn(rows * dim, 43);
-    // Scale 1, eps 0: the reference (eps is negligible beside the huge rows' variance).
-    std::vector<float> y1(n), m1(sz(rows)), r1(sz(rows)), dx1(n), z1(n), q1(sz(rows)), dz1(n);
-    layernorm_fwd(y1.data(), x.data(), w.data(), b.data(), rows, dim, 0.f, m1.data(), r1.data());
-    layernorm_bwd(dx1.data(), nullptr, nullptr, dy.data(), x.data(), w.data(), m1.data(), r1.data(), rows, dim);
-    rmsnorm_fwd(z1.data(), x.data(), w.data(), rows, dim, 0.f, q1.data());
-    rmsnorm_bwd(dz1.data(), nullptr, dy.data(), x.data(), w.data(), q1.data(), rows, dim);
-    for (const float s : {1e20f, 1e30f, 1e37f}) {
-      SCOPED_TRACE(::testing::Message() << "dim " << dim << ", scale " << s);
-      std::vector<float> xs(n);
-      for (size_t i = 0; i < n; ++i) xs[i] = x[i] * s;
-      std::vector<float> y(n), m(sz(rows)), r(sz(rows)), dx(n), z(n), q(sz(rows)), dz(n);
-      layernorm_fwd(y.data(), xs.data(), w.data(), b.data(), rows, dim, 1e-5f, m.data(), r.data());
-      layernorm_bwd(dx.data(), nullptr, nullptr, dy.data(), xs.data(), w.data(), m.data(), r.data(), rows, dim);
-      rmsnorm_fwd(z.data(), xs.data(), w.data(), rows, dim, 1e-6f, q.data());
-      rmsnorm_bwd(dz.data(), nullptr, dy.data(), xs.data(), w.data(), q.data(), rows, dim);
-      for (size_t i = 0; i < n; ++i) {
-        EXPECT_NEAR(y[i], y1[i], 1e-4 * (1 + std::fabs(y1[i]))) << "layernorm at " << i;
-        EXPECT_NEAR(z[i], z1[i], 1e-4 * (1 + std::fabs(z1[i]))) << "rmsnorm at " << i;
-        EXPECT_NEAR(static_cast<double>(dx[i]) * s, dx1[i], 1e-3 * (1 + std::fabs(dx1[i]))) << "layernorm dx at " << i;
-        EXPECT_NEAR(static_cast<double>(dz[i]) * s, dz1[i], 1e-3 * (1 + std::fabs(dz1[i]))) << "rmsnorm dx at " << i;
+  for_each_isa([&] {
+    const int64_t rows = 3;
+    for (const int64_t dim : {3, 17, 64}) {
+      const size_t n = sz(rows * dim);
+      const std::vector<float> x = randn(rows * dim, 40), w = randn(dim, 41, 0.5f, 1.f), b = randn(dim, 42),
+                               dy = randn(rows * dim, 43);
+      // Scale 1, eps 0: the reference (eps is negligible beside the huge rows' variance).
+      std::vector<float> y1(n), m1(sz(rows)), r1(sz(rows)), dx1(n), z1(n), q1(sz(rows)), dz1(n);
+      layernorm_fwd(y1.data(), x.data(), w.data(), b.data(), rows, dim, 0.f, m1.data(), r1.data());
+      layernorm_bwd(dx1.data(), nullptr, nullptr, dy.data(), x.data(), w.data(), m1.data(), r1.data(), rows, dim);
+      rmsnorm_fwd(z1.data(), x.data(), w.data(), rows, dim, 0.f, q1.data());
+      rmsnorm_bwd(dz1.data(), nullptr, dy.data(), x.data(), w.data(), q1.data(), rows, dim);
+      for (const float s : {1e20f, 1e30f, 1e37f}) {
+        SCOPED_TRACE(::testing::Message() << "dim " << dim << ", scale " << s);
+        std::vector<float> xs(n);
+        for (size_t i = 0; i < n; ++i) xs[i] = x[i] * s;
+        std::vector<float> y(n), m(sz(rows)), r(sz(rows)), dx(n), z(n), q(sz(rows)), dz(n);
+        layernorm_fwd(y.data(), xs.data(), w.data(), b.data(), rows, dim, 1e-5f, m.data(), r.data());
+        layernorm_bwd(dx.data(), nullptr, nullptr, dy.data(), xs.data(), w.data(), m.data(), r.data(), rows, dim);
+        rmsnorm_fwd(z.data(), xs.data(), w.data(), rows, dim, 1e-6f, q.data());
+        rmsnorm_bwd(dz.data(), nullptr, dy.data(), xs.data(), w.data(), q.data(), rows, dim);
+        for (size_t i = 0; i < n; ++i) {
+          EXPECT_NEAR(y[i], y1[i], 1e-4 * (1 + std::fabs(y1[i]))) << "layernorm at " << i;
+          EXPECT_NEAR(z[i], z1[i], 1e-4 * (1 + std::fabs(z1[i]))) << "rmsnorm at " << i;
+          EXPECT_NEAR(static_cast<double>(dx[i]) * s, dx1[i], 1e-3 * (1 + std::fabs(dx1[i]))) << "layernorm dx at " << i;
+          EXPECT_NEAR(static_cast<double>(dz[i]) * s, dz1[i], 1e-3 * (1 + std::fabs(dz1[i]))) << "rmsnorm dx at " << i;
+        }
       }
     }
-  }
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -211,86 +229,94 @@ std::vector<float> gelu_inputs(int64_t n, uint64_t stream) {
 }
 
 TEST(Gelu, BothKindsMatchReferenceAndInPlace) {
-  for (Gelu kind : {Gelu::erf, Gelu::tanh})
-    for (int64_t n : kLengths) {
-      SCOPED_TRACE(std::string(kind == Gelu::erf ? "erf" : "tanh") + " n=" + std::to_string(n));
-      const std::vector<float> x = gelu_inputs(n, 40);
-      std::vector<float> y(sz(n)), yi = x;
-      gelu_fwd(y.data(), x.data(), n, kind);
-      gelu_fwd(yi.data(), yi.data(), n, kind);
-      for (int64_t i = 0; i < n; ++i) {
-        const double xi = x[sz(i)], ref = gelu_ref(xi, kind);
-        // Relative 2e-6, widened by GELU's own condition number (~x² for x << 0, where the result
-        // is a Gaussian tail), plus 1e-9 absolute for the cancellation of the double reference.
-        const double tol = 2e-6 * std::fabs(ref) * (1 + xi * xi) + 1e-9;
-        ASSERT_TRUE(std::isfinite(y[sz(i)])) << "x=" << xi;
-        ASSERT_NEAR(y[sz(i)], ref, tol) << "x=" << xi;
-        ASSERT_EQ(yi[sz(i)], y[sz(i)]);
+  for_each_isa([&] {
+    for (Gelu kind : {Gelu::erf, Gelu::tanh})
+      for (int64_t n : kLengths) {
+        SCOPED_TRACE(std::string(kind == Gelu::erf ? "erf" : "tanh") + " n=" + std::to_string(n));
+        const std::vector<float> x = gelu_inputs(n, 40);
+        std::vector<float> y(sz(n)), yi = x;
+        gelu_fwd(y.data(), x.data(), n, kind);
+        gelu_fwd(yi.data(), yi.data(), n, kind);
+        for (int64_t i = 0; i < n; ++i) {
+          const double xi = x[sz(i)], ref = gelu_ref(xi, kind);
+          // Relative 2e-6, widened by GELU's own condition number (~x² for x << 0, where the result
+          // is a Gaussian tail), plus 1e-9 absolute for the cancellation of the double reference.
+          const double tol = 2e-6 * std::fabs(ref) * (1 + xi * xi) + 1e-9;
+          ASSERT_TRUE(std::isfinite(y[sz(i)])) << "x=" << xi;
+          ASSERT_NEAR(y[sz(i)], ref, tol) << "x=" << xi;
+          ASSERT_EQ(yi[sz(i)], y[sz(i)]);
+        }
       }
-    }
+  });
 }
 
 TEST(Gelu, RelativeAccuracyOnAGrid) {
-  // Dense grid over [−10, 10]: the worst relative error against the erfc form of the exact GELU
-  // (no cancellation in the reference), scaled by the condition number max(1, x²).
-  const int64_t n = 200001;
-  std::vector<float> x(sz(n)), y(sz(n));
-  for (int64_t i = 0; i < n; ++i) x[sz(i)] = -10.f + 20.f * float(i) / float(n - 1);
-  gelu_fwd(y.data(), x.data(), n, Gelu::erf);
-  double worst = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double xi = x[sz(i)], ref = 0.5 * xi * std::erfc(-xi / std::sqrt(2.0));
-    if (ref != 0) worst = std::max(worst, std::fabs(y[sz(i)] - ref) / std::fabs(ref) / std::max(1.0, xi * xi));
-  }
-  EXPECT_LT(worst, 1e-6);
+  for_each_isa([&] {
+    // Dense grid over [−10, 10]: the worst relative error against the erfc form of the exact GELU
+    // (no cancellation in the reference), scaled by the condition number max(1, x²).
+    const int64_t n = 200001;
+    std::vector<float> x(sz(n)), y(sz(n));
+    for (int64_t i = 0; i < n; ++i) x[sz(i)] = -10.f + 20.f * float(i) / float(n - 1);
+    gelu_fwd(y.data(), x.data(), n, Gelu::erf);
+    double worst = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double xi = x[sz(i)], ref = 0.5 * xi * std::erfc(-xi / std::sqrt(2.0));
+      if (ref != 0) worst = std::max(worst, std::fabs(y[sz(i)] - ref) / std::fabs(ref) / std::max(1.0, xi * xi));
+    }
+    EXPECT_LT(worst, 1e-6);
+  });
 }
 
 TEST(SwiGlu, MatchesReferenceAndExtremeGates) {
-  for (int64_t n : kLengths) {
-    SCOPED_TRACE("n=" + std::to_string(n));
-    std::vector<float> gate = randn(n, 50, 3.f), up = randn(n, 51);
-    const float special[] = {0.f, 100.f, -100.f, 88.f, -88.f, 89.f, -89.f, 1e4f, -1e4f};
-    for (size_t i = 0; i < std::size(special) && i < gate.size(); ++i) gate[i * 5 % gate.size()] = special[i];
-    std::vector<float> y(sz(n)), yi = gate;
-    swiglu_fwd(y.data(), gate.data(), up.data(), n);
-    swiglu_fwd(yi.data(), yi.data(), up.data(), n);
-    for (int64_t i = 0; i < n; ++i) {
-      const double g = gate[sz(i)], u = up[sz(i)], ref = g / (1 + std::exp(-g)) * u;
-      ASSERT_TRUE(std::isfinite(y[sz(i)])) << "gate=" << g;
-      ASSERT_NEAR(y[sz(i)], ref, 2e-6 * std::fabs(ref) * (1 + std::fabs(g)) + 1e-30) << "gate=" << g;
-      ASSERT_EQ(yi[sz(i)], y[sz(i)]);
+  for_each_isa([&] {
+    for (int64_t n : kLengths) {
+      SCOPED_TRACE("n=" + std::to_string(n));
+      std::vector<float> gate = randn(n, 50, 3.f), up = randn(n, 51);
+      const float special[] = {0.f, 100.f, -100.f, 88.f, -88.f, 89.f, -89.f, 1e4f, -1e4f};
+      for (size_t i = 0; i < std::size(special) && i < gate.size(); ++i) gate[i * 5 % gate.size()] = special[i];
+      std::vector<float> y(sz(n)), yi = gate;
+      swiglu_fwd(y.data(), gate.data(), up.data(), n);
+      swiglu_fwd(yi.data(), yi.data(), up.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const double g = gate[sz(i)], u = up[sz(i)], ref = g / (1 + std::exp(-g)) * u;
+        ASSERT_TRUE(std::isfinite(y[sz(i)])) << "gate=" << g;
+        ASSERT_NEAR(y[sz(i)], ref, 2e-6 * std::fabs(ref) * (1 + std::fabs(g)) + 1e-30) << "gate=" << g;
+        ASSERT_EQ(yi[sz(i)], y[sz(i)]);
+      }
     }
-  }
-  const float gate[] = {100.f, -100.f, 0.f}, up[] = {2.f, 2.f, 2.f};
-  float y[3];
-  swiglu_fwd(y, gate, up, 3);
-  EXPECT_EQ(y[0], 200.f);
-  EXPECT_EQ(y[1], 0.f);
-  EXPECT_EQ(y[2], 0.f);
+    const float gate[] = {100.f, -100.f, 0.f}, up[] = {2.f, 2.f, 2.f};
+    float y[3];
+    swiglu_fwd(y, gate, up, 3);
+    EXPECT_EQ(y[0], 200.f);
+    EXPECT_EQ(y[1], 0.f);
+    EXPECT_EQ(y[2], 0.f);
+  });
 }
 
 // The fused-rows forms equal the flat functions row by row, bit for bit, with odd widths and
 // padded row strides; the backward's dgate may overwrite its dy in place.
 TEST(SwiGlu, FusedRowsEqualTheFlatFunctions) {
-  for (int64_t n : {1, 17, 64, 172}) {
-    SCOPED_TRACE("n=" + std::to_string(n));
-    const int64_t rows = 37, ldgu = 2 * n + 3, ldy = n + 5;
-    const std::vector<float> gu = randn(rows * ldgu, 60, 2.f), dyv = randn(rows * ldy, 61);
-    std::vector<float> y(sz(rows * ldy), 0.f), want(sz(n));
-    swiglu_rows_fwd(y.data(), ldy, gu.data(), ldgu, rows, n);
-    std::vector<float> dgu(sz(rows * ldgu), 0.f);
-    for (int64_t r = 0; r < rows; ++r) std::copy(dyv.begin() + r * ldy, dyv.begin() + r * ldy + n, dgu.begin() + r * ldgu);
-    swiglu_rows_bwd(dgu.data(), ldgu, dgu.data(), ldgu, gu.data(), ldgu, rows, n);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* g = gu.data() + r * ldgu;
-      swiglu_fwd(want.data(), g, g + n, n);
-      ASSERT_TRUE(std::equal(want.begin(), want.end(), y.begin() + r * ldy)) << "row " << r;
-      std::vector<float> dg(sz(n)), du(sz(n));
-      swiglu_bwd(dg.data(), du.data(), dyv.data() + r * ldy, g, g + n, n);
-      ASSERT_TRUE(std::equal(dg.begin(), dg.end(), dgu.begin() + r * ldgu)) << "row " << r;
-      ASSERT_TRUE(std::equal(du.begin(), du.end(), dgu.begin() + r * ldgu + n)) << "row " << r;
+  for_each_isa([&] {
+    for (int64_t n : {1, 17, 64, 172}) {
+      SCOPED_TRACE("n=" + std::to_string(n));
+      const int64_t rows = 37, ldgu = 2 * n + 3, ldy = n + 5;
+      const std::vector<float> gu = randn(rows * ldgu, 60, 2.f), dyv = randn(rows * ldy, 61);
+      std::vector<float> y(sz(rows * ldy), 0.f), want(sz(n));
+      swiglu_rows_fwd(y.data(), ldy, gu.data(), ldgu, rows, n);
+      std::vector<float> dgu(sz(rows * ldgu), 0.f);
+      for (int64_t r = 0; r < rows; ++r) std::copy(dyv.begin() + r * ldy, dyv.begin() + r * ldy + n, dgu.begin() + r * ldgu);
+      swiglu_rows_bwd(dgu.data(), ldgu, dgu.data(), ldgu, gu.data(), ldgu, rows, n);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* g = gu.data() + r * ldgu;
+        swiglu_fwd(want.data(), g, g + n, n);
+        ASSERT_TRUE(std::equal(want.begin(), want.end(), y.begin() + r * ldy)) << "row " << r;
+        std::vector<float> dg(sz(n)), du(sz(n));
+        swiglu_bwd(dg.data(), du.data(), dyv.data() + r * ldy, g, g + n, n);
+        ASSERT_TRUE(std::equal(dg.begin(), dg.end(), dgu.begin() + r * ldgu)) << "row " << r;
+        ASSERT_TRUE(std::equal(du.begin(), du.end(), dgu.begin() + r * ldgu + n)) << "row " << r;
+      }
     }
-  }
+  });
 }
 
 // ---------------------------------------------------------------------------------------------

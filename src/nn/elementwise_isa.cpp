@@ -1,0 +1,304 @@
+// The nn layers' elementwise and row kernels (nn/nn_isa.h), compiled once per ISA. The
+// activations are written in the native vector width: 16-lane vectors with a per-lane choice
+// (x >= 0 ? a : b) are lowered lane by lane outside AVX-512, and built once at x86-64-v3 the
+// exact GELU forward of every encoder layer ran at AVX2 width on AVX-512 CPUs too (19 % of KWT-1's
+// forward on an AVX-512 Xeon, the largest piece after the products).
+// Nothing here checks or allocates: the callers in activation.cpp and norm.cpp validate and split.
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/simd.h"
+#include "nn/nn_isa.h"
+
+#if !defined(CLATTN_ISA_NS)
+#error "elementwise_isa.cpp is compiled once per ISA with CLATTN_ISA_NS set (CMakeLists.txt)"
+#endif
+
+namespace clattn::nn::CLATTN_ISA_NS {
+namespace {
+
+using simd::vn;
+using simd::vni;
+constexpr int W = simd::kNative;
+
+inline vn splat(float x) { return simd::splat_n(x); }
+
+inline vn vabs(vn x) {
+  vni bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits &= 0x7FFFFFFF;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+// erfc(z) for z >= 0 with relative error ~3e-7 in float (Numerical Recipes' erfcc, a Chebyshev
+// fit of erfc(z)·exp(z²) in t = 1 / (1 + z/2), fractional error < 1.2e-7 in exact arithmetic).
+// Relative, not absolute: 0.5·erfc(|x|/√2) is Φ(x) for x < 0, where GELU needs tiny values right.
+inline vn erfc_nonneg(vn z) {
+  const vn t = 1.f / (1.f + 0.5f * z);
+  vn p = splat(0.17087277f);
+  p = p * t - 0.82215223f;
+  p = p * t + 1.48851587f;
+  p = p * t - 1.13520398f;
+  p = p * t + 0.27886807f;
+  p = p * t - 0.18628806f;
+  p = p * t + 0.09678418f;
+  p = p * t + 0.37409196f;
+  p = p * t + 1.00002368f;
+  p = p * t - 1.26551223f;
+  return t * simd::exp_n(p - z * z);
+}
+
+// 0.5·x·(1 + erf(x/√2)) = x·Φ(x), with Φ(x) = 1 − e/2 for x >= 0 and e/2 for x < 0, where
+// e = erfc(|x|/√2): no cancellation on either side.
+inline vn gelu_erf(vn x) {
+  const vn e = erfc_nonneg(vabs(x) * 0.70710678118654752f);
+  return x * (x >= 0.f ? 1.f - 0.5f * e : 0.5f * e);
+}
+
+// 0.5·x·(1 + tanh(u)) = x / (1 + exp(−2u)), u = √(2/π)·(x + 0.044715·x³): the logistic form
+// keeps relative accuracy where 1 + tanh(u) is tiny, and saturates to x or −0 (exp clamps its
+// argument, so a huge |x| gives 0 or inf inside and never NaN).
+inline vn gelu_tanh(vn x) {
+  const vn u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return x / (1.f + simd::exp_n(-2.f * u));
+}
+
+// gate / (1 + exp(−gate)) · up: exp(100) is inf in float and gate / inf = −0, so gate = ±100
+// gives 0 or gate·up, never NaN.
+inline vn swiglu(vn gate, vn up) { return gate / (1.f + simd::exp_n(-gate)) * up; }
+
+// σ(z) and 1 − σ(z) from t = exp(−|z|) <= 1, which never overflows: for z >= 0 they are
+// 1/(1+t) and t/(1+t), swapped for z < 0 (each keeps its relative accuracy where it is tiny).
+inline void sigmoid_pair(vn z, vn& s, vn& one_minus_s) {
+  const vn t = simd::exp_n(-vabs(z));
+  const vn inv = 1.f / (1.f + t);
+  const vn small = t * inv;
+  s = z >= 0.f ? inv : small;
+  one_minus_s = z >= 0.f ? small : inv;
+}
+
+// d/dx x·Φ(x) = Φ(x) + x·φ(x), φ(x) = exp(−x²/2)/√(2π). Beyond |x| = 20 the derivative is 1 or 0
+// in float (Φ(−20) ~ 3e−89), and clamping there keeps x² and x·φ finite for any finite input.
+inline vn gelu_erf_grad(vn dy, vn x) {
+  x = simd::vmin_n(simd::vmax_n(x, splat(-20.f)), splat(20.f));
+  const vn e = erfc_nonneg(vabs(x) * 0.70710678118654752f);
+  const vn cdf = x >= 0.f ? 1.f - 0.5f * e : 0.5f * e;
+  return dy * (cdf + x * 0.3989422804014327f * simd::exp_n(-0.5f * x * x));
+}
+
+// d/dx x·σ(2u) = σ(2u) + x·σ(2u)(1 − σ(2u))·2u', u = √(2/π)(x + 0.044715x³),
+// u' = √(2/π)(1 + 3·0.044715x²). Clamped at |x| = 10, where σ(2u) is 0 or 1 in float and the
+// second term below 1e−35 (so x³ cannot overflow).
+inline vn gelu_tanh_grad(vn dy, vn x) {
+  x = simd::vmin_n(simd::vmax_n(x, splat(-10.f)), splat(10.f));
+  const vn x2 = x * x;
+  const vn u = 0.7978845608028654f * (x + 0.044715f * x2 * x);
+  const vn du = 0.7978845608028654f * (1.f + 0.134145f * x2);
+  vn s, sc;
+  sigmoid_pair(2.f * u, s, sc);
+  return dy * (s + 2.f * x * s * sc * du);
+}
+
+// out[e] = op(a[e], b[e]) over n floats in native vectors, lane by lane (out may equal a or b);
+// the tail through a zero-padded copy. b may be null when op ignores it.
+template <class Op>
+void map2(float* out, const float* a, const float* b, int64_t n, Op op) {
+  int64_t e = 0;
+  for (; e + W <= n; e += W) simd::store_n(out + e, op(simd::load_n(a + e), b ? simd::load_n(b + e) : vn{}));
+  if (e < n) {
+    const int r = static_cast<int>(n - e);
+    float ta[W] = {}, tb[W] = {};
+    std::memcpy(ta, a + e, sizeof(float) * static_cast<size_t>(r));
+    if (b) std::memcpy(tb, b + e, sizeof(float) * static_cast<size_t>(r));
+    simd::store_n(ta, op(simd::load_n(ta), simd::load_n(tb)));
+    std::memcpy(out + e, ta, sizeof(float) * static_cast<size_t>(r));
+  }
+}
+
+void gelu(float* y, const float* x, int64_t n, Gelu kind) {
+  if (kind == Gelu::erf) map2(y, x, nullptr, n, [](vn a, vn) { return gelu_erf(a); });
+  else map2(y, x, nullptr, n, [](vn a, vn) { return gelu_tanh(a); });
+}
+
+void gelu_grad(float* dx, const float* dy, const float* x, int64_t n, Gelu kind) {
+  if (kind == Gelu::erf) map2(dx, dy, x, n, [](vn d, vn v) { return gelu_erf_grad(d, v); });
+  else map2(dx, dy, x, n, [](vn d, vn v) { return gelu_tanh_grad(d, v); });
+}
+
+void swiglu_fwd(float* y, const float* gate, const float* up, int64_t n) {
+  map2(y, gate, up, n, [](vn g, vn u) { return swiglu(g, u); });
+}
+
+// Every input lane is loaded before either output is stored, so dgate or dup may alias dy.
+void swiglu_grad(float* dgate, float* dup, const float* dy, const float* gate, const float* up, int64_t n) {
+  const auto step = [&](const float* d0, const float* g0, const float* u0, float* og, float* ou) {
+    const vn d = simd::load_n(d0), g = simd::load_n(g0), u = dgate == nullptr ? vn{} : simd::load_n(u0);
+    vn s, sc;
+    sigmoid_pair(g, s, sc);
+    if (dgate) simd::store_n(og, d * u * (s * (1.f + g * sc)));
+    if (dup) simd::store_n(ou, d * (g * s));
+  };
+  int64_t e = 0;
+  for (; e + W <= n; e += W) step(dy + e, gate + e, up ? up + e : nullptr, dgate ? dgate + e : nullptr, dup ? dup + e : nullptr);
+  if (e < n) {
+    const size_t r = static_cast<size_t>(n - e) * sizeof(float);
+    float td[W] = {}, tg[W] = {}, tu[W] = {}, og[W], ou[W];
+    std::memcpy(td, dy + e, r);
+    std::memcpy(tg, gate + e, r);
+    if (dgate) std::memcpy(tu, up + e, r);
+    step(td, tg, tu, og, ou);
+    if (dgate) std::memcpy(dgate + e, og, r);
+    if (dup) std::memcpy(dup + e, ou, r);
+  }
+}
+
+// ---- Norms: rows read from cache two or three times (statistics, then the output).
+using simd::kLanes;
+using simd::load;
+using simd::load_partial;
+using simd::store;
+using simd::store_partial;
+using simd::vf;
+using simd::vi;
+
+// v with lanes n.. set to `fill` (the tail of a row after load_partial, which fills with 0).
+inline vf keep_first(vf v, int n, float fill) {
+  const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  return lane < n ? v : simd::splat(fill);
+}
+
+// Σ x[e] over n floats (two accumulators: one add chain per vector is latency bound).
+inline float row_sum(const float* x, int64_t n) {
+  vf a0{}, a1{};
+  int64_t e = 0;
+  for (; e + 2 * kLanes <= n; e += 2 * kLanes) {
+    a0 += load(x + e);
+    a1 += load(x + e + kLanes);
+  }
+  for (; e + kLanes <= n; e += kLanes) a0 += load(x + e);
+  if (e < n) a1 += load_partial(x + e, static_cast<int>(n - e));
+  return simd::hsum(a0 + a1);
+}
+
+// Σ (x[e] − m)² over n floats.
+inline float row_sq_dev(const float* x, int64_t n, float m) {
+  const vf mv = simd::splat(m);
+  vf a0{}, a1{};
+  int64_t e = 0;
+  for (; e + 2 * kLanes <= n; e += 2 * kLanes) {
+    const vf d0 = load(x + e) - mv, d1 = load(x + e + kLanes) - mv;
+    a0 += d0 * d0;
+    a1 += d1 * d1;
+  }
+  for (; e + kLanes <= n; e += kLanes) {
+    const vf d = load(x + e) - mv;
+    a0 += d * d;
+  }
+  if (e < n) {
+    const int r = static_cast<int>(n - e);
+    const vf d = keep_first(load_partial(x + e, r) - mv, r, 0.f);
+    a1 += d * d;
+  }
+  return simd::hsum(a0 + a1);
+}
+
+// Σ x[e]² over n floats.
+inline float row_sq(const float* x, int64_t n) {
+  vf a0{}, a1{};
+  int64_t e = 0;
+  for (; e + 2 * kLanes <= n; e += 2 * kLanes) {
+    const vf v0 = load(x + e), v1 = load(x + e + kLanes);
+    a0 += v0 * v0;
+    a1 += v1 * v1;
+  }
+  for (; e + kLanes <= n; e += kLanes) {
+    const vf v = load(x + e);
+    a0 += v * v;
+  }
+  if (e < n) {
+    const vf v = load_partial(x + e, static_cast<int>(n - e));
+    a1 += v * v;
+  }
+  return simd::hsum(a0 + a1);
+}
+
+// Rows whose float sums overflow (|x| beyond ~1e19: Σx² is inf) take the double path below; the
+// common case pays one comparison per row. Norms are scale invariant, so such rows have finite,
+// ordinary outputs: in float they came out as 0 (s = 1/inf) or NaN.
+constexpr float kFloatMax = std::numeric_limits<float>::max();
+
+// LayerNorm statistics of a row in double: mean and 1/sqrt(var + eps).
+void row_stats_double(const float* x, int64_t n, float eps, bool centre, double& m, double& s) {
+  double sum = 0;
+  if (centre)
+    for (int64_t e = 0; e < n; ++e) sum += x[e];
+  m = centre ? sum / static_cast<double>(n) : 0.0;
+  double sq = 0;
+  for (int64_t e = 0; e < n; ++e) sq += (x[e] - m) * (x[e] - m);
+  s = 1.0 / std::sqrt(sq / static_cast<double>(n) + eps);
+}
+
+void layernorm_rows(float* y, const float* x, const float* gamma, const float* beta, int64_t r0, int64_t r1,
+                    int64_t dim, float eps, float* mean, float* rstd) {
+  const float inv_dim = 1.f / static_cast<float>(dim);
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * dim;  // (dim)
+    float* yr = y + r * dim;        // (dim), may be xr
+    const float m = row_sum(xr, dim) * inv_dim;
+    const float sq = row_sq_dev(xr, dim, m);
+    if (!(std::fabs(m) <= kFloatMax && sq <= kFloatMax)) {  // overflowed (or NaN): in double
+      double md = 0, sd = 0;
+      row_stats_double(xr, dim, eps, true, md, sd);
+      if (mean) mean[r] = static_cast<float>(md);
+      if (rstd) rstd[r] = static_cast<float>(sd);
+      for (int64_t e = 0; e < dim; ++e)
+        yr[e] = static_cast<float>((xr[e] - md) * sd * gamma[e] + beta[e]);
+      continue;
+    }
+    const float s = 1.f / std::sqrt(sq * inv_dim + eps);
+    if (mean) mean[r] = m;
+    if (rstd) rstd[r] = s;
+    const vf mv = simd::splat(m), sv = simd::splat(s);
+    int64_t e = 0;
+    for (; e + kLanes <= dim; e += kLanes)
+      store(yr + e, (load(xr + e) - mv) * sv * load(gamma + e) + load(beta + e));
+    if (e < dim) {
+      const int n = static_cast<int>(dim - e);
+      store_partial(yr + e, (load_partial(xr + e, n) - mv) * sv * load_partial(gamma + e, n) + load_partial(beta + e, n), n);
+    }
+  }
+}
+
+void rmsnorm_rows(float* y, const float* x, const float* w, int64_t r0, int64_t r1, int64_t dim, float eps,
+                  float* rstd) {
+  const float inv_dim = 1.f / static_cast<float>(dim);
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * dim;  // (dim)
+    float* yr = y + r * dim;        // (dim), may be xr
+    const float sq = row_sq(xr, dim);
+    float s;
+    if (sq <= kFloatMax) {
+      s = 1.f / std::sqrt(sq * inv_dim + eps);
+    } else {  // Σx² overflowed (or NaN): in double; x·s stays in range
+      double md = 0, sd = 0;
+      row_stats_double(xr, dim, eps, false, md, sd);
+      s = static_cast<float>(sd);
+    }
+    if (rstd) rstd[r] = s;
+    const vf sv = simd::splat(s);
+    int64_t e = 0;
+    for (; e + kLanes <= dim; e += kLanes) store(yr + e, load(xr + e) * sv * load(w + e));
+    if (e < dim) {
+      const int n = static_cast<int>(dim - e);
+      store_partial(yr + e, load_partial(xr + e, n) * sv * load_partial(w + e, n), n);
+    }
+  }
+}
+
+}  // namespace
+
+extern const NnKernels kNnTable = {gelu, gelu_grad, swiglu_fwd, swiglu_grad, layernorm_rows, rmsnorm_rows};
+
+}  // namespace clattn::nn::CLATTN_ISA_NS
