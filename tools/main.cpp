@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
       "--version",
       [] {
         return std::string("clattn ") + clattn::cli::kVersion + " (commit " + clattn::cli::kCommit + ")\n" +
-               clattn::machine_summary() + "\nGEMM kernel: " + clattn::gemm_backend().reason;
+               clattn::machine_summary() + "\nGEMM kernel: " + clattn::gemm_backend().reason +
+               "\nProducts: " + clattn::gemm_backend().products;
       },
       "Print the version and the machine facts (CPU, ISA, GEMM backend and kernel, threads), and exit");
   app.footer(kExitCodes);

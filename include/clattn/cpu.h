@@ -56,6 +56,7 @@ struct GemmBackend {
   std::string detected;  // what OpenBLAS picked by itself at load time
   std::string reason;    // why `kernel` (CPU features; $OPENBLAS_CORETYPE kept or refused; self-test)
   bool verified = false; // the kernel passed the known-answer check against a double reference
+  std::string products;  // which products skip sgemm: clattn's own tiles for narrow linear layers
 };
 
 // Chooses and checks the kernel at the first call (see src/core/gemm.cpp).

@@ -151,6 +151,7 @@ PYBIND11_MODULE(_clattn, m) {
           d["gemm_kernel_detected"] = g.detected;
           d["gemm_kernel_reason"] = g.reason;
           d["gemm_verified"] = g.verified;
+          d["gemm_products"] = g.products;
           const int n = default_threads();
           d["threads"] = n > 0 ? n : clattn::max_threads();
           return d;

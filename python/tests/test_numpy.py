@@ -237,6 +237,7 @@ def test_config_reports_the_machine_as_the_cli_does(cli):
     assert c["isa"] in c["isas_supported"].split()
     assert ("avx512" in c["isas_supported"]) == ("avx512f" in flags)
     assert c["gemm_verified"] is True
+    assert "register tiles" in c["gemm_products"]
     assert c["gemm"].startswith("OpenBLAS") and c["gemm_kernel"]
     assert "openmp" in c["gemm_library"]
     assert c["threads"] == clattn.get_num_threads()

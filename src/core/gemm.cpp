@@ -196,6 +196,8 @@ Openblas load() {
   }
   auto current = [&] { return o.corename ? std::string(o.corename()) : std::string("unknown"); };
   info.detected = current();
+  info.products = "X·Wt with k <= 1024, n <= 4096 and more than 4 rows: clattn's register tiles; up to 4 rows: "
+                  "clattn's rows_dot; the rest: sgemm";
   const CpuFeatures& f = cpu_features();
 
   auto use_kernel = [&](const std::string& core) {

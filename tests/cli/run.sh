@@ -59,7 +59,7 @@ ls "$dir" | grep -q '\.tmp\.' && bad "temporary file left behind" || ok
 # kernels this CPU cannot run is replaced (OpenBLAS itself would die with SIGILL on the first
 # product), and --version names the CPU, ISA, GEMM kernel and threads.
 expect_ok "version names the machine" "$bin" --version
-grep -q "ISA avx" "$dir/out" && grep -q "kernel, [0-9]* threads" "$dir/out" && ok || bad "--version: $(cat "$dir/out")"
+grep -q "ISA avx" "$dir/out" && grep -q "kernel, [0-9]* threads" "$dir/out" && grep -q "^Products: .*register tiles" "$dir/out" && ok || bad "--version: $(cat "$dir/out")"
 expect_error "CLATTN_ISA unknown" "CLATTN_ISA=sse9 is not an instruction set" env CLATTN_ISA=sse9 "$bin" variants
 expect_ok "CLATTN_ISA in capitals" env CLATTN_ISA=AVX2 "$bin" variants
 # --version alone prints the version and the machine with a refused ISA, the reason in its place.

@@ -14,8 +14,20 @@
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
 #include "clattn/tensor.h"
+#include "core/isa.h"
 
 namespace clattn::testing {
+
+// Runs body once per ISA copy of the kernels this build has and this CPU runs (core/isa.h), each
+// active in turn and named in the failures' trace.
+template <class F>
+void for_each_isa(F body) {
+  for (const Isa isa : runnable_isas()) {
+    const ScopedIsa scoped(isa);
+    SCOPED_TRACE(isa_name(isa));
+    body();
+  }
+}
 
 // N(0, sigma^2) entries from a fixed (seed, stream).
 inline Tensor randn(const Shape& s, uint64_t seed, uint64_t stream, float sigma = 1.f) {

@@ -11,7 +11,7 @@
 #include "clattn/error.h"
 #include "clattn/nn.h"
 #include "clattn/rng.h"
-#include "core/isa.h"
+#include "common/test_util.h"
 
 namespace clattn::nn {
 namespace {
@@ -47,16 +47,7 @@ std::vector<double> linear_ref(const std::vector<float>& x, int64_t ldx, const s
   return y;
 }
 
-// Runs body once per ISA copy this CPU runs (the activations' and norms' passes are compiled once
-// per ISA: nn/elementwise_isa.cpp), each under its own trace.
-template <class F>
-void for_each_isa(F body) {
-  for (const clattn::Isa isa : clattn::runnable_isas()) {
-    const clattn::ScopedIsa scoped(isa);
-    SCOPED_TRACE(clattn::isa_name(isa));
-    body();
-  }
-}
+using clattn::testing::for_each_isa;
 
 TEST(Linear, MatchesReferenceWithStridesAndBias) {
   for (int64_t rows : kRows)

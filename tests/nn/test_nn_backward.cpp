@@ -25,7 +25,7 @@
 #include "clattn/nn.h"
 #include "clattn/parallel.h"
 #include "clattn/rng.h"
-#include "core/isa.h"
+#include "common/test_util.h"
 
 namespace clattn::nn {
 namespace {
@@ -104,16 +104,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 // ---------------------------------------------------------------------------------------------
 // Linear
 
-// Runs body once per ISA copy this CPU runs (the activations' and norms' forward passes are
-// compiled once per ISA: nn/elementwise_isa.cpp), each under its own trace.
-template <class F>
-void for_each_isa(F body) {
-  for (const clattn::Isa isa : clattn::runnable_isas()) {
-    const clattn::ScopedIsa scoped(isa);
-    SCOPED_TRACE(clattn::isa_name(isa));
-    body();
-  }
-}
+using clattn::testing::for_each_isa;
 
 TEST(LinearBwd, FiniteDifferencesStridesAccumulateAndSentinels) {
   const int64_t shapes[][2] = {{17, 33}, {33, 17}, {1, 5}, {64, 64}};
