@@ -15,8 +15,8 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 // stride ldw, bias (n) or nullptr, and with `accumulate` the residual already in Y added. Shapes
 // of narrow layers (k <= 1024, n <= 4096, m > 4) run in clattn's register tiles over W packed
 // once per call, the bias and residual folded into the tiles' first step; others fill Y with the
-// bias and call sgemm with beta = 1. gemm(false, true, ...) with alpha 1 and beta 0 or 1 takes the
-// same tiles for the same shapes.
+// bias and call sgemm with beta = 1. gemm(false, true, ...) and gemm(false, false, ...) with alpha
+// 1 and beta 0 or 1 take the same tiles for the same shapes.
 void linear_product(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, const float* w, int64_t ldw,
                     const float* bias, bool accumulate, float* y, int64_t ldy);
 

@@ -196,8 +196,8 @@ Openblas load() {
   }
   auto current = [&] { return o.corename ? std::string(o.corename()) : std::string("unknown"); };
   info.detected = current();
-  info.products = "X·Wt with k <= 1024, n <= 4096 and more than 4 rows: clattn's register tiles; up to 4 rows: "
-                  "clattn's rows_dot; the rest: sgemm";
+  info.products = "A·B and A·Bt (alpha 1, beta 0 or 1) with k <= 1024, n <= 4096 and more than 4 rows: clattn's "
+                  "register tiles; A·Bt of up to 4 rows: clattn's rows_dot; the rest: sgemm";
   const CpuFeatures& f = cpu_features();
 
   auto use_kernel = [&](const std::string& core) {
@@ -322,7 +322,9 @@ void rows_dot16_threads(mk::Half f, int64_t m, int64_t n, int64_t k, float alpha
 // 132-140; k 256 / n 256 236 against 216; k 1024 / n 256 277 against 238; the AVX2 copy 185-189
 // against 98-107 at k = 64. Deeper than kTileMaxDepth, a panel (k, 64) no longer fits the L2 of
 // the smallest machines served (512 KB): sgemm keeps those, as it keeps wider W (n > 4096: a
-// vocabulary's head) and the backward's products.
+// vocabulary's head) and products with A transposed (a backward's dW = dYᵀ·X, deep in rows).
+// A·B with B (k, n) untransposed (a backward's dX = dY·W) takes the same tiles: B's panels are
+// its rows cut in 64-column pieces.
 constexpr int64_t kTileMaxDepth = 1024;
 constexpr int64_t kTileMaxCols = 4096;
 constexpr int64_t kTileRows = 96;  // rows of X per task: 16 tiles of 6, (96, k) in L2
@@ -331,10 +333,23 @@ bool tiles_take(int64_t m, int64_t n, int64_t k) {
   return m > kRowsDotMax && k > 0 && k <= kTileMaxDepth && n > 0 && n <= kTileMaxCols;
 }
 
-// Y (m, n) = [Y +] [bias +] X (m, k)·Wᵀ, W (n, k) row stride ldw. Each element is one tile's sum
-// in depth order, whatever the thread count or the task it falls in.
+// Panel p of B (k, n) row stride ldb for the tiles: its rows d are B[d, 64p .. 64p + 64), the
+// columns past n zero. (B = Wᵀ of a backward's dX = dY·W: W's rows cut in 64-column pieces.)
+void pack_column_panels(const float* b, int64_t ldb, int64_t k, int64_t n, int64_t p, float* dst) {
+  constexpr int64_t P = mk::kPanel;
+  const int64_t c0 = p * P, w = std::min(P, n - c0);
+  for (int64_t d = 0; d < k; ++d) {
+    float* row = dst + d * P;
+    std::memcpy(row, b + d * ldb + c0, sizeof(float) * static_cast<size_t>(w));
+    std::fill(row + w, row + P, 0.f);
+  }
+}
+
+// Y (m, n) = [Y +] [bias +] X (m, k)·op(B): op(B) = Wᵀ with W (n, k) row stride ldw (w_rows, a
+// linear layer's forward), or B (k, n) itself (a backward's dX = dY·W). Each element is one tile's
+// sum in depth order, whatever the thread count or the task it falls in.
 void linear_tiles(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, const float* w, int64_t ldw,
-                  const float* bias, bool add, float* y, int64_t ldy) {
+                  bool w_rows, const float* bias, bool add, float* y, int64_t ldy) {
   constexpr int64_t P = mk::kPanel;
   const int64_t np = (n + P - 1) / P, nfull = n / P, tail = n % P;
   // (np, k, 64) W's panels: the calling thread's, grown to the largest W it has multiplied.
@@ -348,7 +363,10 @@ void linear_tiles(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, 
 #pragma omp parallel if (par)
   {
 #pragma omp for schedule(static)
-    for (int64_t p = 0; p < np; ++p) mk::pack_panels(w + p * P * ldw, std::min(P, n - p * P), k, ldw, pan + p * P * k);
+    for (int64_t p = 0; p < np; ++p) {
+      if (w_rows) mk::pack_panels(w + p * P * ldw, std::min(P, n - p * P), k, ldw, pan + p * P * k);
+      else pack_column_panels(w, ldw, k, n, p, pan + p * P * k);
+    }
     alignas(64) float part[kTileRows * P];  // (kTileRows, 64) the last panel's columns
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tasks; ++t) {
@@ -379,7 +397,7 @@ void linear_product(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx
         " (k=", k, "), ldy=", ldy, " (n=", n, ")");
   if (m == 0 || n == 0) return;
   if (tiles_take(m, n, k)) {
-    linear_tiles(m, n, k, x, ldx, w, ldw, bias, accumulate, y, ldy);
+    linear_tiles(m, n, k, x, ldx, w, ldw, true, bias, accumulate, y, ldy);
     return;
   }
   // y = [y +] bias (or 0) over the team, then the product with beta = 1 (see nn/linear.cpp).
@@ -460,8 +478,8 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
           int64_t ldc) {
   check(m >= 0 && n >= 0 && k >= 0, "gemm: sizes must be >= 0, got m=", m, " n=", n, " k=", k);
   if (m == 0 || n == 0) return;
-  if (!trans_a && trans_b && alpha == 1.f && (beta == 0.f || beta == 1.f) && tiles_take(m, n, k)) {
-    linear_tiles(m, n, k, a, lda, b, ldb, nullptr, beta == 1.f, c, ldc);
+  if (!trans_a && alpha == 1.f && (beta == 0.f || beta == 1.f) && tiles_take(m, n, k)) {
+    linear_tiles(m, n, k, a, lda, b, ldb, trans_b, nullptr, beta == 1.f, c, ldc);
     return;
   }
   if (m <= kRowsDotMax && !trans_a && trans_b && k > 0) {

@@ -626,7 +626,7 @@ TEST(Gemm, EveryTranspositionAndAwkwardSize) {
         }
 }
 
-// linear_product (and gemm's X·Wᵀ with alpha 1, beta 0 or 1, which takes the same register tiles)
+// linear_product (and gemm's X·Wᵀ and X·B with alpha 1, beta 0 or 1, which take the same register tiles)
 // over the shapes around its panels, rows per task and depth limit, with and without a bias and a
 // residual, padded strides, in every ISA copy; beta 0 overwrites a NaN; one thread and the team give
 // the same bits.
@@ -680,6 +680,31 @@ TEST(Gemm, LinearProductMatchesLoopsAndThreads) {
           gemm(false, true, m, n, k, 1.f, x.data(), ldx, w.data(), ldw, 0.f, c.data(), ldy);
           for (int64_t i = 0; i < m; ++i)
             for (int64_t j = 0; j < n; ++j) ASSERT_EQ(c[static_cast<size_t>(i * ldy + j)], want[static_cast<size_t>(i * ldy + j)]);
+          // gemm(false, false): B (k, n) = Wᵀ written out with a padded stride, beta 0 (NaN in C) and
+          // 1: the same bits as through W's rows (the same sums in the same order), on 1 and 2 threads.
+          const int64_t ldb = n + 5;
+          std::vector<float> bt(static_cast<size_t>(k * ldb), NAN);
+          for (int64_t e = 0; e < k; ++e)
+            for (int64_t j = 0; j < n; ++j) bt[static_cast<size_t>(e * ldb + j)] = w[static_cast<size_t>(j * ldw + e)];
+          std::vector<float> c2(static_cast<size_t>(m * ldy), NAN);
+          gemm(false, false, m, n, k, 1.f, x.data(), ldx, bt.data(), ldb, 0.f, c2.data(), ldy);
+          std::vector<float> c3 = y0, want3 = y0;
+          {
+            const ThreadLimit one(1);
+            gemm(false, false, m, n, k, 1.f, x.data(), ldx, bt.data(), ldb, 1.f, c3.data(), ldy);
+          }
+          linear_product(m, n, k, x.data(), ldx, w.data(), ldw, nullptr, true, want3.data(), ldy);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              const size_t at = static_cast<size_t>(i * ldy + j);
+              if (k <= 1024) {
+                ASSERT_EQ(c2[at], want[at]) << m << "x" << n << "x" << k;
+                ASSERT_EQ(c3[at], want3[at]) << m << "x" << n << "x" << k;
+              } else {
+                ASSERT_NEAR(c2[at], want[at], 1e-3);
+                ASSERT_NEAR(c3[at], want3[at], 1e-3);
+              }
+            }
         }
   }
   EXPECT_THROW(linear_product(2, 3, 4, nullptr, 3, nullptr, 4, nullptr, false, nullptr, 3), Error);  // ldx < k

@@ -17,6 +17,8 @@
 
 #include "attention/tile/gather.h"
 #include "clattn/gemm.h"
+#include "clattn/nn.h"
+#include "clattn/parallel.h"
 #include "clattn/rng.h"
 #include "core/microkernel.h"
 #include "core/simd.h"
@@ -126,6 +128,22 @@ void BM_Linear(benchmark::State& st) {
   st.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * n * k, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_Linear)->ArgsProduct({{64, 256}, {64, 192, 256}, {0, 1}})->Args({256, 1024, 0})->Args({256, 1024, 1})->Args({1024, 256, 0})->Args({1024, 256, 1})->Args({512, 512, 0})->Args({512, 512, 1})->UseRealTime();
+
+// GELU over 1M floats of N(0, 4) on one thread (a BERT layer's FFN activations are 16384 x 1024):
+// the exact form (range(0) = 0) and the tanh form (1), in the active ISA's copy.
+void BM_Gelu(benchmark::State& st) {
+  const ThreadLimit one(1);
+  auto x = randv(size_t{1} << 20, 1);
+  for (float& v : x) v *= 2.f;
+  std::vector<float> y(x.size());
+  const nn::Gelu kind = st.range(0) == 0 ? nn::Gelu::erf : nn::Gelu::tanh;
+  for (auto _ : st) {
+    nn::gelu_fwd(y.data(), x.data(), static_cast<int64_t>(x.size()), kind);
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.SetItemsProcessed(static_cast<int64_t>(st.iterations()) * static_cast<int64_t>(x.size()));
+}
+BENCHMARK(BM_Gelu)->Arg(0)->Arg(1);
 
 // The sort-based variants' gather: 32-row blocks in random order from a head of range(0) rows of
 // 64 floats (16 MB at 65536: DRAM, not cache), with the next block requested while copying and
