@@ -25,6 +25,8 @@ forces that path on CPU tensors too.
 
 Importing this module needs PyTorch; ``import clattn`` alone does not.
 """
+import warnings
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -139,6 +141,20 @@ class AttentionFunction(torch.autograd.Function):
         return None, dq, dk, dv, None, None, None, None, None, None, None
 
 
+def _note_inactive_causal(spec, n):
+    """Warns when a causal clustered spec's block covers the whole sequence: every position is then
+    attended exactly (causal full attention, at more cost), as `clattn approx` notes too."""
+    name, _, params = spec.partition(":")
+    if name not in ("clustered", "improved-clustered"):
+        return
+    block = dict(p.split("=", 1) for p in params.split(",") if "=" in p).get("block")
+    if block is not None and int(block) >= n:
+        warnings.warn(
+            f"clattn: {spec}: its block of {block} positions covers the whole causal sequence of {n}, so "
+            f"every position is attended exactly (causal full attention): the approximation is inactive; "
+            f"give block= below {n} to cluster", stacklevel=3)
+
+
 def attention(att, q, k, v, *, query_lengths=None, key_lengths=None, causal=False, bias=None, step=0,
               train=False, backend="auto"):
     """Functional form: o = att(q, k, v) through autograd, att a clattn.Attention.
@@ -147,6 +163,8 @@ def attention(att, q, k, v, *, query_lengths=None, key_lengths=None, causal=Fals
     full, clustered, improved-clustered; same clusters) on tensors of any other device; "cpp" and
     "torch" force one (the C++ kernels read CPU tensors only).
     """
+    if causal and isinstance(getattr(att, "spec", None), str):
+        _note_inactive_causal(att.spec, q.shape[-2])
     if _device.wants_torch(backend, q, k, v):
         return _device.attention(att.spec, q, k, v, query_lengths=query_lengths, key_lengths=key_lengths,
                                  causal=causal, bias=bias, step=step)

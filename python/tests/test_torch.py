@@ -1,5 +1,7 @@
 """clattn.torch: gradients against PyTorch's autograd of plain softmax attention (full), a
 directional finite-difference check of every trainable variant, use inside a model, no copies."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -82,15 +84,15 @@ def test_float64_tensors_are_promoting():
 # not flipped by the +-eps perturbations below (fixed seeds: a pass is reproducible).
 VARIANT_SPECS = [
     "full",
-    "clustered:clusters=4",
-    "improved-clustered:clusters=4,topk=8",
+    "clustered:clusters=4,block=16",
+    "improved-clustered:clusters=4,topk=8,block=16",
     "local:window=8",
     "linear",
     "topk:topk=8",
     "smyrf:q_cluster=16,k_cluster=16",
     "reformer:chunk=16",
     "routing:clusters=4",
-    "conditional-full:length_limit=16,improved-clustered:clusters=4,topk=8",
+    "conditional-full:length_limit=16,improved-clustered:clusters=4,topk=8,block=16",
 ]
 
 
@@ -327,3 +329,17 @@ def test_sdpa_gradient_with_create_graph_is_refused():
             torch.autograd.grad(f(x).sum(), x, create_graph=True)
         (g,) = torch.autograd.grad(f(x).sum(), x)  # first order stays as it was
         assert torch.isfinite(g).all()
+
+
+def test_causal_clustered_with_a_block_past_the_sequence_says_it_is_exact():
+    # Its block covers the whole sequence: every position is attended exactly, and the call says so.
+    q, k, v = (torch.randn(1, 2, 40, 16) for _ in range(3))
+    att = clattn.torch.Attention("improved-clustered:clusters=4,topk=4,block=64")
+    with pytest.warns(UserWarning, match="covers the whole causal sequence of 40"):
+        out = att(q, k, v, causal=True)
+    full = clattn.torch.Attention("full")(q, k, v, causal=True)
+    assert torch.allclose(out, full, atol=1e-5)
+    with warnings.catch_warnings():  # a block below the length clusters, and says nothing
+        warnings.simplefilter("error")
+        clattn.torch.Attention("improved-clustered:clusters=4,topk=4,block=16")(q, k, v, causal=True)
+        att(q, k, v, causal=False)

@@ -378,8 +378,11 @@ std::vector<TemplatePiece> Tokenizer::Impl::load_template(const json& list, cons
     if (!nm || !nm->is_string()) bad(f, " must be {\"SpecialToken\": {\"id\": ...}} or {\"Sequence\": ...}");
     const json* tj = opt(*body, "type_id");
     if (tj && !tj->is_number_unsigned()) bad(f, ".type_id must be a non-negative integer, not ", tj->dump());
-    // Type ids index a token-type embedding; anything past a few is a damaged file.
-    const int32_t type_id = tj ? static_cast<int32_t>(std::min<uint64_t>(tj->get<uint64_t>(), INT32_MAX)) : 0;
+    // Type ids index a token-type embedding (2 rows in BERT): one past int32 is a damaged file, and
+    // refused rather than clamped into some other row.
+    if (tj && tj->get<uint64_t>() > static_cast<uint64_t>(INT32_MAX))
+      bad(f, ".type_id ", tj->get<uint64_t>(), " is past the largest token type id, ", INT32_MAX);
+    const int32_t type_id = tj ? static_cast<int32_t>(tj->get<uint64_t>()) : 0;
     const std::string& tok = nm->get_ref<const std::string&>();
     if (is_seq) {
       const int which = tok == "A" ? 0 : tok == "B" ? 1 : -1;

@@ -256,6 +256,8 @@ TEST_F(Bert, MalformedFiles) {
   expect(with([](json& j) { j["post_processor"]["pair"][3]["Sequence"]["id"] = "C"; }), "post_processor.pair[3]");
   expect(with([](json& j) { j["post_processor"]["special_tokens"]["[SEP]"]["ids"] = {40000}; }), "[SEP]");
   expect(with([](json& j) { j["post_processor"]["single"][1]["Sequence"]["type_id"] = -2; }), "type_id");
+  expect(with([](json& j) { j["post_processor"]["single"][1]["Sequence"]["type_id"] = uint64_t{1} << 40; }),
+         "type_id 1099511627776 is past the largest token type id");
   expect(with([](json& j) { j["post_processor"] = {{"type", "RobertaProcessing"}, {"sep", {"[SEP]", 99999}}, {"cls", {"[CLS]", 101}}}; }),
          "post_processor.sep id 99999 is out of range");
   expect(with([](json& j) { j["added_tokens"][0]["lstrip"] = "no"; }), "added_tokens[0].lstrip");
