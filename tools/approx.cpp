@@ -56,7 +56,10 @@ struct Outputs {
 };
 
 // `plan` with every stochastic layer's seed set to s (appended, or replaced when given).
-std::string with_seed(const std::string& plan, int64_t s, bool& stochastic) {
+std::string with_seed(const std::string& plan_in, int64_t s, bool& stochastic) {
+  // A trailing ';' (a plan naming every layer) is kept as it is.
+  const bool exact = plan_in.size() > 1 && plan_in.back() == ';';
+  const std::string plan = exact ? plan_in.substr(0, plan_in.size() - 1) : plan_in;
   std::string out;
   size_t start = 0;
   while (true) {
@@ -76,7 +79,7 @@ std::string with_seed(const std::string& plan, int64_t s, bool& stochastic) {
     if (e == std::string::npos) break;
     start = e + 1;
   }
-  return out;
+  return exact ? out + ";" : out;
 }
 
 // Causal clustered attention attends the positions of its first block exactly, so a plan whose
@@ -87,6 +90,7 @@ void note_inactive_causal(const std::string& plan, int64_t T) {
   while (true) {
     const size_t e = plan.find(';', start);
     const std::string spec = plan.substr(start, e == std::string::npos ? std::string::npos : e - start);
+    if (spec.empty()) break;  // the trailing ';' of a plan naming every layer
     const Spec canonical = parse_spec(make_attention(spec)->name());
     if (canonical.name == "clustered" || canonical.name == "improved-clustered")
       for (const auto& [key, value] : canonical.params)

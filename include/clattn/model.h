@@ -19,6 +19,8 @@
 // layer in order, the last one repeating for the layers after it:
 //   "full"                                      every layer full
 //   "full;improved-clustered:clusters=25"       layer 0 full, layers 1.. improved-clustered
+//   "full;local:window=64;full;"                a trailing ';': exactly these 3 layers (a model
+//                                               of another depth refuses it)
 // (';' never occurs inside a spec, and ':' and ',' keep their spec meaning.)
 //
 // Memory: a model sizes its activations per (B, T) in one arena it owns and reuses (no allocation
@@ -50,6 +52,8 @@ std::vector<std::string> parse_attention_plan(const std::string& plan, int64_t l
 // The plan of a plan file: JSON whose "plan" is a plan string, beside what found it (`clattn
 // approx --target` writes "layers", "metric", "target", the calibration and held-out figures,
 // "length" and the attention cost). Every spec is checked; errors name the file and the field.
+// With "layers" (one spec per layer of the model it was searched for) the plan returned is that
+// list ending in ';', which a model of another layer count refuses.
 std::string read_plan_file(const std::string& path);
 // The attention of each layer of a plan, refusing (by layer) a spec that cannot run there: for
 // decoders a missing causal mask or grouped heads.

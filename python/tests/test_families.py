@@ -552,13 +552,24 @@ def test_gpt2_configs_it_cannot_honour_are_refused(tmp_path):
 
 
 def test_read_plan_gives_a_plan_set_attention_takes(tmp_path):
-    (tmp_path / "plan.json").write_text(json.dumps({"plan": "full;clustered:clusters=3", "layers": ["full"]}))
+    # Without "layers" the plan string as written; with it, every layer's spec ending in ';', which
+    # only a model of that depth takes.
+    (tmp_path / "plan.json").write_text(json.dumps({"plan": "full;clustered:clusters=3"}))
     plan = clattn.read_plan(tmp_path / "plan.json")
     assert plan == "full;clustered:clusters=3"
     write_folder(tmp_path / "d", DISTIL_CONFIG, distil_tensors(10))
     m = clattn.load_model(str(tmp_path / "d"))
     m.set_attention(plan)
     assert m.attention_specs[1].startswith("clustered")
+    layers = ["full"] + ["clustered:clusters=3"] * (LAYERS - 1)
+    (tmp_path / "exact.json").write_text(json.dumps({"plan": "full;clustered:clusters=3", "layers": layers}))
+    exact = clattn.read_plan(tmp_path / "exact.json")
+    assert exact == ";".join(layers) + ";"
+    m.set_attention(exact)
+    assert m.attention_specs[-1].startswith("clustered")
+    (tmp_path / "deeper.json").write_text(json.dumps({"plan": "full", "layers": ["full"] * (LAYERS + 1)}))
+    with pytest.raises(ValueError, match="names every layer"):
+        m.set_attention(clattn.read_plan(tmp_path / "deeper.json"))
     (tmp_path / "bad.json").write_text(json.dumps({"plan": "full;nope"}))
     with pytest.raises(RuntimeError, match="nope"):
         clattn.read_plan(tmp_path / "bad.json")

@@ -269,7 +269,11 @@ ModelKind model_kind(const std::string& dir) {
   return read_model_config((std::filesystem::path(dir) / "config.json").string()).kind;
 }
 
-std::vector<std::string> parse_attention_plan(const std::string& plan, int64_t layers) {
+std::vector<std::string> parse_attention_plan(const std::string& plan_in, int64_t layers) {
+  // A trailing ';' names every layer: the plan must then have exactly the model's layer count (a
+  // plan file's per-layer list, read by read_plan_file, ends so).
+  const bool exact = plan_in.size() > 1 && plan_in.back() == ';';
+  const std::string plan = exact ? plan_in.substr(0, plan_in.size() - 1) : plan_in;
   std::vector<std::string> items;
   size_t start = 0;
   while (true) {
@@ -280,6 +284,9 @@ std::vector<std::string> parse_attention_plan(const std::string& plan, int64_t l
   }
   for (size_t i = 0; i < items.size(); ++i)
     check(!items[i].empty(), "attention plan '", plan, "': item ", i, " is empty (one spec per layer, ';'-separated)");
+  check(!exact || static_cast<int64_t>(items.size()) == layers, "attention plan '", plan_in, "' names every layer (a ",
+        "trailing ';'; a plan file's \"layers\") of a ", items.size(), "-layer model, but this model has ", layers,
+        ": search a plan for this model (clattn approx --target)");
   check(static_cast<int64_t>(items.size()) <= layers, "attention plan '", plan, "' names ", items.size(),
         " layers but the model has ", layers);
   std::vector<std::string> out(static_cast<size_t>(layers));
@@ -306,6 +313,24 @@ std::string read_plan_file(const std::string& path) {
         "': needs a string field \"plan\" (one spec, or ';'-separated specs per layer)");
   const std::string plan = j["plan"].get<std::string>();
   check(!plan.empty(), "plan file '", path, "': \"plan\" is empty");
+  // "layers" (clattn approx --target writes it): the spec of every layer of the model the plan was
+  // searched for. The plan is then that list, ending in ';', so a model of another depth refuses
+  // it instead of repeating its last spec.
+  std::string per_layer;
+  if (j.contains("layers")) {
+    const json& l = j["layers"];
+    check(l.is_array() && !l.empty(), "plan file '", path, "': \"layers\" must be a non-empty array of specs, one per layer");
+    for (size_t i = 0; i < l.size(); ++i) {
+      check(l[i].is_string() && !l[i].get_ref<const std::string&>().empty() &&
+                l[i].get_ref<const std::string&>().find(';') == std::string::npos,
+            "plan file '", path, "': \"layers\"[", i, "] must be one spec string");
+      per_layer += l[i].get_ref<const std::string&>() + ";";
+    }
+    const std::vector<std::string> expanded = parse_attention_plan(plan, static_cast<int64_t>(l.size()));
+    for (size_t i = 0; i < l.size(); ++i)
+      check(expanded[i] == l[i].get_ref<const std::string&>(), "plan file '", path, "': \"plan\" gives layer ", i,
+            " '", expanded[i], "' but \"layers\"[", i, "] is '", l[i].get_ref<const std::string&>(), "'");
+  }
   size_t start = 0;
   while (true) {
     const size_t e = plan.find(';', start);
@@ -318,7 +343,7 @@ std::string read_plan_file(const std::string& path) {
     if (e == std::string::npos) break;
     start = e + 1;
   }
-  return plan;
+  return per_layer.empty() ? plan : per_layer;
 }
 
 std::vector<std::unique_ptr<Attention>> make_plan_attentions(const std::vector<std::string>& specs,

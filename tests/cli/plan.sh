@@ -13,6 +13,17 @@ echo '{"layers": ["full"]}' >"$dir/noplan.json"
 expect_error "plan file without plan" "needs a string field" "$bin" generate --model x --plan "$dir/noplan.json"
 echo '{"plan": "full;clusterd:clusters=3"}' >"$dir/badspec.json"
 expect_error "plan file with a bad spec" "clusterd" "$bin" bench-model --random-bert --plan "$dir/badspec.json"
+# A plan file's "layers" (one spec per layer of the model it was searched for) is the plan: a model
+# of another depth refuses it instead of repeating its last spec, and a "plan" that disagrees with it
+# is refused by layer.
+echo '{"plan": "full;local:window=16", "layers": ["full", "local:window=16"]}' >"$dir/two.json"
+expect_error "plan file for another depth" "names every layer" "$bin" bench-model --random-bert --layers 4 \
+  --lengths 64 --repeat 1 --plan "$dir/two.json"
+echo '{"plan": "full;local:window=16", "layers": ["full", "full", "local:window=16", "local:window=16"]}' >"$dir/four.json"
+expect_error "plan and layers disagree" "gives layer 1 'local:window=16' but" \
+  "$bin" bench-model --random-bert --layers 4 --lengths 64 --repeat 1 --plan "$dir/four.json"
+echo '{"plan": "full;local:window=16", "layers": ["full", "local:window=16", "local:window=16", "local:window=16"]}' >"$dir/four.json"
+expect_ok "plan file for this depth" "$bin" bench-model --random-bert --layers 4 --lengths 64 --repeat 1 --plan "$dir/four.json"
 echo '{"plan": ' >"$dir/trunc.json"
 expect_error "truncated plan file" "not valid JSON" "$bin" eval --checkpoint x --plan "$dir/trunc.json"
 expect_error "missing plan file" "missing.json" "$bin" approx --model x --features y --plan "$dir/missing.json"
