@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <map>
 #include <numeric>
 #include <optional>
 
@@ -121,8 +123,16 @@ void run_bench_model(const BenchModelOptions& o) {
   const bool lead = comm.rank() == 0;
   usage_check(o.sequence_parallel || R == 1, "bench-model: ", R,
               " ranks would each run the whole benchmark; under mpirun give --sequence-parallel");
+  // A plan read from a --plan file is shown in the table by the file's name (a 12-layer plan is
+  // hundreds of characters); the JSON keeps the plan itself beside it.
+  std::map<std::string, std::string> plan_file_of;
+  for (const std::string& f : o.plan_files) plan_file_of[read_plan_file(f)] = std::filesystem::path(f).filename().string();
+  const auto shown = [&](const std::string& plan) {
+    const auto it = plan_file_of.find(plan);
+    return it == plan_file_of.end() ? plan : it->second;
+  };
   int plan_width = 9;
-  for (const std::string& p : o.attention) plan_width = std::max(plan_width, static_cast<int>(p.size()));
+  for (const std::string& p : o.attention) plan_width = std::max(plan_width, static_cast<int>(shown(p).size()));
   const ResultTable table(o.format, columns(o, plan_width));
   bench::prime_threads_and_blas();
   const double peak = measure_sgemm_gflops(2048, 3);
@@ -177,7 +187,8 @@ void run_bench_model(const BenchModelOptions& o) {
     }
     const bench::TimeStats st = bench::summarise(std::move(ms));
     const double outside_ms = std::max(st.median - attn_ms, 1e-9);
-    ordered_json r = {{"attention", plan},
+    ordered_json r = {{"attention", shown(plan)},
+                      {"plan", plan},
                       {"mode", mode},
                       {"n", n},
                       {"batch", B},

@@ -77,8 +77,12 @@ PY
   expect_ok "approx --plan" "$bin" approx --model "$kwt" --features "$fsdd" --plan "$dir/plan.json" --repeat 1
   plan=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["plan"])' "$dir/plan.json")
   grep -qF "${plan:0:40}" "$dir/out" && ok || bad "approx --plan did not run the plan: $(head -c 600 "$dir/out")"
-  expect_ok "bench-model --plan" "$bin" bench-model --model "$kwt" --features "$fsdd" --plan "$dir/plan.json" --repeat 1 --threads 1
-  grep -qF "${plan:0:40}" "$dir/out" && ok || bad "bench-model --plan did not run the plan: $(head -c 600 "$dir/out")"
+  # bench-model shows a plan file's plan by the file's name, and its JSON holds the plan itself.
+  expect_ok "bench-model --plan" "$bin" bench-model --model "$kwt" --features "$fsdd" --plan "$dir/plan.json" --repeat 1 \
+    --threads 1 --json "$dir/bm.json"
+  grep -q "^plan.json " "$dir/out" && ok || bad "bench-model --plan: the row does not name plan.json: $(head -c 600 "$dir/out")"
+  /usr/bin/python3 -c 'import json,sys; r=[x for x in json.load(open(sys.argv[1]))["results"] if x["attention"]=="plan.json"][0]; assert r["plan"].startswith(sys.argv[2]), r' \
+    "$dir/bm.json" "${plan:0:40}" && ok || bad "bench-model --plan json: $(head -c 600 "$dir/bm.json")"
   # A KL bound: the metric's direction is at most.
   expect_ok "search by KL" "$bin" approx --model "$kwt" --features "$fsdd" --target 0.05 --metric kl --length 256 \
     --threads 2 --candidates 'clustered:clusters=25' --plan-out "$dir/kl.json"
