@@ -12,7 +12,9 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -321,6 +323,39 @@ std::string cpu_model() {
   return {};
 }
 
+int other_runnable_tasks() {
+  const auto own_running = [] {
+    int n = 0;
+    std::error_code ec;
+    for (const auto& t : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+      std::ifstream f(t.path() / "stat");
+      std::string line;
+      if (!std::getline(f, line)) continue;
+      const size_t close = line.rfind(')');  // the state follows the command name, which may hold ')'
+      if (close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'R') ++n;
+    }
+    return n;
+  };
+  int best = -1;
+  for (int i = 0; i < 5; ++i) {
+    if (i > 0) ::usleep(10000);
+    std::ifstream f("/proc/stat");
+    std::string key;
+    long long running = -1;
+    while (f >> key) {
+      if (key == "procs_running") {
+        f >> running;
+        break;
+      }
+      f.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+    }
+    if (running < 0) return -1;
+    const int others = std::max(0, static_cast<int>(running) - own_running());
+    best = best < 0 ? others : std::min(best, others);
+  }
+  return best;
+}
+
 void print_machine(FILE* out, double sgemm_gflops, double read_gbs, int threads) {
   const CpuFeatures& f = cpu_features();
   const GemmBackend& g = gemm_backend();
@@ -330,6 +365,14 @@ void print_machine(FILE* out, double sgemm_gflops, double read_gbs, int threads)
                g.kernel.c_str(), g.reason.c_str(), threads);
   std::fprintf(out, "sgemm 2048: %.1f GFLOP/s (the %%peak reference); memory read: %.1f GB/s (the %%bw reference)\n",
                sgemm_gflops, read_gbs);
+  // Another process on the cores slows an OpenMP team by 2-3x (every barrier waits for the thread
+  // that lost its core): say so beside the figures it spoils, with the count that shows it.
+  const int busy = other_runnable_tasks(), cpus = cli::available_processors();
+  if (busy > 0 && busy + threads > cpus)
+    std::fprintf(out,
+                 "note: %d task%s of other processes running beside this one on %d processors (/proc/stat): the "
+                 "timings of %d threads will be slow and noisy (on a busy machine --threads %d may be faster)\n",
+                 busy, busy == 1 ? "" : "s", cpus, threads, std::max(1, cpus - busy));
 }
 
 std::string utc_now_iso8601() {

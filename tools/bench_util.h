@@ -72,6 +72,10 @@ std::string utc_now_iso8601();
 // The lines every benchmark prints before its table: CPU (model, family/model, features), the
 // ISA of the kernels, the GEMM backend with its kernel and why, the threads and the sgemm rate
 // that %peak is measured against, and the memory read bandwidth that a decode step's %bw is.
+// Runnable tasks of other processes now: the least of 5 samples 10 ms apart of /proc/stat's
+// procs_running, less this process's own running threads; -1 when /proc cannot be read.
+int other_runnable_tasks();
+// The machine lines of bench and bench-model, and a note when other processes share the cores.
 void print_machine(FILE* out, double sgemm_gflops, double read_gbs, int threads);
 
 // Memory: glibc settings so freed big buffers go back to the OS, and /proc/self probes.

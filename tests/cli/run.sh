@@ -162,6 +162,14 @@ expect_ok "attend --threads 100000" "$bin" attend --threads 100000 --spec full -
 grep -q "clattn attend: --threads 100000 capped at [0-9]* (the machine's processors)" "$dir/err" && ok || bad "no capping note: $(cat "$dir/err")"
 expect_ok "bench --threads 100000" "$bin" bench --threads 100000 --attention full --lengths 64 --heads 1 --dim 8 --repeat 1
 grep -q "clattn bench: --threads 100000 capped at" "$dir/err" && ok || bad "no capping note: $(cat "$dir/err")"
+# Other processes on every core: the figures come with a note that names them and a thread count.
+busy_pids=()
+for _ in $(seq "$(nproc)") 1; do (while :; do :; done) & busy_pids+=($!); done
+sleep 0.3
+expect_ok "bench beside busy loops" "$bin" bench --attention full --lengths 64 --heads 1 --dim 8 --repeat 1
+kill "${busy_pids[@]}" 2>/dev/null; wait "${busy_pids[@]}" 2>/dev/null
+grep -q "^note: [0-9]* tasks\? of other processes running beside this one on [0-9]* processors" "$dir/out" "$dir/err" \
+  && ok || bad "bench beside busy loops: no note: $(head -c 600 "$dir/out")"
 expect_exit 2 "bench absurd length" "--lengths item 2 must be in" "$bin" bench --lengths 64,99999999999
 expect_exit 2 "bench zero repeat" "--repeat must be in" "$bin" bench --repeat 0 --lengths 64
 
