@@ -28,6 +28,7 @@
 #include "commands.h"
 #include "plan_search.h"
 #include "progress.h"
+#include "version.h"
 
 namespace clattn::cli {
 namespace {
@@ -464,6 +465,8 @@ std::vector<std::string> default_candidates(bool causal, int64_t n) {
 
 // ms of one layer's attention with `spec` at length n (batch 1, the model's heads), on the
 // structured inputs of `clattn bench`: the median of three calls after a warm-up.
+constexpr int kCostCalls = 7;  // timed calls per candidate, after one warm-up
+
 double layer_attention_ms(const std::string& spec, const ModelConfig& c, int64_t n, bool causal) {
   const bench::Inputs in = bench::make_inputs({1, c.heads, c.kv_heads, n, c.head_dim}, 1);
   std::unique_ptr<Attention> att = make_attention(spec);
@@ -477,19 +480,21 @@ double layer_attention_ms(const std::string& spec, const ModelConfig& c, int64_t
   Tensor out(Shape{1, c.heads, n, c.head_dim});  // (1, H, n, D)
   Context ctx = Context::for_inference();
   att->forward(ai, out.view(), ctx);
-  std::vector<double> t;
-  for (int r = 0; r < 3; ++r) {
+  // The least of kCostCalls: contention only ever adds time (plan_search.h). The median of 3 moved
+  // with a busy machine enough to reorder candidates from run to run.
+  double best = 0;
+  for (int r = 0; r < kCostCalls; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     att->forward(ai, out.view(), ctx);
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    best = r == 0 ? ms : std::min(best, ms);
   }
-  std::sort(t.begin(), t.end());
-  return t[1];
+  return best;
 }
 
 // What timing every candidate (and full) at length n will cost, before any is timed: one call's
-// memory (q, k, v, out and the workspace) against what is available, and the time of the four
-// calls of layer_attention_ms from the work models at half this machine's sgemm rate. A search
+// memory (q, k, v, out and the workspace) against what is available, and the time of the
+// kCostCalls + 1 calls of layer_attention_ms from the work models at half this machine's sgemm rate. A search
 // that would time for more than an hour is refused with the estimate; one past a minute says so.
 // (--length 10^6 timed full attention for hours without a word; 6e7 ended in bad_alloc.)
 void check_cost_length(const std::vector<std::string>& specs, const ModelConfig& c, int64_t n, bool causal) {
@@ -503,7 +508,7 @@ void check_cost_length(const std::vector<std::string>& specs, const ModelConfig&
     const std::unique_ptr<Attention> a = make_attention(s);
     check_memory(inputs + static_cast<double>(a->workspace_bytes(d, Mode::inference, max_threads())),
                  detail::concat("approx: timing '", s, "' at --length ", n));
-    secs += 4.0 * a->work(d, causal, Mode::inference).flops() / rate;
+    secs += (kCostCalls + 1.0) * a->work(d, causal, Mode::inference).flops() / rate;
   }
   check(secs <= 3600, "approx: timing the candidates and full attention at --length ", n, " would take about ",
         static_cast<int64_t>(secs / 60), " minutes (their work models at half this machine's sgemm rate); give a "
@@ -572,9 +577,11 @@ void run_search(const ApproxOptions& o, Workload& w) {
   const double ratio = f.attention_ms / f.full_ms;
   const bool approximated = std::any_of(f.layers.begin(), f.layers.end(), [](const std::string& l) { return l != "full"; });
   std::printf("plan: %s\n", plan.c_str());
+  // Full attention's own accuracy on the held-out half beside the plan's: what the plan gives up.
+  const double full_acc = held.accuracy >= 0 ? compare(full_held, full_held, lab_held).accuracy : -1;
   std::printf("calibration (%lld): %s %.4f; held out (%lld): agreement %.4f, KL %.3e%s\n", static_cast<long long>(half),
               o.metric.c_str(), f.value, static_cast<long long>(w.B - half), held.agreement, held.kl,
-              held.accuracy >= 0 ? detail::concat(", accuracy ", held.accuracy).c_str() : "");
+              held.accuracy >= 0 ? detail::concat(", accuracy ", held.accuracy, " (full attention ", full_acc, ")").c_str() : "");
   std::printf("attention at N = %lld: %.1f ms per forward, %.3fx full attention's %.1f ms (%lld evaluations)\n",
               static_cast<long long>(n_cost), f.attention_ms, ratio, f.full_ms, static_cast<long long>(f.evaluations));
   if (!approximated)
@@ -590,10 +597,13 @@ void run_search(const ApproxOptions& o, Workload& w) {
       {"plan", plan}, {"layers", layers}, {"model", o.model}, {"metric", o.metric}, {"target", target},
       {"calibration", {{"items", half}, {"value", f.value}}},
       {"held_out", {{"items", w.B - half}, {"agreement", held.agreement}, {"kl", held.kl},
-                    {"accuracy", held.accuracy < 0 ? nlohmann::json(nullptr) : nlohmann::json(held.accuracy)}}},
+                    {"accuracy", held.accuracy < 0 ? nlohmann::json(nullptr) : nlohmann::json(held.accuracy)},
+                    {"full_accuracy", full_acc < 0 ? nlohmann::json(nullptr) : nlohmann::json(full_acc)}}},
+      {"costs_ms", f.costs},
       {"length", n_cost}, {"attention_ms", f.attention_ms}, {"full_attention_ms", f.full_ms},
       {"attention_cost_ratio", ratio}, {"target_met", approximated}, {"threads", max_threads()},
-      {"cpu", bench::cpu_model()}};
+      {"cpu", bench::cpu_model()}, {"isa", isa_name(active_isa())}, {"gemm_kernel", gemm_backend().kernel},
+      {"clattn", {{"version", kVersion}, {"commit", kCommit}}}};
   write_file_atomic(o.plan_out, doc.dump(2) + "\n");
   std::printf("wrote %s (use it with --plan)\n", o.plan_out.c_str());
 }

@@ -37,6 +37,8 @@ PlanFound search_plan(const PlanSearch& s, Progress& progress) {
   // Candidates no cheaper than full are never worth taking.
   cands.erase(std::remove_if(cands.begin(), cands.end(), [&](const std::string& c) { return cost[c] >= full; }), cands.end());
   PlanFound f;
+  f.costs = cost;
+  f.costs["full"] = full;
   f.layers.assign(static_cast<size_t>(L), "full");
   f.full_ms = full * static_cast<double>(L);
   auto join = [](const std::vector<std::string>& v) {

@@ -2,8 +2,10 @@
 // attention reaches a target on calibration data.
 //
 // Cost is what a plan's attention takes at the deployment length (--length), measured on this
-// machine: each candidate spec, and full, runs once per layer shape on the structured inputs of
-// `clattn bench`, and a plan costs the sum over its layers. Calibration data may be much shorter
+// machine: each candidate spec, and full, is timed on one layer's shape with the structured inputs
+// of `clattn bench` (the least of 7 calls after a warm-up: another process on the cores only adds
+// time, so the least is the figure that repeats), and a plan costs the sum over its layers. The
+// costs are written into the plan file beside the machine and the clattn version. Calibration data may be much shorter
 // than the deployment (KWT's 99 frames, a decoder's 512-token context): quality is measured at
 // the data's length, time at the length the model will run at.
 //
@@ -19,6 +21,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -47,6 +50,7 @@ struct PlanFound {
   double value = 0;                 // the metric on the calibration data
   double attention_ms = 0, full_ms = 0;  // the plan's and full attention's, summed over layers
   int64_t evaluations = 0;
+  std::map<std::string, double> costs;  // ms of one layer's attention per candidate and "full"
   std::string plan() const;  // ';'-joined
 };
 
