@@ -155,6 +155,9 @@ void run_split(const AttendOptions& o, const Attention& att, const AttentionInpu
 }
 
 void run_attend(const AttendOptions& o) {
+  // Under mpirun ranks given other lengths, specs or inputs died in MPI_ERR_TRUNCATE, hung, or
+  // wrote an output off one process's: they must agree first.
+  check_cli_ranks_agree("attend", {{"--input", o.input}});
   set_threads(checked_threads(o.threads, "attend"));
   check_outputs("attend", {{"--output", o.output}}, {{"--input", o.input}});
   // The spec first: a typo fails at once, before a large input is read.

@@ -98,6 +98,16 @@ std::vector<Column> columns(const BenchModelOptions& o, int plan_width) {
 }
 
 void run_bench_model(const BenchModelOptions& o) {
+  // Under mpirun ranks given other lengths corrupted the heap (buffers of other sizes exchanged):
+  // they must agree first.
+  {
+    std::vector<std::pair<std::string, std::string>> inputs{{"--features", o.features}};
+    if (!o.model.empty())
+      for (const char* f : {"config.json", "model.safetensors"})
+        inputs.emplace_back(std::string("--model ") + f, (std::filesystem::path(o.model) / f).string());
+    for (const std::string& p : o.plan_files) inputs.emplace_back("--plan", p);
+    check_cli_ranks_agree("bench-model", inputs);
+  }
   set_threads(checked_threads(o.threads, "bench-model"));
   check_size(o.repeat, 1, kMaxCount, "bench-model: --repeat");
   check_size(o.layers, 1, kMaxCount, "bench-model: --layers");

@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <vector>
@@ -39,6 +41,27 @@ void check_elements(std::initializer_list<int64_t> dims, const char* what) {
 }
 
 int available_processors() { return std::max(1, omp_get_num_procs()); }
+
+void check_cli_ranks_agree(const std::string& who, const std::vector<std::pair<std::string, std::string>>& inputs) {
+  if (!launched_by_mpi()) return;
+  Communicator& comm = world();
+  if (comm.size() <= 1) return;
+  // The arguments as the launcher passed them (NUL-separated in /proc/self/cmdline), without the
+  // program, whose path may differ between nodes.
+  std::ifstream f("/proc/self/cmdline", std::ios::binary);
+  const std::string raw((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string args;
+  const size_t first = raw.find('\0');
+  for (size_t at = first == std::string::npos ? raw.size() : first + 1; at < raw.size();) {
+    const size_t e = std::min(raw.find('\0', at), raw.size());
+    args += (args.empty() ? "" : " ") + raw.substr(at, e - at);
+    at = e + 1;
+  }
+  std::vector<std::pair<std::string, std::string>> facts{{"command line", args}};
+  for (const auto& [name, path] : inputs)
+    if (!path.empty()) facts.emplace_back(name, file_fingerprint(path));
+  check_ranks_agree(comm, who, facts);
+}
 
 CLI::Option* add_threads_option(CLI::App* sub, int& threads, const char* cmd) {
   return sub->add_option_function<int>(

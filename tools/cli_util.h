@@ -77,6 +77,11 @@ void check_outputs(const char* cmd, const std::vector<PathArg>& outputs, const s
 
 // The processors this process may run on (its CPU affinity), at least 1.
 int available_processors();
+// Under an MPI launcher (more than one rank): every rank's command line (less the program's path)
+// and the fingerprints of `inputs` (name, path: file_fingerprint of include/clattn/comm.h) agree,
+// or every rank ends with the same error naming the difference (check_ranks_agree). Called first
+// by the commands that run under mpirun, before anything that could fail on one rank alone.
+void check_cli_ranks_agree(const std::string& who, const std::vector<std::pair<std::string, std::string>>& inputs);
 // Ranks of this job on this machine (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS,
 // SLURM_NTASKS_PER_NODE), 1 outside a job.
 int local_ranks();

@@ -15,6 +15,8 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace clattn {
 
@@ -89,6 +91,19 @@ Communicator& world();
 // so it may be set before or after world(); a single process never waits.
 void set_comm_timeout(double seconds);
 double comm_timeout();
+
+// Every rank of a job must run the same command on the same data: ranks that differ deadlock in
+// a collective, exchange buffers of other sizes (a corrupted heap), or compute silently different
+// results. check_ranks_agree compares `facts` (name, value) across the ranks in one all-gather
+// of one hash per fact, called by every rank at start-up with facts in the same order; a
+// difference throws clattn::Error on every rank alike (no rank is left waiting), naming `who`,
+// the fact, the ranks that differ from rank 0 and this rank's value. One rank: nothing to compare.
+void check_ranks_agree(Communicator& comm, const std::string& who,
+                       const std::vector<std::pair<std::string, std::string>>& facts);
+// A file's size and a hash of 16 blocks of 64 KiB spread over it (the first and the last among
+// them): a start-up check reads at most 1 MiB of a file of any size and tells apart copies that
+// differ in length, head, tail or a sampled block. "(no regular file)" for anything else.
+std::string file_fingerprint(const std::string& path);
 
 // Whether this build has the Open MPI communicator (CMake option CLATTN_MPI).
 bool built_with_mpi();

@@ -185,39 +185,11 @@ class Trainer::Files {
   train::Log log;
 };
 
-// FNV-1a: the fingerprint of an option's value or of a file's bytes.
-uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-
-// A file's size and a hash of 16 blocks of 64 KiB spread over it (the first and the last among
-// them): one read of at most 1 MiB, so a start-up check costs milliseconds on a file of any size,
-// and a copy that differs in length, head, tail or any sampled block is told apart.
-std::string file_fingerprint(const std::string& path) {
-  std::error_code ec;
-  if (path.empty() || !fs::is_regular_file(path, ec)) return "(no regular file)";
-  const auto size = static_cast<int64_t>(fs::file_size(path, ec));
-  std::ifstream in(path, std::ios::binary);
-  constexpr int64_t kBlock = 64 * 1024, kBlocks = 16;
-  std::vector<char> buf(static_cast<size_t>(kBlock));
-  uint64_t h = fnv1a(&size, sizeof size);
-  for (int64_t b = 0; b < kBlocks && in; ++b) {
-    const int64_t at = size <= kBlock ? 0 : (size - kBlock) * b / (kBlocks - 1);
-    in.seekg(at);
-    in.read(buf.data(), kBlock);
-    h = fnv1a(buf.data(), static_cast<size_t>(in.gcount()), h);
-    if (size <= kBlock) break;
-  }
-  return detail::concat(size, " bytes, sampled hash ", h);
-}
-
 // Every rank of a data- or sequence-parallel run must run the same command on the same data: ranks
 // that differ would deadlock in a collective, exchange buffers of other sizes, or train copies
 // that silently diverge. One all-gather of one hash per option compares them at start-up; a
 // difference ends the job on every rank, naming the option, this rank's value and the ranks.
-void check_ranks_agree(Communicator& comm, const TrainOptions& a) {
+void check_train_ranks_agree(Communicator& comm, const TrainOptions& a) {
   if (comm.size() <= 1) return;
   // The options that shape the trajectory (as a resumed run's are compared) and those that shape
   // the job: every rank must stop, evaluate and checkpoint at the same steps.
@@ -234,18 +206,7 @@ void check_ranks_agree(Communicator& comm, const TrainOptions& a) {
            {"reproducible", a.reproducible ? "on" : "off"}, {"shard_optimizer", a.shard_optimizer ? "on" : "off"},
            {"overlap", a.overlap ? "on" : "off"}, {"sequence_ranks", std::to_string(a.sequence_ranks)}})
     facts.emplace_back(std::move(k), std::move(v));
-  const size_t n = facts.size(), R = static_cast<size_t>(comm.size());
-  std::vector<uint64_t> mine(n), all(n * R);
-  for (size_t i = 0; i < n; ++i) mine[i] = fnv1a(facts[i].second.data(), facts[i].second.size());
-  comm.all_gather(mine.data(), n * sizeof(uint64_t), all.data());
-  for (size_t i = 0; i < n; ++i) {
-    std::string differ;
-    for (size_t r = 1; r < R; ++r)
-      if (all[r * n + i] != all[i]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
-    check(differ.empty(), "train: the ranks were started with different ", facts[i].first, ": rank(s) ", differ,
-          " differ from rank 0 (this rank, ", comm.rank(), ", has '", facts[i].second,
-          "'); every rank must run the same command on the same data");
-  }
+  clattn::check_ranks_agree(comm, "train", facts);
 }
 
 void check_train_options(TrainOptions& a, OptionNames names) {
@@ -305,7 +266,7 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
     own_comm_ = single_process_communicator();
     comm_ = own_comm_.get();
   }
-  check_ranks_agree(*comm_, a);  // first: a check that failed on one rank alone would leave the others waiting
+  check_train_ranks_agree(*comm_, a);  // first: a check that failed on one rank alone would leave the others waiting
   check_train_options(a, OptionNames::python);
   if (a.sequence_ranks > 1) {
     check(comm_->size() % a.sequence_ranks == 0, "train: ", a.sequence_ranks,

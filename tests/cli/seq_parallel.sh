@@ -101,6 +101,23 @@ expect_ok "bench-model decoder prefill split" mpi 2 "$bin" bench-model --model "
 grep -q 'decoding after a split prefill' "$dir/err" && ok || bad "split decoder: no note on decode: $(cat "$dir/err")"
 expect_error "bench-model under mpirun without --sequence-parallel" "sequence-parallel" mpi 2 "${bm[@]}"
 
+# Ranks started with different commands or inputs end together, naming what differs, before any
+# collective (other lengths corrupted the heap; other specs hung; other inputs gave one output).
+mpmd() { timeout 120 mpirun --oversubscribe -np 1 "$@"; }
+bmr=(bench-model --random-bert --layers 1 --repeat 1 --threads 1 --sequence-parallel)
+expect_error "bench-model ranks with other lengths" "the ranks were started with different command line: rank(s) 1" \
+  mpmd "$bin" "${bmr[@]}" --lengths 256 : -np 1 "$bin" "${bmr[@]}" --lengths 512
+expect_error "attend ranks with other specs" "different command line" \
+  mpmd "$bin" attend --sequence-parallel --spec full --threads 1 --input "$in" --output "$dir/a.safetensors" : \
+  -np 1 "$bin" attend --sequence-parallel --spec clustered:clusters=3 --threads 1 --input "$in" --output "$dir/a.safetensors"
+# The same command line in two folders whose in.safetensors differ (as on two nodes).
+mkdir -p "$dir/r0" "$dir/r1" && cp "$in" "$dir/r0/in.safetensors"
+expect_ok "make-inputs other values" "$bin" make-inputs --output "$dir/r1/in.safetensors" --batch 2 --heads 4 --kv-heads 2 \
+  --n 1000 --dim 16 --with-grad --seed 9
+at=(attend --sequence-parallel --spec full --threads 1 --input in.safetensors --output out.safetensors)
+expect_error "attend ranks with other input files" "different --input: rank(s) 1" \
+  mpmd --wdir "$dir/r0" "$(readlink -f "$bin")" "${at[@]}" : -np 1 --wdir "$dir/r1" "$(readlink -f "$bin")" "${at[@]}"
+
 # train: one sequence split over the ranks gives one process's losses (to rounding), alone and
 # with data parallelism across groups of ranks; what cannot run split is refused.
 text=$dir/text.txt
