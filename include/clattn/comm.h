@@ -104,6 +104,8 @@ void check_ranks_agree(Communicator& comm, const std::string& who,
 // them): a start-up check reads at most 1 MiB of a file of any size and tells apart copies that
 // differ in length, head, tail or a sampled block. "(no regular file)" for anything else.
 std::string file_fingerprint(const std::string& path);
+// "n bytes, hash H" of a buffer (FNV-1a over every byte): what a rank holds in memory.
+std::string bytes_fingerprint(const void* data, size_t n);
 
 // Whether this build has the Open MPI communicator (CMake option CLATTN_MPI).
 bool built_with_mpi();

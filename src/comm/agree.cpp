@@ -37,6 +37,10 @@ std::string file_fingerprint(const std::string& path) {
   return detail::concat(size, " bytes, sampled hash ", h);
 }
 
+std::string bytes_fingerprint(const void* data, size_t n) {
+  return detail::concat(n, " bytes, hash ", fnv1a(data, n));
+}
+
 void check_ranks_agree(Communicator& comm, const std::string& who,
                        const std::vector<std::pair<std::string, std::string>>& facts) {
   if (comm.size() <= 1) return;

@@ -432,6 +432,32 @@ Trainer::Trainer(TrainOptions opt) : opt_(std::move(opt)), files_(std::make_uniq
   eval_set_ = task_->eval_batches(a.batch, seq, a.eval_examples);
   eval_skipped_ = task_->eval_skipped(seq);
   check(!eval_set_.empty(), "train: no held-out example fits the sequence length ", seq);
+  // What each rank loaded, compared once it is loaded (the start-up check hashes options and
+  // samples of files): the parameters (an --init folder whose weights differ), the step it starts
+  // from (a rank that cannot see latest/ starts from 0 beside a peer that resumes), the data as
+  // the task holds it (the held-out set and the first step's batch: files that differ outside the
+  // sampled blocks), and under --reproducible the ISA and the GEMM kernel, which change the sums.
+  if (comm_->size() > 1) {
+    const std::span<float> p = model_->params();
+    const auto batch_fp = [](const std::vector<Batch>& bs) {
+      std::string s;
+      for (const Batch& b : bs)
+        s += bytes_fingerprint(b.ids.data(), b.ids.size() * sizeof(int32_t)) + "/" +
+             bytes_fingerprint(b.targets.data(), b.targets.size() * sizeof(int32_t)) + "/" +
+             bytes_fingerprint(b.features.data(), b.features.size() * sizeof(float)) + ";";
+      return s;
+    };
+    std::vector<std::pair<std::string, std::string>> facts{
+        {"step to start from (resumed, or 0)", std::to_string(step_)},
+        {"initial parameters", bytes_fingerprint(p.data(), p.size() * sizeof(float))},
+        {"held-out data", batch_fp(eval_set_)},
+        {"first batch", batch_fp({task_->train_batch(a.batch, seq, static_cast<uint64_t>(step_))})}};
+    if (a.reproducible) {
+      facts.emplace_back("ISA (--reproducible)", isa_name(active_isa()));
+      facts.emplace_back("GEMM kernel (--reproducible)", gemm_backend().kernel);
+    }
+    clattn::check_ranks_agree(*comm_, "train", facts);
+  }
 }
 
 Trainer::~Trainer() = default;

@@ -120,6 +120,11 @@ refused "ranks with different --attention" "different attention" \
   mpmd "--data $text" "--data $text --attention local:window=8"
 refused "ranks with and without --reproducible" "different reproducible" \
   mpmd "--data $text" "--data $text --reproducible"
+# What the ranks loaded is compared once loaded: under --reproducible the GEMM kernel (a rank on
+# another OpenBLAS core changed the losses in the 10th digit without a word).
+refused "--reproducible ranks on other GEMM kernels" "different GEMM kernel (--reproducible)" \
+  timeout 120 mpirun --oversubscribe -np 1 env OPENBLAS_CORETYPE=Prescott "$bin" "${base[@]}" --data "$text" --reproducible \
+  : -np 1 "$bin" "${base[@]}" --data "$text" --reproducible
 
 # A rank stopped with SIGSTOP: its peer's progress watchdog (--comm-timeout) ends the job with a
 # message naming the stalled exchange, instead of spinning for ever.
