@@ -93,8 +93,9 @@ def check_interpreter():
         + "".join(f"  - {p}{';' if i + 1 < len(problems) else '.'}\n" for i, p in enumerate(problems))
         + "The extension is built for Debian's Python with its NumPy and pybind11 (python3-dev python3-numpy "
         "python3-pybind11; scripts/install-deps.sh), and the python3 first on PATH may be another installation "
-        f"(pyenv, conda, a venv without the system's packages). Install with {good}:\n"
-        f"  {good} -m venv --system-site-packages .venv && .venv/bin/pip install .")
+        f"(pyenv, conda, a venv without the system's packages). Install with {good} (--clear replaces a .venv "
+        "another Python made, which fails in ensurepip otherwise):\n"
+        f"  {good} -m venv --clear --system-site-packages .venv && .venv/bin/pip install .")
 
 def _find_setuptools():
     try:

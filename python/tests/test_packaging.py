@@ -51,4 +51,5 @@ def test_another_installation_is_refused(backend, tmp_path, monkeypatch):
     assert f"the build tree {build} compiles the extension for {other} (Python 3.11.9 installed in /opt/other-python)" \
         in msg, msg
     assert "cannot import NumPy" not in msg, msg
-    assert f"Install with {other}:\n  {other} -m venv --system-site-packages .venv && .venv/bin/pip install ." in msg, msg
+    assert f"Install with {other} (--clear" in msg, msg
+    assert f"\n  {other} -m venv --clear --system-site-packages .venv && .venv/bin/pip install ." in msg, msg
