@@ -183,6 +183,7 @@ struct QueryGroups {
 };
 
 class SplitAttention;  // a variant's sequence-parallel kernels (src/parallel/split_attention.h)
+struct Magnitudes;     // the largest |x| of q, k, v and the bias (clattn/validate.h)
 
 // One object per spec string. It holds only its parameters: forward and backward are const, keep
 // nothing between calls, and may run at once from several threads given different Contexts.
@@ -197,6 +198,11 @@ class Attention {
   // `out` is the output the forward on `ctx` wrote (D_i = dO_i · O_i reads it).
   virtual void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout,
                         View dq, View dk, View dv) const = 0;
+  // The variant's overflow rule (src/attention/validate.h): finite inputs of these sizes and
+  // magnitudes whose float arithmetic could overflow are refused with the bound they break.
+  // forward runs it after validate_inputs; validate_facts runs it for callers that hold facts
+  // about their inputs instead of the data.
+  virtual void check_magnitudes(const AttentionDims& d, const Magnitudes& m) const = 0;
   // Upper bound of the bytes a call of these sizes takes from the Scratch and the Context's saved
   // state, on `threads` threads (the inputs, output and gradients are the caller's).
   virtual size_t workspace_bytes(const AttentionDims& d, Mode mode, int threads) const = 0;

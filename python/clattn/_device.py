@@ -465,55 +465,92 @@ class _Members(torch.autograd.Function):
                 dm.view(G, C), dr.view(G, C, Dv), None, None, None)
 
 
-def _lengths_list(x, B, name, limit):
-    if x is None:
-        return [limit] * B
-    vals = x.detach().cpu().tolist() if isinstance(x, torch.Tensor) else [int(t) for t in x]
-    if len(vals) != B:
-        raise ValueError(f"{name} must have B = {B} entries, got {len(vals)}")
-    for t in vals:
-        if not 0 <= int(t) <= limit:
-            raise ValueError(f"{name} entries must be in [0, {limit}], got {t}")
-    return [int(t) for t in vals]
+def _lengths_arg(x):
+    """Lengths as the C++ rules read them: None, or a sequence (a tensor on any device) of integers."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    return x
 
 
-def _check_inputs(q, k, v):
-    for name, t in (("q", q), ("k", k), ("v", v)):
+def _facts(t, bias=False):
+    """What the C++ rules need of a tensor they do not read (clattn's validate_facts): (shape, its
+    largest finite |x|, the index of its first non-finite element or None, that element). One
+    reduction on the tensor's device; the index is looked for only when the reduction is not
+    finite (NaN propagates through amax). A bias may hold -inf (a mask), never NaN or +inf."""
+    x = t.detach()
+    shape = tuple(x.shape)
+    if x.numel() == 0:
+        return shape, 0.0, None, 0.0
+    a = x.abs()
+    if bias:
+        a = a.masked_fill(x == float("-inf"), 0)
+    m = float(a.amax())
+    if math.isfinite(m):
+        return shape, m, None, 0.0
+    bad = (torch.isnan(x) | (x == float("inf"))) if bias else ~torch.isfinite(x)
+    flat = int(bad.reshape(-1).nonzero()[0])
+    idx = []
+    for d in reversed(shape):
+        idx.append(flat % d)
+        flat //= d
+    idx.reverse()
+    return shape, 0.0, idx, float(x[tuple(idx)])
+
+
+def _check_inputs(att, q, k, v, bias, query_lengths, key_lengths, causal):
+    """The tensor-op path's inputs against the C++ kernels' own rules (shapes, lengths, masks the
+    variant cannot honour, NaN/Inf, the overflow bound), with their messages: ValueError. What is
+    PyTorch's alone (tensor types, dtypes, one device) is checked here first."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("bias", bias)):
+        if t is None and name == "bias":
+            continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
             raise TypeError(f"{name} must be float32, bfloat16, float16 (or float64), got {t.dtype}")
-        if t.dim() != 4:
-            raise ValueError(f"clattn.torch: q, k, v must be (B, H, N, Dk), (B, Hkv, M, Dk), (B, Hkv, M, Dv); "
-                             f"{name} has shape {tuple(t.shape)}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
-    B, H, N, D = q.shape
-    if k.shape[0] != B or v.shape[0] != B or k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2] \
-            or k.shape[3] != D or k.shape[1] == 0 or H % k.shape[1]:
-        raise ValueError(f"clattn.torch: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} break "
-                         f"(B, H, N, Dk), (B, Hkv, M, Dk), (B, Hkv, M, Dv) with H a multiple of Hkv")
-    if N == 0 or D == 0 or k.shape[2] == 0:
-        raise ValueError(f"clattn.torch: empty dimension in q {tuple(q.shape)} or k {tuple(k.shape)}")
+    devices = {t.device for t in (q, k, v, bias) if t is not None}
+    if len(devices) > 1:
+        raise ValueError(f"q, k, v (and bias) must be on one device, got "
+                         f"{', '.join(str(t.device) for t in (q, k, v, bias) if t is not None)}")
+    att._check_facts(_facts(q), _facts(k), _facts(v), bias=None if bias is None else _facts(bias, bias=True),
+                     query_lengths=_lengths_arg(query_lengths), key_lengths=_lengths_arg(key_lengths),
+                     causal=bool(causal))
+
+
+def _valid(lengths, B, limit):
+    """Per batch item, the valid count (lengths already checked)."""
+    if lengths is None:
+        return [limit] * B
+    vals = lengths.detach().cpu().tolist() if isinstance(lengths, torch.Tensor) else list(lengths)
+    return [int(t) for t in vals]
 
 
 def attention(spec, q, k, v, *, query_lengths=None, key_lengths=None, causal=False, bias=None, step=0):
     """o (B, H, N, Dv) = spec's attention of q (B, H, N, Dk), k (B, Hkv, M, Dk), v (B, Hkv, M, Dv)
-    in tensor operations on their device; differentiable by autograd. Masks as clattn's contract:
-    padded query rows and queries with no visible key get 0."""
-    p = Params(spec)
-    _check_inputs(q, k, v)
+    in tensor operations on their device; differentiable by autograd. Inputs are checked by the C++
+    kernels' rules, messages included. Masks as clattn's contract: padded query rows and queries
+    with no visible key get 0. k, v and the bias are computed in q's dtype (the output's), as the
+    C++ kernels compute all of them in float32 and return q's dtype."""
+    if isinstance(spec, _clattn.Attention):
+        att = spec
+    else:  # a spec string, or an object holding one (clattn.torch.Attention)
+        att = _clattn.Attention(spec if isinstance(spec, str) else spec.spec, backward=False)
+    p = Params(att.spec)
+    if p.name != "full" and causal:
+        raise ValueError(f"clattn.torch: causal '{p.name}' runs in the C++ kernels only (CPU tensors): its "
+                         f"prefix design is sequential over blocks, which the tensor-op path does not do; "
+                         f"use CPU tensors, or causal=False")
+    _check_inputs(att, q, k, v, bias, query_lengths, key_lengths, causal)
     B, H, N, D = q.shape
     Hkv, M, Dv = k.shape[1], k.shape[2], v.shape[3]
-    nq = _lengths_list(query_lengths, B, "query_lengths", N)
-    nk = _lengths_list(key_lengths, B, "key_lengths", M)
-    if p.name != "full":
-        if causal:
-            raise ValueError(f"clattn.torch: causal '{p.name}' runs in the C++ kernels only (CPU tensors): its "
-                             f"prefix design is sequential over blocks, which the tensor-op path does not do; "
-                             f"use CPU tensors, or causal=False")
-        if bias is not None:
-            raise ValueError(f"clattn.torch: '{p.name}' takes no bias (only 'full' does)")
+    if B * N == 0 or M == 0:
+        # Nothing to attend (no queries, or no keys: every output row is 0). Kept on the autograd
+        # graph of q, k and v so a backward gives zero gradients, as the kernels do.
+        z = sum(t.reshape(-1)[:0].sum() for t in (q, k, v))
+        return q.new_zeros(B, H, N, Dv) + z.to(q.dtype)
+    nq = _valid(query_lengths, B, N)
+    nk = _valid(key_lengths, B, M)
+    k, v = k.to(q.dtype), v.to(q.dtype)
     out_dtype = q.dtype
     # float16 matmuls are missing on the CPU of older PyTorch: compute in float32 there.
     if q.device.type == "cpu" and q.dtype in (torch.float16, torch.bfloat16):

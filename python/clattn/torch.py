@@ -166,7 +166,7 @@ def attention(att, q, k, v, *, query_lengths=None, key_lengths=None, causal=Fals
     if causal and isinstance(getattr(att, "spec", None), str):
         _note_inactive_causal(att.spec, q.shape[-2])
     if _device.wants_torch(backend, q, k, v):
-        return _device.attention(att.spec, q, k, v, query_lengths=query_lengths, key_lengths=key_lengths,
+        return _device.attention(att, q, k, v, query_lengths=query_lengths, key_lengths=key_lengths,
                                  causal=causal, bias=bias, step=step)
     need_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v))

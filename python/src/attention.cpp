@@ -32,6 +32,19 @@
 namespace clattn::py {
 namespace {
 
+// (shape, max finite |x|, first bad index or None, its value) -> TensorFacts; None -> no tensor.
+TensorFacts tensor_facts(pb::handle f, const char* name) {
+  TensorFacts t;
+  if (f.is_none()) return t;
+  const pb::tuple tup = pb::cast<pb::tuple>(f);
+  if (tup.size() != 4) throw pb::value_error(std::string(name) + " facts must be (shape, max_abs, first_bad, bad_value)");
+  t.shape = Shape(pb::cast<std::vector<int64_t>>(tup[0]));
+  t.max_abs = pb::cast<double>(tup[1]);
+  if (!tup[2].is_none()) t.first_bad = pb::cast<std::vector<int64_t>>(tup[2]);
+  t.bad_value = pb::cast<double>(tup[3]);
+  return t;
+}
+
 struct Core {  // one spec, shared by an Attention and every Call it made
   std::unique_ptr<Attention> att;
   AttentionState state;  // layer state of stateful variants (routing's EMA centroids)
@@ -159,7 +172,7 @@ class Call {
     }
     if (error) {
       rethrow_classified(error, [&] {
-        validate_inputs(in, caps, att.name());
+        validate_forward_inputs(att, in);
         validate_output(s->out_view, oshape, "out", att.name());
       });
     }
@@ -332,6 +345,30 @@ each its own memory: none may alias do, another gradient or the forward's arrays
 as new arrays. Uses the arrays of the last forward as they are now. For a shared-QK variant
 (reformer) the gradient of q is dq + dk.)";
 
+// validate_facts for clattn.torch's tensor-op path: the kernels' rules and messages, as ValueError.
+void check_facts(const PyAttention& a, pb::handle q, pb::handle k, pb::handle v, pb::handle bias, pb::handle qlen,
+                 pb::handle klen, bool causal) {
+  InputFacts in;
+  try {  // a rank past clattn's is refused by Shape, as ValueError
+    in.q = tensor_facts(q, "q");
+    in.k = tensor_facts(k, "k");
+    in.v = tensor_facts(v, "v");
+    in.bias = tensor_facts(bias, "bias");
+  } catch (const Error& e) {
+    throw_value_error(e.what());
+  }
+  const pb::array_t<int32_t> ql = int_arg(qlen, "query_lengths"), kl = int_arg(klen, "key_lengths");
+  const std::span<const int32_t> qs = span_of(ql), ks = span_of(kl);
+  in.query_lengths.assign(qs.begin(), qs.end());
+  in.key_lengths.assign(ks.begin(), ks.end());
+  in.causal = causal;
+  try {
+    validate_facts(a.att(), in);
+  } catch (const Error& e) {
+    throw_value_error(e.what());
+  }
+}
+
 }  // namespace
 
 void bind_attention(pb::module_& m) {
@@ -412,6 +449,12 @@ void bind_attention(pb::module_& m) {
           "The useful work of a call of these sizes (m, kv_heads, dim_v default to n, heads, dim): "
           "{'flops', 'int_ops', 'bytes', 'stages': [{'name', 'backward', 'flops', 'int_ops', 'bytes'}]}; "
           "GFLOP/s against it is the distance to the machine's limit (docs/performance.md)")
+      .def("_check_facts", &check_facts, pb::arg("q"), pb::arg("k"), pb::arg("v"), pb::kw_only(),
+           pb::arg("bias") = pb::none(), pb::arg("query_lengths") = pb::none(), pb::arg("key_lengths") = pb::none(),
+           pb::arg("causal") = false,
+           "The attention contract and the variant's overflow rule on facts about tensors the kernels do not "
+           "read (clattn.torch's tensor-op path): each fact is (shape, max finite |x|, index of the first "
+           "non-finite element or None, its value); ValueError with the C++ kernels' message")
       .def_property_readonly("last_copies", [](PyAttention& a) { return a.call().last_copied(); },
                              "Names of the arrays the last forward/backward converted to a float32 copy")
       .def_property_readonly("state", &PyAttention::state,

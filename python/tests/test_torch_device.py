@@ -291,16 +291,84 @@ def test_errors_name_the_problem():
         ct.attention(att, q, q, q, backend="cuda")
     with pytest.raises(ValueError, match="backend must be one of"):
         ct.Attention("full", backend="gpu")
-    with pytest.raises(ValueError, match="key_lengths entries must be in \\[0, 16\\]"):
+    with pytest.raises(ValueError, match="key_lengths\\[0\\] must be in \\[0, 16\\], got 17"):
         ct.attention(att, q, q, q, key_lengths=[17], backend="torch")
-    with pytest.raises(ValueError, match="H a multiple of Hkv"):
+    with pytest.raises(ValueError, match="H % Hkv must be 0"):
         ct.attention(att, q, rand(1, 3, 16, 8, seed=1), rand(1, 3, 16, 8, seed=2), backend="torch")
     with pytest.raises(TypeError, match="q must be float32"):
         ct.attention(att, q.to(torch.int32), q, q, backend="torch")
-    with pytest.raises(ValueError, match="takes no bias"):
+    with pytest.raises(ValueError, match="an additive bias is not supported by clustered"):
         ct.attention(att, q, q, q, bias=torch.zeros(16, 16), backend="torch")
     with pytest.raises(ValueError, match="must be a CPU tensor"):  # the C++ kernels, forced, on a
         ct.attention(att, q.to("meta"), q.to("meta"), q.to("meta"), backend="cpp")  # tensor off the CPU
+
+
+def _bad_inputs():
+    """(name, spec, q, k, v, extra keyword arguments): inputs the C++ kernels refuse."""
+    q, k, v = rand(1, 2, 16, 8, seed=70), rand(1, 2, 12, 8, seed=71), rand(1, 2, 12, 8, seed=72)
+
+    def poke(t, idx, x):
+        t = t.clone()
+        t[idx] = x
+        return t
+
+    bias = rand(16, 12, seed=73)
+    cases = []
+    for spec in ("full", "improved-clustered:clusters=4,topk=4", "clustered:clusters=4"):
+        cases += [
+            ("nan q", spec, poke(q, (0, 1, 3, 4), float("nan")), k, v, {}),
+            ("inf k", spec, q, poke(k, (0, 0, 11, 7), float("inf")), v, {}),
+            ("-inf v", spec, q, k, poke(v, (0, 1, 0, 0), float("-inf")), {}),
+            ("q.k past float", spec, q * 1e19, k * 1e19, v, {}),
+            ("v sums past float", spec, q, k, v * 1e36, {}),
+            ("key lengths", spec, q, k, v, {"key_lengths": [13]}),
+            ("query lengths count", spec, q, k, v, {"query_lengths": [1, 2]}),
+            ("gqa", spec, q, k[:, :1].expand(1, 3, 12, 8).contiguous(), v[:, :1].expand(1, 3, 12, 8).contiguous(), {}),
+            ("head dim", spec, q, k[..., :4].contiguous(), v, {}),
+            ("kv rows", spec, q, k, v[:, :, :11].contiguous(), {}),
+            ("bias", spec, q, k, v, {"bias": bias}),  # refused by the clustered variants
+        ]
+    cases += [
+        ("bias (1, M)", "full", q, k, v, {"bias": bias[:1]}),
+        ("bias (N, 1)", "full", q, k, v, {"bias": bias[:, :1]}),
+        ("+inf bias", "full", q, k, v, {"bias": poke(bias, (2, 3), float("inf"))}),
+        ("nan bias", "full", q, k, v, {"bias": poke(bias, (5, 0), float("nan"))}),
+        ("bias past float", "full", q, k, v, {"bias": bias * 1e37}),
+    ]
+    return [c for c in cases if not (c[0] == "bias" and c[1] == "full")]
+
+
+@pytest.mark.parametrize("case", _bad_inputs(), ids=lambda c: f"{c[0]}-{c[1].split(':')[0]}")
+def test_bad_inputs_get_the_cpp_kernels_error_on_both_backends(case):
+    """The tensor-op path checks its inputs by the C++ kernels' rules, with their messages: one
+    NaN query used to spread to its whole cluster, a (1, M) bias broadcast, +inf bias rows came
+    out 0 and q·k past float overflowed silently."""
+    name, spec, q, k, v, kw = case
+    att = clattn.Attention(spec)
+    errors = {}
+    for backend in ("cpp", "torch"):
+        with pytest.raises(ValueError) as e:
+            ct.attention(att, q, k, v, backend=backend, **kw)
+        errors[backend] = str(e.value)
+    assert errors["torch"] == errors["cpp"], errors
+    assert spec.split(":")[0] in errors["cpp"]
+
+
+def test_mixed_dtypes_and_empty_sequences_run_as_on_the_cpp_kernels():
+    q, k, v = rand(1, 2, 16, 8, seed=74), rand(1, 2, 12, 8, seed=75), rand(1, 2, 12, 8, seed=76)
+    for spec in ("full", "improved-clustered:clusters=4,topk=4"):
+        att = clattn.Attention(spec)
+        # k and v in another dtype than q: computed in q's dtype, the output in q's dtype.
+        got = ct.attention(att, q, k.double(), v.half(), backend="torch")
+        want = ct.attention(att, q, k.double(), v.half(), backend="cpp")
+        assert got.dtype == want.dtype == torch.float32
+        assert rel(got, want) <= 2e-3
+        for qq, kk, vv in ((q[:, :, :0], k, v), (q, k[:, :, :0], v[:, :, :0])):
+            leaves = [t.clone().requires_grad_() for t in (qq, kk, vv)]
+            outs = [ct.attention(att, *leaves, backend=b) for b in ("torch", "cpp")]
+            assert outs[0].shape == outs[1].shape and not outs[0].any() and not outs[1].any()
+            outs[0].sum().backward()
+            assert all(t.grad is not None and not t.grad.any() for t in leaves)
 
 
 def _penalty_gradients(fn, q, k, v):

@@ -1,9 +1,11 @@
 // Input validation shared by every variant: the attention contract of docs/design.md checked once, up
 // front, with messages that name the rule, the variant and the values seen.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <string>
 
 #include "attention/validate.h"
@@ -94,6 +96,18 @@ void check_shared_qk(const AttentionInputs& in, std::string_view who) {
         in.k.shape == in.q.shape ? " with other values" : "");
 }
 
+// The message of a non-finite input element, whether found in the data or given as a fact.
+[[noreturn]] void not_finite(std::string_view who, std::string_view what, double value, std::span<const int64_t> index) {
+  std::string at;
+  for (size_t i = 0; i < index.size(); ++i) at += (i ? ", " : "") + std::to_string(index[i]);
+  throw NumericError(detail::concat(who, ": ", what, " must be finite, found ", static_cast<float>(value),
+                                    " at index (", at, ")"));
+}
+
+[[noreturn]] void bias_not_finite(std::string_view who, double value, int64_t i, int64_t j) {
+  fail(who, ": bias must not hold NaN or +inf, found ", static_cast<float>(value), " at (", i, ", ", j, ")");
+}
+
 }  // namespace
 
 double finite_max_abs(ConstView t, std::string_view what, std::string_view who) {
@@ -128,11 +142,11 @@ double finite_max_abs(ConstView t, std::string_view what, std::string_view who) 
   if (first_bad == total * rows) return mx;
   const int64_t a = first_bad / rows / d1, b = first_bad / rows % d1, i = first_bad % rows;
   const float* row = t.data + a * s0 + b * s1 + i * sr;
-  for (int64_t j = 0; j < cols; ++j)
-    if (!std::isfinite(row[j]))
-      throw NumericError(detail::concat(who, ": ", what, " must be finite, found ", row[j], " at index (",
-                                        r == 4 ? std::to_string(a) + ", " + std::to_string(b) + ", " : std::string(),
-                                        i, ", ", j, ")"));
+  for (int64_t j = 0; j < cols; ++j) {
+    if (std::isfinite(row[j])) continue;
+    if (r == 4) not_finite(who, what, row[j], std::array<int64_t, 4>{a, b, i, j});
+    not_finite(who, what, row[j], std::array<int64_t, 2>{i, j});
+  }
   return mx;
 }
 
@@ -253,8 +267,10 @@ AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& cap
   return validate_inputs(in, caps, who, mag);
 }
 
-AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& caps, std::string_view who,
-                              Magnitudes& mag) {
+namespace {
+
+// validate_inputs' rules on shapes, strides, lengths and masks: everything but the data.
+AttentionDims validate_structure(const AttentionInputs& in, const Capabilities& caps, std::string_view who) {
   check_view(in.q, 4, "q (B, H, N, Dk)", who);
   const bool half_cache = in.cache && in.cache->type() != KVCacheType::f32;
   check_view(in.k, 4, "k (B, Hkv, M, Dk)", who, half_cache);
@@ -287,7 +303,6 @@ AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& cap
   check(caps.query_lengths || in.query_lengths.empty(), "query_lengths are not supported by ", who);
   check(caps.key_lengths || in.key_lengths.empty(), "key_lengths are not supported by ", who);
   check(caps.bias || in.bias.empty(), "an additive bias is not supported by ", who);
-  if (caps.shared_qk) check_shared_qk(in, who);
   check(!caps.stateful || in.state != nullptr, who,
         " is stateful: pass its layer state in AttentionInputs::state (see state_buffers())");
   if (in.cache) {
@@ -307,6 +322,15 @@ AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& cap
     check(in.bias.dim(0) == d.N && in.bias.dim(1) == d.M, who, ": bias must be (N, M) = (", d.N,
           ", ", d.M, "), got ", in.bias.shape);
   }
+  return d;
+}
+
+}  // namespace
+
+AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& caps, std::string_view who,
+                              Magnitudes& mag) {
+  const AttentionDims d = validate_structure(in, caps, who);
+  if (caps.shared_qk) check_shared_qk(in, who);
   mag = Magnitudes{};
   mag.q = finite_max_abs(in.q, "q", who);
   // A cache's rows were checked on append (which kept their magnitudes); shared-QK callers pass q
@@ -327,12 +351,59 @@ AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& cap
     for (int64_t i = 0; i < d.N; ++i)
       for (int64_t j = 0; j < d.M; ++j) {
         const float x = in.bias.data[i * in.bias.stride(0) + j];
-        check(!std::isnan(x) && x != INFINITY, who, ": bias must not hold NaN or +inf, found ", x,
-              " at (", i, ", ", j, ")");
+        if (std::isnan(x) || x == INFINITY) bias_not_finite(who, x, i, j);
         if (x != -INFINITY) mb = std::max(mb, std::fabs(x));
       }
     mag.bias = mb;
   }
+  return d;
+}
+
+namespace {
+// The name a variant's own checks give (its spec's name: "full", "improved-clustered").
+std::string kind_of(const Attention& att) {
+  const std::string name = att.name();
+  return name.substr(0, name.find(':'));
+}
+}  // namespace
+
+AttentionDims validate_forward_inputs(const Attention& att, const AttentionInputs& in) {
+  Magnitudes mag;
+  const AttentionDims d = validate_inputs(in, att.capabilities(), kind_of(att), mag);
+  att.check_magnitudes(d, mag);
+  return d;
+}
+
+AttentionDims validate_facts(const Attention& att, const InputFacts& in) {
+  const std::string who = kind_of(att);
+  const Capabilities& caps = att.capabilities();
+  check(!caps.shared_qk, who, " is shared-QK attention: whether k is q needs the data, not facts about it");
+  check(!caps.stateful, who, " is stateful: its layer state is not among facts about the inputs");
+  // Views of the facts' shapes over one element: the structural rules read shapes and strides only.
+  static const float none = 0.f;
+  auto shaped = [](const TensorFacts& f) {
+    if (f.shape.rank == 0) return ConstView{};
+    return make_view(&none, f.shape);
+  };
+  AttentionInputs ai;
+  ai.q = shaped(in.q);
+  ai.k = shaped(in.k);
+  ai.v = shaped(in.v);
+  ai.bias = shaped(in.bias);
+  ai.query_lengths = in.query_lengths;
+  ai.key_lengths = in.key_lengths;
+  ai.causal = in.causal;
+  const AttentionDims d = validate_structure(ai, caps, who);
+  // The data pass's order: q, k, v, then the bias.
+  for (auto [f, what] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}})
+    if (!f->first_bad.empty()) not_finite(who, what, f->bad_value, f->first_bad);
+  if (!in.bias.first_bad.empty()) {
+    check(in.bias.first_bad.size() == 2, who, ": a bias fact's index must be (i, j)");
+    bias_not_finite(who, in.bias.bad_value, in.bias.first_bad[0], in.bias.first_bad[1]);
+  }
+  Magnitudes mag{.q = in.q.max_abs, .k = in.k.max_abs, .v = in.v.max_abs,
+                 .bias = in.bias.shape.rank ? in.bias.max_abs : 0.0};
+  att.check_magnitudes(d, mag);
   return d;
 }
 

@@ -16,13 +16,9 @@ namespace clattn {
 // Largest |x| over a rank-2 or rank-4 view (finite entries; -inf of a bias mask is skipped).
 double max_abs(ConstView t);
 
-// The largest magnitudes of a call's inputs, found by the finiteness pass of validate_inputs (one
-// read of q, k, v; a KVCache keeps those of its rows from their append), so the overflow rule
-// below costs no second pass over the data.
-struct Magnitudes {
-  double q = 0, k = 0, v = 0, bias = 0;
-};
-// validate_inputs (clattn/validate.h) that also returns the magnitudes.
+// validate_inputs (clattn/validate.h) that also returns the magnitudes (Magnitudes), found by its
+// finiteness pass (one read of q, k, v; a KVCache keeps those of its rows from their append), so
+// the overflow rule below costs no second pass over the data.
 AttentionDims validate_inputs(const AttentionInputs& in, const Capabilities& caps, std::string_view who,
                               Magnitudes& mag);
 // validate_backward that returns max |dout| (from its finiteness pass).

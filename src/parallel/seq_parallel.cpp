@@ -304,8 +304,7 @@ void sequence_parallel_forward(Communicator& comm, const SeqSplit& split, const 
   sp::SpState& st = ctx.state<sp::SpState>();
   const SplitAttention& s = *att.split();
   const float scale = s.scale_at(d.Dk);
-  check_softmax_range(dg, g, scale, att.name());
-  if (s.sums_queries()) check_member_range(dg, g, false, att.name());  // centroids sum their member queries
+  att.check_magnitudes(dg, g);  // the variant's own rule, on the whole sequence's sizes
   st.kind = s.kind();
   s.forward(comm, split, in, out, st, ctx.scratch());
   // Approximations can go where the exact bound does not: agreed over the ranks.

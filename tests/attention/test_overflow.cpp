@@ -7,13 +7,16 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "clattn/attention.h"
 #include "clattn/error.h"
 #include "clattn/kv_cache.h"
+#include "clattn/validate.h"
 #include "common/test_util.h"
 
 namespace clattn {
@@ -151,6 +154,53 @@ TEST_P(Overflow, FiniteOrRefusedWithTheBound) {
   }
 }
 
+// What validate_facts says of facts about the inputs (clattn.torch's tensor-op path): the forward's
+// own refusal, word for word, whenever the forward refuses by a bound; and nothing the forward
+// would compute is refused (its bounds come from the same magnitudes).
+TensorFacts facts_of(const Tensor& t) {
+  TensorFacts f;
+  f.shape = t.shape();
+  for (int64_t i = 0; i < t.numel(); ++i) f.max_abs = std::max(f.max_abs, static_cast<double>(std::fabs(t.data()[i])));
+  return f;
+}
+
+TEST_P(Overflow, FactsGetTheForwardsRefusal) {
+  const Variant& var = GetParam();
+  const auto att = make_attention(var.spec);
+  if (var.shared_qk || att->capabilities().stateful || (var.causal && !att->capabilities().causal)) return;
+  const Shape s{1, 2, 16, 8};
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const Tensor q = scaled(s, 1, c.q), k = scaled(s, 2, c.k), v = scaled(s, 3, c.v);
+    InputFacts f;
+    f.q = facts_of(q);
+    f.k = facts_of(k);
+    f.v = facts_of(v);
+    f.causal = var.causal;
+    std::string by_facts, by_forward;
+    try {
+      validate_facts(*att, f);
+    } catch (const Error& e) {
+      by_facts = e.what();
+    }
+    AttentionInputs in;
+    in.q = q.view();
+    in.k = k.view();
+    in.v = v.view();
+    in.causal = var.causal;
+    Tensor out(s);
+    Context ctx;
+    try {
+      att->forward(in, out.view(), ctx);
+    } catch (const Error& e) {
+      by_forward = e.what();
+    }
+    // The clustered family also checks its results after the fact: a refusal facts cannot foresee.
+    if (by_facts.empty() && by_forward.find("the results overflowed") != std::string::npos) continue;
+    EXPECT_EQ(by_facts, by_forward);
+  }
+}
+
 // The decode step over a KVCache meets the same rule, from the magnitudes append kept (no second
 // read of the cache): keys of 1e19 in the cache are refused by the step that reads them.
 TEST_P(Overflow, DecodeStepOverTheCache) {
@@ -214,6 +264,94 @@ INSTANTIATE_TEST_SUITE_P(Variants, Overflow, ::testing::ValuesIn(variants()),
                              if (ch == '-') ch = '_';
                            return n;
                          });
+
+// The contract's other rules on facts: the forward's message for each broken one.
+TEST(OverflowRule, FactsBreakingTheContractGetTheForwardsMessage) {
+  const Tensor q = scaled(Shape{2, 4, 10, 8}, 1, 1), k = scaled(Shape{2, 2, 12, 8}, 2, 1), v = scaled(Shape{2, 2, 12, 8}, 3, 1);
+  const Tensor bias = scaled(Shape{10, 12}, 4, 1), bias_row = scaled(Shape{1, 12}, 5, 1);
+  const Tensor k3 = scaled(Shape{2, 3, 12, 8}, 6, 1), v3 = scaled(Shape{2, 3, 12, 8}, 7, 1);
+  struct Broken {
+    std::string name, spec;
+    std::function<void(Tensor& q, Tensor& k, Tensor& v, Tensor& bias, AttentionInputs& in)> make;
+  };
+  const std::vector<int32_t> too_long{12, 13}, three{1, 2, 3};
+  const std::vector<Broken> broken = {
+      {"nan q", "full", [](Tensor& q, Tensor&, Tensor&, Tensor&, AttentionInputs&) { q.data()[3 * 80 + 17] = NAN; }},
+      {"inf k", "improved-clustered:clusters=3,topk=4",
+       [](Tensor&, Tensor& k, Tensor&, Tensor&, AttentionInputs&) { k.data()[100] = INFINITY; }},
+      {"-inf v", "clustered:clusters=3", [](Tensor&, Tensor&, Tensor& v, Tensor&, AttentionInputs&) { v.data()[7] = -INFINITY; }},
+      {"+inf bias", "full", [](Tensor&, Tensor&, Tensor&, Tensor& b, AttentionInputs&) { b.data()[2 * 12 + 3] = INFINITY; }},
+      {"nan bias", "full", [](Tensor&, Tensor&, Tensor&, Tensor& b, AttentionInputs&) { b.data()[5 * 12] = NAN; }},
+      {"bias shape", "full", [&](Tensor&, Tensor&, Tensor&, Tensor&, AttentionInputs& in) { in.bias = bias_row.view(); }},
+      {"bias refused", "clustered:clusters=3", [](Tensor&, Tensor&, Tensor&, Tensor&, AttentionInputs&) {}},
+      {"key lengths", "full", [&](Tensor&, Tensor&, Tensor&, Tensor&, AttentionInputs& in) { in.key_lengths = too_long; }},
+      {"query lengths", "full", [&](Tensor&, Tensor&, Tensor&, Tensor&, AttentionInputs& in) { in.query_lengths = three; }},
+      {"H % Hkv", "full", [&](Tensor&, Tensor&, Tensor&, Tensor&, AttentionInputs& in) {
+         in.k = k3.view();
+         in.v = v3.view();
+       }},
+      {"causal bias", "full", [](Tensor&, Tensor&, Tensor&, Tensor& b, AttentionInputs& in) {
+         in.causal = true;
+         b.data()[0] = NAN;
+       }},
+  };
+  for (const Broken& b : broken) {
+    SCOPED_TRACE(b.name);
+    Tensor qq = Tensor::from(q.view()), kk = Tensor::from(k.view()), vv = Tensor::from(v.view()), bb = Tensor::from(bias.view());
+    AttentionInputs in;
+    in.q = qq.view();
+    in.k = kk.view();
+    in.v = vv.view();
+    if (b.name.find("bias") != std::string::npos) in.bias = bb.view();
+    b.make(qq, kk, vv, bb, in);
+    const auto att = make_attention(b.spec);
+    std::string by_forward;
+    Tensor out(Shape{2, 4, 10, 8});
+    Context ctx;
+    try {
+      att->forward(in, out.view(), ctx);
+    } catch (const Error& e) {
+      by_forward = e.what();
+    }
+    ASSERT_FALSE(by_forward.empty()) << "the forward accepted it";
+    // The facts a caller would state: shapes, the largest finite |x|, the first bad element.
+    auto facts = [](ConstView t, bool is_bias) {
+      TensorFacts f;
+      if (t.empty()) return f;
+      f.shape = t.shape;
+      const Tensor c = Tensor::from(t);
+      for (int64_t i = 0; i < c.numel(); ++i) {
+        const float x = c.data()[i];
+        const bool bad = is_bias ? std::isnan(x) || x == INFINITY : !std::isfinite(x);
+        if (bad && f.first_bad.empty()) {
+          int64_t rest = i;
+          f.first_bad.assign(static_cast<size_t>(t.rank()), 0);
+          for (int d = t.rank() - 1; d >= 0; --d) {
+            f.first_bad[static_cast<size_t>(d)] = rest % t.dim(d);
+            rest /= t.dim(d);
+          }
+          f.bad_value = x;
+        }
+        if (std::isfinite(x)) f.max_abs = std::max(f.max_abs, static_cast<double>(std::fabs(x)));
+      }
+      return f;
+    };
+    InputFacts f;
+    f.q = facts(in.q, false);
+    f.k = facts(in.k, false);
+    f.v = facts(in.v, false);
+    f.bias = facts(in.bias, true);
+    f.query_lengths.assign(in.query_lengths.begin(), in.query_lengths.end());
+    f.key_lengths.assign(in.key_lengths.begin(), in.key_lengths.end());
+    f.causal = in.causal;
+    try {
+      validate_facts(*att, f);
+      ADD_FAILURE() << "facts accepted what the forward refused: " << by_forward;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), by_forward);
+    }
+  }
+}
 
 // The bound is named in the refusal.
 TEST(OverflowRule, RefusalNamesTheBound) {

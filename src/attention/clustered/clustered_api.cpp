@@ -69,12 +69,16 @@ class ClusteredAttention final : public Attention {
   const Capabilities& capabilities() const override { return caps_; }
   const ClusteredParams& params() const { return p_; }
 
+  void check_magnitudes(const AttentionDims& d, const Magnitudes& m) const override {
+    check_softmax_range(d, m, softmax_scale(p_.scale, d.Dk), kind_);
+    check_member_range(d, m, false, kind_);  // centroids sum their member queries
+  }
+
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     Magnitudes mag;
     const AttentionDims d = validate_inputs(in, caps_, kind_, mag);
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", kind_);
-    check_softmax_range(d, mag, softmax_scale(p_.scale, d.Dk), kind_);
-    check_member_range(d, mag, false, kind_);  // centroids sum their member queries
+    check_magnitudes(d, mag);
     // A 16-bit cache holds K's rows only beside the queries (kv_cache.h): the decoding pipeline
     // reads it; the plain and the prefill pipelines read K as f32 rows.
     check(!in.cache || in.cache->type() == KVCacheType::f32 || (in.causal && in.cache->keeps_queries()), kind_,

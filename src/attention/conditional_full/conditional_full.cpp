@@ -26,6 +26,9 @@ class ConditionalFull final : public Attention {
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     pick(in).forward(in, out, ctx);
   }
+  void check_magnitudes(const AttentionDims& d, const Magnitudes& m) const override {
+    (d.N <= limit_ ? *full_ : *inner_).check_magnitudes(d, m);
+  }
   void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
                 View dk, View dv) const override {
     pick(in).backward(in, out, ctx, dout, dq, dk, dv);

@@ -445,12 +445,16 @@ class FullAttention final : public Attention {
   float scale_param() const { return scale_; }
   int64_t window() const { return window_; }
 
+  void check_magnitudes(const AttentionDims& d, const Magnitudes& m) const override {
+    check_softmax_range(d, m, scale_for(d), kind_);
+  }
+
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     Magnitudes mag;
     const AttentionDims d = validate_inputs(in, caps_, kind_, mag);
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", kind_);
     // A decode step over a KVCache reads the magnitudes its append kept: no second pass.
-    check_softmax_range(d, mag, scale_for(d), kind_);
+    check_magnitudes(d, mag);
     FullState& st = ctx.state<FullState>();
     st.lse.resize(Shape{d.B, d.H, d.N});
     st.parts.resize(Shape{2, d.B, d.H, d.N});

@@ -510,11 +510,14 @@ class LinearAttention final : public Attention {
   }
   std::string name() const override { return "linear"; }
   const Capabilities& capabilities() const override { return caps_; }
+  void check_magnitudes(const AttentionDims& d, const Magnitudes& m) const override {
+    check_linear_range(d, m, "linear");
+  }
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     Magnitudes mag;
     const AttentionDims d = validate_inputs(in, caps_, "linear", mag);
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "linear");
-    check_linear_range(d, mag, "linear");
+    check_magnitudes(d, mag);
     ctx.state<LinearState>().shape = in.q.shape;
     attn_linear_fwd(in, d, out, ctx.scratch().get<LinearWorkspace>());
   }

@@ -27,16 +27,21 @@ class ReformerAttention final : public Attention {
   }
   const Capabilities& capabilities() const override { return caps_; }
 
+  void check_magnitudes(const AttentionDims& d, const Magnitudes& m) const override {
+    check_member_range(d, m, true, "reformer");  // unit keys: |q|² in float
+    // Logits q·k_unit with unit keys and no scale: |logit| <= |q| <= sqrt(Dk)·max|q|, the rule's
+    // scale·Dk·max|q|·max|k| with scale 1 and max|k| 1/sqrt(Dk).
+    Magnitudes unit = m;
+    unit.k = 1.0 / std::sqrt(static_cast<double>(d.Dk));
+    check_softmax_range(d, unit, 1.0, "reformer");
+  }
+
   // Shared QK: validate_inputs refuses a k that is not q itself (caps_.shared_qk).
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     Magnitudes mag;
     const AttentionDims d = validate_inputs(in, caps_, "reformer", mag);
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "reformer");
-    check_member_range(d, mag, true, "reformer");  // unit keys: |q|² in float
-    // Logits q·k_unit with unit keys and no scale: |logit| <= |q| <= sqrt(Dk)·max|q|, the rule's
-    // scale·Dk·max|q|·max|k| with scale 1 and max|k| 1/sqrt(Dk).
-    mag.k = 1.0 / std::sqrt(static_cast<double>(d.Dk));
-    check_softmax_range(d, mag, 1.0, "reformer");
+    check_magnitudes(d, mag);
     ReformerState& st = ctx.state<ReformerState>();
     attn_reformer_fwd(in, d, p_, in.step, out, st, reformer_workspace(ctx.scratch()));
   }

@@ -73,14 +73,17 @@ class RoutingAttention final : public Attention {
     return {{"centroids", Shape{H, p_.clusters, Dk},
              "unit EMA centroids per head, shared by queries and keys (updated by training calls)"}};
   }
+  void check_magnitudes(const AttentionDims& d, const Magnitudes& m) const override {
+    check_softmax_range(d, m, softmax_scale(p_.scale, d.Dk), "routing");
+    check_member_range(d, m, true, "routing");  // k-means: centroid sums and squared distances
+  }
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     check(!in.causal || p_.train, "routing: a causal mask needs fixed centroids (centroids=ema, layer state): ",
           "k-means over the sequence would let later positions move earlier positions' clusters");
     Magnitudes mag;
     const AttentionDims d = validate_inputs(in, caps_, "routing", mag);
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "routing");
-    check_softmax_range(d, mag, softmax_scale(p_.scale, d.Dk), "routing");
-    check_member_range(d, mag, true, "routing");  // k-means: centroid sums and squared distances
+    check_magnitudes(d, mag);
     float* ema = p_.train ? centroids(*in.state, d).data() : nullptr;
     RoutingState& st = ctx.state<RoutingState>();
     st.causal = in.causal;

@@ -561,12 +561,16 @@ class SmyrfAttention final : public Attention {
   }
   const Capabilities& capabilities() const override { return caps_; }
 
+  void check_magnitudes(const AttentionDims& d, const Magnitudes& m) const override {
+    check_softmax_range(d, m, softmax_scale(p_.scale, d.Dk), "smyrf");
+    check_member_range(d, m, true, "smyrf");  // the asymmetric transform squares norms in float
+  }
+
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     Magnitudes mag;
     const AttentionDims d = validate_inputs(in, caps_, "smyrf", mag);
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "smyrf");
-    check_softmax_range(d, mag, softmax_scale(p_.scale, d.Dk), "smyrf");
-    check_member_range(d, mag, true, "smyrf");  // the asymmetric transform squares norms in float
+    check_magnitudes(d, mag);
     SmyrfState& st = ctx.state<SmyrfState>();
     st.causal = in.causal;
     if (in.causal) {

@@ -271,11 +271,14 @@ class TopkAttention final : public Attention {
     return detail::concat("topk:topk=", k_, scale_ > 0 ? detail::concat(",scale=", scale_) : std::string());
   }
   const Capabilities& capabilities() const override { return caps_; }
+  void check_magnitudes(const AttentionDims& d, const Magnitudes& m) const override {
+    check_softmax_range(d, m, scale_for(d), "topk");
+  }
   void forward(const AttentionInputs& in, View out, Context& ctx) const override {
     Magnitudes mag;
     const AttentionDims d = validate_inputs(in, caps_, "topk", mag);
     validate_output(out, Shape{d.B, d.H, d.N, d.Dv}, "out", "topk");
-    check_softmax_range(d, mag, scale_for(d), "topk");
+    check_magnitudes(d, mag);
     attn_topk_fwd(in, d, k_for(d), scale_for(d), out, ctx.state<TopkState>(),
                   ctx.scratch().get<TopkWorkspace>());
   }
