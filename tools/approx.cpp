@@ -44,7 +44,7 @@ struct ApproxOptions {
   // the candidate specs ("" : the defaults for the model), the plan file to write, and for a
   // decoder's text the sequences to cut it into (half calibrate, half are held out).
   std::optional<double> target;
-  std::string metric = "agreement", candidates, plan_out = "plan.json";
+  std::string metric = "agreement", candidates, plan_out = "plan.json", cost = "timed";
   int64_t length = 0, sequences = 8;
   std::string weights = "f32";
 };
@@ -492,6 +492,14 @@ double layer_attention_ms(const std::string& spec, const ModelConfig& c, int64_t
   return best;
 }
 
+// One layer's attention by its work model at length n: floating-point and integer operations of
+// the forward, in GOP (deterministic: the same on every machine).
+double layer_attention_gop(const std::string& spec, const ModelConfig& c, int64_t n, bool causal) {
+  const AttentionDims d{.B = 1, .H = c.heads, .Hkv = c.kv_heads, .N = n, .M = n, .Dk = c.head_dim, .Dv = c.head_dim};
+  const WorkModel w = make_attention(spec)->work(d, causal, Mode::inference);
+  return (w.flops() + w.int_ops()) * 1e-9;
+}
+
 // What timing every candidate (and full) at length n will cost, before any is timed: one call's
 // memory (q, k, v, out and the workspace) against what is available, and the time of the
 // kCostCalls + 1 calls of layer_attention_ms from the work models at half this machine's sgemm rate. A search
@@ -527,6 +535,8 @@ void run_search(const ApproxOptions& o, Workload& w) {
   check(w.B >= 2, "approx: the search calibrates on half of the input and reports the other half, so it needs at ",
         "least 2 ", w.dec ? "sequences (a longer --text, or --sequences)" : "clips or sequences", "; got 1");
   usage_check(o.length >= 0 && o.length <= kMaxCount, "approx: --length must be in [1, ", kMaxCount, "]");
+  usage_check(o.cost == "timed" || o.cost == "work", "approx: --cost must be timed or work, got '", o.cost, "'");
+  const bool timed = o.cost == "timed";
   const ModelConfig& cfg = w.model().config();
   const bool causal = w.dec != nullptr;
   const int64_t n_data = w.length(), n_cost = o.length > 0 ? o.length : n_data;
@@ -539,7 +549,7 @@ void run_search(const ApproxOptions& o, Workload& w) {
     check(!causal || a->capabilities().causal, "approx: candidate '", c, "' cannot honour the causal mask of a decoder");
   }
   check_memory(2.0 * w.model().forward_bytes(w.B, w.T > 0 ? w.T : n_data), "approx: " + o.model);
-  check_cost_length(cands, cfg, n_cost, causal);
+  if (timed) check_cost_length(cands, cfg, n_cost, causal);
   const int64_t half = (w.B + 1) / 2;
   w.model().set_attention("full");
   const Tensor full_cal = w.run(0, half), full_held = w.run(half, w.B);
@@ -567,14 +577,17 @@ void run_search(const ApproxOptions& o, Workload& w) {
     const Metrics m = compare(full_cal, w.run(0, half), lab_cal);
     return o.metric == "agreement" ? m.agreement : o.metric == "kl" ? m.kl : m.accuracy;
   };
-  ps.cost = [&](const std::string& spec) { return layer_attention_ms(spec, cfg, n_cost, causal); };
+  ps.unit = timed ? "ms" : "GOP";
+  ps.cost = [&](const std::string& spec) {
+    return timed ? layer_attention_ms(spec, cfg, n_cost, causal) : layer_attention_gop(spec, cfg, n_cost, causal);
+  };
   Progress progress("approx", 0);
   const PlanFound f = search_plan(ps, progress);
   progress.finish();
   const std::string plan = f.plan();
   w.model().set_attention(plan);
   const Metrics held = compare(full_held, w.run(half, w.B), lab_held);
-  const double ratio = f.attention_ms / f.full_ms;
+  const double ratio = f.attention_cost / f.full_cost;
   const bool approximated = std::any_of(f.layers.begin(), f.layers.end(), [](const std::string& l) { return l != "full"; });
   std::printf("plan: %s\n", plan.c_str());
   // Full attention's own accuracy on the held-out half beside the plan's: what the plan gives up.
@@ -582,8 +595,9 @@ void run_search(const ApproxOptions& o, Workload& w) {
   std::printf("calibration (%lld): %s %.4f; held out (%lld): agreement %.4f, KL %.3e%s\n", static_cast<long long>(half),
               o.metric.c_str(), f.value, static_cast<long long>(w.B - half), held.agreement, held.kl,
               held.accuracy >= 0 ? detail::concat(", accuracy ", held.accuracy, " (full attention ", full_acc, ")").c_str() : "");
-  std::printf("attention at N = %lld: %.1f ms per forward, %.3fx full attention's %.1f ms (%lld evaluations)\n",
-              static_cast<long long>(n_cost), f.attention_ms, ratio, f.full_ms, static_cast<long long>(f.evaluations));
+  std::printf("attention at N = %lld: %.1f %s per forward, %.3fx full attention's %.1f %s (%s; %lld evaluations)\n",
+              static_cast<long long>(n_cost), f.attention_cost, ps.unit.c_str(), ratio, f.full_cost, ps.unit.c_str(),
+              timed ? "timed here" : "work models", static_cast<long long>(f.evaluations));
   if (!approximated)
     std::printf("search: the target cannot be met with any layer approximated by these candidates: the best plan "
                 "is full attention (give a lower --target or other --candidates)\n");
@@ -599,8 +613,8 @@ void run_search(const ApproxOptions& o, Workload& w) {
       {"held_out", {{"items", w.B - half}, {"agreement", held.agreement}, {"kl", held.kl},
                     {"accuracy", held.accuracy < 0 ? nlohmann::json(nullptr) : nlohmann::json(held.accuracy)},
                     {"full_accuracy", full_acc < 0 ? nlohmann::json(nullptr) : nlohmann::json(full_acc)}}},
-      {"costs_ms", f.costs},
-      {"length", n_cost}, {"attention_ms", f.attention_ms}, {"full_attention_ms", f.full_ms},
+      {"cost", o.cost}, {"cost_unit", ps.unit}, {"costs", f.costs},
+      {"length", n_cost}, {"attention_cost", f.attention_cost}, {"full_attention_cost", f.full_cost},
       {"attention_cost_ratio", ratio}, {"target_met", approximated}, {"threads", max_threads()},
       {"cpu", bench::cpu_model()}, {"isa", isa_name(active_isa())}, {"gemm_kernel", gemm_backend().kernel},
       {"clattn", {{"version", kVersion}, {"commit", kCommit}}}};
@@ -699,6 +713,9 @@ void add_approx(CLI::App& app) {
                   "accuracy (a share of full's accuracy on the labels)")->capture_default_str();
   sub->add_option("--length", o->length,
                   "sequence length the plan's cost is measured at (default: the input's)");
+  sub->add_option("--cost", o->cost,
+                  "how --target prices a candidate: timed (one layer's attention timed here, ms) or work (its "
+                  "work model, GOP: the same plan on any machine)")->capture_default_str();
   sub->add_option("--candidates", o->candidates,
                   "';'-separated specs a layer may take (default: clustered and improved-clustered settings "
                   "that approximate at the input's length; causal forms and local windows for a decoder)");

@@ -30,8 +30,10 @@ PlanFound search_plan(const PlanSearch& s, Progress& progress) {
   std::vector<std::string> cands = s.candidates;
   std::stable_sort(cands.begin(), cands.end(), [&](const std::string& a, const std::string& b) { return cost[a] < cost[b]; });
   progress.above([&] {
-    std::printf("search: attention of one layer at the deployment length: full %.2f ms\n", full);
-    for (const std::string& c : cands) std::printf("search:   %-56s %8.2f ms  %6.3fx full\n", c.c_str(), cost[c], cost[c] / full);
+    const char* u = s.unit.c_str();
+    std::printf("search: attention of one layer at the deployment length: full %.2f %s\n", full, u);
+    for (const std::string& c : cands)
+      std::printf("search:   %-56s %8.2f %s  %6.3fx full\n", c.c_str(), cost[c], u, cost[c] / full);
     std::fflush(stdout);
   });
   // Candidates no cheaper than full are never worth taking.
@@ -40,7 +42,7 @@ PlanFound search_plan(const PlanSearch& s, Progress& progress) {
   f.costs = cost;
   f.costs["full"] = full;
   f.layers.assign(static_cast<size_t>(L), "full");
-  f.full_ms = full * static_cast<double>(L);
+  f.full_cost = full * static_cast<double>(L);
   auto join = [](const std::vector<std::string>& v) {
     std::string out;
     for (const std::string& x : v) out += (out.empty() ? "" : ";") + x;
@@ -54,7 +56,7 @@ PlanFound search_plan(const PlanSearch& s, Progress& progress) {
   f.value = eval(f.layers, "full attention");
   if (cands.empty()) {
     progress.above([&] { std::printf("search: no candidate is cheaper than full attention at this length\n"); });
-    f.attention_ms = f.full_ms;
+    f.attention_cost = f.full_cost;
     return f;
   }
   // 1. Sensitivity of each layer alone to the cheapest candidate.
@@ -106,8 +108,8 @@ PlanFound search_plan(const PlanSearch& s, Progress& progress) {
       std::fflush(stdout);
     });
   }
-  f.attention_ms = 0;
-  for (const std::string& spec : f.layers) f.attention_ms += spec == "full" ? full : cost[spec];
+  f.attention_cost = 0;
+  for (const std::string& spec : f.layers) f.attention_cost += spec == "full" ? full : cost[spec];
   return f;
 }
 

@@ -1,11 +1,15 @@
 // `clattn approx --target`: the cheapest per-layer attention plan whose agreement with full
 // attention reaches a target on calibration data.
 //
-// Cost is what a plan's attention takes at the deployment length (--length), measured on this
-// machine: each candidate spec, and full, is timed on one layer's shape with the structured inputs
-// of `clattn bench` (the least of 7 calls after a warm-up: another process on the cores only adds
-// time, so the least is the figure that repeats), and a plan costs the sum over its layers. The
-// costs are written into the plan file beside the machine and the clattn version. Calibration data may be much shorter
+// Cost is what a plan's attention takes at the deployment length (--length), a plan costing the
+// sum over its layers. `--cost timed` (the default) measures it on this machine: each candidate
+// spec, and full, is timed on one layer's shape with the structured inputs of `clattn bench` (the
+// least of 7 calls after a warm-up: another process on the cores only adds time, so the least is
+// the figure that repeats). `--cost work` prices each by its work model instead (Attention::work:
+// floating-point and integer operations of one layer's forward, in GOP), so the same inputs give
+// the same plan on any machine, busy or not, at the price of ignoring how fast each variant's
+// kernels run here. The costs are written into the plan file beside their unit, the machine and
+// the clattn version. Calibration data may be much shorter
 // than the deployment (KWT's 99 frames, a decoder's 512-token context): quality is measured at
 // the data's length, time at the length the model will run at.
 //
@@ -41,16 +45,17 @@ struct PlanSearch {
   // A candidate costing at most (1 + slack)x the cheapest one that keeps the target is taken
   // instead when it keeps the metric better.
   double slack = 0.25;
-  // The ms of one layer's attention with `spec` at the deployment length.
+  // The cost of one layer's attention with `spec` at the deployment length, in `unit`.
   std::function<double(const std::string& spec)> cost;
+  std::string unit = "ms";
 };
 
 struct PlanFound {
   std::vector<std::string> layers;  // one spec per layer
   double value = 0;                 // the metric on the calibration data
-  double attention_ms = 0, full_ms = 0;  // the plan's and full attention's, summed over layers
+  double attention_cost = 0, full_cost = 0;  // the plan's and full attention's, summed over layers
   int64_t evaluations = 0;
-  std::map<std::string, double> costs;  // ms of one layer's attention per candidate and "full"
+  std::map<std::string, double> costs;  // one layer's attention per candidate and "full" (PlanSearch::unit)
   std::string plan() const;  // ';'-joined
 };
 

@@ -56,15 +56,24 @@ PY
   # the estimate before anything is timed.
   expect_error "length past an hour" "would take about" "$bin" approx --model "$kwt" --features "$fsdd" --target 0.9 --length 1000000
   expect_error "length past memory" "approx: timing 'clustered" "$bin" approx --model "$kwt" --features "$fsdd" --target 0.9 --length 60000000 --candidates 'clustered:clusters=25'
-  # Two candidates, cost at N = 2048 (long enough that both are well below full even on a loaded
-  # machine: the costs are timed), a target the cheap one reaches on most layers.
+  # Two candidates priced by their work models at N = 2048 (no timing: the plan is the same on any
+  # machine, loaded or not, so what it holds can be asserted), a target the cheap one reaches on
+  # most layers; run twice, the same plan and costs.
   cands='clustered:clusters=25;improved-clustered:clusters=25,topk=32'
-  expect_ok "search" "$bin" approx --model "$kwt" --features "$fsdd" --target 0.97 --length 2048 --threads 2 \
-    --candidates "$cands" --plan-out "$dir/plan.json"
-  grep -q "^plan: " "$dir/out" && grep -q "held out (20)" "$dir/out" && ok || bad "search report: $(head -c 800 "$dir/out")"
-  /usr/bin/python3 - "$dir/plan.json" <<'PY' && ok || bad "plan.json: $(head -c 600 "$dir/plan.json")"
+  for run in 1 2; do
+    expect_ok "search $run" "$bin" approx --model "$kwt" --features "$fsdd" --target 0.97 --length 2048 --threads 2 \
+      --candidates "$cands" --cost work --plan-out "$dir/plan$run.json"
+  done
+  cp "$dir/plan1.json" "$dir/plan.json"
+  grep -q "^plan: " "$dir/out" && grep -q "held out (20)" "$dir/out" && grep -q "GOP per forward" "$dir/out" && ok ||
+    bad "search report: $(head -c 800 "$dir/out")"
+  /usr/bin/python3 - "$dir/plan1.json" "$dir/plan2.json" <<'PY' && ok || bad "plan.json: $(head -c 600 "$dir/plan.json")"
 import json, sys
-d = json.load(open(sys.argv[1]))
+d, again = (json.load(open(f)) for f in sys.argv[1:3])
+assert (d["layers"], d["costs"], d["calibration"]) == (again["layers"], again["costs"], again["calibration"]), (d, again)
+cands = ["clustered:clusters=25", "improved-clustered:clusters=25,topk=32"]
+assert d["cost"] == "work" and d["cost_unit"] == "GOP" and set(d["costs"]) == {"full", *cands}, d
+assert 0 < d["costs"]["clustered:clusters=25"] < d["costs"]["improved-clustered:clusters=25,topk=32"] < d["costs"]["full"], d
 layers = d["layers"]
 assert len(layers) == 12 and d["plan"] == ";".join(layers), d
 assert all(l in ("full", "clustered:clusters=25", "improved-clustered:clusters=25,topk=32") for l in layers), layers
@@ -83,11 +92,12 @@ PY
   grep -q "^plan.json " "$dir/out" && ok || bad "bench-model --plan: the row does not name plan.json: $(head -c 600 "$dir/out")"
   /usr/bin/python3 -c 'import json,sys; r=[x for x in json.load(open(sys.argv[1]))["results"] if x["attention"]=="plan.json"][0]; assert r["plan"].startswith(sys.argv[2]), r' \
     "$dir/bm.json" "${plan:0:40}" && ok || bad "bench-model --plan json: $(head -c 600 "$dir/bm.json")"
-  # A KL bound: the metric's direction is at most.
+  # A KL bound: the metric's direction is at most. Costs timed here (the default), in ms.
   expect_ok "search by KL" "$bin" approx --model "$kwt" --features "$fsdd" --target 0.05 --metric kl --length 256 \
     --threads 2 --candidates 'clustered:clusters=25' --plan-out "$dir/kl.json"
-  /usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["metric"]=="kl" and d["calibration"]["value"] <= 0.05, d' \
+  /usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["metric"]=="kl" and d["calibration"]["value"] <= 0.05 and d["cost"]=="timed" and d["cost_unit"]=="ms" and d["costs"]["full"] > 0, d' \
     "$dir/kl.json" && ok || bad "kl plan: $(head -c 400 "$dir/kl.json")"
+  expect_exit 2 "bad cost" "--cost must be timed or work" "$bin" approx --model "$kwt" --features "$fsdd" --target 0.9 --cost fast
   # A target nothing reaches (a KL of exactly 0 from an approximation): said, the plan full attention.
   expect_ok "unreachable target" "$bin" approx --model "$kwt" --features "$fsdd" --target 0 --metric kl --length 256 \
     --threads 2 --candidates 'clustered:clusters=3' --plan-out "$dir/none.json"
