@@ -103,16 +103,25 @@ namespace {
 
 // Qc_j = mean of the member queries of every cluster: (ce, Dk) rows into qc. One pass over the
 // queries in position order (assign (nv) = cluster of each), so q streams from memory instead of
-// being read in cluster order.
+// being read in cluster order. Split, the columns are cut into one span per thread (whole cache
+// lines of each row: each thread reads its lines of q once): every element is still summed in
+// position order, so the means equal the single-thread ones bit for bit. (Per cluster in parallel
+// it read q in cluster order and took twice as long on 2 threads; it was the serial step of a
+// head alone on the team, ~1 ms of 14 at N = 32768.)
 void centroids(const AttentionInputs& in, int64_t b, int64_t h, int64_t Dk, int64_t ce, int64_t nv,
-               const int32_t* assign, const int32_t* off, float* qc) {
-  std::fill(qc, qc + ce * Dk, 0.f);
-  for (int64_t i = 0; i < nv; ++i) simd::axpy_row(qc + assign[i] * Dk, in.q.ptr(b, h, i), Dk);
-  for (int64_t j = 0; j < ce; ++j) {
-    const int64_t n = off[j + 1] - off[j];
-    if (n > 0)
-      for (int64_t e = 0; e < Dk; ++e) qc[j * Dk + e] /= static_cast<float>(n);
-  }
+               const int32_t* assign, const int32_t* off, float* qc, bool split, int thread) {
+  const int64_t cols = split ? round_up((Dk + max_threads() - 1) / max_threads(), 16) : Dk;
+  const int64_t spans = (Dk + cols - 1) / cols;
+  split_for(split && spans > 1, spans, thread, [&](int64_t x, int) {
+    const int64_t e0 = x * cols, w = std::min(cols, Dk - e0);
+    for (int64_t j = 0; j < ce; ++j) std::fill(qc + j * Dk + e0, qc + j * Dk + e0 + w, 0.f);
+    for (int64_t i = 0; i < nv; ++i) simd::axpy_row(qc + assign[i] * Dk + e0, in.q.ptr(b, h, i) + e0, w);
+    for (int64_t j = 0; j < ce; ++j) {
+      const int64_t n = off[j + 1] - off[j];
+      if (n > 0)
+        for (int64_t e = e0; e < e0 + w; ++e) qc[j * Dk + e] /= static_cast<float>(n);
+    }
+  });
 }
 
 }  // namespace
@@ -192,9 +201,7 @@ void attn_clustered_fwd(const AttentionInputs& in, const AttentionDims& d,
     const int64_t k = improved ? std::min(p.topk, mv) : 0;
     st.ksel[static_cast<size_t>(t)] = static_cast<int32_t>(k);
     const int32_t* assign = sc.cs.assign.data();  // (nv) cluster of each valid query
-    // Serial even when split: a scatter-add in position order (N·D flops, ~1.5 ms at N = 65536);
-    // per cluster in parallel it reads q in cluster order and took twice as long on 2 threads.
-    centroids(in, b, h, D, ce, nv, assign, off, qc);
+    centroids(in, b, h, D, ce, nv, assign, off, qc, split, owner);
     // V rows for Vc += P·V: in place when Dv is a multiple of 16, else a padded copy.
     const mk::RowsOperand vr = mk::rows_operand(in.v.ptr(b, hk, 0), mv, Dv, in.v.stride(2),
                                                 sc.vr.floats(static_cast<size_t>(std::max<int64_t>(1, mk::rows_operand_size(mv, Dv)))));

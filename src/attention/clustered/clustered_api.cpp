@@ -85,13 +85,24 @@ class ClusteredAttention final : public Attention {
           " reads a ", in.cache ? kv_cache_type_name(in.cache->type()) : "", " KV cache only causally and from a "
           "cache that keeps the queries (query_heads = H, as a Decoder's does); use an f32 cache");
     ClusteredState& st = ctx.state<ClusteredState>();
+    const float scale = softmax_scale(p_.scale, d.Dk);
     if (in.causal) {
       attn_causal_clustered_fwd(in, d, p_, in.step, out, st, ctx.scratch());
     } else {
       st.causal = false;
       attn_clustered_fwd(in, d, p_, in.step, out, st, ctx.scratch().get<ClusteredWorkspace>());
     }
-    check_results_finite(d, mag, softmax_scale(p_.scale, d.Dk), {out}, kind_);
+    if (in.causal || p_.topk > 0) {
+      check_results_finite(d, mag, scale, {out}, kind_);
+      return;
+    }
+    // Every valid row of out is a copy of its cluster's Vc_j (the rest are 0): checking the
+    // (C_eff, Dv) rows of each head is checking out, without a second pass over (N, Dv) of it.
+    for (int64_t t = 0; t < d.B * d.H; ++t) {
+      const int64_t ce = st.nclusters[static_cast<size_t>(t)];
+      if (ce > 0)
+        check_results_finite(d, mag, scale, {make_view(st.resid.data() + t * st.cmax * d.Dv, Shape{ce, d.Dv})}, kind_);
+    }
   }
 
   void backward(const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout, View dq,
