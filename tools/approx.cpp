@@ -1,6 +1,5 @@
 // `clattn approx`: run a pretrained model with full attention and with each given attention plan,
 // and report how far each plan's predictions move from full attention's (the paper's Table 4).
-// `clattn generate`: stream text from a decoder with any causal attention.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -622,68 +621,6 @@ void run_search(const ApproxOptions& o, Workload& w) {
   std::printf("wrote %s (use it with --plan)\n", o.plan_out.c_str());
 }
 
-struct GenerateOptions {
-  std::string model, prompt, attention;  // empty: the plan the model was saved with
-  std::string kv_cache = "f32", weights = "f32";
-  int64_t tokens = 128;
-  float temperature = 0.f, top_p = 1.f;
-  int64_t top_k = 0;
-  uint64_t seed = 0;
-  int threads = 0;
-};
-
-void run_generate(const GenerateOptions& o) {
-  set_threads(checked_threads(o.threads, "generate"));
-  check_size(o.tokens, 0, kMaxCount, "generate: --tokens");
-  check_size(o.top_k, 0, kMaxCount, "generate: --top-k (0: all)");
-  usage_check(o.temperature >= 0 && std::isfinite(o.temperature), "generate: --temperature must be >= 0, got ",
-              o.temperature);
-  usage_check(o.top_p > 0 && o.top_p <= 1, "generate: --top-p must be in (0, 1], got ", o.top_p);
-  // The loader restores the plan a checkpoint was trained with (as Python's load_model does);
-  // --attention replaces it.
-  LoadOptions lo;
-  lo.weights = parse_weight_type(o.weights);
-  auto dec = Decoder::load(o.model, lo);
-  if (!o.attention.empty()) dec->set_attention(o.attention);
-  dec->set_kv_cache(parse_kv_cache_type(o.kv_cache));
-  const Tokenizer tok = Tokenizer::from_file((std::filesystem::path(o.model) / "tokenizer.json").string());
-  std::vector<int32_t> prompt = tok.encode(o.prompt);
-  if (prompt.empty()) {
-    usage_check(tok.bos_id() >= 0, "generate: the tokenizer of '", o.model,
-                "' has no BOS token to start from (a byte-level model): give --prompt TEXT");
-    prompt.push_back(tok.bos_id());
-  }
-  const int64_t cap = static_cast<int64_t>(prompt.size()) + o.tokens;
-  check(dec->config().max_positions <= 0 || cap <= dec->config().max_positions, "generate: prompt (",
-        prompt.size(), " tokens) + --tokens ", o.tokens, " exceed the model's context of ", dec->config().max_positions);
-  SamplingOptions so{o.temperature, o.top_k, o.top_p, o.seed};
-  check_memory(dec->forward_bytes(1, static_cast<int64_t>(prompt.size()), cap), "generate: " + o.model);
-  for (size_t i = 0; i < prompt.size(); ++i)
-    std::fputs(tok.decode_piece(i ? prompt[i - 1] : -1, prompt[i]).c_str(), stdout);
-  std::fflush(stdout);
-  int32_t prev = prompt.back();
-  GenerateStats st;
-  const std::vector<int32_t> made = generate(*dec, prompt, o.tokens, so, tok.eos_id(), [&](int32_t next) {
-    std::fputs(tok.decode_piece(prev, next).c_str(), stdout);
-    std::fflush(stdout);
-    prev = next;
-  }, &st);
-  std::fputs("\n", stdout);
-  std::fprintf(stderr, "generate: %s; prefill %zu tokens at %.0f tokens/s, decode %zu tokens at %.0f tokens/s\n",
-               dec->attention_plan().c_str(), prompt.size(), static_cast<double>(prompt.size()) / std::max(st.prefill_s, 1e-9),
-               made.size(), static_cast<double>(made.size()) / std::max(st.decode_s, 1e-9));
-  if (st.steps > 0) {
-    // Each step reads the weights and the cache (at the mean context of the run); a 64 MB read
-    // pass (~10 ms) gives the machine's rate.
-    const double steps = static_cast<double>(st.steps);
-    const double step_s = st.decode_s / steps;
-    const double gbs = dec->step_bytes(static_cast<double>(prompt.size()) + steps / 2) / step_s * 1e-9;
-    const double peak = measure_read_gbs(int64_t{64} << 20, 3);
-    std::fprintf(stderr, "generate: decode step %.2f ms, %.1f GB/s read = %.0f%% of this machine's %.1f GB/s\n",
-                 step_s * 1e3, gbs, 100 * gbs / peak, peak);
-  }
-}
-
 }  // namespace
 
 void add_approx(CLI::App& app) {
@@ -731,28 +668,6 @@ void add_approx(CLI::App& app) {
   add_threads_option(sub, o->threads, "approx");
   sub->add_flag("--verbose", o->verbose, "list checkpoint tensors the model does not use");
   sub->callback([o] { run_approx(*o); });
-}
-
-void add_generate(CLI::App& app) {
-  auto o = std::make_shared<GenerateOptions>();
-  CLI::App* sub = app.add_subcommand("generate", "Stream text from a decoder model (LLaMA family)");
-  sub->add_option("--model", o->model, "model folder (config.json, safetensors, tokenizer.json)")->required();
-  sub->add_option("--prompt", o->prompt, "prompt text (empty: start from BOS)");
-  sub->add_option("--tokens", o->tokens, "tokens to generate")->capture_default_str();
-  sub->add_option("--attention", o->attention,
-                  "attention plan; must honour a causal mask (default: the plan the model was saved with, "
-                  "full for a Hugging Face checkpoint)")
-      ->check(spec_validator())
-      ->capture_default_str();
-  add_plan_file_option(sub, o->attention);
-  sub->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
-  sub->add_option("--top-k", o->top_k, "keep the k most likely tokens (0 = all)")->capture_default_str();
-  sub->add_option("--top-p", o->top_p, "nucleus: keep the smallest set with this mass (1 = all)")->capture_default_str();
-  sub->add_option("--seed", o->seed, "sampling seed")->capture_default_str();
-  add_kv_cache_option(sub, o->kv_cache);
-  add_weights_option(sub, o->weights);
-  add_threads_option(sub, o->threads, "generate");
-  sub->callback([o] { run_generate(*o); });
 }
 
 }  // namespace clattn::cli

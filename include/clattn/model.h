@@ -35,6 +35,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "clattn/attention.h"
@@ -296,15 +297,31 @@ class Encoder final : public Model {
   EncoderImpl& impl() const;
 };
 
-// Sampling for generation: temperature 0 is greedy; top-k (0 = off) then top-p (1 = off).
+// Sampling for generation, the sampler set of llama.cpp, applied in this order:
+//   1. penalties on the logits, over the distinct tokens among the last repeat_last_n of the
+//      history (-1: all of it; 0: none): a token seen c times gets l / repeat_penalty if l > 0,
+//      else l · repeat_penalty, then l − c · frequency_penalty − presence_penalty;
+//   2. temperature 0: the largest logit (the lowest id on ties); otherwise, by decreasing logit
+//      (ties to the lower id), p_i = exp((l_i − l_max) / temperature) and
+//   3. top-k: the k first (0: all); 4. top-p: the shortest prefix whose normalised mass reaches
+//      top_p (1: all); 5. min-p: of those, the tokens with p_i >= min_p · p_max (0: all);
+//   6. the draw: u = uniform(seed, step) · Σ kept p, the first token whose running sum passes u.
 struct SamplingOptions {
   float temperature = 0.f;
   int64_t top_k = 0;
   float top_p = 1.f;
   uint64_t seed = 0;
+  float min_p = 0.f;
+  float repeat_penalty = 1.f;  // > 0; 1: off
+  float frequency_penalty = 0.f, presence_penalty = 0.f;
+  int64_t repeat_last_n = 64;
 };
-// Picks a token from logits (vocab) with the draw `step` of `seed` (reproducible).
-int32_t sample_token(std::span<const float> logits, const SamplingOptions& opt, uint64_t step);
+// Throws Error naming the first option out of range ("sample: min_p must be in [0, 1], got 2").
+void check_sampling(const SamplingOptions& opt);
+// Picks a token from logits (vocab) with the draw `step` of `seed` (reproducible); `history` is
+// what the penalties look back over (generate passes the prompt and the tokens so far).
+int32_t sample_token(std::span<const float> logits, const SamplingOptions& opt, uint64_t step,
+                     std::span<const int32_t> history = {});
 
 // Decoder: LLaMA family (RMSNorm, rotate-half RoPE, GQA, SwiGLU, tied or untied embeddings) and
 // GPT-2 (model_type gpt2: LayerNorm, learned positions up to n_positions, biases, GELU-tanh MLP).
@@ -344,15 +361,52 @@ class Decoder final : public Model {
 };
 
 // Generation through the KV cache (batch 1): start(prompt + max_tokens), prefill of `prompt`
-// (not empty), then up to max_tokens tokens, draw i by sample_token(logits, opt, i), stopping
-// before `eos` (when >= 0; it is not returned). on_token(id) sees each token as it is drawn (for
-// streaming). Returns the new tokens; `stats` (optional) gets the prefill and decode seconds.
+// (not empty), then up to max_tokens tokens, draw i by sample_token(logits, opt, i, history) with
+// the prompt and the tokens so far as history, stopping before `eos` (when >= 0; it is not
+// returned) or after a token for which control.stop says so. on_token(id) sees each token as it
+// is drawn (for streaming). Returns the new tokens; `stats` (optional) gets the prefill and decode
+// seconds.
+//
+// Past the model's context (prompt + max_tokens > max_positions) generation is refused, unless
+// control.context_shift: then, as llama.cpp does, when the cache is full the oldest half of the
+// tokens after the first control.keep is dropped, and the window left (the first `keep` tokens,
+// then the newest ones) is encoded again from position 0 (a prefill of it): exact attention over
+// the window for every family, GPT-2's learned positions included, at the cost of one prefill per
+// shift. (llama.cpp instead re-rotates its cached keys, keeping states computed with the dropped
+// tokens in view.)
 struct GenerateStats {
-  double prefill_s = 0, decode_s = 0;  // decode_s: the steps with sampling and on_token
+  double prefill_s = 0, decode_s = 0;  // decode_s: the steps with sampling and on_token (and shifts)
   int64_t steps = 0;                   // decode steps run (step() calls)
+  int64_t shifts = 0;                  // context shifts (each a prefill of the window)
+};
+struct GenerateControl {
+  bool context_shift = false;
+  int64_t keep = 0;  // tokens at the start a shift keeps (a BOS: 1); at most the context − 2
+  // Called after each new token with every new token so far: true stops after it.
+  std::function<bool(std::span<const int32_t> made)> stop;
 };
 std::vector<int32_t> generate(Decoder& dec, std::span<const int32_t> prompt, int64_t max_tokens,
                               const SamplingOptions& opt, int32_t eos,
-                              const std::function<void(int32_t)>& on_token = {}, GenerateStats* stats = nullptr);
+                              const std::function<void(int32_t)>& on_token = {}, GenerateStats* stats = nullptr,
+                              const GenerateControl& control = {});
+
+// Stop strings over streamed text (`clattn generate --stop`, Python's generate(stop=)): feed()
+// appends each new token's piece and says whether a stop string has now occurred; text() then ends
+// before the first one. safe() is how much of text() can be shown while streaming: the tail that
+// could still begin a stop string is held back.
+class StopStrings {
+ public:
+  explicit StopStrings(std::vector<std::string> stops);  // empty strings are refused
+  bool feed(std::string_view piece);
+  const std::string& text() const { return text_; }
+  size_t safe() const { return safe_; }
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string text_;
+  size_t safe_ = 0;
+  bool stopped_ = false;
+};
 
 }  // namespace clattn

@@ -1,7 +1,8 @@
 // The random draws of clustered attention, for the tensor-op version in python/clattn/_device.py:
 // the LSH planes and the positions the Hamming k-means seeds its centroids from, both from
 // clattn's own generator with the streams the C++ kernels use (src/attention/clustered/clustered.cpp),
-// so the same spec, seed and step give the same planes and the same clusters on any device.
+// so the same spec, seed and step give the same planes and the same clusters on any device. And
+// the token sampler of generation with its draw, for tests that hold it to an independent one.
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
@@ -10,6 +11,7 @@
 
 #include <pybind11/stl.h>
 
+#include "clattn/model.h"
 #include "clattn/rng.h"
 #include "common.h"
 
@@ -63,9 +65,43 @@ pb::array_t<int64_t> kmeans_picks(uint64_t seed, uint64_t step, const std::vecto
   return out;
 }
 
+int32_t sample(pb::array_t<float, pb::array::c_style | pb::array::forcecast> logits, uint64_t step,
+               const std::vector<int32_t>& history, const SamplingOptions& so) {
+  if (logits.ndim() != 1) throw pb::value_error("sample: logits must be 1-D (vocab)");
+  try {
+    return sample_token(std::span<const float>(logits.data(), static_cast<size_t>(logits.size())), so, step, history);
+  } catch (const Error& e) {
+    throw pb::value_error(e.what());
+  }
+}
+
 }  // namespace
 
 void bind_draws(pb::module_& m) {
+  m.def("_sample_uniform", [](uint64_t seed, uint64_t step) { return Rng(seed).uniform(step, 0); }, pb::arg("seed"),
+        pb::arg("step"), "The uniform number in [0, 1) draw `step` of generation's sampler takes at this seed");
+  m.def(
+      "_sample_token",
+      [](pb::array_t<float, pb::array::c_style | pb::array::forcecast> logits, uint64_t step,
+         const std::vector<int32_t>& history, float temperature, int64_t top_k, float top_p, float min_p,
+         float repeat_penalty, float frequency_penalty, float presence_penalty, int64_t repeat_last_n, uint64_t seed) {
+        SamplingOptions so;
+        so.temperature = temperature;
+        so.top_k = top_k;
+        so.top_p = top_p;
+        so.min_p = min_p;
+        so.repeat_penalty = repeat_penalty;
+        so.frequency_penalty = frequency_penalty;
+        so.presence_penalty = presence_penalty;
+        so.repeat_last_n = repeat_last_n;
+        so.seed = seed;
+        return sample(logits, step, history, so);
+      },
+      pb::arg("logits"), pb::arg("step"), pb::arg("history") = std::vector<int32_t>{}, pb::kw_only(),
+      pb::arg("temperature") = 0.f, pb::arg("top_k") = 0, pb::arg("top_p") = 1.f, pb::arg("min_p") = 0.f,
+      pb::arg("repeat_penalty") = 1.f, pb::arg("frequency_penalty") = 0.f, pb::arg("presence_penalty") = 0.f,
+      pb::arg("repeat_last_n") = 64, pb::arg("seed") = 0,
+      "clattn::sample_token on logits (vocab,): the token generation's sampler picks at draw `step`");
   m.def("_lsh_planes", &lsh_planes, pb::arg("seed"), pb::arg("step"), pb::arg("bits"), pb::arg("D"),
         pb::arg("hash_bias"),
         "(planes (bits, D), thresholds (bits,)) float32: the LSH hyperplanes clustered attention hashes "

@@ -190,13 +190,28 @@ void bind_model(pb::module_& m) {
       .def_property_readonly("tokenizer", [](PyDecoder& p) { return p.tokenizer; },
                              "The folder's tokenizer.json as a clattn.Tokenizer (None without one)")
       .def("generate", [](PyDecoder& p, pb::handle prompt, int64_t max_tokens, float temperature, int64_t top_k,
-                          float top_p, int64_t seed, bool stop_at_eos) -> pb::object {
+                          float top_p, int64_t seed, bool stop_at_eos, float min_p, float repeat_penalty,
+                          float frequency_penalty, float presence_penalty, int64_t repeat_last_n,
+                          std::vector<std::string> stop, bool context_shift, int64_t keep) -> pb::object {
              if (seed < 0) throw pb::value_error("seed must be >= 0, got " + std::to_string(seed));
              if (max_tokens < 0) throw pb::value_error("max_tokens must be >= 0, got " + std::to_string(max_tokens));
-             if (!(temperature >= 0) || !std::isfinite(temperature))
-               throw pb::value_error("temperature must be >= 0, got " + std::to_string(temperature));
-             if (top_k < 0) throw pb::value_error("top_k must be >= 0 (0: all), got " + std::to_string(top_k));
-             if (!(top_p > 0 && top_p <= 1)) throw pb::value_error("top_p must be in (0, 1], got " + std::to_string(top_p));
+             if (keep < -1) throw pb::value_error("keep must be >= 0 (None: the BOS, if any), got " + std::to_string(keep));
+             SamplingOptions so;
+             so.temperature = temperature;
+             so.top_k = top_k;
+             so.top_p = top_p;
+             so.seed = static_cast<uint64_t>(seed);
+             so.min_p = min_p;
+             so.repeat_penalty = repeat_penalty;
+             so.frequency_penalty = frequency_penalty;
+             so.presence_penalty = presence_penalty;
+             so.repeat_last_n = repeat_last_n;
+             try {
+               check_sampling(so);
+               for (const std::string& x : stop) check(!x.empty(), "generate: a stop string must not be empty");
+             } catch (const Error& e) {
+               throw pb::value_error(e.what());
+             }
              const bool text = pb::isinstance<pb::str>(prompt);
              const Tokenizer* tok = p.tokenizer.is_none() ? nullptr : &p.tokenizer.cast<const Tokenizer&>();
              std::vector<int32_t> ids;
@@ -215,36 +230,60 @@ void bind_model(pb::module_& m) {
                ids.assign(in.ids.data(), in.ids.data() + in.ids.size());
              }
              const int64_t ctx = p.m->config().max_positions;
-             if (ctx > 0 && static_cast<int64_t>(ids.size()) + max_tokens > ctx)
+             if (!context_shift && ctx > 0 && static_cast<int64_t>(ids.size()) + max_tokens > ctx)
                throw pb::value_error("generate: the prompt (" + std::to_string(ids.size()) + " tokens) and " +
                                      std::to_string(max_tokens) + " new tokens exceed the model's context of " +
-                                     std::to_string(ctx));
+                                     std::to_string(ctx) + " (context_shift=True continues past it)");
+             if (!stop.empty() && !tok)
+               throw pb::value_error("generate: stop strings need the folder's tokenizer.json to decode the tokens");
              const int32_t eos = stop_at_eos ? (tok ? tok->eos_id() : p.m->config().eos) : -1;
              if (text && tok->vocab_size() < p.m->config().vocab)
                throw pb::value_error("generate: the tokenizer has " + std::to_string(tok->vocab_size()) +
                                      " tokens, fewer than the model's vocabulary of " +
                                      std::to_string(p.m->config().vocab) + ": it cannot decode every id the model may "
                                      "produce; pass token ids, or use the model's own tokenizer");
-             const SamplingOptions so{temperature, top_k, top_p, static_cast<uint64_t>(seed)};
+             GenerateControl control;
+             control.context_shift = context_shift;
+             control.keep = keep >= 0 ? keep : (tok && tok->bos_id() >= 0 && ids.front() == tok->bos_id() ? 1 : 0);
+             StopStrings stops(stop);
+             int32_t last = ids.back();
+             if (!stop.empty())
+               control.stop = [&](std::span<const int32_t> made) {
+                 const bool hit = stops.feed(tok->decode_piece(last, made.back()));
+                 last = made.back();
+                 return hit;
+               };
              const std::vector<int32_t> out = run_locked(p, [&] {
-               return generate(*p.m, ids, max_tokens, so, eos);
+               return generate(*p.m, ids, max_tokens, so, eos, {}, nullptr, control);
              });
              if (!text) return pb::array_t<int32_t>(static_cast<pb::ssize_t>(out.size()), out.data());
-             // The continuation alone, as the streamed pieces after the prompt give it.
+             // The continuation alone, as the streamed pieces after the prompt give it (cut before
+             // a stop string).
              std::string s;
-             int32_t prev = ids.back();
-             for (const int32_t id : out) {
-               s += tok->decode_piece(prev, id);
-               prev = id;
+             if (!stop.empty()) {
+               s = stops.text();
+             } else {
+               int32_t prev = ids.back();
+               for (const int32_t id : out) {
+                 s += tok->decode_piece(prev, id);
+                 prev = id;
+               }
              }
              PyObject* str = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
              if (!str) throw pb::error_already_set();
              return pb::reinterpret_steal<pb::str>(str);
            }, pb::arg("prompt"), pb::arg("max_tokens") = 128, pb::kw_only(), pb::arg("temperature") = 0.0f,
            pb::arg("top_k") = 0, pb::arg("top_p") = 1.0f, pb::arg("seed") = 0, pb::arg("stop_at_eos") = true,
+           pb::arg("min_p") = 0.0f, pb::arg("repeat_penalty") = 1.0f, pb::arg("frequency_penalty") = 0.0f,
+           pb::arg("presence_penalty") = 0.0f, pb::arg("repeat_last_n") = 64,
+           pb::arg("stop") = std::vector<std::string>{}, pb::arg("context_shift") = false, pb::arg("keep") = -1,
            "Continue a prompt through the KV cache: a str prompt (through the folder's tokenizer) gives the "
-           "continuation's text; token ids give the new ids. temperature 0 is greedy; top_k, top_p, seed as "
-           "`clattn generate`")
+           "continuation's text; token ids give the new ids. temperature 0 is greedy; top_k, top_p, min_p, "
+           "repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, seed as `clattn generate` (the "
+           "order of clattn::SamplingOptions). stop: strings that end generation (the text ends before the "
+           "first; token ids end with the token that completed it). context_shift: past the model's context, "
+           "drop the oldest half of the tokens after `keep` (-1: the BOS, if the prompt starts with one) and "
+           "encode the window again")
       .def("set_attention", [](PyDecoder& p, const std::string& plan) {
              set_plan([&] { run_locked(p, [&] { p.m->set_attention(plan); }); });
            }, pb::arg("plan"),

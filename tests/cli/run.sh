@@ -230,6 +230,18 @@ if need_data "the model commands" stories260k kwt1; then
   expect_ok "generate sampled" "$bin" generate --model "$data/stories260k" --prompt "The cat" --tokens 10 --temperature 0.8 --top-k 20 --top-p 0.9 --seed 4 --attention 'full;local:window=32'
   expect_ok "generate causal clustered" "$bin" generate --model "$data/stories260k" --tokens 20 --attention 'improved-clustered:clusters=4,block=16'
   expect_error "generate too long" "context" "$bin" generate --model "$data/stories260k" --tokens 100000
+  # docs/cli.md's sampled and context-shifted commands, as written there.
+  expect_ok "generate sampled with penalties" "$bin" generate --model "$data/stories260k" --prompt "Once upon a time" \
+    --tokens 200 --temperature 0.8 --top-k 40 --top-p 0.95 --min-p 0.05 --repeat-penalty 1.1 --seed 3 --stop "The end"
+  ! grep -q "The end" "$dir/out" && ok || bad "generate --stop showed its stop string: $(tail -c 300 "$dir/out")"
+  expect_ok "generate --stop" "$bin" generate --model "$data/stories260k" --tokens 60 --stop "Lily"
+  grep -q "named $" "$dir/out" && grep -q "stopped at a --stop string" "$dir/err" && ok ||
+    bad "generate --stop Lily: $(head -c 300 "$dir/out") / $(cat "$dir/err")"
+  expect_ok "generate --context-shift" "$bin" generate --model "$data/stories260k" --prompt "Once upon a time" --tokens 1200 --context-shift
+  grep -q "context shifts, keeping 1" "$dir/err" && ok || bad "generate --context-shift: $(cat "$dir/err")"
+  expect_exit 2 "generate --min-p out of range" "generate: --min-p must be in \[0, 1\], got 2" \
+    "$bin" generate --model "$data/stories260k" --min-p 2
+  expect_exit 2 "generate empty --stop" "--stop must not be empty" "$bin" generate --model "$data/stories260k" --stop ""
   # A 16-bit KV cache keeps the greedy story; the summary names the read bandwidth.
   for kv in f16 BF16; do
     expect_ok "generate --kv-cache $kv" "$bin" generate --model "$data/stories260k" --tokens 20 --kv-cache $kv --attention 'full;local:window=8'

@@ -234,6 +234,38 @@ TEST(Sampling, GreedyTopKTopPAndSeeds) {
   EXPECT_THROW(sample_token(l, SamplingOptions{.temperature = 1.f, .top_p = 0.f}, 0), Error);
 }
 
+TEST(Sampling, PenaltiesAndMinP) {
+  const std::vector<float> l{2.f, 1.9f, -1.f, 0.5f};
+  // Greedy picks 0; a repeat penalty on a recent 0 (2 / 1.5 < 1.9) moves it to 1.
+  const std::vector<int32_t> recent{0, 2};
+  EXPECT_EQ(sample_token(l, SamplingOptions{.repeat_penalty = 1.5f}, 0, recent), 1);
+  EXPECT_EQ(sample_token(l, SamplingOptions{.repeat_penalty = 1.5f, .repeat_last_n = 1}, 0, recent), 0);  // 0 is too old
+  EXPECT_EQ(sample_token(l, SamplingOptions{.frequency_penalty = 0.06f}, 0, std::vector<int32_t>{0, 0}), 1);
+  EXPECT_EQ(sample_token(l, SamplingOptions{.presence_penalty = 0.2f}, 0, recent), 1);
+  // min-p 0.95 at temperature 1: only tokens within 5 % of the best survive (token 0 alone).
+  for (uint64_t s = 0; s < 200; ++s)
+    EXPECT_EQ(sample_token(l, SamplingOptions{.temperature = 1.f, .seed = 2, .min_p = 0.95f}, s), 0);
+  EXPECT_THROW(sample_token(l, SamplingOptions{.temperature = 1.f, .min_p = 1.5f}, 0), Error);
+  EXPECT_THROW(sample_token(l, SamplingOptions{.repeat_penalty = 0.f}, 0), Error);
+  EXPECT_THROW(sample_token(l, SamplingOptions{.repeat_penalty = 2.f}, 0, std::vector<int32_t>{7}), Error);
+}
+
+TEST(Sampling, StopStringsHoldBackWhatCouldStillStop) {
+  StopStrings s({"lo W", "xyz"});
+  EXPECT_FALSE(s.feed("Hel"));
+  EXPECT_EQ(s.safe(), 2u);  // the "l" of "Hel" may begin "lo W"
+  EXPECT_FALSE(s.feed("lo"));
+  EXPECT_EQ(s.text(), "Hello");
+  EXPECT_EQ(s.safe(), 3u);  // "lo" may begin "lo W"
+  EXPECT_TRUE(s.feed(" World"));
+  EXPECT_EQ(s.text(), "Hel");
+  EXPECT_TRUE(s.stopped());
+  StopStrings none({"zz"});
+  EXPECT_FALSE(none.feed("abz"));
+  EXPECT_EQ(none.safe(), 2u);
+  EXPECT_THROW(StopStrings({""}), Error);
+}
+
 struct FeatureSet {
   Tensor features, logits;
   std::vector<int32_t> labels;
