@@ -251,7 +251,8 @@ Workload load_workload(const ApproxOptions& o, int64_t sequences) {
   check(w.enc->config().num_labels >= 1, "approx: this encoder has no classifier to compare predictions of");
   if (!o.text.empty()) {
     // One example per non-empty line, through the model's tokenizer.json (its template adds
-    // [CLS] / [SEP] or <s> / </s>), padded to the longest; a line past the context is cut there.
+    // [CLS] / [SEP] or <s> / </s>), padded to the longest; a line past the context is cut there,
+    // keeping its closing [SEP] / </s> as Hugging Face's truncation does.
     const std::string text = read_input_file(o.text, "approx: --text", kMaxTextBytes);
     const Tokenizer tok = Tokenizer::from_file((std::filesystem::path(o.model) / "tokenizer.json").string());
     const int64_t context = w.enc->config().max_positions;
@@ -262,11 +263,9 @@ Workload load_workload(const ApproxOptions& o, int64_t sequences) {
       const std::string_view line = std::string_view(text).substr(at, e - at);
       at = e + 1;
       if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-      seqs.push_back(tok.encode(line));
-      if (static_cast<int64_t>(seqs.back().size()) > context) {
-        seqs.back().resize(static_cast<size_t>(context));
-        ++cut;
-      }
+      bool was_cut = false;
+      seqs.push_back(tok.encode(line, true, context, &was_cut));
+      cut += was_cut;
     }
     check(!seqs.empty(), "approx: '", o.text, "' has no non-empty line to classify");
     if (cut)

@@ -56,6 +56,8 @@ int main(int argc, char** argv) {
   clattn::cli::add_approx(app);
   clattn::cli::add_attend(app);
   clattn::cli::add_generate(app);
+  clattn::cli::add_classify(app);
+  clattn::cli::add_embed(app);
   clattn::cli::add_bench(app);
   clattn::cli::add_bench_model(app);
   clattn::cli::add_make_inputs(app);

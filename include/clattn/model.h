@@ -297,6 +297,25 @@ class Encoder final : public Model {
   EncoderImpl& impl() const;
 };
 
+// An encoder's jobs on texts (`clattn classify` / `embed`, Python's Encoder.classify / embed):
+// each text through the tokenizer (its template's special tokens added; a text past the model's
+// context cut as encode(text, true, max_length) cuts it), `batch` texts per forward padded to the
+// longest of them. *truncated (when given) counts the texts that were cut.
+class Tokenizer;
+struct Classification {
+  int32_t label = 0;  // the largest logit's class (the lower on ties)
+  float score = 0;    // its softmax probability
+};
+// The classifier's choice for each row of logits (rows, classes).
+std::vector<Classification> classify_logits(ConstView logits);
+std::vector<Classification> classify_texts(Encoder& enc, const Tokenizer& tok, std::span<const std::string> texts,
+                                           int64_t batch = 32, int64_t* truncated = nullptr);
+// Pooled final hidden states: the mean over each text's positions, or its first ([CLS], <s>).
+enum class Pooling { mean, cls };
+Pooling parse_pooling(std::string_view name);  // "mean" or "cls"; an Error naming both otherwise
+Tensor embed_texts(Encoder& enc, const Tokenizer& tok, std::span<const std::string> texts, Pooling pooling,
+                   int64_t batch = 32, int64_t* truncated = nullptr);  // (texts, hidden)
+
 // Sampling for generation, the sampler set of llama.cpp, applied in this order:
 //   1. penalties on the logits, over the distinct tokens among the last repeat_last_n of the
 //      history (-1: all of it; 0: none): a token seen c times gets l / repeat_penalty if l > 0,

@@ -104,6 +104,11 @@ class Tokenizer {
   // (the single template's part before $A) is added when add_bos and the configuration asks for it;
   // the EOS suffix (after $A) whenever the configuration asks for it.
   std::vector<int32_t> encode(std::string_view text, bool add_bos = true) const;
+  // encode(text, add_bos) of at most max_length ids, cut as Hugging Face truncates one sequence:
+  // the text's tokens are shortened from the end, the template's special tokens ([CLS] … [SEP],
+  // <s> … </s>) kept. *truncated (when given) says whether anything was cut. A max_length that
+  // cannot hold the special tokens and one of the text's is an Error.
+  std::vector<int32_t> encode(std::string_view text, bool add_bos, int64_t max_length, bool* truncated) const;
   // What tokenizers' encode(text, pair, add_special_tokens) gives: added tokens in the text are
   // split out first (unless literal), then normalizer, pre-tokenizer and model on each piece, then
   // the post-processor's template (single, or pair when `pair` is given) when add_special_tokens.

@@ -163,6 +163,15 @@ std::unique_ptr<P> load_with_tokenizer(const std::filesystem::path& dir, const s
   return p;
 }
 
+// The folder's tokenizer of a text encoder, for its jobs on texts; ValueError without one.
+template <class P>
+const Tokenizer& encoder_tokenizer(P& p, const char* what) {
+  if (p.tokenizer.is_none())
+    throw pb::value_error(std::string(what) + ": this model's folder has no tokenizer.json (KWT takes features: "
+                          "forward_features)");
+  return p.tokenizer.template cast<const Tokenizer&>();
+}
+
 const char* head_name(const Model& m) { return m.has_head() ? task_kind_name(m.head()) : nullptr; }
 
 // Runs f with the GIL released and the model's mutex held.
@@ -407,6 +416,42 @@ void bind_model(pb::module_& m) {
              Tensor out = run_locked(p, [&] { return p.m->forward_features(f.view); });
              return to_numpy(std::move(out));
            }, pb::arg("features"), "KWT: logits (B, labels) for features (B, patches, input_dim)")
+      .def("classify", [](PyEncoder& p, const std::vector<std::string>& texts, int64_t batch) {
+             const Tokenizer& tok = encoder_tokenizer(p, "classify");
+             if (p.m->config().num_labels < 1)
+               throw pb::value_error("classify: this encoder has no classifier (num_labels is 0); embed() gives its "
+                                     "pooled hidden states");
+             if (batch < 1) throw pb::value_error("classify: batch must be >= 1, got " + std::to_string(batch));
+             const std::vector<Classification> got =
+                 run_locked(p, [&] { return classify_texts(*p.m, tok, texts, batch); });
+             const std::vector<std::string>& names = p.m->config().labels;
+             pb::list out;
+             for (const Classification& c : got) {
+               pb::dict d;
+               d["id"] = c.label;
+               d["label"] = static_cast<size_t>(c.label) < names.size() && !names[static_cast<size_t>(c.label)].empty()
+                                ? names[static_cast<size_t>(c.label)] : std::to_string(c.label);
+               d["score"] = c.score;
+               out.append(d);
+             }
+             return out;
+           }, pb::arg("texts"), pb::kw_only(), pb::arg("batch") = 32,
+           "Classify texts through the folder's tokenizer: [{'id', 'label', 'score'}] per text, as `clattn classify` "
+           "(batch texts per forward, padded; a text past the context cut keeping its closing special token)")
+      .def("embed", [](PyEncoder& p, const std::vector<std::string>& texts, const std::string& pooling, int64_t batch) {
+             const Tokenizer& tok = encoder_tokenizer(p, "embed");
+             Pooling pool;
+             try {
+               pool = parse_pooling(pooling);
+             } catch (const Error& e) {
+               throw pb::value_error(e.what());
+             }
+             if (batch < 1) throw pb::value_error("embed: batch must be >= 1, got " + std::to_string(batch));
+             Tensor e = run_locked(p, [&] { return embed_texts(*p.m, tok, texts, pool, batch); });
+             return to_numpy(std::move(e));
+           }, pb::arg("texts"), pb::kw_only(), pb::arg("pooling") = "mean", pb::arg("batch") = 32,
+           "Pooled final hidden states of texts, (len(texts), hidden) float32: pooling 'mean' over each text's "
+           "positions or 'cls' (its first), as `clattn embed`")
       .def_property_readonly("last_attention_ms", [](PyEncoder& p) { return p.m->last_attention_ms(); })
       .def("__repr__", [](PyEncoder& p) { return "clattn.Encoder(" + p.m->config().model_type + ")"; });
 

@@ -264,6 +264,25 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos) cons
   return out;
 }
 
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, int64_t max_length, bool* truncated) const {
+  const Impl& t = *impl_;
+  t.check_utf8(text, "text");
+  const int64_t special = static_cast<int64_t>((add_bos ? t.prefix.size() : 0) + t.suffix.size());
+  check(max_length > special, "tokenizer ", t.name, ": max_length ", max_length, " leaves no room for text beside the ",
+        special, " special tokens");
+  std::vector<int32_t> body;
+  t.tokenize(text, /*literal=*/true, body);
+  const bool cut = static_cast<int64_t>(body.size()) > max_length - special;
+  if (cut) body.resize(static_cast<size_t>(max_length - special));
+  if (truncated) *truncated = cut;
+  std::vector<int32_t> out;
+  out.reserve(body.size() + static_cast<size_t>(special));
+  if (add_bos) out.insert(out.end(), t.prefix.begin(), t.prefix.end());
+  out.insert(out.end(), body.begin(), body.end());
+  out.insert(out.end(), t.suffix.begin(), t.suffix.end());
+  return out;
+}
+
 Encoding Tokenizer::encoding(std::string_view text, std::optional<std::string_view> pair, bool add_special_tokens,
                              bool literal) const {
   const Impl& t = *impl_;

@@ -230,6 +230,9 @@ if need_data "the model commands" stories260k kwt1; then
   expect_ok "generate sampled" "$bin" generate --model "$data/stories260k" --prompt "The cat" --tokens 10 --temperature 0.8 --top-k 20 --top-p 0.9 --seed 4 --attention 'full;local:window=32'
   expect_ok "generate causal clustered" "$bin" generate --model "$data/stories260k" --tokens 20 --attention 'improved-clustered:clusters=4,block=16'
   expect_error "generate too long" "context" "$bin" generate --model "$data/stories260k" --tokens 100000
+  # docs/cli.md's classify command, as written there: one label and score per clip.
+  expect_ok "classify kwt" "$bin" classify --model "$data/kwt1" --features "$data/kwt1/features_fsdd_test.safetensors" --attention 'clustered:clusters=25'
+  [ "$(wc -l < "$dir/out")" -eq 300 ] && grep -q "^_unknown_	0\.[0-9]*$" "$dir/out" && ok || bad "classify kwt: $(head -c 300 "$dir/out")"
   # docs/cli.md's sampled and context-shifted commands, as written there.
   expect_ok "generate sampled with penalties" "$bin" generate --model "$data/stories260k" --prompt "Once upon a time" \
     --tokens 200 --temperature 0.8 --top-k 40 --top-p 0.95 --min-p 0.05 --repeat-penalty 1.1 --seed 3 --stop "The end"

@@ -138,6 +138,18 @@ TEST_F(Bert, PublishedExamples) {
   EXPECT_EQ(tok_->token(3468), "##ble");
 }
 
+// Cut to max_length as Hugging Face truncates one sequence: the text's tokens shortened, [CLS] and
+// [SEP] kept (transformers: tokenizer("i like strawberries", truncation=True, max_length=4)).
+TEST_F(Bert, TruncationKeepsTheSpecialTokens) {
+  bool cut = true;
+  EXPECT_THAT(tok_->encode("i like strawberries", true, 6, &cut), ElementsAreArray(Ids{101, 1045, 2066, 13137, 20968, 102}));
+  EXPECT_FALSE(cut);
+  EXPECT_THAT(tok_->encode("i like strawberries", true, 4, &cut), ElementsAreArray(Ids{101, 1045, 2066, 102}));
+  EXPECT_TRUE(cut);
+  EXPECT_THAT(tok_->encode("i like strawberries", true, 3, &cut), ElementsAreArray(Ids{101, 1045, 102}));
+  EXPECT_THROW(tok_->encode("i like", true, 2, &cut), Error);  // no room beside [CLS] [SEP]
+}
+
 TEST_F(Bert, HandDerived) {
   const auto plain = [&](std::string_view s) { return tok_->encoding(s, std::nullopt, false).ids; };
   EXPECT_THAT(plain("Don't"), ElementsAreArray(Ids{2123, 1005, 1056}));     // don ' t
