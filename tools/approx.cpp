@@ -13,6 +13,7 @@
 
 #include "cli_util.h"
 #include "clattn/atomic_file.h"
+#include "clattn/comm.h"
 #include "clattn/attention.h"
 #include "clattn/cpu.h"
 #include "clattn/error.h"
@@ -605,9 +606,19 @@ void run_search(const ApproxOptions& o, Workload& w) {
   if (!held_ok) std::printf("search: note: on the held-out half the plan misses the target\n");
   nlohmann::json layers = nlohmann::json::array();
   for (const std::string& l : f.layers) layers.push_back(l);
+  nlohmann::json evaluated = nlohmann::json::array();
+  for (const PlanFound::Evaluated& e : f.evaluated)
+    evaluated.push_back({{"plan", e.plan}, {"cost", e.cost}, {"value", e.value}});
+  // What the search was calibrated on: the input file and a hash of what was read from it (every
+  // item: the calibration half and the held-out one).
+  const std::string input = !o.features.empty() ? o.features : !o.tokens.empty() ? o.tokens : o.text;
+  const std::string data_hash = w.features.numel() > 0
+      ? bytes_fingerprint(w.features.data(), static_cast<size_t>(w.features.numel()) * sizeof(float))
+      : bytes_fingerprint(w.ids.data(), w.ids.size() * sizeof(int32_t));
   const nlohmann::json doc = {
       {"plan", plan}, {"layers", layers}, {"model", o.model}, {"metric", o.metric}, {"target", target},
-      {"calibration", {{"items", half}, {"value", f.value}}},
+      {"calibration", {{"items", half}, {"value", f.value}, {"data", input}, {"data_hash", data_hash}}},
+      {"evaluations", evaluated},
       {"held_out", {{"items", w.B - half}, {"agreement", held.agreement}, {"kl", held.kl},
                     {"accuracy", held.accuracy < 0 ? nlohmann::json(nullptr) : nlohmann::json(held.accuracy)},
                     {"full_accuracy", full_acc < 0 ? nlohmann::json(nullptr) : nlohmann::json(full_acc)}}},

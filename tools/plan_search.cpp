@@ -10,7 +10,7 @@
 
 namespace clattn::cli {
 
-std::string PlanFound::plan() const {
+std::string PlanFound::join(const std::vector<std::string>& layers) {
   std::string out;
   for (const std::string& s : layers) out += (out.empty() ? "" : ";") + s;
   return out;
@@ -43,15 +43,15 @@ PlanFound search_plan(const PlanSearch& s, Progress& progress) {
   f.costs["full"] = full;
   f.layers.assign(static_cast<size_t>(L), "full");
   f.full_cost = full * static_cast<double>(L);
-  auto join = [](const std::vector<std::string>& v) {
-    std::string out;
-    for (const std::string& x : v) out += (out.empty() ? "" : ";") + x;
-    return out;
-  };
   auto eval = [&](const std::vector<std::string>& plan, const std::string& what) {
     progress.set(f.evaluations, what);
     ++f.evaluations;
-    return s.evaluate(join(plan));
+    PlanFound::Evaluated e;
+    e.plan = PlanFound::join(plan);
+    for (const std::string& spec : plan) e.cost += spec == "full" ? full : cost[spec];
+    e.value = s.evaluate(e.plan);
+    f.evaluated.push_back(e);
+    return e.value;
   };
   f.value = eval(f.layers, "full attention");
   if (cands.empty()) {

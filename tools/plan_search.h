@@ -56,7 +56,15 @@ struct PlanFound {
   double attention_cost = 0, full_cost = 0;  // the plan's and full attention's, summed over layers
   int64_t evaluations = 0;
   std::map<std::string, double> costs;  // one layer's attention per candidate and "full" (PlanSearch::unit)
-  std::string plan() const;  // ';'-joined
+  // Every plan the search evaluated, in order: its cost (summed over layers) and its metric on the
+  // calibration data (`clattn plot --plan` draws them against each other).
+  struct Evaluated {
+    std::string plan;
+    double cost = 0, value = 0;
+  };
+  std::vector<Evaluated> evaluated;
+  std::string plan() const { return join(layers); }  // ';'-joined
+  static std::string join(const std::vector<std::string>& layers);
 };
 
 // Runs the search, printing each step through `progress`.

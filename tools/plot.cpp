@@ -9,6 +9,10 @@
 //                                evaluation metric against step and against wall-clock time, one
 //                                line per run named by its attention spec and its file (or
 //                                --label); runs of different metrics get a row of panels each.
+//   --plan-search PLAN.json      a plan file of `clattn approx --target`: every plan the search
+//                                evaluated as its attention cost (a share of full attention's)
+//                                against its metric on the calibration data, the Pareto front of
+//                                the cheapest plans at each metric, the target and the chosen plan.
 // Log lines are read tolerantly: unknown keys are ignored, a line that is not JSON (a run killed
 // mid-write) is skipped with a note, and a file with no usable line is refused.
 #include <algorithm>
@@ -321,23 +325,91 @@ void plot_logs(const std::vector<std::string>& paths, const std::vector<std::str
   run_gnuplot(dir, logs_script(runs, dir), out_png);
 }
 
+// A plan search (`approx --target`'s plan file): cost against metric per evaluated plan.
+struct SearchPoint {
+  double cost = 0, value = 0;
+  std::string plan;
+};
+
+std::string search_script(const std::string& path, const TempDir& dir) {
+  const json doc = json::parse(read_input_file(path, "plot: --plan-search", uint64_t{64} << 20), nullptr, false);
+  check(doc.is_object() && doc.contains("evaluations") && doc["evaluations"].is_array(), "plot: '", path,
+        "' is not a plan search (`clattn approx --target` writes one with \"evaluations\"; files of older "
+        "versions have none)");
+  double full = 0, target = 0;
+  check(number_at(doc, "full_attention_cost", full) && full > 0 && number_at(doc, "target", target), "plot: '", path,
+        "': full_attention_cost and target must be numbers");
+  const std::string metric = str_or(doc, "metric", "agreement"), unit = str_or(doc, "cost_unit", "ms");
+  const std::string chosen_plan = str_or(doc, "plan", "");
+  const bool higher = metric != "kl";
+  std::vector<SearchPoint> pts;
+  for (const json& e : doc["evaluations"]) {
+    SearchPoint p;
+    if (!number_at(e, "cost", p.cost) || !number_at(e, "value", p.value)) continue;
+    p.cost /= full;
+    p.plan = str_or(e, "plan", "");
+    pts.push_back(p);
+  }
+  check(!pts.empty(), "plot: '", path, "' holds no evaluated plan");
+  // The front: sorted by cost (the better metric first at equal cost), each plan that beats every
+  // cheaper one.
+  std::vector<SearchPoint> sorted = pts;
+  std::sort(sorted.begin(), sorted.end(), [&](const SearchPoint& a, const SearchPoint& b) {
+    return a.cost < b.cost || (a.cost == b.cost && (higher ? a.value > b.value : a.value < b.value));
+  });
+  std::string all, front, chosen;
+  for (const SearchPoint& p : pts) all += num(p.cost) + " " + num(p.value) + "\n";
+  bool first = true;
+  double best = 0;
+  for (const SearchPoint& p : sorted)
+    if (first || (higher ? p.value > best : p.value < best)) {
+      front += num(p.cost) + " " + num(p.value) + "\n";
+      best = p.value;
+      first = false;
+    }
+  for (const SearchPoint& p : pts)
+    if (p.plan == chosen_plan) chosen = num(p.cost) + " " + num(p.value) + "\n";
+  int64_t length = 0;
+  if (doc.contains("length") && doc["length"].is_number_integer()) length = doc["length"].get<int64_t>();
+  std::string s = preamble(dir, 1100, 700);
+  s += "set title " + quote("plan search of " + str_or(doc, "model", "?") + ": " + std::to_string(pts.size()) +
+                            " plans evaluated, " + metric + " target " + num(target)) + "\n";
+  s += "set xlabel " + quote("attention cost / full attention's (" + unit + " at N = " + std::to_string(length) + ", " +
+                             str_or(doc, "cost", "timed") + ")") + "\n";
+  s += "set ylabel " + quote(metric + " on the calibration half") + "\nset key outside bottom center horizontal\n";
+  std::string plot = "plot " + quote(dir.write("all.dat", all)) + " using 1:2 with points pt 7 ps 0.9 lc rgb '#8899cc' "
+                     "title 'evaluated plans', " + quote(dir.write("front.dat", front)) +
+                     " using 1:2 with linespoints lw 2 pt 7 lc rgb '#cc3333' title 'Pareto front'";
+  if (metric != "accuracy") plot += ", " + num(target) + " with lines dt 2 lw 1.5 lc rgb '#555555' title 'target'";
+  if (!chosen.empty())
+    plot += ", " + quote(dir.write("chosen.dat", chosen)) + " using 1:2 with points pt 6 ps 3 lw 2.5 lc rgb '#000000' "
+            "title " + quote("chosen plan");
+  return s + plot + "\n";
+}
+
 struct PlotOptions {
   std::vector<std::string> bench, logs, labels;
-  std::string out;
+  std::string search, out;
 };
 
 void run_plot(const PlotOptions& o) {
-  usage_check(o.bench.empty() != o.logs.empty(), "plot: give exactly one of --bench FILE... or --logs FILE...");
+  usage_check(!o.bench.empty() + !o.logs.empty() + !o.search.empty() == 1,
+              "plot: give exactly one of --bench FILE..., --logs FILE... or --plan-search FILE");
   usage_check(o.labels.empty() || !o.logs.empty(), "plot: --label names --logs runs (bench files are named by file)");
   usage_check(!o.out.empty(), "plot: --output PNG is required");
   const std::string ext = std::filesystem::path(o.out).extension().string();
   usage_check(ext == ".png" || ext == ".PNG", "plot: --output must name a .png file, got '", o.out, "'");
   std::vector<PathArg> inputs = path_args("--bench", o.bench);
   for (const PathArg& p : path_args("--logs", o.logs)) inputs.push_back(p);
+  inputs.push_back({"--plan-search", o.search});
   check_outputs("plot", {{"--output", o.out}}, inputs);
   Progress progress("plot", 0);
   progress.set(0, "drawing " + o.out + " with gnuplot");
-  if (!o.bench.empty()) {
+  if (!o.search.empty()) {
+    find_gnuplot();
+    TempDir dir;
+    run_gnuplot(dir, search_script(o.search, dir), o.out);
+  } else if (!o.bench.empty()) {
     std::vector<BenchRun> runs;
     for (const std::string& p : o.bench) runs.push_back(read_bench_file(p));
     plot_bench(runs, o.out);
@@ -356,10 +428,14 @@ void add_plot(CLI::App& app) {
   auto o = std::make_shared<plot::PlotOptions>();
   CLI::App* sub = app.add_subcommand(
       "plot", "Draw saved results with gnuplot (Debian gnuplot-nox): bench JSON (time and memory "
-              "against N) or train logs (loss and metric against steps and time)");
+              "against N), train logs (loss and metric against steps and time) or a plan search (cost "
+              "against metric)");
   sub->add_option("--bench", o->bench,
                   "`clattn bench --json` files (or -o jsonl output), overlaid in one figure");
   sub->add_option("--logs", o->logs, "`clattn train --log` files (JSON lines), one line per run");
+  sub->add_option("--plan-search", o->search,
+                  "a plan file of `clattn approx --target`: cost against metric of every evaluated plan, the Pareto "
+                  "front, the target and the chosen plan");
   sub->add_option("--label", o->labels,
                   "legend name of each --logs run, in order (default: its file name), shown beside its spec");
   sub->add_option("--output", o->out, "the PNG to write (required)");

@@ -74,6 +74,13 @@ assert (d["layers"], d["costs"], d["calibration"]) == (again["layers"], again["c
 cands = ["clustered:clusters=25", "improved-clustered:clusters=25,topk=32"]
 assert d["cost"] == "work" and d["cost_unit"] == "GOP" and set(d["costs"]) == {"full", *cands}, d
 assert 0 < d["costs"]["clustered:clusters=25"] < d["costs"]["improved-clustered:clusters=25,topk=32"] < d["costs"]["full"], d
+# Every evaluated plan is recorded with its cost and metric (the first is full attention), and the
+# calibration data by name and hash.
+ev = d["evaluations"]
+assert ev[0]["plan"] == ";".join(["full"] * 12) and abs(ev[0]["cost"] - d["full_attention_cost"]) < 1e-9 * d["full_attention_cost"], ev[0]
+assert any(e["plan"] == d["plan"] for e in ev) and all(set(e) == {"plan", "cost", "value"} for e in ev), ev
+assert d["calibration"]["data"].endswith(".safetensors") and "hash" in d["calibration"]["data_hash"], d["calibration"]
+assert d["calibration"]["data_hash"] == again["calibration"]["data_hash"]
 layers = d["layers"]
 assert len(layers) == 12 and d["plan"] == ";".join(layers), d
 assert all(l in ("full", "clustered:clusters=25", "improved-clustered:clusters=25,topk=32") for l in layers), layers
@@ -82,6 +89,11 @@ assert d["calibration"]["items"] == 20 and d["calibration"]["value"] >= 0.97, d[
 assert d["held_out"]["items"] == 20 and 0 <= d["held_out"]["agreement"] <= 1
 assert d["length"] == 2048 and 0 < d["attention_cost_ratio"] < 1, d
 PY
+  # The search drawn: cost against agreement of every evaluated plan, its front and the choice.
+  expect_ok "plot --plan-search" "$bin" plot --plan-search "$dir/plan.json" --output "$dir/search.png"
+  /usr/bin/python3 -c 'import struct,sys; b=open(sys.argv[1],"rb").read(); assert b[:8]==b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", b[16:24])==(1100, 700) and len(b) > 20000, len(b)' \
+    "$dir/search.png" && ok || bad "plot --plan-search: not the 1100 x 700 PNG: $(cat "$dir/err")"
+  expect_error "plot --plan-search of a bench file" "is not a plan search" "$bin" plot --plan-search "$fsdd" --output "$dir/x.png"
   # The file is a plan wherever one is accepted: approx measures it as --attention would.
   expect_ok "approx --plan" "$bin" approx --model "$kwt" --features "$fsdd" --plan "$dir/plan.json" --repeat 1
   plan=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["plan"])' "$dir/plan.json")
