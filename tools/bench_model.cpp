@@ -174,11 +174,17 @@ void run_bench_model(const BenchModelOptions& o) {
   write_json();  // an unwritable path fails before the first case
   // A missing or unreadable model, or a KWT model without its features, fails before the table
   // header: no empty table above an error.
-  const bool llama = !o.random_bert && model_kind(o.model) == ModelKind::llama;
-  check(o.random_bert || llama || !o.features.empty(), "bench-model: a KWT model needs --features FILE");
+  const ModelKind kind = o.random_bert ? ModelKind::bert : model_kind(o.model);
+  const bool llama = kind == ModelKind::llama;
+  // A BERT-family checkpoint (BERT, RoBERTa, DistilBERT) runs on random ids of its vocabulary at
+  // --lengths, as --random-bert does; KWT on its feature clips.
+  const bool tokens = o.random_bert || kind == ModelKind::bert;
+  check(tokens || llama || !o.features.empty(), "bench-model: a KWT model needs --features FILE");
+  usage_check(o.features.empty() || kind == ModelKind::kwt, "bench-model: --features is for KWT models; '", o.model,
+              "' runs on random ids at --lengths");
   if (lead) table.header();
   // Units: each (length, plan) forward or prefill, and each decode sweep.
-  const int64_t units = static_cast<int64_t>((o.random_bert || llama ? lengths_given.size() : 1) * o.attention.size()) *
+  const int64_t units = static_cast<int64_t>((tokens || llama ? lengths_given.size() : 1) * o.attention.size()) *
                         (llama && o.decode > 0 && !(o.sequence_parallel && R > 1) ? 2 : 1);
   Progress progress("bench-model", units, lead);
   int64_t done = 0;
@@ -230,8 +236,9 @@ void run_bench_model(const BenchModelOptions& o) {
     write_json();
   };
   // Warm-up, then `repeat` timed calls; each call's time is the slowest rank's. Returns the times,
-  // the mean attention time of a call, the peak memory the calls added and the bytes one rank
-  // sent per call.
+  // the attention time of the median call (of the middle two for an even count: the time outside
+  // attention is then the median call's, not a mean that one slow call moves), the peak memory the
+  // calls added and the bytes one rank sent per call.
   struct Timing {
     std::vector<double> ms;
     double attn_ms = 0, bytes_per_call = 0, wait_ms = 0;
@@ -244,7 +251,7 @@ void run_bench_model(const BenchModelOptions& o) {
     progress.set(done, current + ", warm-up");
     fn();  // warm-up: sizes the activations and workspaces, as a first real call would
     reset_sequence_parallel_traffic();
-    double attn_sum = 0;
+    std::vector<double> attn_ms;  // (repeat) each call's attention time
     for (int r = 0; r < o.repeat; ++r) {
       progress.set(done, detail::concat(current, ", call ", r + 1, "/", o.repeat));
       comm.barrier();
@@ -253,9 +260,13 @@ void run_bench_model(const BenchModelOptions& o) {
       double ms = now_ms() - t0;
       comm.all_reduce_max(&ms, 1);
       t.ms.push_back(ms);
-      attn_sum += attn();
+      attn_ms.push_back(attn());
     }
-    t.attn_ms = attn_sum / o.repeat;
+    std::vector<size_t> by_time(t.ms.size());
+    std::iota(by_time.begin(), by_time.end(), size_t{0});
+    std::stable_sort(by_time.begin(), by_time.end(), [&](size_t a, size_t b) { return t.ms[a] < t.ms[b]; });
+    const size_t mid = by_time.size() / 2;
+    t.attn_ms = by_time.size() % 2 ? attn_ms[by_time[mid]] : 0.5 * (attn_ms[by_time[mid - 1]] + attn_ms[by_time[mid]]);
     t.rss_kib = bench::read_status_kib("VmHWM") - before;
     const SeqParallelTraffic traffic = sequence_parallel_traffic();
     t.bytes_per_call = static_cast<double>(traffic.bytes) / o.repeat;
@@ -290,15 +301,23 @@ void run_bench_model(const BenchModelOptions& o) {
       LoadOptions lo;
       lo.weights = parse_weight_type(o.weights);
       enc = Encoder::load(o.model, lo);
-      check(!o.features.empty(), "bench-model: a KWT model needs --features FILE");
-      features = SafetensorsFile::open(o.features).get_f32("features");
-      lengths = {enc->config().num_patches + 1};
+      if (tokens) {
+        lengths = lengths_given;
+        const int64_t ctx = enc->config().max_positions;
+        for (const int64_t n : lengths)
+          check(ctx <= 0 || n <= ctx, "bench-model: --lengths ", n, " exceeds the model's context of ", ctx,
+                " positions (max_position_embeddings)");
+      } else {
+        check(!o.features.empty(), "bench-model: a KWT model needs --features FILE");
+        features = SafetensorsFile::open(o.features).get_f32("features");
+        lengths = {enc->config().num_patches + 1};
+      }
     }
     enc->set_sequence_parallel(split);
     const ModelConfig& c = enc->config();
     for (const int64_t n : lengths) {
       // KWT: the whole feature set in batches of --batch clips (default: one batch of all).
-      const int64_t B = o.random_bert ? std::max<int64_t>(o.batch, 1)
+      const int64_t B = tokens ? std::max<int64_t>(o.batch, 1)
                                       : (o.batch > 0 ? std::min(o.batch, features.dim(0)) : features.dim(0));
       std::vector<int32_t> ids(static_cast<size_t>(B * n));
       const Rng rng(1);
@@ -312,7 +331,7 @@ void run_bench_model(const BenchModelOptions& o) {
         double run_attn = 0;  // attention time of the latest pass
         Timing t = timed([&] {
           run_attn = 0;
-          if (o.random_bert) {
+          if (tokens) {
             (void)enc->forward_tokens(ids, B, n);
             run_attn = enc->last_attention_ms();
             return;
@@ -327,9 +346,9 @@ void run_bench_model(const BenchModelOptions& o) {
           }
         }, [&] { return run_attn; });
         // A KWT pass covers the whole set: report it as one batch of all its clips.
-        report(plan, "forward", n, o.random_bert ? B : features.dim(0), std::move(t.ms), t.attn_ms,
-               o.random_bert ? flops : flops / static_cast<double>(B) * static_cast<double>(features.dim(0)),
-               attention_flops(*enc, o.random_bert ? B : features.dim(0), n, false), 0, t.rss_kib,
+        report(plan, "forward", n, tokens ? B : features.dim(0), std::move(t.ms), t.attn_ms,
+               tokens ? flops : flops / static_cast<double>(B) * static_cast<double>(features.dim(0)),
+               attention_flops(*enc, tokens ? B : features.dim(0), n, false), 0, t.rss_kib,
                c.layers, t.bytes_per_call / static_cast<double>(c.layers), t.wait_ms, all_ring(*enc));
       }
     }

@@ -103,3 +103,19 @@ def test_kwt_classifies_fsdd_clips(tmp_path, cli):
     accuracy = np.mean([x["id"] == y for x, y in zip(rows, labels)])
     assert accuracy == pytest.approx(279 / 300)  # the folder's README: 93.0 % with full attention
     assert rows[0]["label"] == "_unknown_"
+
+
+def test_bench_model_times_a_bert_family_checkpoint_on_random_ids(tmp_path, cli):
+    folder, _ = distilbert(tmp_path)
+    out = tmp_path / "bm.json"
+    r = cli("bench-model", "--model", folder, "--lengths", "16,40", "--attention", "full", "--attention",
+            "local:window=8", "--repeat", "2", "--threads", "1", "--json", out)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())["results"]
+    assert sorted((x["attention"], x["n"]) for x in rows) == [("full", 16), ("full", 40), ("local:window=8", 16),
+                                                              ("local:window=8", 40)]
+    assert all(0 <= x["outside_percent"] <= 100 and x["ms_median"] > 0 for x in rows), rows
+    r = cli("bench-model", "--model", folder, "--lengths", "64")
+    assert r.returncode == 1 and "exceeds the model's context of 40" in r.stderr, r.stderr
+    r = cli("bench-model", "--model", folder, "--features", data_dir() / "kwt1" / "features_fsdd_test.safetensors")
+    assert r.returncode == 2 and "--features is for KWT models" in r.stderr, r.stderr
