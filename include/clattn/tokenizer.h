@@ -55,8 +55,10 @@
 //   decomposes each code point without reordering combining marks, which only matters for marks
 //   that strip_accents keeps (not Mn). single_word's word characters are L, N, Mn and '_' (the
 //   regex crate's \w also has other marks and connector punctuation), and where a single_word
-//   token is refused a shorter added token may still match at that position. Offsets,
-//   truncation and padding are not implemented (truncation in the file is refused).
+//   token is refused a shorter added token may still match at that position. Offsets are
+//   not implemented. Truncation is encode(text, add_bos, max_length) and encode_batch's
+//   max_length (a truncation section in the file is refused); padding is encode_batch's, the
+//   file's padding section its default.
 //
 // Byte-level models (`clattn train --task lm` or `mlm` on a text file: include/clattn/data.h) save
 // byte_tokenizer_json() beside their weights: a BPE model without merges whose vocabulary is the
@@ -89,6 +91,32 @@ struct Encoding {
   // (ids.size()) the segment of each id, from the template's type_id (BERT: 0 for [CLS] A [SEP],
   // 1 for B [SEP]); the model's token-type embedding reads it.
   std::vector<int32_t> type_ids;
+  // (ids.size()) 1 where the template added the id ([CLS], [SEP], <s>), 0 for the texts' tokens.
+  std::vector<int32_t> special_tokens_mask;
+};
+
+// Padding of a batch, as tokenizers' padding section: to the longest sequence of the batch (or to
+// `length`), rounded up to a multiple of `multiple_of`, on the right (or the left).
+struct Padding {
+  int64_t length = 0;       // {"Fixed": n}: every sequence to n; 0: BatchLongest
+  int64_t multiple_of = 0;  // pad_to_multiple_of; 0: none
+  bool left = false;        // direction "Left"
+  int32_t pad_id = 0, pad_type_id = 0;
+};
+// A batch of encodings, padded: (B, T) row-major each, T the padded length.
+struct BatchEncoding {
+  int64_t B = 0, T = 0;
+  std::vector<int32_t> ids, type_ids, attention_mask, special_tokens_mask;
+  std::vector<int32_t> lengths;  // (B) each sequence's length before padding
+  int64_t truncated = 0;         // sequences that max_length cut
+};
+struct BatchOptions {
+  bool add_special_tokens = true, literal = false;
+  // > 0: each sequence cut to at most max_length ids, special tokens kept; a pair loses one token
+  // at a time from its longer text (the second on ties): tokenizers' LongestFirst.
+  int64_t max_length = 0;
+  std::optional<Padding> padding;  // unset: the file's padding section, else the longest, right, id 0
+  int threads = 0;                 // 0: every OpenMP thread (texts are split over them)
 };
 
 class Tokenizer {
@@ -115,6 +143,15 @@ class Tokenizer {
   // literal = true takes text as plain characters, as encode(text, add_bos) does.
   Encoding encoding(std::string_view text, std::optional<std::string_view> pair = std::nullopt,
                     bool add_special_tokens = true, bool literal = false) const;
+  // encoding() of each text (with pairs[i] when pairs is not empty: one per text), truncated and
+  // padded by `opt`, the texts split over threads: tokenizers' encode_batch with its attention
+  // and special-tokens masks.
+  BatchEncoding encode_batch(std::span<const std::string> texts, std::span<const std::string> pairs = {},
+                             const BatchOptions& opt = {}) const;
+  // The file's padding section, when it has one.
+  const std::optional<Padding>& padding() const;
+  // The id of a vocabulary or added token's string, -1 when there is none.
+  int32_t token_to_id(std::string_view token) const;
   // Text of a whole sequence: special tokens skipped (unless skip_special_tokens is false), then the
   // decoder chain (this strips the space that encode's normalizer prepended). Invalid byte runs
   // decode to U+FFFD (ByteFallback: one per byte; ByteLevel: one per invalid subsequence), as HF.

@@ -92,6 +92,82 @@ void bind_tokenizer(pb::module_& m) {
       .def_property_readonly("is_bytes", &Tokenizer::is_bytes, "ids 0..255 are the bytes, nothing added")
       .def("token", [](const Tokenizer& t, int32_t id) { return value_errors([&] { return t.token(id); }); },
            pb::arg("id"), "The vocabulary string of an id")
+      .def("token_to_id", [](const Tokenizer& t, const std::string& token) -> pb::object {
+             const int32_t id = t.token_to_id(token);
+             return id < 0 ? pb::object(pb::none()) : pb::object(pb::int_(id));
+           }, pb::arg("token"), "The id of a vocabulary or added token's string, None when there is none")
+      .def("id_to_token", [](const Tokenizer& t, int32_t id) -> pb::object {
+             if (id < 0 || id >= t.vocab_size()) return pb::none();
+             return pb::str(t.token(id));
+           }, pb::arg("id"), "The string of an id, None when out of range")
+      .def("get_vocab", [](const Tokenizer& t) {
+             pb::dict d;
+             for (int32_t i = 0; i < t.vocab_size(); ++i) d[pb::str(t.token(i))] = i;
+             return d;
+           }, "{token string: id} over the vocabulary and the added tokens")
+      .def_property_readonly("padding", [](const Tokenizer& t) -> pb::object {
+             if (!t.padding()) return pb::none();
+             const Padding& p = *t.padding();
+             pb::dict d;
+             d["length"] = p.length == 0 ? pb::object(pb::none()) : pb::object(pb::int_(p.length));
+             d["pad_to_multiple_of"] = p.multiple_of == 0 ? pb::object(pb::none()) : pb::object(pb::int_(p.multiple_of));
+             d["direction"] = p.left ? "left" : "right";
+             d["pad_id"] = p.pad_id;
+             d["pad_type_id"] = p.pad_type_id;
+             return d;
+           }, "The file's padding section as a dict, or None")
+      .def("encode_batch", [](const Tokenizer& t, const std::vector<std::string>& texts,
+                              std::optional<std::vector<std::string>> pairs, bool add_special_tokens, bool literal,
+                              int64_t max_length, std::optional<int64_t> length, std::optional<int64_t> multiple_of,
+                              std::optional<std::string> side, std::optional<int32_t> pad_id, int threads) {
+             BatchOptions o;
+             o.add_special_tokens = add_special_tokens;
+             o.literal = literal;
+             o.max_length = max_length;
+             o.threads = threads;
+             if (length || multiple_of || side || pad_id) {
+               Padding p = t.padding().value_or(Padding{});
+               if (length) p.length = *length;
+               if (multiple_of) p.multiple_of = *multiple_of;
+               if (side) {
+                 if (*side != "left" && *side != "right")
+                   throw pb::value_error("padding_side must be 'left' or 'right', got '" + *side + "'");
+                 p.left = *side == "left";
+               }
+               if (pad_id) p.pad_id = *pad_id;
+               if (p.length < 0 || p.multiple_of < 0 || p.pad_id < 0 || p.pad_id >= t.vocab_size())
+                 throw pb::value_error("encode_batch: length and pad_to_multiple_of must be >= 0 and pad_id an id of "
+                                       "the vocabulary");
+               o.padding = p;
+             }
+             const std::vector<std::string> none;
+             BatchEncoding b;
+             {
+               pb::gil_scoped_release nogil;
+               b = value_errors([&] { return t.encode_batch(texts, pairs ? *pairs : none, o); });
+             }
+             auto arr = [&](const std::vector<int32_t>& v) {
+               pb::array_t<int32_t> a({static_cast<pb::ssize_t>(b.B), static_cast<pb::ssize_t>(b.T)});
+               std::copy(v.begin(), v.end(), a.mutable_data());
+               return a;
+             };
+             pb::dict d;
+             d["input_ids"] = arr(b.ids);
+             d["attention_mask"] = arr(b.attention_mask);
+             d["token_type_ids"] = arr(b.type_ids);
+             d["special_tokens_mask"] = arr(b.special_tokens_mask);
+             d["lengths"] = pb::array_t<int32_t>(static_cast<pb::ssize_t>(b.lengths.size()), b.lengths.data());
+             d["truncated"] = b.truncated;
+             return d;
+           }, pb::arg("texts"), pb::arg("pairs") = pb::none(), pb::kw_only(), pb::arg("add_special_tokens") = true,
+           pb::arg("literal") = false, pb::arg("max_length") = 0, pb::arg("length") = pb::none(),
+           pb::arg("pad_to_multiple_of") = pb::none(), pb::arg("padding_side") = pb::none(),
+           pb::arg("pad_id") = pb::none(), pb::arg("threads") = 0,
+           "Encode a batch as tokenizers' encode_batch, padded: {'input_ids', 'attention_mask', 'token_type_ids', "
+           "'special_tokens_mask'} (B, T) int32, 'lengths' (B,), 'truncated' (a count). max_length > 0 cuts each "
+           "sequence (a pair: LongestFirst), special tokens kept. Padding: the file's padding section, overridden "
+           "by length (fixed), pad_to_multiple_of, padding_side and pad_id; else to the longest, right, id 0. "
+           "Texts are split over `threads` (0: clattn's thread count)")
       .def("__len__", &Tokenizer::vocab_size)
       .def("__repr__", [](const Tokenizer& t) {
         return "clattn.Tokenizer(" + t.name() + ", vocab " + std::to_string(t.vocab_size()) + ")";

@@ -70,6 +70,36 @@ const json* opt(const json& obj, const char* key) {
 
 }  // namespace
 
+// tokenizers' padding section: {"strategy": "BatchLongest" | {"Fixed": n}, "direction": "Right" |
+// "Left", "pad_to_multiple_of": n | null, "pad_id", "pad_type_id", "pad_token"}.
+void Tokenizer::Impl::load_padding(const json& p) {
+  if (!p.is_object()) bad("padding must be an object or null");
+  Padding pd;
+  if (const json* s = opt(p, "strategy")) {
+    if (s->is_object() && s->contains("Fixed") && (*s)["Fixed"].is_number_integer() && (*s)["Fixed"].get<int64_t>() >= 1)
+      pd.length = (*s)["Fixed"].get<int64_t>();
+    else if (!(s->is_string() && s->get<std::string>() == "BatchLongest"))
+      bad("padding.strategy must be \"BatchLongest\" or {\"Fixed\": n >= 1}, got ", s->dump());
+  }
+  if (const json* d = opt(p, "direction")) {
+    if (!d->is_string() || (*d != "Right" && *d != "Left")) bad("padding.direction must be \"Right\" or \"Left\"");
+    pd.left = *d == "Left";
+  }
+  if (const json* m = opt(p, "pad_to_multiple_of")) {
+    if (!m->is_number_integer() || m->get<int64_t>() < 0) bad("padding.pad_to_multiple_of must be an integer >= 0");
+    pd.multiple_of = m->get<int64_t>();
+  }
+  for (auto [key, field] : {std::pair{"pad_id", &pd.pad_id}, {"pad_type_id", &pd.pad_type_id}})
+    if (const json* v = opt(p, key)) {
+      if (!v->is_number_integer() || v->get<int64_t>() < 0 || v->get<int64_t>() >= int64_t{1} << 31)
+        bad("padding.", key, " must be an integer id >= 0");
+      *field = static_cast<int32_t>(v->get<int64_t>());
+    }
+  if (pd.pad_id >= static_cast<int32_t>(tokens.size()))
+    bad("padding.pad_id ", pd.pad_id, " is outside the vocabulary of ", tokens.size());
+  padding = pd;
+}
+
 void Tokenizer::Impl::load(const json& root) {
   if (!root.is_object()) bad("the top level must be a JSON object, not ", root.type_name());
   const json* model = opt(root, "model");
@@ -85,6 +115,7 @@ void Tokenizer::Impl::load(const json& root) {
     has_decoder = true;
   }
   if (const json* p = opt(root, "post_processor")) load_post(*p);
+  if (const json* p = opt(root, "padding")) load_padding(*p);
   check_growth(normalizer, "normalizer");
   check_growth(decoder, "decoder");
 
@@ -737,6 +768,11 @@ bool Tokenizer::is_bytes() const {
 }
 
 int32_t Tokenizer::bos_id() const { return impl_->bos; }
+const std::optional<Padding>& Tokenizer::padding() const { return impl_->padding; }
+int32_t Tokenizer::token_to_id(std::string_view token) const {
+  const auto it = impl_->ids.find(token);
+  return it == impl_->ids.end() ? -1 : it->second;
+}
 int32_t Tokenizer::eos_id() const { return impl_->eos; }
 int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->tokens.size()); }
 const std::string& Tokenizer::name() const { return impl_->name; }

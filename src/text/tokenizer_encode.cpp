@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "clattn/parallel.h"
 #include "text/tokenizer_impl.h"
 #include "text/unicode.h"
 
@@ -291,22 +292,104 @@ Encoding Tokenizer::encoding(std::string_view text, std::optional<std::string_vi
   std::vector<int32_t> seq[2];
   t.tokenize(text, literal, seq[0]);
   if (pair) t.tokenize(*pair, literal, seq[1]);
+  return t.assemble(seq, pair.has_value(), add_special_tokens);
+}
+
+Encoding Tokenizer::Impl::assemble(const std::vector<int32_t> (&seq)[2], bool pair, bool add_special_tokens) const {
   Encoding e;
   if (!add_special_tokens) {  // A then B, type ids 0 then 1, as tokenizers without its template
     for (int k = 0; k < (pair ? 2 : 1); ++k) {
       e.ids.insert(e.ids.end(), seq[k].begin(), seq[k].end());
       e.type_ids.insert(e.type_ids.end(), seq[k].size(), k);
     }
+    e.special_tokens_mask.assign(e.ids.size(), 0);
     return e;
   }
-  if (pair && t.pair_tpl.empty())
-    fail("tokenizer ", t.name, ": encode of a text pair needs post_processor.pair, which the file lacks");
-  for (const TemplatePiece& p : pair ? t.pair_tpl : t.single_tpl) {
+  if (pair && pair_tpl.empty())
+    fail("tokenizer ", name, ": encode of a text pair needs post_processor.pair, which the file lacks");
+  for (const TemplatePiece& p : pair ? pair_tpl : single_tpl) {
     const std::vector<int32_t>& src = p.seq < 0 ? p.ids : seq[p.seq];
     e.ids.insert(e.ids.end(), src.begin(), src.end());
     e.type_ids.insert(e.type_ids.end(), src.size(), p.type_id);
+    e.special_tokens_mask.insert(e.special_tokens_mask.end(), src.size(), p.seq < 0 ? 1 : 0);
   }
   return e;
+}
+
+int64_t Tokenizer::Impl::special_count(bool pair) const {
+  int64_t n = 0;
+  for (const TemplatePiece& p : pair ? pair_tpl : single_tpl)
+    if (p.seq < 0) n += static_cast<int64_t>(p.ids.size());
+  return n;
+}
+
+BatchEncoding Tokenizer::encode_batch(std::span<const std::string> texts, std::span<const std::string> pairs,
+                                      const BatchOptions& opt) const {
+  const Impl& t = *impl_;
+  check(pairs.empty() || pairs.size() == texts.size(), "tokenizer ", t.name, ": encode_batch has ", texts.size(),
+        " texts and ", pairs.size(), " pairs (give one pair per text, or none)");
+  check(opt.max_length >= 0, "tokenizer ", t.name, ": max_length must be >= 0 (0: no truncation), got ", opt.max_length);
+  const bool pair = !pairs.empty();
+  const int64_t special = opt.add_special_tokens ? t.special_count(pair) : 0;
+  check(opt.max_length == 0 || opt.max_length > special, "tokenizer ", t.name, ": max_length ", opt.max_length,
+        " leaves no room for text beside the ", special, " special tokens");
+  const int64_t B = static_cast<int64_t>(texts.size());
+  std::vector<Encoding> enc(static_cast<size_t>(B));
+  std::vector<uint8_t> cut(static_cast<size_t>(B), 0);
+  // Texts are independent: split over the team in chunks (a text's cost varies with its length).
+  auto one = [&](int64_t i) {
+    const size_t u = static_cast<size_t>(i);
+    t.check_utf8(texts[u], "text");
+    std::vector<int32_t> seq[2];
+    t.tokenize(texts[u], opt.literal, seq[0]);
+    if (pair) {
+      t.check_utf8(pairs[u], "pair text");
+      t.tokenize(pairs[u], opt.literal, seq[1]);
+    }
+    if (opt.max_length > 0) {
+      // LongestFirst: one token at a time from the longer text, the second on ties.
+      size_t n0 = seq[0].size(), n1 = seq[1].size();
+      const size_t budget = static_cast<size_t>(opt.max_length - special);
+      cut[u] = n0 + n1 > budget;
+      while (n0 + n1 > budget) (n0 > n1 ? n0 : n1) -= 1;
+      seq[0].resize(n0);
+      seq[1].resize(n1);
+    }
+    enc[u] = t.assemble(seq, pair, opt.add_special_tokens);
+  };
+  const int team = opt.threads > 0 ? opt.threads : max_threads();
+  FirstError err;
+#pragma omp parallel for schedule(dynamic, 16) num_threads(team) if (team > 1 && B > 16)
+  for (int64_t i = 0; i < B; ++i) err.run([&] { one(i); });
+  err.rethrow();
+  const Padding pad = opt.padding ? *opt.padding : t.padding.value_or(Padding{});
+  check(pad.length >= 0 && pad.multiple_of >= 0, "tokenizer ", t.name, ": padding length and multiple must be >= 0");
+  BatchEncoding out;
+  out.B = B;
+  int64_t T = pad.length;
+  for (const Encoding& e : enc) {
+    out.lengths.push_back(static_cast<int32_t>(e.ids.size()));
+    if (pad.length == 0) T = std::max<int64_t>(T, static_cast<int64_t>(e.ids.size()));
+    else check(static_cast<int64_t>(e.ids.size()) <= pad.length, "tokenizer ", t.name, ": a sequence of ",
+               e.ids.size(), " ids is longer than the fixed padding length ", pad.length, " (give max_length)");
+  }
+  if (pad.multiple_of > 0) T = (T + pad.multiple_of - 1) / pad.multiple_of * pad.multiple_of;
+  out.T = T;
+  const size_t cells = static_cast<size_t>(B * T);
+  out.ids.assign(cells, pad.pad_id);
+  out.type_ids.assign(cells, pad.pad_type_id);
+  out.attention_mask.assign(cells, 0);
+  out.special_tokens_mask.assign(cells, 1);  // padding counts as special, as tokenizers' mask
+  for (int64_t b = 0; b < B; ++b) {
+    const Encoding& e = enc[static_cast<size_t>(b)];
+    const int64_t n = static_cast<int64_t>(e.ids.size()), at = b * T + (pad.left ? T - n : 0);
+    std::copy(e.ids.begin(), e.ids.end(), out.ids.begin() + at);
+    std::copy(e.type_ids.begin(), e.type_ids.end(), out.type_ids.begin() + at);
+    std::fill(out.attention_mask.begin() + at, out.attention_mask.begin() + at + n, 1);
+    std::copy(e.special_tokens_mask.begin(), e.special_tokens_mask.end(), out.special_tokens_mask.begin() + at);
+    out.truncated += cut[static_cast<size_t>(b)];
+  }
+  return out;
 }
 
 }  // namespace clattn

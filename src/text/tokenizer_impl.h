@@ -117,6 +117,11 @@ struct Tokenizer::Impl {
   std::vector<AddedToken> added;
   tok::AddedTrie added_trie;  // over added[k].content
   int32_t bos = -1, eos = -1;
+  std::optional<Padding> padding;  // the file's padding section
+  void load_padding(const json& p);
+  // The template around already tokenized texts (seq[1] when pair), with the special-tokens mask.
+  Encoding assemble(const std::vector<int32_t> (&seq)[2], bool pair, bool add_special_tokens) const;
+  int64_t special_count(bool pair) const;  // ids the template adds
 
   template <class... A>
   [[noreturn]] void bad(const A&... a) const { fail("tokenizer ", name, ": ", a...); }

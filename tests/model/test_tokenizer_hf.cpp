@@ -150,6 +150,28 @@ TEST_F(Bert, TruncationKeepsTheSpecialTokens) {
   EXPECT_THROW(tok_->encode("i like", true, 2, &cut), Error);  // no room beside [CLS] [SEP]
 }
 
+// encode_batch: padded to the longest with [PAD] = 0 on the right, masks beside; a pair cut
+// LongestFirst (transformers: tokenizer("i like strawberries", "hello", truncation=True, max_length=7)).
+TEST_F(Bert, EncodeBatchPadsAndMasks) {
+  const std::vector<std::string> texts{"i like strawberries", "hello"};
+  const BatchEncoding b = tok_->encode_batch(texts);
+  ASSERT_EQ(b.B, 2);
+  ASSERT_EQ(b.T, 6);
+  EXPECT_THAT(b.ids, ElementsAreArray(Ids{101, 1045, 2066, 13137, 20968, 102, 101, 7592, 102, 0, 0, 0}));
+  EXPECT_THAT(b.attention_mask, ElementsAreArray(Ids{1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0}));
+  EXPECT_THAT(b.special_tokens_mask, ElementsAreArray(Ids{1, 0, 0, 0, 0, 1, 1, 0, 1, 1, 1, 1}));
+  const std::vector<std::string> a{"i like strawberries"}, p{"hello"};
+  BatchOptions o;
+  o.max_length = 7;
+  o.padding = Padding{.multiple_of = 8, .left = true};
+  const BatchEncoding c = tok_->encode_batch(a, p, o);
+  EXPECT_THAT(c.ids, ElementsAreArray(Ids{0, 101, 1045, 2066, 13137, 102, 7592, 102}));
+  EXPECT_THAT(c.type_ids, ElementsAreArray(Ids{0, 0, 0, 0, 0, 0, 1, 1}));
+  EXPECT_EQ(c.truncated, 1);
+  EXPECT_EQ(tok_->token_to_id("[MASK]"), 103);
+  EXPECT_EQ(tok_->token_to_id("not a token"), -1);
+}
+
 TEST_F(Bert, HandDerived) {
   const auto plain = [&](std::string_view s) { return tok_->encoding(s, std::nullopt, false).ids; };
   EXPECT_THAT(plain("Don't"), ElementsAreArray(Ids{2123, 1005, 1056}));     // don ' t
