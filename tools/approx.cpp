@@ -580,7 +580,9 @@ void run_search(const ApproxOptions& o, Workload& w) {
   ps.cost = [&](const std::string& spec) {
     return timed ? layer_attention_ms(spec, cfg, n_cost, causal) : layer_attention_gop(spec, cfg, n_cost, causal);
   };
-  Progress progress("approx", 0);
+  // Units are evaluations; the search plans at most 1 + L (sensitivities) + L·K (a layer stops at
+  // the first candidate that keeps the target), so [done/planned] and the ETA are upper bounds.
+  Progress progress("approx", 1 + cfg.layers * (1 + static_cast<int64_t>(cands.size())));
   const PlanFound f = search_plan(ps, progress);
   progress.finish();
   const std::string plan = f.plan();

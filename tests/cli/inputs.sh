@@ -109,8 +109,10 @@ PY
   [ "$(grep -c "approximation is inactive" "$dir/err")" = 1 ] && grep -q "block of 512 positions covers the whole sequence of 200" "$dir/err" &&
     ok || bad "inactive note (once, for block 512 only): $(cat "$dir/err")"
   grep -q '"baseline"' "$dir/a.json" && ok || bad "approx --json has no baseline"
+  # One timed call: the accuracy is what is checked, and under ASan on a loaded 2-core machine the
+  # default three passed the 60 s bound.
   expect_ok "approx kwt baseline accuracy" t "$bin" approx --model "$data/kwt1" \
-    --features "$data/kwt1/features_espeak_keywords.safetensors" --attention full
+    --features "$data/kwt1/features_espeak_keywords.safetensors" --attention full --repeat 1
   grep -q "^full (baseline) .* 1.0000 *0.8700 " "$dir/out" && ok || bad "KWT-1 baseline accuracy (87 %): $(cat "$dir/out")"
 fi
 
