@@ -65,8 +65,7 @@ struct Capabilities {
   // them such an attention attends the cached prefix exactly (docs/models.md says so).
   bool decode_queries = false;
   // Runs with one sequence split across the ranks of a communicator (seq_parallel.h), without a
-  // mask and with the causal one: full (ring attention), clustered and improved-clustered (not
-  // causal, not positional).
+  // mask and with the causal one; the refusals of the split list the variants that set these.
   bool splits_sequence = false;
   bool splits_sequence_causal = false;
   // Decodes from a KVCache of 16-bit floats (kv_cache.h): its kernels read the cache's key panels

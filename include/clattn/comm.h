@@ -1,8 +1,10 @@
 // Communicators: how the ranks of a job exchange data, for data-parallel training and
-// sequence-parallel attention (docs/distributed.md). A small interface with two implementations:
-// the single process (every collective of one rank is a copy or nothing), and Open MPI's
-// MPI_COMM_WORLD when clattn is built with CLATTN_MPI and started by `mpirun` or `srun`.
-// Distribution always goes through an existing engine (MPI); clattn has no transport of its own.
+// sequence-parallel attention (docs/distributed.md). A small interface with three implementations:
+// the single process (every collective of one rank is a copy or nothing), ranks as threads of one
+// process (run_ranks_in_threads: tests and sanitizers), and Open MPI's MPI_COMM_WORLD when clattn
+// is built with CLATTN_MPI and started by `mpirun` or `srun`.
+// Across machines, distribution always goes through an existing engine (MPI); clattn has no
+// network transport of its own.
 //
 // Collectives are called by every rank in the same order with matching sizes (MPI's rule). Sizes
 // are in elements of the stated type unless they say bytes. Errors: MPI's own failures end the
@@ -12,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -77,6 +80,15 @@ class Communicator {
 
 // A communicator of one rank.
 std::unique_ptr<Communicator> single_process_communicator();
+
+// Runs fn on `ranks` threads of this process (rank 0 on the calling thread), each with its own
+// rank of one communicator whose messages are copies in memory: the split kernels and the
+// data-parallel paths run at R ranks without mpirun, under the sanitizers, in one test. Sends are
+// buffered (they complete at once); every rank reduces in rank order, so all hold the same bits.
+// Returns when every thread has ended; the first exception a rank threw is rethrown here, and a
+// rank waiting on a rank that threw gets an Error instead of waiting for ever. Blocking waits obey
+// comm_timeout(). split() works across the threads; abort() ends the process.
+void run_ranks_in_threads(int ranks, const std::function<void(Communicator&)>& fn);
 
 // The job's communicator: MPI_COMM_WORLD when clattn is built with MPI and this process was
 // started by an MPI launcher (mpirun, mpiexec, srun), else a single process. MPI is initialised on

@@ -69,9 +69,10 @@ void sequence_parallel_backward(Communicator& comm, const SeqSplit& split, const
                                 const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout,
                                 View dq, View dk, View dv);
 
-// What sequence-parallel calls sent since the last reset, in bytes, from this rank (payload of
-// every message and collective it started; an all-reduce of n bytes counts 2n(R−1)/R, a ring
-// all-reduce's share).
+// What sequence-parallel calls on this thread sent since its last reset, in bytes: the payload of
+// every message and collective this rank started (an all-reduce of n bytes counts 2n(R−1)/R, a
+// ring all-reduce's share). Counted per thread: a rank communicates from one thread, and ranks
+// that are threads of one process (run_ranks_in_threads) count apart.
 struct SeqParallelTraffic {
   uint64_t bytes = 0;
   uint64_t messages = 0;

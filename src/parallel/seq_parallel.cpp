@@ -2,16 +2,14 @@
 // and the dispatch to the variant's split kernels (Attention::split(): ring attention in
 // attention/full/ring.cpp, distributed clustered attention in attention/clustered/split.cpp).
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <cstdio>
 #include <exception>
 #include <string>
 
-#include "attention/clustered/clustered.h"
-#include "attention/full/full.h"
 #include "attention/validate.h"
+#include "clattn/attention.h"
 #include "clattn/error.h"
 #include "parallel/sp_internal.h"
 #include "parallel/split_attention.h"
@@ -75,7 +73,9 @@ AttentionInputs local_inputs(const AttentionInputs& in) {
   return local;
 }
 
-std::atomic<uint64_t> g_bytes{0}, g_messages{0}, g_wait_ns{0};
+// Per thread: a rank communicates from one thread (MPI's funneled level), and ranks that are
+// threads of one process (run_ranks_in_threads) each count their own traffic.
+thread_local uint64_t g_bytes = 0, g_messages = 0, g_wait_ns = 0;
 
 // Adds the time from construction to destruction to the blocked time.
 class Blocked {
@@ -108,7 +108,7 @@ class TimedRequest final : public CommRequest {
 }  // namespace
 
 SeqParallelTraffic sequence_parallel_traffic() {
-  return {g_bytes.load(), g_messages.load(), static_cast<double>(g_wait_ns.load()) * 1e-6};
+  return {g_bytes, g_messages, static_cast<double>(g_wait_ns) * 1e-6};
 }
 void reset_sequence_parallel_traffic() {
   g_bytes = 0;
@@ -207,14 +207,27 @@ double ring_transfer_ms(Communicator& c, size_t bytes) {
   return ms;
 }
 
+namespace {
+// What the registry says splits, for the refusal: each variant whose example splits, and whether
+// with the causal mask.
+std::string splitting_variants() {
+  std::string out;
+  for (const VariantInfo& v : registered_attentions()) {
+    if (!v.capabilities.splits_sequence) continue;
+    out += detail::concat(out.empty() ? "" : ", ", v.name,
+                          v.capabilities.splits_sequence_causal ? " (causal or not)" : " (not causal)");
+  }
+  return out;
+}
+}  // namespace
+
 bool sequence_parallel_supported(const Attention& att, bool causal, std::string* why) {
   const Capabilities& c = att.capabilities();
   if ((causal ? c.splits_sequence_causal : c.splits_sequence) && att.split()) return true;
   if (why)
     *why = detail::concat("'", att.name(), "' ", causal && c.splits_sequence ? "with a causal mask " : "",
-                          "does not run with the sequence split; the variants that do: full (ring attention, ",
-                          "causal or not), clustered and improved-clustered (not causal, not positional): ",
-                          "`clattn variants` shows the capability");
+                          "does not run with the sequence split; the variants that do: ", splitting_variants(),
+                          " (`clattn variants`: the split seq column)");
   return false;
 }
 

@@ -1,10 +1,10 @@
-// Sequence-parallel attention against one process. Run alone (one rank) and under
-// `mpirun -np R` (CTest: parallel_mpi2, 3, 4): every rank builds the same inputs, computes the
-// whole attention and its gradients with the ordinary kernels, then its own slice split across the
-// ranks, and the two must agree — outputs and gradients to 1e-5 relative over the whole sequence,
-// and for clustered attention the same cluster of every query and the same top-k sets.
-// Assertions never change the control flow between collectives (a rank that stopped early would
-// leave the others waiting).
+// Sequence-parallel attention against one process. Run alone (one rank, then 2, 3 and 4 ranks as
+// threads: parallel/ranks.h) and under `mpirun -np R` (CTest: parallel_mpi2, 3, 4): every rank
+// builds the same inputs, computes the whole attention and its gradients with the ordinary kernels,
+// then its own slice split across the ranks, and the two must agree — outputs and gradients to 1e-5
+// relative over the whole sequence, and for clustered attention the same cluster of every query and
+// the same top-k sets. Assertions never change the control flow between collectives (a rank that
+// stopped early would leave the others waiting).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +16,7 @@
 #include "clattn/comm.h"
 #include "clattn/seq_parallel.h"
 #include "common/test_util.h"
+#include "parallel/ranks.h"
 #include "parallel/sp_internal.h"
 
 namespace clattn::testing {
@@ -54,8 +55,7 @@ double split_error(Communicator& comm, const Tensor& local, const Tensor& ref, c
   return e[1] > 0 ? std::sqrt(e[0] / e[1]) : std::sqrt(e[0]);
 }
 
-void run_case(const Case& c) {
-  Communicator& comm = world();
+void run_case(Communicator& comm, const Case& c) {
   const int R = comm.size(), r = comm.rank();
   SCOPED_TRACE(c.spec + " N=" + std::to_string(c.N) + (c.causal ? " causal" : "") + (c.lengths ? " lengths" : "") +
                " ranks=" + std::to_string(R));
@@ -121,43 +121,53 @@ void run_case(const Case& c) {
 }
 
 TEST(SeqParallel, FullRingAttention) {
-  for (int64_t N : {4, 63, 64, 65, 1000})
-    for (bool lengths : {false, true}) run_case({"full", N, 2, 4, 2, 16, false, lengths});
-  run_case({"full:scale=0.3", 130, 1, 2, 2, 17, false, false});
+  on_each_job([](Communicator& comm) {
+      for (int64_t N : {4, 63, 64, 65, 1000})
+        for (bool lengths : {false, true}) run_case(comm, {"full", N, 2, 4, 2, 16, false, lengths});
+      run_case(comm, {"full:scale=0.3", 130, 1, 2, 2, 17, false, false});
+  });
 }
 
 TEST(SeqParallel, CausalRingAttentionZigZag) {
-  for (int64_t N : {8, 63, 64, 65, 1000})
-    for (bool lengths : {false, true}) run_case({"full", N, 2, 4, 2, 16, true, lengths});
+  on_each_job([](Communicator& comm) {
+      for (int64_t N : {8, 63, 64, 65, 1000})
+        for (bool lengths : {false, true}) run_case(comm, {"full", N, 2, 4, 2, 16, true, lengths});
+  });
 }
 
 TEST(SeqParallel, ClusteredAndImproved) {
-  for (int64_t N : {4, 63, 64, 65, 1000})
-    for (bool lengths : {false, true}) {
-      run_case({"clustered:clusters=5,bits=16", N, 2, 4, 2, 16, false, lengths});
-      run_case({"improved-clustered:clusters=5,topk=4,bits=16", N, 2, 4, 2, 16, false, lengths});
-    }
-  // 63 bits and 10 rounds (empty clusters re-seeded), more clusters than some sequences' queries.
-  run_case({"improved-clustered:clusters=30,topk=8", 300, 2, 2, 1, 32, false, true});
-  run_case({"clustered:clusters=40", 40, 1, 2, 2, 8, false, false});
+  on_each_job([](Communicator& comm) {
+      for (int64_t N : {4, 63, 64, 65, 1000})
+        for (bool lengths : {false, true}) {
+          run_case(comm, {"clustered:clusters=5,bits=16", N, 2, 4, 2, 16, false, lengths});
+          run_case(comm, {"improved-clustered:clusters=5,topk=4,bits=16", N, 2, 4, 2, 16, false, lengths});
+        }
+      // 63 bits and 10 rounds (empty clusters re-seeded), more clusters than some sequences' queries.
+      run_case(comm, {"improved-clustered:clusters=30,topk=8", 300, 2, 2, 1, 32, false, true});
+      run_case(comm, {"clustered:clusters=40", 40, 1, 2, 2, 8, false, false});
+  });
 }
 
 TEST(SeqParallel, RefusalsNameWhatRuns) {
-  Communicator& comm = world();
-  std::string why;
-  EXPECT_FALSE(sequence_parallel_supported(*make_attention("smyrf"), false, &why));
-  EXPECT_NE(why.find("ring attention"), std::string::npos) << why;
-  EXPECT_FALSE(sequence_parallel_supported(*make_attention("clustered:clusters=4"), true, &why));
-  EXPECT_FALSE(sequence_parallel_supported(*make_attention("local:window=8"), false, &why));
-  EXPECT_TRUE(sequence_parallel_supported(*make_attention("full"), true, &why));
-  const SeqSplit s = SeqSplit::contiguous(16 * comm.size(), comm.size());
-  const Tensor q = randn(Shape{1, 1, 16, 8}, 1, 1);
-  AttentionInputs in;
-  in.q = in.k = in.v = q.view();
-  Tensor o(q.shape());
-  Context ctx;
-  in.causal = true;
-  EXPECT_THROW(sequence_parallel_forward(comm, s, *make_attention("full"), in, o.view(), ctx), Error);  // needs zig-zag
+  on_each_job([](Communicator& comm) {
+    std::string why;
+    EXPECT_FALSE(sequence_parallel_supported(*make_attention("smyrf"), false, &why));
+    // The list comes from the registry's capabilities.
+    EXPECT_NE(why.find("full (causal or not), clustered (not causal), improved-clustered (not causal)"),
+              std::string::npos)
+        << why;
+    EXPECT_FALSE(sequence_parallel_supported(*make_attention("clustered:clusters=4"), true, &why));
+    EXPECT_FALSE(sequence_parallel_supported(*make_attention("local:window=8"), false, &why));
+    EXPECT_TRUE(sequence_parallel_supported(*make_attention("full"), true, &why));
+    const SeqSplit s = SeqSplit::contiguous(16 * comm.size(), comm.size());
+    const Tensor q = randn(Shape{1, 1, 16, 8}, 1, 1);
+    AttentionInputs in;
+    in.q = in.k = in.v = q.view();
+    Tensor o(q.shape());
+    Context ctx;
+    in.causal = true;
+    EXPECT_THROW(sequence_parallel_forward(comm, s, *make_attention("full"), in, o.view(), ctx), Error);  // needs zig-zag
+  });
 }
 
 }  // namespace
