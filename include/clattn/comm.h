@@ -81,6 +81,18 @@ class Communicator {
 // A communicator of one rank.
 std::unique_ptr<Communicator> single_process_communicator();
 
+// What one rank sent through a counting communicator, and how long it was blocked.
+struct CommTraffic {
+  uint64_t bytes = 0;     // payload sent to other ranks; an all-reduce of n bytes counts 2n(R−1)/R
+  uint64_t messages = 0;  // messages and collectives that sent any
+  // Milliseconds blocked on communication: inside the blocking collectives, and in the wait of a
+  // transfer that had not completed when its data was needed. What overlapped compute is not.
+  double wait_ms = 0;
+};
+// A communicator that passes every call to `inner` and adds what this rank sends, and the time it
+// waits, to `into` (split() returns one that counts into the same). Both must outlive it.
+std::unique_ptr<Communicator> counting_communicator(Communicator& inner, CommTraffic& into);
+
 // Runs fn on `ranks` threads of this process (rank 0 on the calling thread), each with its own
 // rank of one communicator whose messages are copies in memory: the split kernels and the
 // data-parallel paths run at R ranks without mpirun, under the sanitizers, in one test. Sends are

@@ -69,18 +69,13 @@ void sequence_parallel_backward(Communicator& comm, const SeqSplit& split, const
                                 const AttentionInputs& in, ConstView out, Context& ctx, ConstView dout,
                                 View dq, View dk, View dv);
 
-// What sequence-parallel calls on this thread sent since its last reset, in bytes: the payload of
-// every message and collective this rank started (an all-reduce of n bytes counts 2n(R−1)/R, a
-// ring all-reduce's share). Counted per thread: a rank communicates from one thread, and ranks
-// that are threads of one process (run_ranks_in_threads) count apart.
-struct SeqParallelTraffic {
-  uint64_t bytes = 0;
-  uint64_t messages = 0;
-  // Milliseconds this rank was blocked on communication: inside the blocking collectives, and
-  // waiting for a transfer that had not completed when its data was needed (ring attention's
-  // next block). What overlapped the compute is not counted.
-  double wait_ms = 0;
-};
+// What the sequence-split kernels called on this thread sent since its last reset, counted by a
+// counting communicator around the caller's (CommTraffic in comm.h: bytes to other ranks, an
+// all-reduce of n bytes as 2n(R−1)/R, and the milliseconds this rank was blocked; what overlapped
+// compute, as ring attention's next block, is not). Per thread: a rank communicates from one
+// thread, and ranks that are threads of one process (run_ranks_in_threads) count apart. The
+// agreement checks every rank runs before the kernels are not counted.
+using SeqParallelTraffic = CommTraffic;
 SeqParallelTraffic sequence_parallel_traffic();
 void reset_sequence_parallel_traffic();
 

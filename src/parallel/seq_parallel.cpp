@@ -1,9 +1,8 @@
-// Sequence-parallel attention (include/clattn/seq_parallel.h): the split, the traffic counters,
-// and the dispatch to the variant's split kernels (Attention::split(): ring attention in
-// attention/full/ring.cpp, distributed clustered attention in attention/clustered/split.cpp).
+// Sequence-parallel attention (include/clattn/seq_parallel.h): the split's geometry, the checks
+// every rank agrees on, and the dispatch to the variant's split kernels (Attention::split(), the
+// plug-in of parallel/split_attention.h) through a communicator that counts their traffic.
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -75,110 +74,14 @@ AttentionInputs local_inputs(const AttentionInputs& in) {
 
 // Per thread: a rank communicates from one thread (MPI's funneled level), and ranks that are
 // threads of one process (run_ranks_in_threads) each count their own traffic.
-thread_local uint64_t g_bytes = 0, g_messages = 0, g_wait_ns = 0;
-
-// Adds the time from construction to destruction to the blocked time.
-class Blocked {
- public:
-  Blocked() : t0_(std::chrono::steady_clock::now()) {}
-  ~Blocked() {
-    g_wait_ns += static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count());
-  }
-
- private:
-  std::chrono::steady_clock::time_point t0_;
-};
-
-// A transfer whose wait() counts as blocked time (test() never blocks).
-class TimedRequest final : public CommRequest {
- public:
-  explicit TimedRequest(std::unique_ptr<CommRequest> r) : r_(std::move(r)) {}
-  bool test() override { return r_->test(); }
-  void wait() override {
-    if (r_->test()) return;
-    Blocked b;
-    r_->wait();
-  }
-
- private:
-  std::unique_ptr<CommRequest> r_;
-};
+thread_local CommTraffic g_traffic;
 
 }  // namespace
 
-SeqParallelTraffic sequence_parallel_traffic() {
-  return {g_bytes, g_messages, static_cast<double>(g_wait_ns) * 1e-6};
-}
-void reset_sequence_parallel_traffic() {
-  g_bytes = 0;
-  g_messages = 0;
-  g_wait_ns = 0;
-}
+SeqParallelTraffic sequence_parallel_traffic() { return g_traffic; }
+void reset_sequence_parallel_traffic() { g_traffic = {}; }
 
 namespace sp {
-
-void count_bytes(uint64_t bytes) {
-  g_bytes += bytes;
-  ++g_messages;
-}
-
-namespace {
-// An all-reduce of n bytes moves 2n(R−1)/R from each rank in the ring algorithm.
-void count_all_reduce(const Communicator& c, size_t bytes) {
-  if (c.size() > 1) count_bytes(2 * bytes * static_cast<size_t>(c.size() - 1) / static_cast<size_t>(c.size()));
-}
-}  // namespace
-
-// The blocking collectives count whole as blocked time: nothing else runs meanwhile.
-void all_reduce(Communicator& c, double* x, size_t n) {
-  count_all_reduce(c, n * sizeof(double));
-  Blocked b;
-  c.all_reduce_sum(x, n);
-}
-void all_reduce(Communicator& c, int64_t* x, size_t n) {
-  count_all_reduce(c, n * sizeof(int64_t));
-  Blocked b;
-  c.all_reduce_sum(x, n);
-}
-void all_reduce(Communicator& c, float* x, size_t n) {
-  count_all_reduce(c, n * sizeof(float));
-  Blocked b;
-  c.all_reduce_sum(x, n);
-}
-void all_reduce_max(Communicator& c, double* x, size_t n) {
-  count_all_reduce(c, n * sizeof(double));
-  Blocked b;
-  c.all_reduce_max(x, n);
-}
-void all_gather(Communicator& c, const void* send, size_t bytes, void* recv) {
-  if (c.size() > 1) count_bytes(bytes * static_cast<size_t>(c.size() - 1));
-  Blocked b;
-  c.all_gather(send, bytes, recv);
-}
-void all_gatherv(Communicator& c, const void* send, size_t bytes, void* recv, std::span<const size_t> counts,
-                 std::span<const size_t> displs) {
-  if (c.size() > 1) count_bytes(bytes * static_cast<size_t>(c.size() - 1));
-  Blocked b;
-  c.iall_gatherv(send, bytes, recv, counts, displs)->wait();
-}
-void all_to_allv(Communicator& c, const void* send, std::span<const size_t> send_counts,
-                 std::span<const size_t> send_displs, void* recv, std::span<const size_t> recv_counts,
-                 std::span<const size_t> recv_displs) {
-  uint64_t out = 0;
-  for (size_t j = 0; j < send_counts.size(); ++j)
-    if (static_cast<int>(j) != c.rank()) out += send_counts[j];
-  if (out > 0) count_bytes(out);
-  Blocked b;
-  c.iall_to_allv(send, send_counts, send_displs, recv, recv_counts, recv_displs)->wait();
-}
-std::unique_ptr<CommRequest> isend(Communicator& c, const void* data, size_t bytes, int to, int tag) {
-  if (to != c.rank()) count_bytes(bytes);
-  return std::make_unique<TimedRequest>(c.isend(data, bytes, to, tag));
-}
-std::unique_ptr<CommRequest> irecv(Communicator& c, void* data, size_t bytes, int from, int tag) {
-  return std::make_unique<TimedRequest>(c.irecv(data, bytes, from, tag));
-}
 
 std::vector<int32_t> piece_lengths(std::span<const int32_t> global, int64_t B, int64_t start, int64_t len) {
   std::vector<int32_t> out(static_cast<size_t>(B), static_cast<int32_t>(len));
@@ -314,12 +217,10 @@ void sequence_parallel_forward(Communicator& comm, const SeqSplit& split, const 
   const Magnitudes g = global_magnitudes(comm, mag, no_dout);
   AttentionDims dg = d;  // the whole sequence's sizes
   dg.N = dg.M = split.N;
-  sp::SpState& st = ctx.state<sp::SpState>();
   const SplitAttention& s = *att.split();
   const float scale = s.scale_at(d.Dk);
   att.check_magnitudes(dg, g);  // the variant's own rule, on the whole sequence's sizes
-  st.kind = s.kind();
-  s.forward(comm, split, in, out, st, ctx.scratch());
+  s.forward(*counting_communicator(comm, g_traffic), split, in, out, ctx);
   // Approximations can go where the exact bound does not: agreed over the ranks.
   if (s.sums_queries()) on_every_rank(comm, [&] { check_results_finite(dg, g, scale, {out}, att.name()); });
 }
@@ -330,13 +231,12 @@ void sequence_parallel_backward(Communicator& comm, const SeqSplit& split, const
   Magnitudes mag;
   AttentionDims d;
   double max_dout = 0;
-  const sp::SpState* st = nullptr;
   on_every_rank(comm, [&] {
     d = check_inputs(comm, split, att, in, mag);
     max_dout = validate_backward_max(local_inputs(in), d, out, dout, dq, dk, dv, att.name());
-    st = &ctx.saved<sp::SpState>();
-    check(st->kind && std::strcmp(st->kind, att.split()->kind()) == 0,
-          "sequence parallel: backward needs the forward of the same attention");
+    check(!ctx.inference(), "sequence parallel: backward needs a training context (Context::for_inference() keeps ",
+          "no backward state)");
+    check(att.split()->holds_state(ctx), "sequence parallel: backward needs the forward of the same attention");
   });
   check_same_shapes(comm, d);
   const Magnitudes g = global_magnitudes(comm, mag, max_dout);
@@ -345,7 +245,7 @@ void sequence_parallel_backward(Communicator& comm, const SeqSplit& split, const
   const SplitAttention& s = *att.split();
   check_softmax_grad_range(dg, g, max_dout, s.scale_at(d.Dk), att.name());
   if (s.sums_queries()) check_member_range(dg, g, false, att.name());
-  s.backward(comm, split, in, out, *st, dout, dq, dk, dv, ctx.scratch());
+  s.backward(*counting_communicator(comm, g_traffic), split, in, out, ctx, dout, dq, dk, dv);
 }
 
 }  // namespace clattn

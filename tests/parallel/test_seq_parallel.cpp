@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "attention/clustered/clustered.h"
+#include "attention/clustered/split.h"
 #include "clattn/attention.h"
 #include "clattn/comm.h"
 #include "clattn/seq_parallel.h"
 #include "common/test_util.h"
 #include "parallel/ranks.h"
-#include "parallel/sp_internal.h"
 
 namespace clattn::testing {
 namespace {
@@ -97,7 +97,7 @@ void run_case(Communicator& comm, const Case& c) {
   const ClusteredParams* cp = clustered_attention_params(*att);
   if (!cp) return;
   // The same clusters and top-k sets as one process.
-  const auto& st = ctx.saved<sp::SpState>();
+  const auto& st = ctx.saved<sp::ClusteredSplitState>();
   const auto& ref = ctx_ref.saved<ClusteredState>();
   int64_t wrong = 0, topk_wrong = 0;
   for (int64_t t = 0; t < c.B * c.H; ++t) {

@@ -29,11 +29,12 @@ TEST(SeqParallelKMeans, CountsTravelTwoToALane) {
       want[i] = i % 2 ? top - i : i;
       x[i] = want[i] / static_cast<uint32_t>(R) + (static_cast<uint32_t>(r) < want[i] % static_cast<uint32_t>(R) ? 1 : 0);
     }
-    KMeansCommPeers peers(comm);
-    reset_sequence_parallel_traffic();
+    CommTraffic sent;
+    const std::unique_ptr<Communicator> counted = counting_communicator(comm, sent);
+    KMeansCommPeers peers(*counted);
     peers.sum_counts(x.data(), x.size());
     EXPECT_EQ(x, want);
-    EXPECT_EQ(sequence_parallel_traffic().bytes, static_cast<uint64_t>(2 * 4 * 8 * (R - 1) / R));  // 4 lanes
+    EXPECT_EQ(sent.bytes, static_cast<uint64_t>(2 * 4 * 8 * (R - 1) / R));  // 4 lanes
   });
 }
 

@@ -12,6 +12,7 @@
 #include "attention/query_groups.h"
 #include "attention/registry.h"
 #include "clattn/kv_cache.h"
+#include "attention/clustered/split.h"
 #include "parallel/split_attention.h"
 
 namespace clattn {
@@ -27,16 +28,17 @@ constexpr int64_t kSegmentBlocks = 8;
 class ClusteredSplit final : public SplitAttention {
  public:
   explicit ClusteredSplit(const ClusteredParams& p) : p_(p) {}
-  const char* kind() const override { return "clustered"; }
+  bool holds_state(const Context& ctx) const override { return ctx.holds<sp::ClusteredSplitState>(); }
   float scale_at(int64_t Dk) const override { return softmax_scale(p_.scale, Dk); }
   bool sums_queries() const override { return true; }
-  void forward(Communicator& comm, const SeqSplit& split, const AttentionInputs& in, View out, sp::SpState& st,
-               Scratch& scratch) const override {
-    sp::clustered_forward(comm, split, p_, in.step, in, out, st, scratch);
+  void forward(Communicator& comm, const SeqSplit& split, const AttentionInputs& in, View out,
+               Context& ctx) const override {
+    sp::clustered_forward(comm, split, p_, in.step, in, out, ctx.state<sp::ClusteredSplitState>(), ctx.scratch());
   }
-  void backward(Communicator& comm, const SeqSplit& split, const AttentionInputs& in, ConstView out,
-                const sp::SpState& st, ConstView dout, View dq, View dk, View dv, Scratch& scratch) const override {
-    sp::clustered_backward(comm, split, p_, in, out, st, dout, dq, dk, dv, scratch);
+  void backward(Communicator& comm, const SeqSplit& split, const AttentionInputs& in, ConstView out, Context& ctx,
+                ConstView dout, View dq, View dk, View dv) const override {
+    sp::clustered_backward(comm, split, p_, in, out, ctx.saved<sp::ClusteredSplitState>(), dout, dq, dk, dv,
+                           ctx.scratch());
   }
 
  private:

@@ -24,6 +24,7 @@
 #include <numeric>
 
 #include "attention/clustered/clustered_internal.h"
+#include "attention/clustered/split.h"
 #include "attention/tile/tile_ops.h"
 #include "attention/tile/topk_select.h"
 #include "attention/validate.h"
@@ -70,21 +71,21 @@ void merge_candidates(Communicator& comm, std::vector<Cand>& tops, int64_t kcap)
   int P = 1;
   while (2 * P <= R) P *= 2;
   if (r >= P) {
-    isend(comm, tops.data(), bytes, r - P, kTagCand)->wait();
-    irecv(comm, tops.data(), bytes, r - P, kTagCand)->wait();
+    comm.isend(tops.data(), bytes, r - P, kTagCand)->wait();
+    comm.irecv(tops.data(), bytes, r - P, kTagCand)->wait();
     return;
   }
   if (r + P < R) {
-    irecv(comm, other.data(), bytes, r + P, kTagCand)->wait();
+    comm.irecv(other.data(), bytes, r + P, kTagCand)->wait();
     merge();
   }
   for (int s = 1; s < P; s *= 2) {
-    auto recv = irecv(comm, other.data(), bytes, r ^ s, kTagCand);
-    isend(comm, tops.data(), bytes, r ^ s, kTagCand)->wait();
+    auto recv = comm.irecv(other.data(), bytes, r ^ s, kTagCand);
+    comm.isend(tops.data(), bytes, r ^ s, kTagCand)->wait();
     recv->wait();
     merge();
   }
-  if (r + P < R) isend(comm, tops.data(), bytes, r + P, kTagCand)->wait();
+  if (r + P < R) comm.isend(tops.data(), bytes, r + P, kTagCand)->wait();
 }
 
 // The rng streams of clustered.cpp: (step, purpose, head).
@@ -121,15 +122,10 @@ Sizes sizes_of(const Communicator& comm, const SeqSplit& split, const ClusteredP
   return s;
 }
 
-void broadcast(Communicator& c, float* x, size_t n, int root) {
-  if (c.rank() == root && c.size() > 1) count_bytes(n * sizeof(float) * static_cast<size_t>(c.size() - 1));
-  c.broadcast(x, n * sizeof(float), root);
-}
-
 }  // namespace
 
 void clustered_forward(Communicator& comm, const SeqSplit& split, const ClusteredParams& p, uint64_t step,
-                       const AttentionInputs& in, View out, SpState& st, Scratch& scratch) {
+                       const AttentionInputs& in, View out, ClusteredSplitState& st, Scratch& scratch) {
   const Sizes z = sizes_of(comm, split, p, in);
   const int R = comm.size(), r = comm.rank();
   const int64_t BH = z.B * z.H, D = z.Dk, Dv = z.Dv, cmax = z.cmax;
@@ -196,13 +192,13 @@ void clustered_forward(Communicator& comm, const SeqSplit& split, const Clustere
   // 3. Centroids: member sums in position order, continued rank after rank.
   float* qc = st.qc.data();  // (BH, cmax, D)
   const size_t qcn = static_cast<size_t>(BH * cmax * D);
-  if (r > 0) irecv(comm, qc, sizeof(float) * qcn, r - 1, kTagChain)->wait();
+  if (r > 0) comm.irecv(qc, sizeof(float) * qcn, r - 1, kTagChain)->wait();
   parallel_for(BH, [&](int64_t t) {
     const int64_t b = t / z.H, h = t % z.H, nl = st.ncl[static_cast<size_t>(t)] > 0 ? z.nloc(in.query_lengths, b) : 0;
     for (int64_t i = 0; i < nl; ++i)
       simd::axpy_row(qc + (t * cmax + st.assign[static_cast<size_t>(t * z.n + i)]) * D, in.q.ptr(b, h, i), D);
   });
-  if (r + 1 < R) isend(comm, qc, sizeof(float) * qcn, r + 1, kTagChain)->wait();
+  if (r + 1 < R) comm.isend(qc, sizeof(float) * qcn, r + 1, kTagChain)->wait();
   if (r == R - 1)
     for (int64_t t = 0; t < BH; ++t)
       for (int64_t j = 0; j < st.ncl[static_cast<size_t>(t)]; ++j) {
@@ -210,7 +206,7 @@ void clustered_forward(Communicator& comm, const SeqSplit& split, const Clustere
         if (cnt > 0)
           for (int64_t e = 0; e < D; ++e) qc[(t * cmax + j) * D + e] /= static_cast<float>(cnt);
       }
-  broadcast(comm, qc, qcn, R - 1);
+  comm.broadcast(qc, sizeof(float) * qcn, R - 1);
 
   // 4. Each centroid's attention over the local valid keys: running max m (log2), sum l, Σ p·v,
   // and the local top-k candidates.
@@ -251,15 +247,15 @@ void clustered_forward(Communicator& comm, const SeqSplit& split, const Clustere
   // ... merged across ranks by log-sum-exp.
   {
     std::vector<double> mg(mloc.begin(), mloc.end());
-    all_reduce_max(comm, mg.data(), mg.size());
+    comm.all_reduce_max(mg.data(), mg.size());
     for (size_t x = 0; x < mg.size(); ++x) {
       const float f = mloc[x] == -kInf ? 0.f : std::exp2(mloc[x] - static_cast<float>(mg[x]));
       lloc[x] *= f;
       for (int64_t e = 0; e < Dv; ++e) vcl[x * static_cast<size_t>(Dv) + static_cast<size_t>(e)] *= f;
       mloc[x] = static_cast<float>(mg[x]);
     }
-    all_reduce(comm, lloc.data(), lloc.size());
-    all_reduce(comm, vcl.data(), vcl.size());
+    comm.all_reduce_sum(lloc.data(), lloc.size());
+    comm.all_reduce_sum(vcl.data(), vcl.size());
   }
   float* vcg = st.vc.data();  // (BH, cmax, Dv): Vc_j, then R_j
   for (int64_t t = 0; t < BH; ++t)
@@ -324,7 +320,7 @@ void clustered_forward(Communicator& comm, const SeqSplit& split, const Clustere
     }
     for (int q = 1; q < R; ++q) displs[static_cast<size_t>(q)] = displs[static_cast<size_t>(q - 1)] + counts[static_cast<size_t>(q - 1)];
     std::vector<float> rows((displs.back() + counts.back()) / sizeof(float));  // every owner's pack, by rank
-    all_gatherv(comm, mine.data(), sizeof(float) * mine.size(), rows.data(), counts, displs);
+    comm.iall_gatherv(mine.data(), sizeof(float) * mine.size(), rows.data(), counts, displs)->wait();
     std::vector<size_t> at(static_cast<size_t>(R));
     for (int q = 0; q < R; ++q) at[static_cast<size_t>(q)] = displs[static_cast<size_t>(q)] / sizeof(float);
     for (int64_t t = 0; t < BH; ++t) {
@@ -406,7 +402,7 @@ void clustered_forward(Communicator& comm, const SeqSplit& split, const Clustere
 }
 
 void clustered_backward(Communicator& comm, const SeqSplit& split, const ClusteredParams& p,
-                        const AttentionInputs& in, ConstView /*out*/, const SpState& st, ConstView dout, View dq, View dk,
+                        const AttentionInputs& in, ConstView /*out*/, const ClusteredSplitState& st, ConstView dout, View dq, View dk,
                         View dv, Scratch& scratch) {
   const Sizes z = sizes_of(comm, split, p, in);
   const int64_t BH = z.B * z.H, D = z.Dk, Dv = z.Dv, cmax = st.cmax, kcap = st.kmax;
@@ -422,7 +418,7 @@ void clustered_backward(Communicator& comm, const SeqSplit& split, const Cluster
     for (int64_t i = 0; i < nl; ++i)
       simd::axpy_row(gsum.data() + (t * cmax + st.assign[static_cast<size_t>(t * z.n + i)]) * Dv, dout.ptr(b, h, i), Dv);
   });
-  all_reduce(comm, gsum.data(), gsum.size());
+  comm.all_reduce_sum(gsum.data(), gsum.size());
   // Improved: the member stage's exact backward on the gathered rows; its ∂/∂m_j added across ranks.
   std::vector<float> dm(static_cast<size_t>(BH * cmax), 0.f);
   std::vector<float> grows;  // (BH, cmax·kmax, Dkp + Dvp) gradients of the gathered T_j rows
@@ -440,8 +436,8 @@ void clustered_backward(Communicator& comm, const SeqSplit& split, const Cluster
       improved_members_bwd(mi, dmm, b, h, scale, st.members, dout, dq, kg, dm.data() + t * cmax,
                            ws.threads[static_cast<size_t>(thread)], 0, cmax, nullptr);
     });
-    all_reduce(comm, dm.data(), dm.size());
-    all_reduce(comm, grows.data(), grows.size());
+    comm.all_reduce_sum(dm.data(), dm.size());
+    comm.all_reduce_sum(grows.data(), grows.size());
   }
   // Through Ac over the local keys (clustered.cpp's backward), ∂Qc added across ranks. Tasks of
   // one key head run in turn: they add to the same dk, dv rows.
@@ -526,7 +522,7 @@ void clustered_backward(Communicator& comm, const SeqSplit& split, const Cluster
       }
     }
   });
-  all_reduce(comm, dqc.data(), dqc.size());
+  comm.all_reduce_sum(dqc.data(), dqc.size());
   // Qc_j = mean of its members -> dq_i += dQc_j / |j| ; the T_j rows this rank owns get theirs.
   parallel_for(BH, [&](int64_t t) {
     const int64_t b = t / z.H, h = t % z.H, nl = st.ncl[static_cast<size_t>(t)] > 0 ? z.nloc(in.query_lengths, b) : 0;

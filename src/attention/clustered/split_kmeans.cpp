@@ -4,12 +4,11 @@
 #include <cstring>
 
 #include "clattn/error.h"
-#include "parallel/sp_internal.h"
 
 namespace clattn::sp {
 
 void KMeansCommPeers::sum(int64_t* x, size_t n) {
-  if (n > 0) all_reduce(comm_, x, n);
+  if (n > 0) comm_.all_reduce_sum(x, n);
 }
 
 // The communicator sums int64: counts travel two to a lane, as 32-bit integers. Every count and
@@ -19,7 +18,7 @@ void KMeansCommPeers::sum_counts(uint32_t* x, size_t n) {
   if (n == 0) return;
   lanes_.assign((n + 1) / 2, 0);
   for (size_t i = 0; i < n; ++i) lanes_[i / 2] |= static_cast<int64_t>(uint64_t{x[i]} << (32 * (i % 2)));
-  all_reduce(comm_, lanes_.data(), lanes_.size());
+  comm_.all_reduce_sum(lanes_.data(), lanes_.size());
   for (size_t i = 0; i < n; ++i) x[i] = static_cast<uint32_t>(static_cast<uint64_t>(lanes_[i / 2]) >> (32 * (i % 2)));
 }
 
@@ -45,7 +44,7 @@ void KMeansCommPeers::vote(uint32_t* votes, uint64_t* codes, size_t problems, in
     rc[static_cast<size_t>(j)] = sizeof(uint32_t) * K * mine;
     rd[static_cast<size_t>(j)] = sizeof(uint32_t) * K * mine * static_cast<size_t>(j);
   }
-  all_to_allv(comm_, out_.data(), sc, sd, in_.data(), rc, rd);
+  comm_.iall_to_allv(out_.data(), sc, sd, in_.data(), rc, rd)->wait();
   // The owner sums (exact: every sum is at most a problem's total < 2^31) and decides.
   decided_.resize(mine * 12);
   std::vector<uint32_t> sum(K);
@@ -63,7 +62,7 @@ void KMeansCommPeers::vote(uint32_t* votes, uint64_t* codes, size_t problems, in
     gd[static_cast<size_t>(j)] = 12 * first(j);
   }
   all_decided_.resize(rows * 12);
-  all_gatherv(comm_, decided_.data(), decided_.size(), all_decided_.data(), gc, gd);
+  comm_.iall_gatherv(decided_.data(), decided_.size(), all_decided_.data(), gc, gd)->wait();
   for (size_t x = 0; x < rows; ++x) {
     const size_t a = x / static_cast<size_t>(C), c = x % static_cast<size_t>(C);
     std::memcpy(&codes[x], all_decided_.data() + x * 12, 8);
@@ -72,7 +71,7 @@ void KMeansCommPeers::vote(uint32_t* votes, uint64_t* codes, size_t problems, in
 }
 
 void KMeansCommPeers::gather(const int64_t* mine, size_t n, int64_t* all) {
-  all_gather(comm_, mine, sizeof(int64_t) * n, all);
+  comm_.all_gather(mine, sizeof(int64_t) * n, all);
 }
 
 void distributed_kmeans(Communicator& comm, std::vector<KmTask>& tasks, int64_t C, int iterations, const Rng& rng) {

@@ -407,16 +407,17 @@ namespace {
 class RingSplit final : public SplitAttention {
  public:
   explicit RingSplit(float scale) : scale_(scale) {}
-  const char* kind() const override { return "ring"; }
+  bool holds_state(const Context& ctx) const override { return ctx.holds<sp::RingState>(); }
   float scale_at(int64_t Dk) const override { return softmax_scale(scale_, Dk); }
   bool sums_queries() const override { return false; }
-  void forward(Communicator& comm, const SeqSplit& split, const AttentionInputs& in, View out, sp::SpState& st,
-               Scratch& scratch) const override {
-    sp::ring_forward(comm, split, scale_at(in.q.dim(3)), in, out, st, scratch);
+  void forward(Communicator& comm, const SeqSplit& split, const AttentionInputs& in, View out,
+               Context& ctx) const override {
+    sp::ring_forward(comm, split, scale_at(in.q.dim(3)), in, out, ctx.state<sp::RingState>(), ctx.scratch());
   }
-  void backward(Communicator& comm, const SeqSplit& split, const AttentionInputs& in, ConstView out,
-                const sp::SpState& st, ConstView dout, View dq, View dk, View dv, Scratch& scratch) const override {
-    sp::ring_backward(comm, split, scale_at(in.q.dim(3)), in, out, st, dout, dq, dk, dv, scratch);
+  void backward(Communicator& comm, const SeqSplit& split, const AttentionInputs& in, ConstView out, Context& ctx,
+                ConstView dout, View dq, View dk, View dv) const override {
+    sp::ring_backward(comm, split, scale_at(in.q.dim(3)), in, out, ctx.saved<sp::RingState>(), dout, dq, dk, dv,
+                      ctx.scratch());
   }
 
  private:

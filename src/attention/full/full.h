@@ -3,7 +3,9 @@
 
 #include "attention/validate.h"
 #include "clattn/attention.h"
+#include "clattn/comm.h"
 #include "clattn/scratch.h"
+#include "clattn/seq_parallel.h"
 #include "clattn/tensor.h"
 #include "core/microkernel.h"
 
@@ -84,3 +86,18 @@ void attn_full_ref_bwd(const AttentionInputs& in, float scale, ConstView dout, V
                        View dv, int64_t window = 0);
 
 }  // namespace clattn
+
+namespace clattn::sp {
+
+// Ring attention (ring.cpp): full softmax attention over a split sequence; comm counts the
+// traffic (seq_parallel.cpp wraps the caller's). The forward leaves its rows' merged softmax terms.
+struct RingState : ContextState {
+  Tensor parts;  // (2, B, H, n_local) merged row max (log2 units) and log2 of the row sum
+  size_t bytes() const override { return parts.bytes(); }
+};
+void ring_forward(Communicator& comm, const SeqSplit& split, float scale, const AttentionInputs& in, View out,
+                  RingState& st, Scratch& scratch);
+void ring_backward(Communicator& comm, const SeqSplit& split, float scale, const AttentionInputs& in, ConstView out,
+                   const RingState& st, ConstView dout, View dq, View dk, View dv, Scratch& scratch);
+
+}  // namespace clattn::sp

@@ -136,7 +136,7 @@ void for_each_piece(const SeqSplit& split, int src, int r, const AttentionInputs
 }  // namespace
 
 void ring_forward(Communicator& comm, const SeqSplit& split, float scale, const AttentionInputs& in, View out,
-                  SpState& st, Scratch& scratch) {
+                  RingState& st, Scratch& scratch) {
   const int R = comm.size(), r = comm.rank();
   const int64_t B = in.q.dim(0), H = in.q.dim(1), n = in.q.dim(2), Hkv = in.k.dim(1), Dk = in.q.dim(3),
                 Dv = in.v.dim(3);
@@ -167,9 +167,9 @@ void ring_forward(Communicator& comm, const SeqSplit& split, float scale, const 
     if (s + 1 < R) {  // the next block: from r − 1, which holds the block of r − s − 1
       const int nxt = (r - s - 1 + 2 * R) % R;
       const BlockLayout nb{B, Hkv, split.local_rows(nxt), Dk, Dv};
-      recv = irecv(comm, buf[(s + 1) % 2].data(), sizeof(float) * static_cast<size_t>(nb.floats()), (r - 1 + R) % R,
+      recv = comm.irecv(buf[(s + 1) % 2].data(), sizeof(float) * static_cast<size_t>(nb.floats()), (r - 1 + R) % R,
                    kTagBlock);
-      send = isend(comm, cur, sizeof(float) * static_cast<size_t>(bl.floats()), (r + 1) % R, kTagBlock);
+      send = comm.isend(cur, sizeof(float) * static_cast<size_t>(bl.floats()), (r + 1) % R, kTagBlock);
     }
     const View kb = bl.part(cur, 0), vb = bl.part(cur, 1);
     auto run = [&](const Piece& p) {
@@ -229,7 +229,7 @@ void ring_forward(Communicator& comm, const SeqSplit& split, float scale, const 
 }
 
 void ring_backward(Communicator& comm, const SeqSplit& split, float scale, const AttentionInputs& in, ConstView out,
-                   const SpState& st, ConstView dout, View dq, View dk, View dv, Scratch& scratch) {
+                   const RingState& st, ConstView dout, View dq, View dk, View dv, Scratch& scratch) {
   const int R = comm.size(), r = comm.rank();
   const int64_t B = in.q.dim(0), H = in.q.dim(1), n = in.q.dim(2), Hkv = in.k.dim(1), Dk = in.q.dim(3),
                 Dv = in.v.dim(3);
@@ -260,12 +260,12 @@ void ring_backward(Communicator& comm, const SeqSplit& split, float scale, const
     if (s + 1 < R) {
       const int nxt = (r - s - 1 + 2 * R) % R;
       const BlockLayout nb{B, Hkv, split.local_rows(nxt), Dk, Dv};
-      recv = irecv(comm, kv[(s + 1) % 2].data(), sizeof(float) * static_cast<size_t>(nb.floats()), (r - 1 + R) % R,
+      recv = comm.irecv(kv[(s + 1) % 2].data(), sizeof(float) * static_cast<size_t>(nb.floats()), (r - 1 + R) % R,
                    kTagBlock);
-      send = isend(comm, cur, sizeof(float) * static_cast<size_t>(bl.floats()), (r + 1) % R, kTagBlock);
+      send = comm.isend(cur, sizeof(float) * static_cast<size_t>(bl.floats()), (r + 1) % R, kTagBlock);
     }
     if (s > 0)  // block src's gradient so far, from the rank that had it at step s − 1
-      grecv = irecv(comm, gin.data(), sizeof(float) * static_cast<size_t>(bl.floats()), (r - 1 + R) % R, kTagGrad);
+      grecv = comm.irecv(gin.data(), sizeof(float) * static_cast<size_t>(bl.floats()), (r - 1 + R) % R, kTagGrad);
     float* gcur = g[s % 2].data();
     std::fill(gcur, gcur + bl.floats(), 0.f);
     const View kb = bl.part(cur, 0), vb = bl.part(cur, 1), dkb = bl.part(gcur, 0), dvb = bl.part(gcur, 1);
@@ -291,12 +291,12 @@ void ring_backward(Communicator& comm, const SeqSplit& split, float scale, const
       for (int64_t x = 0; x < nf; ++x) gcur[x] += gin[static_cast<size_t>(x)];
     }
     if (gsend) gsend->wait();  // g[(s + 1) % 2] is free again for the next step
-    gsend = isend(comm, gcur, sizeof(float) * static_cast<size_t>(bl.floats()), (r + 1) % R, kTagGrad);
+    gsend = comm.isend(gcur, sizeof(float) * static_cast<size_t>(bl.floats()), (r + 1) % R, kTagGrad);
     if (recv) recv->wait();
     if (send) send->wait();
   }
   // This rank's own block, with every rank's share, from r − 1.
-  std::unique_ptr<CommRequest> home = irecv(comm, gin.data(), sizeof(float) * static_cast<size_t>(own.floats()),
+  std::unique_ptr<CommRequest> home = comm.irecv(gin.data(), sizeof(float) * static_cast<size_t>(own.floats()),
                                             (r - 1 + R) % R, kTagGrad);
   home->wait();
   gsend->wait();
