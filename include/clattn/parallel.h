@@ -18,7 +18,7 @@ int team_size();               // omp_get_num_threads(): 1 outside a region
 // cost more than the work they split — and on a busy machine every barrier waits for the team's
 // slowest, descheduled thread — else one thread per serial_flops() of work, at most
 // max_threads(). serial_flops() is 4 MFLOP unless CLATTN_SERIAL_FLOPS sets it (0: always the
-// whole team, as before this rule; for measurements).
+// whole team; for measurements).
 int threads_for_flops(double flops);
 double serial_flops();
 

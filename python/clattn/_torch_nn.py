@@ -36,7 +36,7 @@ import math
 import torch
 
 from . import _clattn, _device
-from .torch import Attention, attention
+from ._torch_ops import Attention, attention
 
 __all__ = ["MultiheadAttention", "scaled_dot_product_attention", "set_step"]
 

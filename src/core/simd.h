@@ -145,16 +145,6 @@ inline uint32_t mask_gt_v(vf v, vf t) {
 // Bit l set when lane l of v is > t.
 inline uint32_t mask_gt(vf v, float t) { return mask_gt_v(v, splat(t)); }
 
-inline vf round_nearest(vf x) {
-#if defined(__AVX512F__)
-  return _mm512_mask_roundscale_ps(x, kAll, x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-#else
-  vf r;
-  for (int i = 0; i < kLanes; ++i) r[i] = std::nearbyint(x[i]);
-  return r;
-#endif
-}
-
 // x * 2^n for integral n in [-200, 200] stored as float; exact, flushes to 0 / inf like ldexp.
 inline vf scale_pow2(vf x, vf n) {
 #if defined(__AVX512F__)

@@ -24,7 +24,6 @@ std::string utf8_lossy(std::string_view bytes);
 // Class bits of a code point (the values the generator writes).
 enum : unsigned { kLetter = 1, kNumber = 2, kPunct = 4, kNonspacingMark = 8, kWhiteSpace = 16, kOther = 32 };
 unsigned classes(char32_t c);
-inline bool is_letter(char32_t c) { return classes(c) & kLetter; }    // L*
 inline bool is_number(char32_t c) { return classes(c) & kNumber; }    // N*
 inline bool is_punct(char32_t c) { return classes(c) & kPunct; }      // P*
 inline bool is_mark_nonspacing(char32_t c) { return classes(c) & kNonspacingMark; }  // Mn

@@ -57,7 +57,7 @@ json run_args(const TrainOptions& a, int64_t seq, const std::string& tokenizer) 
             {"warmup", a.warmup},        {"clip", a.clip},                 {"weight_decay", a.weight_decay},
             {"dropout", a.dropout},      {"seed", a.task.seed},            {"min_length", a.task.min_length},
             {"max_length", a.task.max_length}, {"mask_prob", as_typed(a.task.mask_prob)}};
-  // Absent for fresh byte-level runs, so their saved options read as before.
+  // Saved only when set: a byte-level run from scratch has neither (resume compares the keys saved).
   if (!a.init.empty()) j["init"] = canonical(a.init);
   if (!tokenizer.empty()) j["tokenizer"] = canonical(tokenizer);
   return j;

@@ -84,7 +84,7 @@ if [ -n "$victim" ]; then
   grep -q "rank 1" "$dir/k.out" && ok || bad "killed rank: mpirun's message does not name it: $(tail -5 "$dir/k.out")"
 else
   wait "$job"
-  echo "note: the run ended before a rank could be killed; resume still checked"
+  bad "killed rank: no rank 1 of the run was found to kill (the run ended, or never wrote its first checkpoint): $(tail -3 "$dir/k.out")"
 fi
 expect_ok "resume after the kill" mpi 2 "$bin" "${long[@]}" --resume --checkpoint "$dir/k" --log "$dir/k.jsonl"
 # "step loss" of every training line (keys are written sorted: loss before step)

@@ -443,8 +443,6 @@ class FullAttention final : public Attention {
     return s;
   }
   const Capabilities& capabilities() const override { return caps_; }
-  float scale_param() const { return scale_; }
-  int64_t window() const { return window_; }
 
   void check_magnitudes(const AttentionDims& d, const Magnitudes& m) const override {
     check_softmax_range(d, m, scale_for(d), kind_);
