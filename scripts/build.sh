@@ -7,7 +7,7 @@
 # scripts/test.sh and -DCLATTN_BUILD_BENCH=ON. $CLATTN_JOBS sets the parallelism (2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh
+bash scripts/install-deps.sh build
 build=${CLATTN_BUILD_DIR:-build}
 if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCLATTN_BUILD_TESTS=OFF -DCLATTN_BUILD_BENCH=OFF

@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Installs every build and test dependency of clattn from Debian's packages.
-# Idempotent: when everything is already present it exits without touching apt.
+# Installs clattn's dependencies from Debian's packages: `install-deps.sh build` what the README's
+# build and its first command need (the library, the `clattn` command with Open MPI, the Python
+# package, gnuplot for the pictures); `install-deps.sh` (the test command) everything, adding what
+# only the tests, the micro-benchmarks, the sanitizer and fuzzing builds and the emulated-CPU check
+# use (PyTorch, clang, QEMU, GoogleTest...: most of the download).
+# Idempotent: when everything asked for is already present it exits without touching apt.
 set -euo pipefail
+mode=${1:-all}
+case "$mode" in build|all) ;; *) echo "usage: install-deps.sh [build|all]" >&2; exit 2 ;; esac
 
 # Why each package is here (also in docs/building.md):
 #   cmake, ninja-build, g++      build
@@ -30,11 +36,13 @@ set -euo pipefail
 #                                one build must run on every x86-64-v3 CPU
 #   libopenmpi-dev, openmpi-bin  Open MPI: data-parallel training and sequence-parallel attention
 #                                across ranks launched by mpirun (tested over shared memory)
-packages=(cmake ninja-build g++ libopenblas-dev libopenblas0-openmp nlohmann-json3-dev
-          libcli11-dev libgtest-dev libbenchmark-dev pkg-config
-          gnuplot-nox python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest python3-regex
-          python3-torch python3-setuptools python3-wheel python3-pip python3-build python3-venv
-          clang libomp-dev libclang-rt-14-dev libopenmpi-dev openmpi-bin qemu-user)
+packages=(cmake ninja-build g++ libopenblas-dev libopenblas0-openmp nlohmann-json3-dev libcli11-dev pkg-config
+          gnuplot-nox python3-dev pybind11-dev python3-pybind11 python3-numpy python3-setuptools python3-wheel
+          python3-pip python3-venv libopenmpi-dev openmpi-bin)
+if [ "$mode" = all ]; then
+  packages+=(libgtest-dev libbenchmark-dev python3-pytest python3-regex python3-torch python3-build
+             clang libomp-dev libclang-rt-14-dev qemu-user)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

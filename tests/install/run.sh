@@ -5,8 +5,9 @@
 #     runs both (each must print "ok"); every public header must compile on its own;
 #   - runs the installed `clattn --help`, and imports the installed Python package (when built);
 #   - uses the clattn source as a subproject (add_subdirectory) of a parent project that has its own
-#     tests/ folder: only the library is built, the parent's build type is kept, no GoogleTest,
-#     Google Benchmark or CLI11 is looked for, and the parent's tests/ is never globbed.
+#     tests/ folder: only the library's targets exist, the parent's build type is kept, no
+#     GoogleTest, Google Benchmark or CLI11 is looked for, the parent's tests/ is never globbed,
+#     and the parent's code compiles with what clattn::clattn passes on.
 # Usage: bash tests/install/run.sh /path/to/clattn/source [BUILD_DIR]   (CLATTN_JOBS: build jobs,
 # default 2). With BUILD_DIR (a configured and built tree of the same source, as scripts/test.sh
 # passes its warnings-as-errors build), the install is made from it and nothing is compiled again.
@@ -147,10 +148,12 @@ if step subproject_configure cmake -S "$parent" -B "$work/sub" -G Ninja -DCMAKE_
     not grep -qE -- '-march=native|-ffp-contract|-Wextra' <<<"$cmd"
   check "subproject: the parent gets C++20 and OpenMP from clattn::clattn" \
     grep -qE -- '-std=(c|gnu)\+\+(20|2a|23|2b) .*-fopenmp|-fopenmp .*-std=(c|gnu)\+\+(20|2a|23|2b)' <<<"$cmd"
-  if step subproject_build cmake --build "$work/sub" -j "$jobs"; then
-    if step subproject_run "$work/sub/parent_app" && [ "$(tail -n 1 "$work/subproject_run.log")" = ok ]
-    then ok "subproject app prints ok"; else bad "subproject app did not print ok"; fi
-  fi
+  # The parent's own object compiles with what clattn::clattn passes on, and a library object
+  # under the parent's build type. The library itself is not compiled here a second time: the
+  # find_package and pkg-config consumers above link and run against the same sources, and a
+  # whole Debug build of them would repeat the Release build's compile for no new check.
+  step subproject_parent_compiles ninja -C "$work/sub" CMakeFiles/parent_app.dir/main.cpp.o
+  step subproject_library_object_compiles ninja -C "$work/sub" clattn/CMakeFiles/clattn.dir/src/core/tensor.cpp.o
 fi
 # Asked for, the tests come from clattn's own tests/ (never the parent's), and a parent without a
 # build type keeps none (configure only).
