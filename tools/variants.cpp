@@ -21,22 +21,10 @@ struct VariantsOptions {
   std::string format = "text";
 };
 
-// Decoding token by token through a KV cache: a causal variant whose keys are not its queries.
-bool decodes(const Capabilities& c) { return c.causal && !c.shared_qk; }
-
 nlohmann::ordered_json capabilities_json(const Capabilities& c) {
-  return {{"causal", c.causal},
-          {"backward", c.trainable},
-          {"gqa", c.gqa},
-          {"padding", c.query_lengths && c.key_lengths},
-          {"decode", decodes(c)},
-          {"bias", c.bias},
-          {"cross", c.cross},
-          {"shared_qk", c.shared_qk},
-          {"stochastic", c.stochastic},
-          {"stateful", c.stateful},
-          {"splits_sequence", c.splits_sequence},
-          {"splits_sequence_causal", c.splits_sequence_causal}};
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& [name, value] : capability_list(c)) j[name] = value;
+  return j;
 }
 
 // Sequence parallelism in the overview: with and without the causal mask, without it only, or not.
@@ -110,6 +98,7 @@ void run_variants(const VariantsOptions& o) {
     table.header();
     for (const VariantInfo& v : all) {
       const Capabilities& c = v.capabilities;
+      const nlohmann::ordered_json caps = capabilities_json(c);
       const bool text = o.format == "text" || o.format == "md";
       auto cap = [&](bool b) { return text ? nlohmann::ordered_json(yes(b)) : nlohmann::ordered_json(b); };
       table.row({{"name", v.name},
@@ -117,7 +106,7 @@ void run_variants(const VariantsOptions& o) {
                  {"backward", cap(c.trainable)},
                  {"gqa", cap(c.gqa)},
                  {"padding", cap(c.query_lengths && c.key_lengths)},
-                 {"decode", cap(decodes(c))},
+                 {"decode", cap(caps["decode"].get<bool>())},
                  {"splits_sequence", text ? nlohmann::ordered_json(splits(c)) : nlohmann::ordered_json(c.splits_sequence)},
                  {"parameters", param_summary(v)}});
     }

@@ -74,6 +74,12 @@ struct Capabilities {
   bool half_cache = false;
 };
 
+// Every capability under one name, in one order: each field of Capabilities under its own name,
+// then "decode" (decodes token by token through a KVCache: causal, and its keys are not its
+// queries). The one serialization: `clattn variants -o json` and Python's `capabilities` both
+// print this list.
+std::vector<std::pair<std::string, bool>> capability_list(const Capabilities& c);
+
 // Forward only (inference), or forward then backward (training): what a call keeps and needs.
 enum class Mode { inference, training };
 

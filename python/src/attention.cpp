@@ -61,24 +61,9 @@ struct Saved {
   std::vector<std::string> copied;
 };
 
-// Every flag of Capabilities, under its C++ name.
-constexpr std::pair<const char*, bool Capabilities::*> kCapabilityFlags[] = {
-    {"causal", &Capabilities::causal},
-    {"query_lengths", &Capabilities::query_lengths},
-    {"key_lengths", &Capabilities::key_lengths},
-    {"bias", &Capabilities::bias},
-    {"cross", &Capabilities::cross},
-    {"gqa", &Capabilities::gqa},
-    {"trainable", &Capabilities::trainable},
-    {"shared_qk", &Capabilities::shared_qk},
-    {"stochastic", &Capabilities::stochastic},
-    {"stateful", &Capabilities::stateful},
-    {"splits_sequence", &Capabilities::splits_sequence},
-    {"splits_sequence_causal", &Capabilities::splits_sequence_causal}};
-
 pb::dict capabilities_dict(const Capabilities& c) {
   pb::dict d;
-  for (const auto& [name, flag] : kCapabilityFlags) d[name] = c.*flag;
+  for (const auto& [name, value] : capability_list(c)) d[name.c_str()] = value;
   return d;
 }
 

@@ -71,3 +71,16 @@ def test_variants_and_help():
     assert "C++ program `clattn`" in h.stdout and "not part of this package" in h.stdout
     bad = run_module("--no-such-option")
     assert bad.returncode == 2 and "unrecognized arguments" in bad.stderr
+
+
+def test_capabilities_are_the_cli_json_flag_for_flag(cli):
+    # One serialization (capability_list in the library): the same names, order and values.
+    r = cli("variants", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    by_cli = {v["name"]: v["capabilities"] for v in json.loads(r.stdout)["variants"]}
+    for v in clattn.variants():
+        assert list(v["capabilities"].items()) == list(by_cli[v["name"]].items()), v["name"]
+        assert list(clattn.Attention(v["example"]).capabilities) == list(by_cli[v["name"]])
+    full = by_cli["full"]
+    assert full["trainable"] and full["decode"] and full["half_cache"] and not full["decode_queries"]
+    assert by_cli["clustered"]["decode_queries"] and not by_cli["reformer"]["decode"]

@@ -75,6 +75,26 @@ std::unique_ptr<Attention> make_attention(std::string_view text) {
   return r->make(spec);
 }
 
+std::vector<std::pair<std::string, bool>> capability_list(const Capabilities& c) {
+  // A field added to Capabilities must be added here: the aggregate's size says when one was.
+  static_assert(sizeof(Capabilities) == 14 * sizeof(bool), "capability_list must name every field of Capabilities");
+  return {{"causal", c.causal},
+          {"query_lengths", c.query_lengths},
+          {"key_lengths", c.key_lengths},
+          {"bias", c.bias},
+          {"cross", c.cross},
+          {"gqa", c.gqa},
+          {"trainable", c.trainable},
+          {"shared_qk", c.shared_qk},
+          {"stochastic", c.stochastic},
+          {"stateful", c.stateful},
+          {"decode_queries", c.decode_queries},
+          {"splits_sequence", c.splits_sequence},
+          {"splits_sequence_causal", c.splits_sequence_causal},
+          {"half_cache", c.half_cache},
+          {"decode", c.causal && !c.shared_qk}};
+}
+
 std::vector<VariantInfo> registered_attentions() {
   std::vector<VariantInfo> out;
   for (const Registration& r : registrations()) {
