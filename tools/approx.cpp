@@ -646,7 +646,6 @@ void add_approx(CLI::App& app) {
   sub->add_option("--token-file", o->tokens,
                   "token input: .safetensors with integer 'tokens' [T] or [B, T] (and 'targets' for a decoder, "
                   "'labels' for a classifier)");
-  add_renamed_option(sub, "--tokens", "--token-file", o->tokens);
   sub->add_option("--text", o->text,
                   "a UTF-8 text file through the model's tokenizer.json: for a decoder one stream of next-token "
                   "predictions, for a classifier one example per non-empty line");

@@ -325,7 +325,6 @@ CLI::Option* add_format_option(CLI::App* sub, std::string& format) {
                                    "then one line per result), json (one document), jsonl (one object per result)")
                        ->check(CLI::IsMember({"text", "md", "csv", "json", "jsonl"}))
                        ->capture_default_str();
-  add_renamed_option(sub, "--output-format", "--format", format);
   return o;
 }
 

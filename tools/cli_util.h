@@ -118,26 +118,7 @@ CLI::Option* add_kv_cache_option(CLI::App* sub, std::string& type);
 CLI::Option* add_weights_option(CLI::App* sub, std::string& type);
 
 // `-o,--format`: what goes to stdout — text (the default), md, csv, json or jsonl (result_table.h).
-// The old spelling `--output-format` still works, with a note naming the new one.
 CLI::Option* add_format_option(CLI::App* sub, std::string& format);
-
-// An option's old name kept working after a rename (one vocabulary across commands: a file is
-// --input / --output / --token-file, a count is --tokens): sets the same variable, and says on
-// stderr which name to use. Hidden from --help; docs/cli.md lists the old names.
-template <class T>
-CLI::Option* add_renamed_option(CLI::App* sub, const std::string& old_name, const std::string& new_name, T& target) {
-  const std::string cmd = sub->get_name();
-  return sub
-      ->add_option_function<T>(
-          old_name,
-          [&target, cmd, old_name, new_name](const T& v) {
-            std::fprintf(stderr, "clattn %s: note: %s is now %s (the old name still works)\n", cmd.c_str(),
-                         old_name.c_str(), new_name.c_str());
-            target = v;
-          },
-          "old name of " + new_name)
-      ->group("");
-}
 
 // What to add to a parse error: for each argument that names no option of its command (or no
 // subcommand), the closest known names by edit distance ("unknown option '--lenghts': did you mean

@@ -501,7 +501,6 @@ void add_inspect(CLI::App& app) {
   sub->add_option("--model", o->model, "model folder: q and k of --layer, from a forward with full attention");
   sub->add_option("--features", o->features, "KWT feature set (.safetensors 'features' [n, 98, 40]); see --index");
   sub->add_option("--token-file", o->tokens, "token model input: .safetensors with integer 'tokens' [T] or [B, T]");
-  add_renamed_option(sub, "--tokens", "--token-file", o->tokens);
   sub->add_option("--input", o->input, "an attend input file (clattn make-inputs) instead of a model");
   sub->add_option("--index", o->index, "example (row) of the features, tokens or input file")->capture_default_str();
   sub->add_option("--layer", o->layer, "layer of the model")->capture_default_str();
@@ -511,10 +510,8 @@ void add_inspect(CLI::App& app) {
       ->check(spec_validator());
   sub->add_flag("--causal", o->causal, "--input: causal mask");
   sub->add_option("--output", o->out, "the heatmaps (PNG, required)");
-  add_renamed_option(sub, "--out", "--output", o->out);
   sub->add_option("--clusters-output", o->clusters_out,
                   "cluster against position (PNG; default: the --output name with -clusters)");
-  add_renamed_option(sub, "--clusters-out", "--clusters-output", o->clusters_out);
   add_threads_option(sub, o->threads, "inspect");
   sub->footer("Pictures are drawn by gnuplot with the pngcairo terminal ($CLATTN_GNUPLOT, else gnuplot on\n"
               "PATH); without it the command fails and names the package: gnuplot-nox.");

@@ -439,7 +439,6 @@ void add_plot(CLI::App& app) {
   sub->add_option("--label", o->labels,
                   "legend name of each --logs run, in order (default: its file name), shown beside its spec");
   sub->add_option("--output", o->out, "the PNG to write (required)");
-  add_renamed_option(sub, "--out", "--output", o->out);
   sub->footer("The picture is drawn by gnuplot with the pngcairo terminal ($CLATTN_GNUPLOT, else gnuplot\n"
               "on PATH); without it the command fails and names the package: gnuplot-nox.");
   sub->callback([o] { plot::run_plot(*o); });

@@ -311,7 +311,6 @@ void add_eval(CLI::App& app) {
                                     "sequences per forward (default: the training run's, else 8)");
   sub->add_option("--eval-examples", e.eval_examples, "held-out examples (0 = all)")->capture_default_str();
   sub->add_option("-o,--format", o->output, "what goes to stdout: text or json")->capture_default_str();
-  add_renamed_option(sub, "--output", "--format", o->output);
   add_threads_option(sub, o->threads, "eval");
   sub->callback([o] { run_eval(*o); });
 }

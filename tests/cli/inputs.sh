@@ -22,13 +22,13 @@ expect_exit 1 "attend --input /dev/zero" "not a regular file (a character device
   --input /dev/zero --output "$dir/o.safetensors"
 expect_exit 1 "attend --input directory" "not a regular file (a directory)" t "$bin" attend --spec full \
   --input "$dir" --output "$dir/o.safetensors"
-expect_exit 1 "plot --bench FIFO" "FIFO" t "$bin" plot --bench "$dir/fifo" --out "$dir/x.png"
-expect_exit 1 "plot --bench /dev/zero" "character device" t "$bin" plot --bench /dev/zero --out "$dir/x.png"
-expect_exit 1 "plot --logs FIFO" "FIFO" t "$bin" plot --logs "$dir/fifo" --out "$dir/x.png"
+expect_exit 1 "plot --bench FIFO" "FIFO" t "$bin" plot --bench "$dir/fifo" --output "$dir/x.png"
+expect_exit 1 "plot --bench /dev/zero" "character device" t "$bin" plot --bench /dev/zero --output "$dir/x.png"
+expect_exit 1 "plot --logs FIFO" "FIFO" t "$bin" plot --logs "$dir/fifo" --output "$dir/x.png"
 expect_exit 1 "train --data FIFO" "FIFO" t "$bin" train --task mlm --data "$dir/fifo" --steps 1
 # A bench JSON above the size limit is refused before it is read (a sparse file: no disk used).
 truncate -s 70M "$dir/huge.json"
-expect_exit 1 "plot --bench of 70 MB" "accepted" t "$bin" plot --bench "$dir/huge.json" --out "$dir/x.png"
+expect_exit 1 "plot --bench of 70 MB" "accepted" t "$bin" plot --bench "$dir/huge.json" --output "$dir/x.png"
 
 # --- model folders: the reason a file cannot be read, FIFOs in every place a model is read from.
 mkdir -p "$dir/empty" "$dir/noperm"
@@ -59,7 +59,7 @@ if need_data "model files as FIFOs" stories260k kwt1; then
   rm "$dir/m5/a.safetensors" && ln -s "$st/tokenizer.json" "$dir/m5/a.safetensors"
   expect_exit 1 "shard linked to a JSON file" "not a safetensors file (a symlink to" t "$bin" generate --model "$dir/m5" --tokens 1
   grep -q "a.safetensors" "$dir/err" && ok || bad "the shard error does not name the shard: $(cat "$dir/err")"
-  expect_exit 1 "approx --tokens FIFO" "FIFO" t "$bin" approx --model "$st" --tokens "$dir/fifo" --attention full
+  expect_exit 1 "approx --token-file FIFO" "FIFO" t "$bin" approx --model "$st" --token-file "$dir/fifo" --attention full
   expect_exit 1 "approx --text FIFO" "FIFO" t "$bin" approx --model "$st" --text "$dir/fifo" --attention full
   expect_exit 1 "approx --text /dev/zero" "character device" t "$bin" approx --model "$st" --text /dev/zero --attention full
 
@@ -94,16 +94,16 @@ n = 2000
 h = json.dumps({"tokens": {"dtype": "I32", "shape": [n], "data_offsets": [0, 4 * n]}}).encode()
 open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + struct.pack("<%di" % n, *([1] + [(7 * i) % 500 + 3 for i in range(1, n)])))
 PY
-  expect_exit 1 "approx --tokens past the context" "past the model's context of 512" t "$bin" approx --model "$st" \
-    --tokens "$dir/long.safetensors" --attention full
-  expect_exit 1 "inspect --tokens past the context" "past the model's context of 512" t "$bin" inspect --model "$st" \
-    --tokens "$dir/long.safetensors" --attention full --out "$dir/x.png"
+  expect_exit 1 "approx --token-file past the context" "past the model's context of 512" t "$bin" approx --model "$st" \
+    --token-file "$dir/long.safetensors" --attention full
+  expect_exit 1 "inspect --token-file past the context" "past the model's context of 512" t "$bin" inspect --model "$st" \
+    --token-file "$dir/long.safetensors" --attention full --output "$dir/x.png"
   for i in $(seq 1 400); do echo "Once upon a time there was a little cat named Tom."; done >"$dir/long.txt"
   expect_ok "approx --text longer than the context" t "$bin" approx --model "$st" --text "$dir/long.txt" --attention full
   grep -q "note: .* the first 512 (the model's context) are used" "$dir/err" && ok || bad "no truncation note: $(cat "$dir/err")"
 
   # approx: full attention's own row first; a causal clustered plan whose block covers the sequence says so.
-  expect_ok "approx baseline and inactive note" t "$bin" approx --model "$st" --tokens "$st/reference_logits.safetensors" \
+  expect_ok "approx baseline and inactive note" t "$bin" approx --model "$st" --token-file "$st/reference_logits.safetensors" \
     --attention 'improved-clustered:clusters=4' --attention 'improved-clustered:clusters=4,block=64' --json "$dir/a.json"
   head -3 "$dir/out" | tail -1 | grep -q "^full (baseline) .* 1.0000 " && ok || bad "no baseline row first: $(cat "$dir/out")"
   [ "$(grep -c "approximation is inactive" "$dir/err")" = 1 ] && grep -q "block of 512 positions covers the whole sequence of 200" "$dir/err" &&

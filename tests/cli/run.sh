@@ -185,7 +185,7 @@ grep -q '"work_flops": [0-9]' "$dir/b.json" && grep -q '"work_int_ops": [0-9]' "
 expect_ok "bench -o csv" "$bin" bench --attention 'full;improved-clustered:clusters=4,topk=8' --lengths 64 --heads 2 --dim 16 --repeat 1 -o csv
 head -n 1 "$dir/out" | grep -q '^spec,n,' && ok || bad "bench csv header: $(head -n 1 "$dir/out")"
 [ "$(wc -l <"$dir/out")" -eq 3 ] && grep -q '^"improved-clustered:clusters=4,topk=8",64,' "$dir/out" && ok || bad "bench csv rows: $(cat "$dir/out")"
-expect_ok "bench -o jsonl" "$bin" bench --attention 'full;topk:topk=8' --lengths 64,96 --heads 2 --kv-heads 1 --dim 16 --repeat 1 --output-format jsonl
+expect_ok "bench -o jsonl" "$bin" bench --attention 'full;topk:topk=8' --lengths 64,96 --heads 2 --kv-heads 1 --dim 16 --repeat 1 -o jsonl
 [ "$(wc -l <"$dir/out")" -eq 4 ] && [ "$(grep -c '^{.*"kv_heads":1.*}$' "$dir/out")" -eq 4 ] && ok || bad "bench jsonl: $(cat "$dir/out")"
 expect_ok "bench -o json" "$bin" bench --attention full --lengths 64 --heads 1 --dim 8 --repeat 1 -o json
 head -n 1 "$dir/out" | grep -q '^{$' && tail -n 1 "$dir/out" | grep -q '^}$' && grep -q '"sgemm_gflops"' "$dir/out" && ok || bad "bench -o json: $(head -c 300 "$dir/out")"
@@ -265,8 +265,8 @@ if need_data "the model commands" stories260k kwt1; then
   expect_exit 2 "bad --weights" "f32,f16,bf16" "$bin" generate --model "$data/stories260k" --weights fp16
   expect_ok "bench-model --weights bf16" "$bin" bench-model --model "$data/stories260k" --lengths 16 --decode 4 --repeat 1 --weights bf16 -o json
   expect_error "bench-model --weights with --random-bert" "is for checkpoints" "$bin" bench-model --random-bert --layers 1 --hidden 32 --heads 2 --ffn 64 --lengths 16 --repeat 1 --weights f16
-  expect_ok "approx --weights f16" "$bin" approx --model "$data/stories260k" --tokens "$data/stories260k/reference_logits.safetensors" --attention 'local:window=16' --weights f16
-  expect_ok "approx decoder" "$bin" approx --model "$data/stories260k" --tokens "$data/stories260k/reference_logits.safetensors" --attention 'topk:topk=8' --attention 'local:window=16' --json "$dir/a.json"
+  expect_ok "approx --weights f16" "$bin" approx --model "$data/stories260k" --token-file "$data/stories260k/reference_logits.safetensors" --attention 'local:window=16' --weights f16
+  expect_ok "approx decoder" "$bin" approx --model "$data/stories260k" --token-file "$data/stories260k/reference_logits.safetensors" --attention 'topk:topk=8' --attention 'local:window=16' --json "$dir/a.json"
   grep -q '"agreement"' "$dir/a.json" && grep -q '"ratio_to_full"' "$dir/a.json" && ok || bad "approx json: $(head -c 300 "$dir/a.json")"
   expect_ok "approx kwt seeds" "$bin" approx --model "$data/kwt1" --features "$data/kwt1/features_speech_commands.safetensors" --attention 'improved-clustered:clusters=25' --seeds 2
   grep -q "improved-clustered:clusters=25 .* 2 " "$dir/out" && ok || bad "approx kwt: $(cat "$dir/out")"

@@ -97,11 +97,11 @@ expect_ok "eval mlm, two attentions" "$bin" eval --checkpoint "$dir/mlm" --atten
   --attention improved-clustered:clusters=3,topk=8 --threads 1
 [ "$(grep -c 'bits_per_char\|^full \|^improved-clustered' "$dir/out")" = 3 ] && ok || bad "eval table: $(cat "$dir/out")"
 
-# --- lm: the checkpoint is a LLaMA folder the inference decoder loads (approx --tokens).
+# --- lm: the checkpoint is a LLaMA folder the inference decoder loads (approx --token-file).
 expect_ok "train lm" "$bin" train --task lm --data "$text" "${tiny[@]}" --steps 4 --eval-every 4 --checkpoint "$dir/lm"
 printf '\x40\x00\x00\x00\x00\x00\x00\x00{"tokens":{"dtype":"I32","shape":[1,16],"data_offsets":[0,64]}} ' >"$dir/tok.safetensors"
 head -c 64 /dev/zero >>"$dir/tok.safetensors"
-expect_ok "approx loads the lm checkpoint" "$bin" approx --model "$dir/lm/latest" --tokens "$dir/tok.safetensors" \
+expect_ok "approx loads the lm checkpoint" "$bin" approx --model "$dir/lm/latest" --token-file "$dir/tok.safetensors" \
   --attention full --threads 1
 grep -q '"architectures"' "$dir/lm/latest/config.json" && grep -q 'LlamaForCausalLM' "$dir/lm/latest/config.json" && ok ||
   bad "lm config.json is not a LLaMA config"

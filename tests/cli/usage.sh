@@ -33,12 +33,11 @@ if grep -q "unknown command 'full'" "$dir/err"; then bad "the option's value was
 expect_exit 2 "no command" "give a command: approx" "$bin"
 first_line_has "no command first" "give a command"
 
-# --- one vocabulary: files are --output / --input / --token-file; old names still work, noted
+# --- one vocabulary: files are --output / --input / --token-file; the old names are refused
 expect_ok "bench -o json" "$bin" bench --attention full --lengths 32 --heads 1 --dim 8 --repeat 1 --no-error -o json
 /usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["results"][0]["n"] == 32' "$dir/out" && ok || bad "bench -o json: $(head -c 300 "$dir/out")"
-expect_ok "bench --output-format (old name)" "$bin" bench --attention full --lengths 32 --heads 1 --dim 8 --repeat 1 --no-error --output-format json
-grep -q "note: --output-format is now --format" "$dir/err" && ok || bad "no note for --output-format: $(cat "$dir/err")"
-/usr/bin/python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$dir/out" && ok || bad "--output-format json output is not JSON"
+expect_exit 2 "bench --output-format (a 0.2 name)" "--output-format" "$bin" bench --lengths 32 --output-format json
+expect_exit 2 "plot --out (a 0.2 name)" "--out" "$bin" plot --bench x.json --out x.png
 expect_exit 2 "a format that does not exist" "format" "$bin" bench --lengths 32 -o yaml
 for cmd in "approx --token-file" "inspect --token-file" "inspect --output" "inspect --clusters-output" "plot --output" "eval --format" "bench-model --format"; do
   set -- $cmd
@@ -108,8 +107,6 @@ if need_data "trained language models" tinyshakespeare/input.txt; then
   grep -q "32 predictions" "$dir/out" && ok || bad "approx --text: $(head -c 300 "$dir/out")"
   expect_ok "eval of the lm keeps bits per character" "$bin" eval --checkpoint "$dir/lm" -o json --threads 1
   grep -q '"metric": "bits_per_char"' "$dir/out" && ok || bad "eval metric: $(head -c 300 "$dir/out")"
-  expect_ok "eval --output (old name of --format)" "$bin" eval --checkpoint "$dir/lm" --output json --threads 1
-  grep -q "note: --output is now --format" "$dir/err" && ok || bad "no note for eval --output: $(cat "$dir/err")"
   expect_ok "train lm from the checkpoint (--init)" "$bin" train --task lm --data "$text" "${run[@]}" --init "$dir/lm/best" --checkpoint "$dir/lm2"
   grep -q '"metric": *"bits_per_char"\|bits_per_char' "$dir/lm2/latest/train_state.json" && ok || bad "fine-tuning a byte model left byte mode: $(cat "$dir/lm2/latest/train_state.json")"
   expect_ok "train mlm" "$bin" train --task mlm --data "$text" "${tiny[@]}" --checkpoint "$dir/mlm"
