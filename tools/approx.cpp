@@ -252,35 +252,23 @@ Workload load_workload(const ApproxOptions& o, int64_t sequences) {
   check(w.enc->config().num_labels >= 1, "approx: this encoder has no classifier to compare predictions of");
   if (!o.text.empty()) {
     // One example per non-empty line, through the model's tokenizer.json (its template adds
-    // [CLS] / [SEP] or <s> / </s>), padded to the longest; a line past the context is cut there,
-    // keeping its closing [SEP] / </s> as Hugging Face's truncation does.
-    const std::string text = read_input_file(o.text, "approx: --text", kMaxTextBytes);
+    // [CLS] / [SEP] or <s> / </s>), padded on the right to the longest; a line past the context is
+    // cut there, keeping its closing [SEP] / </s> as Hugging Face's truncation does.
+    const std::vector<std::string> lines = non_empty_lines(o.text, "approx");
     const Tokenizer tok = Tokenizer::from_file((std::filesystem::path(o.model) / "tokenizer.json").string());
     const int64_t context = w.enc->config().max_positions;
-    std::vector<std::vector<int32_t>> seqs;
-    int64_t cut = 0;
-    for (size_t at = 0; at < text.size();) {
-      const size_t e = std::min(text.find('\n', at), text.size());
-      const std::string_view line = std::string_view(text).substr(at, e - at);
-      at = e + 1;
-      if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-      bool was_cut = false;
-      seqs.push_back(tok.encode(line, true, context, &was_cut));
-      cut += was_cut;
-    }
-    check(!seqs.empty(), "approx: '", o.text, "' has no non-empty line to classify");
-    if (cut)
+    BatchOptions opt;
+    opt.literal = true;
+    opt.max_length = std::max<int64_t>(0, context);
+    opt.padding = Padding{};
+    BatchEncoding e = tok.encode_batch(lines, {}, opt);
+    if (e.truncated)
       std::fprintf(stderr, "approx: note: %lld of %zu lines were longer than the model's context of %lld tokens and were cut\n",
-                   static_cast<long long>(cut), seqs.size(), static_cast<long long>(context));
-    w.B = static_cast<int64_t>(seqs.size());
-    w.T = 0;
-    for (const auto& q : seqs) w.T = std::max<int64_t>(w.T, static_cast<int64_t>(q.size()));
-    w.ids.assign(static_cast<size_t>(w.B * w.T), 0);
-    for (int64_t b = 0; b < w.B; ++b) {
-      const auto& q = seqs[static_cast<size_t>(b)];
-      std::copy(q.begin(), q.end(), w.ids.begin() + b * w.T);
-      w.lengths.push_back(static_cast<int32_t>(q.size()));
-    }
+                   static_cast<long long>(e.truncated), lines.size(), static_cast<long long>(context));
+    w.B = e.B;
+    w.T = e.T;
+    w.ids = std::move(e.ids);
+    w.lengths = std::move(e.lengths);
     return w;
   }
   // BERT-style classifier: --token-file holds ids [T] or [B, T] (and optional 'labels' [B]).

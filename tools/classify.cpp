@@ -28,21 +28,6 @@ struct EncoderJobOptions {
   int threads = 0;
 };
 
-// The non-empty lines of a text file (a trailing "\r" dropped): one example each.
-std::vector<std::string> read_lines(const std::string& path, const char* cmd) {
-  const std::string text = read_input_file(path, std::string(cmd) + ": --text", kMaxTextBytes);
-  std::vector<std::string> lines;
-  for (size_t at = 0; at < text.size();) {
-    const size_t e = std::min(text.find('\n', at), text.size());
-    std::string_view line = std::string_view(text).substr(at, e - at);
-    at = e + 1;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.find_first_not_of(" \t") != std::string_view::npos) lines.emplace_back(line);
-  }
-  check(!lines.empty(), cmd, ": '", path, "' has no non-empty line");
-  return lines;
-}
-
 std::unique_ptr<Encoder> load_encoder(const EncoderJobOptions& o, const char* cmd) {
   usage_check(model_kind(o.model) != ModelKind::llama, cmd, ": '", o.model, "' is a decoder; ", cmd,
               " takes an encoder (BERT, RoBERTa, DistilBERT, KWT)");
@@ -91,7 +76,7 @@ void run_classify(const EncoderJobOptions& o) {
     }
   } else {
     const Tokenizer tok = Tokenizer::from_file((std::filesystem::path(o.model) / "tokenizer.json").string());
-    const std::vector<std::string> lines = read_lines(o.text, "classify");
+    const std::vector<std::string> lines = non_empty_lines(o.text, "classify");
     int64_t cut = 0;
     got = classify_texts(*enc, tok, lines, o.batch, &cut);
     note_truncated("classify", cut, lines.size(), c.max_positions);
@@ -137,7 +122,7 @@ void run_embed(const EncoderJobOptions& o) {
   auto enc = load_encoder(o, "embed");
   usage_check(model_kind(o.model) != ModelKind::kwt, "embed: --text needs a text encoder; '", o.model, "' is KWT");
   const Tokenizer tok = Tokenizer::from_file((std::filesystem::path(o.model) / "tokenizer.json").string());
-  const std::vector<std::string> lines = read_lines(o.text, "embed");
+  const std::vector<std::string> lines = non_empty_lines(o.text, "embed");
   int64_t cut = 0;
   const Tensor e = embed_texts(*enc, tok, lines, pooling, o.batch, &cut);  // (lines, hidden)
   note_truncated("embed", cut, lines.size(), enc->config().max_positions);

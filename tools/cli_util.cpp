@@ -3,6 +3,7 @@
 #include "clattn/attention.h"
 #include "clattn/comm.h"
 #include "clattn/cpu.h"
+#include "clattn/input_file.h"
 #include "clattn/model.h"
 #include "clattn/spec.h"
 
@@ -369,6 +370,20 @@ void add_comm_timeout_option(CLI::App* sub) {
       },
       "under mpirun: seconds a rank may wait in one exchange before it ends the job, naming it (a stopped or hung "
       "peer; default 300, or $CLATTN_COMM_TIMEOUT; 0 waits for ever)");
+}
+
+std::vector<std::string> non_empty_lines(const std::string& path, const char* cmd) {
+  const std::string text = read_input_file(path, std::string(cmd) + ": --text", kMaxTextBytes);
+  std::vector<std::string> lines;
+  for (size_t at = 0; at < text.size();) {
+    const size_t e = std::min(text.find('\n', at), text.size());
+    std::string_view line = std::string_view(text).substr(at, e - at);
+    at = e + 1;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.find_first_not_of(" \t") != std::string_view::npos) lines.emplace_back(line);
+  }
+  check(!lines.empty(), cmd, ": '", path, "' has no non-empty line");
+  return lines;
 }
 
 }  // namespace clattn::cli

@@ -130,4 +130,8 @@ struct UsageHints {
 };
 UsageHints usage_hints(CLI::App& app, int argc, const char* const* argv);
 
+// The non-empty lines of a --text file (at most kMaxTextBytes; a trailing "\r" dropped, lines of
+// blanks skipped): one example each. None is an Error naming the command and the file.
+std::vector<std::string> non_empty_lines(const std::string& path, const char* cmd);
+
 }  // namespace clattn::cli

@@ -466,7 +466,8 @@ class _Members(torch.autograd.Function):
 
 
 def _lengths_arg(x):
-    """Lengths as the C++ rules read them: None, or a sequence (a tensor on any device) of integers."""
+    """Lengths as the C++ rules read them: None, or a sequence of integers on the host (a tensor on
+    any device is copied once)."""
     if isinstance(x, torch.Tensor):
         return x.detach().cpu().numpy()
     return x
@@ -500,7 +501,8 @@ def _facts(t, bias=False):
 def _check_inputs(att, q, k, v, bias, query_lengths, key_lengths, causal):
     """The tensor-op path's inputs against the C++ kernels' own rules (shapes, lengths, masks the
     variant cannot honour, NaN/Inf, the overflow bound), with their messages: ValueError. What is
-    PyTorch's alone (tensor types, dtypes, one device) is checked here first."""
+    PyTorch's alone (tensor types, dtypes, one device) is checked here first. Lengths are on the
+    host already (_lengths_arg)."""
     for name, t in (("q", q), ("k", k), ("v", v), ("bias", bias)):
         if t is None and name == "bias":
             continue
@@ -513,16 +515,15 @@ def _check_inputs(att, q, k, v, bias, query_lengths, key_lengths, causal):
         raise ValueError(f"q, k, v (and bias) must be on one device, got "
                          f"{', '.join(str(t.device) for t in (q, k, v, bias) if t is not None)}")
     att._check_facts(_facts(q), _facts(k), _facts(v), bias=None if bias is None else _facts(bias, bias=True),
-                     query_lengths=_lengths_arg(query_lengths), key_lengths=_lengths_arg(key_lengths),
+                     query_lengths=query_lengths, key_lengths=key_lengths,
                      causal=bool(causal))
 
 
 def _valid(lengths, B, limit):
-    """Per batch item, the valid count (lengths already checked)."""
+    """Per batch item, the valid count (host lengths, already checked)."""
     if lengths is None:
         return [limit] * B
-    vals = lengths.detach().cpu().tolist() if isinstance(lengths, torch.Tensor) else list(lengths)
-    return [int(t) for t in vals]
+    return [int(t) for t in lengths]
 
 
 def attention(spec, q, k, v, *, query_lengths=None, key_lengths=None, causal=False, bias=None, step=0):
@@ -540,6 +541,7 @@ def attention(spec, q, k, v, *, query_lengths=None, key_lengths=None, causal=Fal
         raise ValueError(f"clattn.torch: causal '{p.name}' runs in the C++ kernels only (CPU tensors): its "
                          f"prefix design is sequential over blocks, which the tensor-op path does not do; "
                          f"use CPU tensors, or causal=False")
+    query_lengths, key_lengths = _lengths_arg(query_lengths), _lengths_arg(key_lengths)  # one host copy each
     _check_inputs(att, q, k, v, bias, query_lengths, key_lengths, causal)
     B, H, N, D = q.shape
     Hkv, M, Dv = k.shape[1], k.shape[2], v.shape[3]

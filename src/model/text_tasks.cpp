@@ -12,31 +12,20 @@ namespace clattn {
 
 namespace {
 
-// Texts [t0, t1) as one padded batch: ids (B, T) and lengths (B).
-struct TextBatch {
-  std::vector<int32_t> ids, lengths;
-  int64_t B = 0, T = 0;
-};
-
-TextBatch tokenize(const Encoder& enc, const Tokenizer& tok, std::span<const std::string> texts, size_t t0, size_t t1,
-               int64_t* truncated) {
-  const int64_t context = enc.config().max_positions;
-  std::vector<std::vector<int32_t>> seqs;
-  for (size_t i = t0; i < t1; ++i) {
-    bool cut = false;
-    seqs.push_back(context > 0 ? tok.encode(texts[i], true, context, &cut) : tok.encode(texts[i]));
-    check(!seqs.back().empty(), "encoder: text ", i, " gives no token (an empty text with a tokenizer that adds none)");
-    if (truncated) *truncated += cut;
-  }
-  TextBatch b;
-  b.B = static_cast<int64_t>(seqs.size());
-  for (const auto& q : seqs) b.T = std::max<int64_t>(b.T, static_cast<int64_t>(q.size()));
-  b.ids.assign(static_cast<size_t>(b.B * b.T), 0);
-  for (int64_t r = 0; r < b.B; ++r) {
-    const auto& q = seqs[static_cast<size_t>(r)];
-    std::copy(q.begin(), q.end(), b.ids.begin() + r * b.T);
-    b.lengths.push_back(static_cast<int32_t>(q.size()));
-  }
+// Texts [t0, t1) as one batch of ids (B, T) padded on the right with id 0 (the encoder reads the
+// lengths, not the pad id, and its rows must start at position 0: never the file's left padding),
+// each cut at the model's context keeping the template's closing token, as Hugging Face truncates.
+BatchEncoding tokenize(const Encoder& enc, const Tokenizer& tok, std::span<const std::string> texts, size_t t0,
+                       size_t t1, int64_t* truncated) {
+  BatchOptions opt;
+  opt.literal = true;  // as encode(text): the texts' characters, no added token split out
+  opt.max_length = std::max<int64_t>(0, enc.config().max_positions);
+  opt.padding = Padding{};
+  BatchEncoding b = tok.encode_batch(texts.subspan(t0, t1 - t0), {}, opt);
+  for (int64_t r = 0; r < b.B; ++r)
+    check(b.lengths[static_cast<size_t>(r)] > 0, "encoder: text ", t0 + static_cast<size_t>(r),
+          " gives no token (an empty text with a tokenizer that adds none)");
+  if (truncated) *truncated += b.truncated;
   return b;
 }
 
@@ -67,7 +56,7 @@ std::vector<Classification> classify_texts(Encoder& enc, const Tokenizer& tok, s
   check(enc.config().num_labels >= 1, "classify: this encoder has no classifier (num_labels is 0)");
   std::vector<Classification> out;
   for (size_t t0 = 0; t0 < texts.size(); t0 += static_cast<size_t>(batch)) {
-    const TextBatch b = tokenize(enc, tok, texts, t0, std::min(texts.size(), t0 + static_cast<size_t>(batch)), truncated);
+    const BatchEncoding b = tokenize(enc, tok, texts, t0, std::min(texts.size(), t0 + static_cast<size_t>(batch)), truncated);
     const Tensor logits = enc.forward_tokens(b.ids, b.B, b.T, b.lengths);  // (B, num_labels)
     const std::vector<Classification> c = classify_logits(logits.view());
     out.insert(out.end(), c.begin(), c.end());
@@ -86,8 +75,9 @@ Tensor embed_texts(Encoder& enc, const Tokenizer& tok, std::span<const std::stri
   check_batch(batch, texts);
   const int64_t H = enc.config().hidden;
   Tensor out(Shape{static_cast<int64_t>(texts.size()), H});  // (texts, hidden)
+  std::vector<double> acc(static_cast<size_t>(H));          // (hidden) one row's sum, in double
   for (size_t t0 = 0; t0 < texts.size(); t0 += static_cast<size_t>(batch)) {
-    const TextBatch b = tokenize(enc, tok, texts, t0, std::min(texts.size(), t0 + static_cast<size_t>(batch)), truncated);
+    const BatchEncoding b = tokenize(enc, tok, texts, t0, std::min(texts.size(), t0 + static_cast<size_t>(batch)), truncated);
     (void)enc.forward_tokens(b.ids, b.B, b.T, b.lengths);
     const ConstView h = enc.last_hidden();  // (B·T, hidden)
     check(h.rank() == 2 && h.dim(0) == b.B * b.T && h.dim(1) == H, "embed: the encoder's final hidden state is ",
@@ -95,7 +85,7 @@ Tensor embed_texts(Encoder& enc, const Tokenizer& tok, std::span<const std::stri
     for (int64_t r = 0; r < b.B; ++r) {
       float* e = out.data() + (static_cast<int64_t>(t0) + r) * H;
       const int64_t n = pooling == Pooling::cls ? 1 : b.lengths[static_cast<size_t>(r)];
-      std::vector<double> acc(static_cast<size_t>(H), 0.0);
+      std::fill(acc.begin(), acc.end(), 0.0);
       for (int64_t t = 0; t < n; ++t) {
         const float* x = h.ptr(r * b.T + t, 0);
         for (int64_t c = 0; c < H; ++c) acc[static_cast<size_t>(c)] += x[c];
