@@ -94,6 +94,7 @@ void run_variants(const VariantsOptions& o) {
                                        {"padding", "padding", "", 7},
                                        {"decode", "decode", "", 6},
                                        {"split seq", "splits_sequence", "", 9},
+                                       {"torch ops", "torch_ops", "", 9},
                                        {"parameters (default)", "parameters", "", 0, true}});
     table.header();
     for (const VariantInfo& v : all) {
@@ -108,6 +109,7 @@ void run_variants(const VariantsOptions& o) {
                  {"padding", cap(c.query_lengths && c.key_lengths)},
                  {"decode", cap(caps["decode"].get<bool>())},
                  {"splits_sequence", text ? nlohmann::ordered_json(splits(c)) : nlohmann::ordered_json(c.splits_sequence)},
+                 {"torch_ops", cap(caps["torch_ops"].get<bool>())},
                  {"parameters", param_summary(v)}});
     }
     table.end({});

@@ -72,6 +72,9 @@ struct Capabilities {
   // and value rows, widening them in registers (full, local; the clustered pair when causal, from a
   // cache that keeps queries).
   bool half_cache = false;
+  // Has a PyTorch tensor-op form (python/clattn/_device.py) with the C++ kernels' clusters: runs
+  // on tensors of any device, non-causal (full: causal too). Python's dispatch reads this flag.
+  bool torch_ops = false;
 };
 
 // Every capability under one name, in one order: each field of Capabilities under its own name,

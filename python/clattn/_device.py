@@ -30,7 +30,8 @@ from torch.utils.checkpoint import checkpoint
 
 from . import _clattn
 
-SUPPORTED = ("full", "clustered", "improved-clustered")
+# The variants with a tensor-op form: the registry's torch_ops capability (clattn variants shows it).
+SUPPORTED = tuple(v["name"] for v in _clattn.variants() if v["capabilities"]["torch_ops"])
 BACKENDS = ("auto", "cpp", "torch")
 
 # Raised by every backward of clattn that is not itself differentiable, when autograd runs it to
@@ -72,23 +73,29 @@ def wants_torch(backend, *tensors):
 
 
 class Params:
-    """The parameters of a canonical spec string (clattn.Attention(spec).spec lists them all)."""
+    """The parameters of a canonical spec string as the C++ registry resolved them: the spec of a
+    clattn.Attention spells out every parameter that applies (defaults included), so nothing is
+    restated here. Left out there, by the canonical form's rules: scale when it is 1/sqrt(Dk),
+    clustering when it is lsh, and the LSH parameters of positional clustering."""
 
     def __init__(self, spec):
         name, _, rest = spec.partition(":")
         kv = dict(p.split("=", 1) for p in rest.split(",") if "=" in p) if rest else {}
         if name not in SUPPORTED:
             raise ValueError(f"clattn.torch: '{name}' runs in the C++ kernels on CPU tensors only; the tensor-op "
-                             f"path (tensors on another device, or backend='torch') has {', '.join(SUPPORTED)}")
+                             f"path (tensors on another device, or backend='torch') has {', '.join(SUPPORTED)} "
+                             f"(the torch_ops capability of `clattn variants`)")
         self.spec, self.name = spec, name
         self.scale = float(kv["scale"]) if "scale" in kv else None
-        self.clusters = int(kv.get("clusters", 0))
-        self.bits = int(kv.get("bits", 63))
-        self.iterations = int(kv.get("iterations", 10))
-        self.hash_bias = kv.get("hash_bias", "true") == "true"
-        self.positional = kv.get("clustering", "lsh") == "positional"
-        self.topk = int(kv.get("topk", 0)) if name == "improved-clustered" else 0
-        self.seed = int(kv.get("seed", 0))
+        clustered = name != "full"
+        self.positional = kv.get("clustering") == "positional"
+        lsh = clustered and not self.positional
+        self.clusters = int(kv["clusters"]) if clustered else 0
+        self.bits = int(kv["bits"]) if lsh else 0
+        self.iterations = int(kv["iterations"]) if lsh else 0
+        self.hash_bias = kv["hash_bias"] == "true" if lsh else False
+        self.topk = int(kv["topk"]) if "topk" in kv else 0
+        self.seed = int(kv["seed"]) if clustered else 0
 
 
 _planes_cache = {}

@@ -414,3 +414,19 @@ def test_double_backward_of_full_and_clustered_on_the_torch_path_is_autograds():
         want = _penalty_gradients(reference, q, k, v)
         for a, b in zip(got, want):
             assert rel(a, b) <= 1e-5, (spec, rel(a, b))
+
+
+def test_the_tensor_op_variants_are_the_registrys_torch_ops():
+    # Python's dispatch reads the capability; no list of its own.
+    from clattn import _device
+    want = tuple(v["name"] for v in clattn.variants() if v["capabilities"]["torch_ops"])
+    assert _device.SUPPORTED == want == ("full", "clustered", "improved-clustered")
+    assert not clattn.Attention("local:window=8").capabilities["torch_ops"]
+    q = torch.randn(1, 1, 8, 4)
+    with pytest.raises(ValueError, match="torch_ops capability"):
+        clattn.torch.attention(clattn.torch.Attention("local:window=8").attention, q, q, q, backend="torch")
+    # The parameters come from the canonical spec the registry wrote, defaults included.
+    p = _device.Params(clattn.Attention("improved-clustered:clusters=7,topk=5").spec)
+    assert (p.clusters, p.topk, p.bits, p.iterations, p.hash_bias, p.seed) == (7, 5, 63, 10, True, 0)
+    p = _device.Params(clattn.Attention("clustered:clusters=3,clustering=positional").spec)
+    assert p.positional and p.clusters == 3 and p.bits == 0

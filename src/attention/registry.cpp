@@ -77,7 +77,7 @@ std::unique_ptr<Attention> make_attention(std::string_view text) {
 
 std::vector<std::pair<std::string, bool>> capability_list(const Capabilities& c) {
   // A field added to Capabilities must be added here: the aggregate's size says when one was.
-  static_assert(sizeof(Capabilities) == 14 * sizeof(bool), "capability_list must name every field of Capabilities");
+  static_assert(sizeof(Capabilities) == 15 * sizeof(bool), "capability_list must name every field of Capabilities");
   return {{"causal", c.causal},
           {"query_lengths", c.query_lengths},
           {"key_lengths", c.key_lengths},
@@ -92,6 +92,7 @@ std::vector<std::pair<std::string, bool>> capability_list(const Capabilities& c)
           {"splits_sequence", c.splits_sequence},
           {"splits_sequence_causal", c.splits_sequence_causal},
           {"half_cache", c.half_cache},
+          {"torch_ops", c.torch_ops},
           {"decode", c.causal && !c.shared_qk}};
 }
 

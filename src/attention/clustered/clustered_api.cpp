@@ -54,7 +54,7 @@ class ClusteredAttention final : public Attention {
                          .cross = true, .gqa = true, .trainable = true, .shared_qk = false,
                          .stochastic = !p.positional, .stateful = false, .decode_queries = true,
                          .splits_sequence = !p.positional, .splits_sequence_causal = false,
-                         .half_cache = true};
+                         .half_cache = true, .torch_ops = true};
   }
   ClusteredAttention(const ClusteredAttention&) = delete;
   ClusteredAttention& operator=(const ClusteredAttention&) = delete;

@@ -18,6 +18,7 @@ class ConditionalFull final : public Attention {
       : limit_(limit), full_(make_full_attention(0.f, 0)), inner_(std::move(inner)), caps_(inner_->capabilities()) {
     // Which variant runs depends on the length, which a split sequence's ranks see only in part.
     caps_.splits_sequence = caps_.splits_sequence_causal = false;
+    caps_.torch_ops = false;  // the tensor-op form has the two variants, not the switch between them
   }
   std::string name() const override {
     return detail::concat("conditional-full:length_limit=", limit_, ",", inner_->name());

@@ -434,7 +434,7 @@ class FullAttention final : public Attention {
     caps_ = Capabilities{.causal = true, .query_lengths = true, .key_lengths = true,
                          .bias = window == 0, .cross = true, .gqa = true, .trainable = true,
                          .splits_sequence = window == 0, .splits_sequence_causal = window == 0,
-                         .half_cache = true};
+                         .half_cache = true, .torch_ops = window == 0};
   }
   const SplitAttention* split() const override { return window_ > 0 ? nullptr : &ring_; }
   std::string name() const override {
