@@ -21,12 +21,12 @@
 #include "clattn/input_file.h"
 #include "clattn/model.h"
 #include "clattn/parallel.h"
+#include "clattn/plan_search.h"
 #include "clattn/safetensors.h"
 #include "clattn/spec.h"
 #include "clattn/tokenizer.h"
 #include "bench_util.h"
 #include "commands.h"
-#include "plan_search.h"
 #include "progress.h"
 #include "version.h"
 
@@ -571,7 +571,14 @@ void run_search(const ApproxOptions& o, Workload& w) {
   // Units are evaluations; the search plans at most 1 + L (sensitivities) + L·K (a layer stops at
   // the first candidate that keeps the target), so [done/planned] and the ETA are upper bounds.
   Progress progress("approx", 1 + cfg.layers * (1 + static_cast<int64_t>(cands.size())));
-  const PlanFound f = search_plan(ps, progress);
+  ps.on_step = [&](int64_t done, const std::string& what) { progress.set(done, what); };
+  ps.on_note = [&](const std::string& line) {
+    progress.above([&] {
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    });
+  };
+  const PlanFound f = search_plan(ps);
   progress.finish();
   const std::string plan = f.plan();
   w.model().set_attention(plan);

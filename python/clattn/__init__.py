@@ -24,6 +24,7 @@ from ._clattn import (  # noqa: F401
     load_model,
     read_plan,
     read_safetensors,
+    search_plan,
     set_num_threads,
     variants,
     write_safetensors,
@@ -31,5 +32,5 @@ from ._clattn import (  # noqa: F401
 
 __all__ = [
     "Attention", "Call", "Decoder", "Encoder", "Tokenizer", "Trainer", "__version__", "config", "evaluate", "get_num_threads", "load_model",
-    "read_plan", "read_safetensors", "set_num_threads", "variants", "write_safetensors",
+    "read_plan", "read_safetensors", "search_plan", "set_num_threads", "variants", "write_safetensors",
 ]

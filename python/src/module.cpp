@@ -20,6 +20,7 @@ void bind_model(pb::module_& m);
 void bind_train(pb::module_& m);
 void bind_tokenizer(pb::module_& m);
 void bind_draws(pb::module_& m);  // draws.cpp
+void bind_plan(pb::module_& m);   // plan.cpp
 std::string blas_library();  // blas.cpp
 
 namespace {
@@ -110,6 +111,7 @@ PYBIND11_MODULE(_clattn, m) {
   bind_model(m);
   bind_train(m);
   bind_draws(m);
+  bind_plan(m);
 
   m.def("set_num_threads", [](int n) {
           if (n < 1) throw pb::value_error("set_num_threads: n must be >= 1, got " + std::to_string(n));

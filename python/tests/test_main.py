@@ -84,3 +84,28 @@ def test_capabilities_are_the_cli_json_flag_for_flag(cli):
     full = by_cli["full"]
     assert full["trainable"] and full["decode"] and full["half_cache"] and not full["decode_queries"]
     assert by_cli["clustered"]["decode_queries"] and not by_cli["reformer"]["decode"]
+
+
+def test_search_plan_with_python_metric_and_cost():
+    # Layer 1 is the sensitive one: it keeps the dearer candidate (the same case as the C++
+    # PlanSearch.TakesTheCheapestCandidateEachLayerAffords).
+    cost = {"full": 10.0, "cheap": 2.0, "mid": 5.0}
+    damage = [{"cheap": 0.01, "mid": 0.005}, {"cheap": 0.2, "mid": 0.02}, {"cheap": 0.02, "mid": 0.01}]
+
+    def evaluate(plan):
+        return 1 - sum(damage[i][s] for i, s in enumerate(plan.split(";")) if s != "full")
+
+    notes = []
+    f = clattn.search_plan(3, ["mid", "cheap"], evaluate, cost.__getitem__, 0.94, unit="GOP", on_note=notes.append)
+    assert f["plan"] == "cheap;mid;cheap" and f["layers"] == ["cheap", "mid", "cheap"]
+    assert f["attention_cost"] == 9 and f["full_cost"] == 30 and f["evaluations"] == 8
+    assert f["evaluated"][0] == {"plan": "full;full;full", "cost": 30.0, "value": 1.0}
+    assert any("layer 1 -> mid" in n for n in notes)
+    # A Python exception inside a callback reaches the caller as itself.
+    def broken(plan):
+        raise KeyError("no data")
+    try:
+        clattn.search_plan(1, ["cheap"], broken, cost.__getitem__, 0.5)
+        raise AssertionError("the callback's error was swallowed")
+    except KeyError:
+        pass

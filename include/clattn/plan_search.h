@@ -1,5 +1,7 @@
-// `clattn approx --target`: the cheapest per-layer attention plan whose agreement with full
-// attention reaches a target on calibration data.
+// The plan search: the cheapest per-layer attention plan whose metric (agreement with full
+// attention, KL, accuracy) reaches a target on calibration data, over callbacks that evaluate a
+// plan and price a spec, so any caller — `clattn approx --target`, Python's clattn.search_plan, a
+// test with fake costs — drives the same search. What the command line passes:
 //
 // Cost is what a plan's attention takes at the deployment length (--length), a plan costing the
 // sum over its layers. `--cost timed` (the default) measures it on this machine: each candidate
@@ -29,9 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "progress.h"
-
-namespace clattn::cli {
+namespace clattn {
 
 struct PlanSearch {
   int64_t layers = 0;
@@ -48,6 +48,11 @@ struct PlanSearch {
   // The cost of one layer's attention with `spec` at the deployment length, in `unit`.
   std::function<double(const std::string& spec)> cost;
   std::string unit = "ms";
+  // Optional: called before each cost and evaluation with the evaluations done so far and what
+  // comes next ("layer 3: clustered:clusters=25"); and with each line of the search's report
+  // ("search: layer 3 -> ..."), which the command line prints.
+  std::function<void(int64_t evaluations, const std::string& what)> on_step;
+  std::function<void(const std::string& line)> on_note;
 };
 
 struct PlanFound {
@@ -67,7 +72,8 @@ struct PlanFound {
   static std::string join(const std::vector<std::string>& layers);
 };
 
-// Runs the search, printing each step through `progress`.
-PlanFound search_plan(const PlanSearch& s, Progress& progress);
+// Runs the search. Deterministic given deterministic callbacks: candidates of equal cost keep
+// their given order, layers of equal sensitivity their index order.
+PlanFound search_plan(const PlanSearch& s);
 
-}  // namespace clattn::cli
+}  // namespace clattn

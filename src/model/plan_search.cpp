@@ -1,5 +1,5 @@
-// The greedy plan search of plan_search.h.
-#include "plan_search.h"
+// The greedy plan search (include/clattn/plan_search.h).
+#include "clattn/plan_search.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -8,7 +8,15 @@
 
 #include "clattn/error.h"
 
-namespace clattn::cli {
+namespace clattn {
+
+namespace {
+std::string fmt(const char* f, auto... a) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, f, a...);
+  return buf;
+}
+}  // namespace
 
 std::string PlanFound::join(const std::vector<std::string>& layers) {
   std::string out;
@@ -16,26 +24,30 @@ std::string PlanFound::join(const std::vector<std::string>& layers) {
   return out;
 }
 
-PlanFound search_plan(const PlanSearch& s, Progress& progress) {
-  check(s.layers >= 1 && !s.candidates.empty(), "approx: the plan search needs layers and candidate specs");
+PlanFound search_plan(const PlanSearch& s) {
+  check(s.layers >= 1 && !s.candidates.empty(), "plan search: needs layers (>= 1) and candidate specs");
+  check(s.evaluate && s.cost, "plan search: needs an evaluate and a cost function");
+  const auto step = [&](int64_t n, const std::string& what) {
+    if (s.on_step) s.on_step(n, what);
+  };
+  const auto note = [&](const std::string& line) {
+    if (s.on_note) s.on_note(line);
+  };
   const int64_t L = s.layers;
   // Candidates cheapest first, each measured once (every layer has the same shape).
   std::map<std::string, double> cost;
   for (const std::string& c : s.candidates) {
-    progress.set(0, "cost of " + c);
+    step(0, "cost of " + c);
     cost[c] = s.cost(c);
   }
-  progress.set(0, "cost of full");
+  step(0, "cost of full");
   const double full = s.cost("full");
   std::vector<std::string> cands = s.candidates;
   std::stable_sort(cands.begin(), cands.end(), [&](const std::string& a, const std::string& b) { return cost[a] < cost[b]; });
-  progress.above([&] {
-    const char* u = s.unit.c_str();
-    std::printf("search: attention of one layer at the deployment length: full %.2f %s\n", full, u);
-    for (const std::string& c : cands)
-      std::printf("search:   %-56s %8.2f %s  %6.3fx full\n", c.c_str(), cost[c], u, cost[c] / full);
-    std::fflush(stdout);
-  });
+  const char* u = s.unit.c_str();
+  note(fmt("search: attention of one layer at the deployment length: full %.2f %s", full, u));
+  for (const std::string& c : cands)
+    note(fmt("search:   %-56s %8.2f %s  %6.3fx full", c.c_str(), cost[c], u, cost[c] / full));
   // Candidates no cheaper than full are never worth taking.
   cands.erase(std::remove_if(cands.begin(), cands.end(), [&](const std::string& c) { return cost[c] >= full; }), cands.end());
   PlanFound f;
@@ -44,7 +56,7 @@ PlanFound search_plan(const PlanSearch& s, Progress& progress) {
   f.layers.assign(static_cast<size_t>(L), "full");
   f.full_cost = full * static_cast<double>(L);
   auto eval = [&](const std::vector<std::string>& plan, const std::string& what) {
-    progress.set(f.evaluations, what);
+    step(f.evaluations, what);
     ++f.evaluations;
     PlanFound::Evaluated e;
     e.plan = PlanFound::join(plan);
@@ -55,7 +67,7 @@ PlanFound search_plan(const PlanSearch& s, Progress& progress) {
   };
   f.value = eval(f.layers, "full attention");
   if (cands.empty()) {
-    progress.above([&] { std::printf("search: no candidate is cheaper than full attention at this length\n"); });
+    note("search: no candidate is cheaper than full attention at this length");
     f.attention_cost = f.full_cost;
     return f;
   }
@@ -74,12 +86,9 @@ PlanFound search_plan(const PlanSearch& s, Progress& progress) {
     const double va = alone[static_cast<size_t>(a)], vb = alone[static_cast<size_t>(b)];
     return higher_better ? va > vb : va < vb;
   });
-  progress.above([&] {
-    std::printf("search: each layer alone with %s:", cands.front().c_str());
-    for (int64_t l = 0; l < L; ++l) std::printf(" %lld:%.4f", static_cast<long long>(l), alone[static_cast<size_t>(l)]);
-    std::printf("\n");
-    std::fflush(stdout);
-  });
+  std::string line = "search: each layer alone with " + cands.front() + ":";
+  for (int64_t l = 0; l < L; ++l) line += fmt(" %lld:%.4f", static_cast<long long>(l), alone[static_cast<size_t>(l)]);
+  note(line);
   for (int64_t l : order) {
     // The cheapest candidate that keeps the target, unless one costing at most `slack` more keeps
     // the metric better: candidates of nearly one cost (KWT's at N = 16384: 16-24 ms) differ in
@@ -103,14 +112,11 @@ PlanFound search_plan(const PlanSearch& s, Progress& progress) {
     }
     f.layers[static_cast<size_t>(l)] = taken;
     f.value = value;
-    progress.above([&] {
-      std::printf("search: layer %lld -> %s (%.4f)\n", static_cast<long long>(l), taken.c_str(), value);
-      std::fflush(stdout);
-    });
+    note(fmt("search: layer %lld -> %s (%.4f)", static_cast<long long>(l), taken.c_str(), value));
   }
   f.attention_cost = 0;
   for (const std::string& spec : f.layers) f.attention_cost += spec == "full" ? full : cost[spec];
   return f;
 }
 
-}  // namespace clattn::cli
+}  // namespace clattn
