@@ -33,23 +33,29 @@ if need_data "plan search on KWT-1" kwt1/model.safetensors kwt1/features_fsdd_te
   # The first 40 FSDD clips (20 calibrate, 20 held out): the search runs a few dozen forwards, and
   # the sanitized build runs this test too.
   fsdd=$dir/fsdd40.safetensors
-  /usr/bin/python3 - "$kwt/features_fsdd_test.safetensors" "$fsdd" <<'PY' || bad "could not cut the FSDD subset"
+  # cut SRC DST FIRST COUNT: rows [FIRST, FIRST + COUNT) of every tensor of a safetensors file.
+  cut() {
+  /usr/bin/python3 - "$@" <<'PY'
 import json, struct, sys
+first, count = int(sys.argv[3]), int(sys.argv[4])
 raw = open(sys.argv[1], "rb").read()
 n = struct.unpack("<Q", raw[:8])[0]
 head, body = json.loads(raw[8:8 + n]), raw[8 + n:]
 out, parts, at = {}, [], 0
 for name, t in sorted(((k, v) for k, v in head.items() if k != "__metadata__"), key=lambda kv: kv[1]["data_offsets"][0]):
     a, b = t["data_offsets"]
-    rows = t["shape"][0]
-    keep = (b - a) // rows * 40
-    out[name] = {"dtype": t["dtype"], "shape": [40] + t["shape"][1:], "data_offsets": [at, at + keep]}
-    parts.append(body[a:a + keep])
+    row = (b - a) // t["shape"][0]
+    keep = row * count
+    out[name] = {"dtype": t["dtype"], "shape": [count] + t["shape"][1:], "data_offsets": [at, at + keep]}
+    parts.append(body[a + row * first:a + row * first + keep])
     at += keep
 h = json.dumps(out).encode()
 h += b" " * (-len(h) % 8)
 open(sys.argv[2], "wb").write(struct.pack("<Q", len(h)) + h + b"".join(parts))
 PY
+  }
+  cut "$kwt/features_fsdd_test.safetensors" "$fsdd" 0 40 || bad "could not cut the FSDD subset"
+  cut "$kwt/features_fsdd_test.safetensors" "$dir/held.safetensors" 20 20 || bad "could not cut the held-out clips"
   expect_exit 2 "bad metric" "--metric must be" "$bin" approx --model "$kwt" --features "$fsdd" --target 0.9 --metric top5
   expect_exit 2 "target out of range" "--target must be in" "$bin" approx --model "$kwt" --features "$fsdd" --target 1.5
   # A length whose timing would take hours, or more memory than the machine has, is refused with
@@ -88,6 +94,16 @@ assert any(l != "full" for l in layers), "nothing approximated at a 0.97 target"
 assert d["calibration"]["items"] == 20 and d["calibration"]["value"] >= 0.97, d["calibration"]
 assert d["held_out"]["items"] == 20 and 0 <= d["held_out"]["agreement"] <= 1
 assert d["length"] == 2048 and 0 < d["attention_cost_ratio"] < 1, d
+PY
+  # The plan the search returned, measured again on the held-out clips alone (the last 20) by
+  # approx itself, not read from the search's report: the same agreement.
+  expect_ok "the plan re-measured on the held-out clips" "$bin" approx --model "$kwt" --features "$dir/held.safetensors" \
+    --plan "$dir/plan.json" --repeat 1 --json "$dir/held.json"
+  /usr/bin/python3 - "$dir/plan.json" "$dir/held.json" <<'PY' && ok || bad "held-out re-measure: $(head -c 600 "$dir/held.json")"
+import json, sys
+d, m = (json.load(open(f)) for f in sys.argv[1:3])
+row = [r for r in m["results"] if r["spec"] != "full"][0]
+assert abs(row["agreement"] - d["held_out"]["agreement"]) < 1e-12, (row, d["held_out"])
 PY
   # The search drawn: cost against agreement of every evaluated plan, its front and the choice.
   expect_ok "plot --plan-search" "$bin" plot --plan-search "$dir/plan.json" --output "$dir/search.png"
