@@ -127,6 +127,17 @@ class Done final : public CommRequest {
   void wait() override {}
 };
 
+// out[x] = parts[0][x] op parts[1][x] op ... over the R rows of parts (R, n), in rank order, so
+// every rank that combines the same rows holds the same bits.
+template <class T, class Op>
+void combine_in_rank_order(const T* parts, size_t R, size_t n, T* out, Op op) {
+  for (size_t x = 0; x < n; ++x) {
+    T s = parts[x];
+    for (size_t r = 1; r < R; ++r) s = op(s, parts[n * r + x]);
+    out[x] = s;
+  }
+}
+
 class Threaded final : public Communicator {
  public:
   Threaded(std::shared_ptr<Hub> hub, int rank) : hub_(std::move(hub)), rank_(rank) {}
@@ -208,11 +219,7 @@ class Threaded final : public Communicator {
     for (int i = 0; i < R; ++i)
       if (i != rank_) req->add(post(parts.data() + n * static_cast<size_t>(i), n * sizeof(float), i, tag));
     req->wait();
-    for (size_t x = 0; x < n; ++x) {
-      float s = parts[x];
-      for (int r = 1; r < R; ++r) s += parts[n * static_cast<size_t>(r) + x];
-      recv[x] = s;
-    }
+    combine_in_rank_order(parts.data(), static_cast<size_t>(R), n, recv, std::plus<float>());
   }
 
   std::unique_ptr<CommRequest> iall_to_allv(const void* send_buf, std::span<const size_t> send_counts,
@@ -262,13 +269,7 @@ class Threaded final : public Communicator {
     auto req = std::make_unique<Pending>(hub_, rank_, "iall_reduce_sum");
     for (size_t i = 0; i < R; ++i)
       if (i != me) req->add(post(parts->data() + n * i, n * sizeof(float), static_cast<int>(i), tag));
-    req->finish = [parts, data, n, R] {
-      for (size_t x = 0; x < n; ++x) {
-        float s = (*parts)[x];
-        for (size_t r = 1; r < R; ++r) s += (*parts)[n * r + x];
-        data[x] = s;
-      }
-    };
+    req->finish = [parts, data, n, R] { combine_in_rank_order(parts->data(), R, n, data, std::plus<float>()); };
     return req;
   }
 
@@ -353,11 +354,7 @@ class Threaded final : public Communicator {
     for (size_t i = 0; i < R; ++i)
       if (i != me) req->add(post(parts.data() + n * i, n * sizeof(T), static_cast<int>(i), tag));
     req->wait();
-    for (size_t x = 0; x < n; ++x) {
-      T s = parts[x];
-      for (size_t r = 1; r < R; ++r) s = op(s, parts[n * r + x]);
-      data[x] = s;
-    }
+    combine_in_rank_order(parts.data(), R, n, data, op);
   }
 
   std::shared_ptr<Hub> hub_;
