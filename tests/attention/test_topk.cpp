@@ -8,8 +8,10 @@
 #include <vector>
 
 #include "attention/full/full.h"
+#include "attention/tile/topk_select.h"
 #include "attention/topk/topk.h"
 #include "clattn/attention.h"
+#include "clattn/rng.h"
 #include "common/fd.h"
 #include "common/test_util.h"
 
@@ -20,6 +22,34 @@ using testing::make_problem;
 using testing::nmse;
 using testing::Problem;
 using testing::ProblemData;
+
+// The streaming selection keeps exactly the k first of cand_before's order: ties of value (few
+// distinct values, -0 beside +0) go to the lower index, over buffer sizes around its small-case
+// cut (8) and the 2k of top_scan.
+TEST(TopSelect, KeepsTheBestByValueThenIndex) {
+  Rng r(7);
+  for (int64_t n : {1, 2, 3, 8, 9, 16, 63, 64, 65, 200, 257, 300})
+    for (int64_t k : {int64_t{1}, int64_t{2}, n / 2, n - 1, n})
+      for (int distinct : {2, 5, 1000}) {
+        if (k < 1 || k > n) continue;
+        std::vector<Cand> buf(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+          const float v = static_cast<float>(r.below(static_cast<uint64_t>(distinct), 1, static_cast<uint64_t>(i))) - 1.f;
+          buf[static_cast<size_t>(i)] = Cand{v == 0.f && i % 2 ? -0.f : v, static_cast<int32_t>(3 * i + 1)};
+        }
+        std::vector<Cand> want = buf;
+        std::sort(want.begin(), want.end(), cand_before);
+        int64_t kept = n;
+        const float thr = top_compact(buf.data(), kept, k);
+        ASSERT_EQ(kept, k);
+        std::sort(buf.begin(), buf.begin() + k, cand_before);
+        for (int64_t x = 0; x < k; ++x) {
+          EXPECT_EQ(buf[static_cast<size_t>(x)].i, want[static_cast<size_t>(x)].i) << n << " " << k << " " << distinct;
+          EXPECT_EQ(buf[static_cast<size_t>(x)].v, want[static_cast<size_t>(x)].v);
+        }
+        EXPECT_EQ(thr, want[static_cast<size_t>(k - 1)].v);
+      }
+}
 
 TEST(Topk, CoveringAllKeysIsFullAttention) {
   for (bool causal : {false, true})
