@@ -53,7 +53,7 @@ struct DecoderImpl::Bufs : ModelImpl::ArenaPlan {
 };
 
 DecoderImpl::DecoderImpl(const ModelConfig& cfg_in, const CheckpointNames* ckpt, WeightType weights)
-    : ModelImpl(cfg_in, ckpt, weights), L_(std::make_unique<Layout>()), b_(std::make_unique<Bufs>()) {
+    : ModelImpl(cfg_in, ckpt, weights), layout_(std::make_unique<Layout>()), bufs_(std::make_unique<Bufs>()) {
   ModelConfig& c = cfg_;
   head_ = TaskKind::lm;
   if (c.model_type.empty()) c.model_type = "llama";
@@ -70,7 +70,7 @@ DecoderImpl::DecoderImpl(const ModelConfig& cfg_in, const CheckpointNames* ckpt,
   if (!(c.eps > 0)) c.eps = gpt2_ ? 1e-5f : 1e-6f;
   if (!(c.rope_theta > 0)) c.rope_theta = 10000.f;
   const int64_t H = c.hidden, F = c.ffn, Q = c.heads * c.head_dim, KV = c.kv_heads * c.head_dim;
-  Layout& L = *L_;
+  Layout& L = *layout_;
   if (gpt2_) {
     L.embed = add("wte.weight", {c.vocab, H}, Init::normal);
     L.pos = add("wpe.weight", {c.max_positions, H}, Init::normal);
@@ -201,8 +201,8 @@ int64_t DecoderImpl::plan_floats(int64_t B, int64_t T, bool train, bool head) co
 }
 
 const ModelImpl::ArenaPlan& DecoderImpl::carve_into(float* base, int64_t B, int64_t T, bool train, bool head) {
-  *b_ = plan(B, T, train, head, base);
-  return *b_;
+  *bufs_ = plan(B, T, train, head, base);
+  return *bufs_;
 }
 
 double DecoderImpl::forward_bytes(int64_t B, int64_t T, int64_t cache_positions) const {
@@ -229,9 +229,9 @@ void DecoderImpl::forward_layers(int64_t B, int64_t T, std::span<const int32_t> 
   const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_T_);  // global lengths
   auto hv = [&](float* base, int64_t heads, int64_t ld) { return model::heads_view(base, B, heads, T, hd, ld); };
   auto bias = [&](int64_t off) -> const float* { return off >= 0 ? p(off) : nullptr; };
-  Bufs& b = *b_;
+  Bufs& b = *bufs_;
   for (int64_t l = 0; l < c.layers; ++l) {
-    const Layout::Layer& y = L_->layers[static_cast<size_t>(l)];
+    const Layout::Layer& y = layout_->layers[static_cast<size_t>(l)];
     Bufs::Saved& s = b.S[static_cast<size_t>(l)];
     float* xnext = l + 1 < c.layers ? b.S[static_cast<size_t>(l + 1)].x : b.xl;
     norm_fwd(s.xn1, s.x, y.in_norm, y.in_norm_b, rows, s.r1);
@@ -274,16 +274,16 @@ void DecoderImpl::forward_layers(int64_t B, int64_t T, std::span<const int32_t> 
 
 void DecoderImpl::final_norm(int64_t rows, int64_t from) {
   const int64_t H = cfg_.hidden;
-  float* xf = b_->xf + from * H;
+  float* xf = bufs_->xf + from * H;
   // Statistics are kept only by training, which normalises every row (from = 0).
-  check(from == 0 || b_->fr == nullptr, "decoder: internal: a partial final norm keeps no statistics");
-  norm_fwd(xf, b_->xl + from * H, L_->norm, L_->norm_b, rows - from, b_->fr);
+  check(from == 0 || bufs_->fr == nullptr, "decoder: internal: a partial final norm keeps no statistics");
+  norm_fwd(xf, bufs_->xl + from * H, layout_->norm, layout_->norm_b, rows - from, bufs_->fr);
   xf_ = xf;
   rows_xf_ = rows - from;
 }
 
 void DecoderImpl::inference_logits(float* out, int64_t n) {
-  lin(out, cfg_.vocab, xf_, cfg_.hidden, L_->lm_head, nullptr, n, cfg_.hidden, cfg_.vocab);
+  lin(out, cfg_.vocab, xf_, cfg_.hidden, layout_->lm_head, nullptr, n, cfg_.hidden, cfg_.vocab);
 }
 
 void DecoderImpl::norm_fwd(float* y, const float* x, int64_t gain, int64_t bias, int64_t rows, float* stat) {
@@ -299,13 +299,13 @@ void DecoderImpl::norm_bwd(float* dx, int64_t gain, int64_t bias, const float* d
 
 void DecoderImpl::embed(const int32_t* ids, int64_t rows) {
   const int64_t H = cfg_.hidden;
-  float* x = b_->S[0].x;  // (rows, H)
-  nn::embedding_fwd(x, ids, p(L_->embed), rows, H, cfg_.vocab);
+  float* x = bufs_->S[0].x;  // (rows, H)
+  nn::embedding_fwd(x, ids, p(layout_->embed), rows, H, cfg_.vocab);
   if (!gpt2_) return;
   const int32_t last = *std::max_element(posbuf_.begin(), posbuf_.begin() + rows);
   check(last < cfg_.max_positions, "decoder: position ", last, " is past GPT-2's ", cfg_.max_positions,
         " learned positions (n_positions)");
-  const float* wpe = p(L_->pos);
+  const float* wpe = p(layout_->pos);
   model::for_rows(rows, H, [&](int64_t r) {
     const float* pr = wpe + static_cast<int64_t>(posbuf_[static_cast<size_t>(r)]) * H;
     for (int64_t k = 0; k < H; ++k) x[r * H + k] += pr[k];
@@ -314,9 +314,9 @@ void DecoderImpl::embed(const int32_t* ids, int64_t rows) {
 
 void DecoderImpl::embed_backward(const int32_t* ids, int64_t B, int64_t T, const float* dx) {
   const int64_t H = cfg_.hidden;
-  nn::embedding_bwd(g(L_->embed), ids, dx, B * T, H, cfg_.vocab);
+  nn::embedding_bwd(g(layout_->embed), ids, dx, B * T, H, cfg_.vocab);
   if (!gpt2_) return;
-  float* dpos = g(L_->pos);
+  float* dpos = g(layout_->pos);
   model::for_rows(T, B * H, [&](int64_t t) {  // each position's row summed over the batch in order
     float* row = dpos + static_cast<int64_t>(posbuf_[static_cast<size_t>(t)]) * H;
     for (int64_t s = 0; s < B; ++s)
@@ -334,11 +334,11 @@ void DecoderImpl::backward_layers(int64_t B, int64_t T, std::span<const int32_t>
   const bool drop = dropout_ > 0;
   const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_T_);  // global lengths
   auto hv = [&](float* base, int64_t heads, int64_t ld) { return model::heads_view(base, B, heads, T, hd, ld); };
-  Bufs& b = *b_;
+  Bufs& b = *bufs_;
   float* dx = b.dx;  // (rows, H) gradient of the residual stream
   held_.clear();
   for (int64_t l = c.layers - 1; l >= 0; --l) {
-    const Layout::Layer& y = L_->layers[static_cast<size_t>(l)];
+    const Layout::Layer& y = layout_->layers[static_cast<size_t>(l)];
     Bufs::Saved& s = b.S[static_cast<size_t>(l)];
     const bool hold = l == 0 && hold_first_layer();
     // x' = u1 + drop(act(f·Wgu + bgu)·Wdown + bdown)
@@ -407,13 +407,13 @@ StepResult DecoderImpl::forward_backward(const Batch& bt, bool train, uint64_t s
   final_norm(rows, 0);
   StepResult res;
   const float scale = divisor > 0 ? static_cast<float>(1.0 / divisor) : 0.f;
-  token_loss(b, b_->xf, b_->dt2, L_->lm_head, -1, train, scale, res);
+  token_loss(b, bufs_->xf, bufs_->dt2, layout_->lm_head, -1, train, scale, res);
   if (!train) return timed(res, t0);
-  norm_bwd(b_->dx, L_->norm, L_->norm_b, b_->dt2, b_->xl, b_->fr, rows, false);
+  norm_bwd(bufs_->dx, layout_->norm, layout_->norm_b, bufs_->dt2, bufs_->xl, bufs_->fr, rows, false);
   backward_layers(B, T, bt.lengths, posbuf_.data(), step, bt.first);
-  embed_backward(b.ids.data(), B, T, b_->dx);
-  other_grads_ready(L_->layers.front().begin, L_->layers.back().end);
-  release_weights(L_->layers.front().begin, L_->layers.front().end);
+  embed_backward(b.ids.data(), B, T, bufs_->dx);
+  other_grads_ready(layout_->layers.front().begin, layout_->layers.back().end);
+  release_weights(layout_->layers.front().begin, layout_->layers.front().end);
   return timed(res, t0);
 }
 

@@ -61,7 +61,7 @@ struct EncoderImpl::Bufs : ModelImpl::ArenaPlan {
 
 EncoderImpl::EncoderImpl(const ModelConfig& cfg_in, const std::optional<TaskKind>& head, bool pooler,
                          const CheckpointNames* ckpt, WeightType weights)
-    : ModelImpl(cfg_in, ckpt, weights), L_(std::make_unique<Layout>()), b_(std::make_unique<Bufs>()), pooler_(pooler) {
+    : ModelImpl(cfg_in, ckpt, weights), layout_(std::make_unique<Layout>()), bufs_(std::make_unique<Bufs>()), pooler_(pooler) {
   ModelConfig& c = cfg_;
   head_ = head;
   check(c.hidden >= 1 && c.layers >= 1 && c.heads >= 1 && c.hidden % c.heads == 0 && c.ffn >= 1 &&
@@ -74,7 +74,7 @@ EncoderImpl::EncoderImpl(const ModelConfig& cfg_in, const std::optional<TaskKind
   c.kv_heads = c.heads;
   if (!(c.eps > 0)) c.eps = 1e-12f;
   const int64_t H = c.hidden, F = c.ffn;
-  Layout& L = *L_;
+  Layout& L = *layout_;
   if (c.kind == ModelKind::kwt) {
     L.patch_w = add("embeddings.patch_projection.weight", {H, c.input_dim}, Init::normal);
     L.patch_b = add("embeddings.patch_projection.bias", {H}, Init::zero);
@@ -335,9 +335,9 @@ int64_t EncoderImpl::plan_floats(int64_t B, int64_t T, bool train, bool head) co
 }
 
 const ModelImpl::ArenaPlan& EncoderImpl::carve_into(float* base, int64_t B, int64_t T, bool train, bool head) {
-  *b_ = plan(B, T, train, head, base);
+  *bufs_ = plan(B, T, train, head, base);
   if (static_cast<int64_t>(zero_types_.size()) < B * T) zero_types_.assign(static_cast<size_t>(B * T), 0);
-  return *b_;
+  return *bufs_;
 }
 
 double EncoderImpl::forward_bytes(int64_t B, int64_t T) const {
@@ -350,9 +350,9 @@ double EncoderImpl::forward_bytes(int64_t B, int64_t T) const {
 
 void EncoderImpl::embed_tokens(const int32_t* ids, const int32_t* types, int64_t B, int64_t T) {
   const ModelConfig& c = cfg_;
-  const Layout& L = *L_;
+  const Layout& L = *layout_;
   const int64_t H = c.hidden, rows = B * T;
-  float* e = b_->e;  // (rows, H)
+  float* e = bufs_->e;  // (rows, H)
   nn::embedding_fwd(e, ids, p(L.word), rows, H, c.vocab);
   const float* pe = p(L.pos);
   const float* te = L.type >= 0 ? p(L.type) : nullptr;
@@ -361,21 +361,21 @@ void EncoderImpl::embed_tokens(const int32_t* ids, const int32_t* types, int64_t
     const float* tr = te ? te + static_cast<int64_t>(types ? types[r] : 0) * H : nullptr;
     for (int64_t k = 0; k < H; ++k) e[r * H + k] += pr[k] + (tr ? tr[k] : 0.f);
   });
-  nn::layernorm_fwd(b_->S[0].x, e, p(L.elng), p(L.elnb), rows, H, c.eps, b_->em, b_->er);
+  nn::layernorm_fwd(bufs_->S[0].x, e, p(L.elng), p(L.elnb), rows, H, c.eps, bufs_->em, bufs_->er);
 }
 
 void EncoderImpl::embed_features(const float* feats, int64_t B) {
   const ModelConfig& c = cfg_;
-  const Layout& L = *L_;
+  const Layout& L = *layout_;
   const int64_t H = c.hidden, P = c.num_patches, T = P + 1;
   // Patches through the projection in one GEMM, then each sequence is [cls; patches] + positions.
-  lin(b_->proj, H, feats, c.input_dim, L.patch_w, p(L.patch_b), B * P, c.input_dim, H);
-  float* x = b_->S[0].x;
+  lin(bufs_->proj, H, feats, c.input_dim, L.patch_w, p(L.patch_b), B * P, c.input_dim, H);
+  float* x = bufs_->S[0].x;
   const float* cls = p(L.cls);
   const float* pos = p(L.pos);
   for_rows(B * T, H, [&](int64_t r) {
     const int64_t s = r / T, i = r % T;
-    const float* src = i == 0 ? cls : b_->proj + (s * P + i - 1) * H;
+    const float* src = i == 0 ? cls : bufs_->proj + (s * P + i - 1) * H;
     for (int64_t k = 0; k < H; ++k) x[r * H + k] = src[k] + pos[i * H + k];
   });
 }
@@ -391,9 +391,9 @@ void EncoderImpl::forward_layers(int64_t B, int64_t T, std::span<const int32_t> 
   const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_T_);  // global lengths
   auto hv = [&](float* base, int64_t ld) { return model::heads_view(base, B, nh, T, hd, ld); };
   for (int64_t l = 0; l < c.layers; ++l) {
-    const Layout::Layer& y = L_->layers[static_cast<size_t>(l)];
-    Bufs::Saved& s = b_->S[static_cast<size_t>(l)];
-    float* xnext = l + 1 < c.layers ? b_->S[static_cast<size_t>(l + 1)].x : b_->xl;
+    const Layout::Layer& y = layout_->layers[static_cast<size_t>(l)];
+    Bufs::Saved& s = bufs_->S[static_cast<size_t>(l)];
+    float* xnext = l + 1 < c.layers ? bufs_->S[static_cast<size_t>(l + 1)].x : bufs_->xl;
     if (c.pre_ln) nn::layernorm_fwd(s.xn1, s.x, p(y.ln1g), p(y.ln1b), rows, H, c.eps, s.m1, s.r1);
     lin(s.qkv, 3 * H, s.xn1, H, y.wqkv, y.bqkv >= 0 ? p(y.bqkv) : nullptr, rows, H, 3 * H);
     if (qmul != 1.f)
@@ -402,39 +402,39 @@ void EncoderImpl::forward_layers(int64_t B, int64_t T, std::span<const int32_t> 
     att_->forward(l, ai, hv(s.ao, H), train);
     // u1 = x + drop(ao·Wo + bo)
     if (drop) {
-      lin(b_->dt, H, s.ao, H, y.wo, p(y.bo), rows, H, H);
-      residual_dropout(s.u1, s.x, b_->dt, B, T, H, l, 0, step, first);
+      lin(bufs_->dt, H, s.ao, H, y.wo, p(y.bo), rows, H, H);
+      residual_dropout(s.u1, s.x, bufs_->dt, B, T, H, l, 0, step, first);
     } else {
       lin(s.u1, H, s.ao, H, y.wo, p(y.bo), rows, H, H, s.x);
     }
     if (c.pre_ln) nn::layernorm_fwd(s.xn2, s.u1, p(y.ln2g), p(y.ln2b), rows, H, c.eps, s.m2, s.r2);
     else nn::layernorm_fwd(s.xn2, s.u1, p(y.ln1g), p(y.ln1b), rows, H, c.eps, s.m1, s.r1);
     lin(s.h, F, s.xn2, H, y.w1, p(y.b1), rows, H, F);
-    nn::gelu_fwd(b_->gbuf, s.h, rows * F, gk);
+    nn::gelu_fwd(bufs_->gbuf, s.h, rows * F, gk);
     // pre-LN: x' = u1 + drop(g·W2 + b2); post-LN: u2 = f + drop(g·W2 + b2), x' = LN2(u2)
     float* sum = c.pre_ln ? xnext : s.u2;
     const float* res = c.pre_ln ? s.u1 : s.xn2;
     if (drop) {
-      lin(b_->dt, H, b_->gbuf, F, y.w2, p(y.b2), rows, F, H);
-      residual_dropout(sum, res, b_->dt, B, T, H, l, 1, step, first);
+      lin(bufs_->dt, H, bufs_->gbuf, F, y.w2, p(y.b2), rows, F, H);
+      residual_dropout(sum, res, bufs_->dt, B, T, H, l, 1, step, first);
     } else {
-      lin(sum, H, b_->gbuf, F, y.w2, p(y.b2), rows, F, H, res);
+      lin(sum, H, bufs_->gbuf, F, y.w2, p(y.b2), rows, F, H, res);
     }
     if (!c.pre_ln) nn::layernorm_fwd(xnext, s.u2, p(y.ln2g), p(y.ln2b), rows, H, c.eps, s.m2, s.r2);
   }
 }
 
 void EncoderImpl::final_norm(int64_t rows) {
-  const Layout& L = *L_;
-  if (L.flng >= 0) nn::layernorm_fwd(b_->xf, b_->xl, p(L.flng), p(L.flnb), rows, cfg_.hidden, cfg_.eps, b_->fm, b_->fr);
-  xf_ = b_->xf;
+  const Layout& L = *layout_;
+  if (L.flng >= 0) nn::layernorm_fwd(bufs_->xf, bufs_->xl, p(L.flng), p(L.flnb), rows, cfg_.hidden, cfg_.eps, bufs_->fm, bufs_->fr);
+  xf_ = bufs_->xf;
   rows_xf_ = rows;
 }
 
 void EncoderImpl::pool(int64_t B, int64_t T, std::span<const int32_t> lengths) {
   const int64_t H = cfg_.hidden;
-  const float* xf = b_->xf;
-  float* hs = b_->hs;  // (B, H)
+  const float* xf = bufs_->xf;
+  float* hs = bufs_->hs;  // (B, H)
   // With the sequence split, a rank sums its own valid positions (or holds position 0 or not),
   // and the sums add across the ranks: every rank then has the whole pooled rows.
   const bool split = split_on();
@@ -461,7 +461,7 @@ void EncoderImpl::pool(int64_t B, int64_t T, std::span<const int32_t> lengths) {
     }
     return;
   }
-  float* first = pooler_ ? b_->pool_in : hs;  // (B, H) each sequence's first token
+  float* first = pooler_ ? bufs_->pool_in : hs;  // (B, H) each sequence's first token
   const bool has_first = local_pos_[0] == 0;
   for (int64_t s = 0; s < B; ++s) {
     if (has_first) std::memcpy(first + s * H, xf + s * T * H, sizeof(float) * static_cast<size_t>(H));
@@ -469,7 +469,7 @@ void EncoderImpl::pool(int64_t B, int64_t T, std::span<const int32_t> lengths) {
   }
   if (split) sp_->all_reduce_sum(first, static_cast<size_t>(B * H));
   if (!pooler_) return;
-  lin(hs, H, first, H, L_->pool_w, p(L_->pool_b), B, H, H);
+  lin(hs, H, first, H, layout_->pool_w, p(layout_->pool_b), B, H, H);
   if (cfg_.pooler_relu) for (int64_t i = 0; i < B * H; ++i) hs[i] = std::max(hs[i], 0.f);
   else for (int64_t i = 0; i < B * H; ++i) hs[i] = std::tanh(hs[i]);
 }
@@ -477,7 +477,7 @@ void EncoderImpl::pool(int64_t B, int64_t T, std::span<const int32_t> lengths) {
 void EncoderImpl::pool_backward(int64_t B, int64_t T, std::span<const int32_t> lengths, float* dxf) {
   const int64_t H = cfg_.hidden;
   std::memset(dxf, 0, sizeof(float) * static_cast<size_t>(B * T * H));
-  float* dhs = b_->dhs;  // (B, H)
+  float* dhs = bufs_->dhs;  // (B, H)
   if (cfg_.mean_pooling) {
     for_rows(B, T * H, [&](int64_t s) {
       const int64_t len = lengths.empty() ? seq_T_ : lengths[static_cast<size_t>(s)];
@@ -493,12 +493,12 @@ void EncoderImpl::pool_backward(int64_t B, int64_t T, std::span<const int32_t> l
     // hs = tanh(first·Wpᵀ + bp): d(pre) = dhs ∘ (1 − hs²) (ReLU: dhs where hs > 0), then the linear layer's backward
     // gives d(first) (dt as scratch: dxf is dt2). Every rank of a split computes the pooler
     // alike; rank 0 alone adds its parameter gradient.
-    if (cfg_.pooler_relu) for (int64_t i = 0; i < B * H; ++i) dhs[i] = b_->hs[i] > 0.f ? dhs[i] : 0.f;
-    else for (int64_t i = 0; i < B * H; ++i) dhs[i] *= 1.f - b_->hs[i] * b_->hs[i];
+    if (cfg_.pooler_relu) for (int64_t i = 0; i < B * H; ++i) dhs[i] = bufs_->hs[i] > 0.f ? dhs[i] : 0.f;
+    else for (int64_t i = 0; i < B * H; ++i) dhs[i] *= 1.f - bufs_->hs[i] * bufs_->hs[i];
     const bool lead = split_lead();
-    lin_bwd(b_->dt, H, lead ? g(L_->pool_w) : nullptr, lead ? g(L_->pool_b) : nullptr, dhs, H, b_->pool_in, H,
-            p(L_->pool_w), B, H, H);
-    dhs = b_->dt;
+    lin_bwd(bufs_->dt, H, lead ? g(layout_->pool_w) : nullptr, lead ? g(layout_->pool_b) : nullptr, dhs, H, bufs_->pool_in, H,
+            p(layout_->pool_w), B, H, H);
+    dhs = bufs_->dt;
   }
   if (local_pos_[0] != 0) return;  // another rank holds the first tokens
   for (int64_t s = 0; s < B; ++s) std::memcpy(dxf + s * T * H, dhs + s * H, sizeof(float) * static_cast<size_t>(H));
@@ -514,11 +514,11 @@ void EncoderImpl::backward_layers(int64_t B, int64_t T, std::span<const int32_t>
   const float qmul = c.attention_scale > 0 ? c.attention_scale * std::sqrt(static_cast<float>(hd)) : 1.f;
   const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_T_);  // global lengths
   auto hv = [&](float* base, int64_t ld) { return model::heads_view(base, B, nh, T, hd, ld); };
-  Bufs& b = *b_;
+  Bufs& b = *bufs_;
   float* dx = b.dx;  // (rows, H) the gradient of the stream: of x' on entry to a layer, of x on exit
   held_.clear();
   for (int64_t l = c.layers - 1; l >= 0; --l) {
-    const Layout::Layer& y = L_->layers[static_cast<size_t>(l)];
+    const Layout::Layer& y = layout_->layers[static_cast<size_t>(l)];
     Bufs::Saved& s = b.S[static_cast<size_t>(l)];
     const bool hold = l == 0 && hold_first_layer();
     // du2: the gradient of the FFN's residual sum (pre-LN: x' itself).
@@ -573,9 +573,9 @@ void EncoderImpl::backward_layers(int64_t B, int64_t T, std::span<const int32_t>
 
 void EncoderImpl::embed_backward(const Batch& bt) {
   const ModelConfig& c = cfg_;
-  const Layout& L = *L_;
+  const Layout& L = *layout_;
   const int64_t B = bt.B, H = c.hidden;
-  const float* dx = b_->dx;  // (rows, H) gradient of the first layer's input
+  const float* dx = bufs_->dx;  // (rows, H) gradient of the first layer's input
   if (c.kind == ModelKind::kwt) {
     const int64_t P = c.num_patches, T = P + 1;
     float* dcls = g(L.cls);
@@ -587,7 +587,7 @@ void EncoderImpl::embed_backward(const Batch& bt) {
     });
     for (int64_t s = 0; s < B; ++s)
       for (int64_t k = 0; k < H; ++k) dcls[k] += dx[s * T * H + k];
-    float* dproj = b_->dt2;  // (B·P, H) the patch rows' gradient
+    float* dproj = bufs_->dt2;  // (B·P, H) the patch rows' gradient
     for_rows(B * P, H, [&](int64_t r) {
       const int64_t s = r / P, i = r % P;
       std::memcpy(dproj + r * H, dx + (s * T + i + 1) * H, sizeof(float) * static_cast<size_t>(H));
@@ -597,8 +597,8 @@ void EncoderImpl::embed_backward(const Batch& bt) {
     return;
   }
   const int64_t T = bt.T, rows = B * T;
-  float* de = b_->dt2;  // (rows, H)
-  nn::layernorm_bwd(de, g(L.elng), g(L.elnb), dx, b_->e, p(L.elng), b_->em, b_->er, rows, H);
+  float* de = bufs_->dt2;  // (rows, H)
+  nn::layernorm_bwd(de, g(L.elng), g(L.elnb), dx, bufs_->e, p(L.elng), bufs_->em, bufs_->er, rows, H);
   nn::embedding_bwd(g(L.word), bt.ids.data(), de, rows, H, c.vocab);
   if (L.type >= 0) nn::embedding_bwd(g(L.type), zero_types_.data(), de, rows, H, c.type_vocab);
   float* dpos = g(L.pos) + c.position_offset * H;
@@ -639,27 +639,27 @@ StepResult EncoderImpl::forward_backward(const Batch& bt, bool train, uint64_t s
   final_norm(rows);
   StepResult res;
   const float scale = divisor > 0 ? static_cast<float>(1.0 / divisor) : 0.f;
-  float* dxf = b_->dt2;  // (rows, H) gradient of the final hidden state
+  float* dxf = bufs_->dt2;  // (rows, H) gradient of the final hidden state
   if (*head_ == TaskKind::classify) {
     pool(B, T, lengths);
-    pooled_loss(bt, L_->cls_w, L_->cls_b, train, scale, res);
+    pooled_loss(bt, layout_->cls_w, layout_->cls_b, train, scale, res);
     if (train) pool_backward(B, T, lengths, dxf);
-  } else if (L_->mlm_tw >= 0) {
+  } else if (layout_->mlm_tw >= 0) {
     mlm_transform(rows);
-    token_loss(b, b_->mt, b_->mdt, L_->word, L_->mlm_b, train, scale, res);
+    token_loss(b, bufs_->mt, bufs_->mdt, layout_->word, layout_->mlm_b, train, scale, res);
     if (train) mlm_transform_backward(rows, dxf);
   } else {
-    token_loss(b, b_->xf, dxf, L_->word, L_->mlm_b, train, scale, res);
+    token_loss(b, bufs_->xf, dxf, layout_->word, layout_->mlm_b, train, scale, res);
   }
   if (!train) return timed(res, t0);
-  if (L_->flng >= 0)
-    nn::layernorm_bwd(b_->dx, g(L_->flng), g(L_->flnb), dxf, b_->xl, p(L_->flng), b_->fm, b_->fr, rows, H);
+  if (layout_->flng >= 0)
+    nn::layernorm_bwd(bufs_->dx, g(layout_->flng), g(layout_->flnb), dxf, bufs_->xl, p(layout_->flng), bufs_->fm, bufs_->fr, rows, H);
   else
-    std::memcpy(b_->dx, dxf, sizeof(float) * static_cast<size_t>(rows * H));
+    std::memcpy(bufs_->dx, dxf, sizeof(float) * static_cast<size_t>(rows * H));
   backward_layers(B, T, lengths, step, bt.first);
   embed_backward(b);
-  other_grads_ready(L_->layers.front().begin, L_->layers.back().end);
-  release_weights(L_->layers.front().begin, L_->layers.front().end);
+  other_grads_ready(layout_->layers.front().begin, layout_->layers.back().end);
+  release_weights(layout_->layers.front().begin, layout_->layers.front().end);
   return timed(res, t0);
 }
 
@@ -699,14 +699,14 @@ Tensor EncoderImpl::forward_tokens(std::span<const int32_t> ids, int64_t B, int6
   const ModelConfig& c = cfg_;
   const ThreadLimit threads(threads_for_flops(inference_flops(B * T, static_cast<double>(T))));
   T = encode_tokens(ids, B, T, lengths, types);
-  if (L_->cls_w < 0) {
+  if (layout_->cls_w < 0) {
     Tensor out(Shape{B, T, c.hidden});  // (B, n, hidden): this rank's positions when split
-    std::memcpy(out.data(), b_->xf, sizeof(float) * static_cast<size_t>(B * T * c.hidden));
+    std::memcpy(out.data(), bufs_->xf, sizeof(float) * static_cast<size_t>(B * T * c.hidden));
     return out;
   }
   pool(B, T, lengths);
   Tensor logits(Shape{B, c.num_labels});
-  lin(logits.data(), c.num_labels, b_->hs, c.hidden, L_->cls_w, p(L_->cls_b), B, c.hidden, c.num_labels);
+  lin(logits.data(), c.num_labels, bufs_->hs, c.hidden, layout_->cls_w, p(layout_->cls_b), B, c.hidden, c.num_labels);
   return logits;
 }
 
@@ -718,31 +718,31 @@ Tensor EncoderImpl::forward_mlm(std::span<const int32_t> ids, int64_t B, int64_t
   T = encode_tokens(ids, B, T, lengths, {});
   // The output layer is tied to the word embeddings: logits = xf · Wordᵀ + bias (after the
   // pretrained head's transform, when it has one).
-  const float* x = b_->xf;
-  if (L_->mlm_tw >= 0) {
+  const float* x = bufs_->xf;
+  if (layout_->mlm_tw >= 0) {
     mlm_transform(B * T);
-    x = b_->mt;
+    x = bufs_->mt;
   }
   Tensor logits(Shape{B, T, c.vocab});  // (B, n, vocab): this rank's positions when split
-  lin(logits.data(), c.vocab, x, c.hidden, L_->word, p(L_->mlm_b), B * T, c.hidden, c.vocab);
+  lin(logits.data(), c.vocab, x, c.hidden, layout_->word, p(layout_->mlm_b), B * T, c.hidden, c.vocab);
   return logits;
 }
 
 void EncoderImpl::mlm_transform(int64_t rows) {
   const int64_t H = cfg_.hidden;
   const nn::Gelu gk = cfg_.gelu_tanh ? nn::Gelu::tanh : nn::Gelu::erf;
-  lin(b_->mu, H, b_->xf, H, L_->mlm_tw, p(L_->mlm_tb), rows, H, H);
-  nn::gelu_fwd(b_->mg, b_->mu, rows * H, gk);
-  nn::layernorm_fwd(b_->mt, b_->mg, p(L_->mlm_lng), p(L_->mlm_lnb), rows, H, cfg_.eps, b_->mstat, b_->mstat + rows);
+  lin(bufs_->mu, H, bufs_->xf, H, layout_->mlm_tw, p(layout_->mlm_tb), rows, H, H);
+  nn::gelu_fwd(bufs_->mg, bufs_->mu, rows * H, gk);
+  nn::layernorm_fwd(bufs_->mt, bufs_->mg, p(layout_->mlm_lng), p(layout_->mlm_lnb), rows, H, cfg_.eps, bufs_->mstat, bufs_->mstat + rows);
 }
 
 void EncoderImpl::mlm_transform_backward(int64_t rows, float* dxf) {
   const int64_t H = cfg_.hidden;
   const nn::Gelu gk = cfg_.gelu_tanh ? nn::Gelu::tanh : nn::Gelu::erf;
-  float* d = b_->mdt;  // (rows, H): d(LN output) in, then d(GELU output), then d(dense output)
-  nn::layernorm_bwd(d, g(L_->mlm_lng), g(L_->mlm_lnb), d, b_->mg, p(L_->mlm_lng), b_->mstat, b_->mstat + rows, rows, H);
-  nn::gelu_bwd(d, d, b_->mu, rows * H, gk);
-  lin_bwd(dxf, H, g(L_->mlm_tw), g(L_->mlm_tb), d, H, b_->xf, H, p(L_->mlm_tw), rows, H, H);
+  float* d = bufs_->mdt;  // (rows, H): d(LN output) in, then d(GELU output), then d(dense output)
+  nn::layernorm_bwd(d, g(layout_->mlm_lng), g(layout_->mlm_lnb), d, bufs_->mg, p(layout_->mlm_lng), bufs_->mstat, bufs_->mstat + rows, rows, H);
+  nn::gelu_bwd(d, d, bufs_->mu, rows * H, gk);
+  lin_bwd(dxf, H, g(layout_->mlm_tw), g(layout_->mlm_tb), d, H, bufs_->xf, H, p(layout_->mlm_tw), rows, H, H);
 }
 
 Tensor EncoderImpl::forward_features(ConstView features) {
@@ -763,7 +763,7 @@ Tensor EncoderImpl::forward_features(ConstView features) {
   final_norm(B * T);
   pool(B, T, {});
   Tensor logits(Shape{B, c.num_labels});
-  lin(logits.data(), c.num_labels, b_->hs, c.hidden, L_->cls_w, p(L_->cls_b), B, c.hidden, c.num_labels);
+  lin(logits.data(), c.num_labels, bufs_->hs, c.hidden, layout_->cls_w, p(layout_->cls_b), B, c.hidden, c.num_labels);
   return logits;
 }
 

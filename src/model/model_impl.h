@@ -273,11 +273,11 @@ class EncoderImpl final : public ModelImpl {
   // Embeddings of a token batch (types may be null) or a feature batch into the first layer's x.
   void embed_tokens(const int32_t* ids, const int32_t* types, int64_t B, int64_t T);
   void embed_features(const float* feats, int64_t B);
-  // The masked-LM transform (ModelConfig::mlm_transform) of `rows` rows of b_->xf into b_->mt,
-  // and its backward from b_->mdt into dxf (rows, H).
+  // The masked-LM transform (ModelConfig::mlm_transform) of `rows` rows of bufs_->xf into bufs_->mt,
+  // and its backward from bufs_->mdt into dxf (rows, H).
   void mlm_transform(int64_t rows);
   void mlm_transform_backward(int64_t rows, float* dxf);
-  // forward_tokens / forward_mlm up to the final norm (b_->xf); returns the rows per sequence
+  // forward_tokens / forward_mlm up to the final norm (bufs_->xf); returns the rows per sequence
   // held here (T, or this rank's share when the sequence is split).
   int64_t encode_tokens(std::span<const int32_t> ids, int64_t B, int64_t T, std::span<const int32_t> lengths,
                         std::span<const int32_t> types);
@@ -289,8 +289,8 @@ class EncoderImpl final : public ModelImpl {
   // Pooled rows (B, H) for the classifier into hs_, and its backward into dxf (rows, H).
   void pool(int64_t B, int64_t T, std::span<const int32_t> lengths);
   void pool_backward(int64_t B, int64_t T, std::span<const int32_t> lengths, float* dxf);
-  std::unique_ptr<Layout> L_;
-  std::unique_ptr<Bufs> b_;
+  std::unique_ptr<Layout> layout_;
+  std::unique_ptr<Bufs> bufs_;
   std::vector<int32_t> zero_types_;
   bool pooler_ = false;
 };
@@ -344,8 +344,8 @@ class DecoderImpl final : public ModelImpl {
                 int64_t rows, bool accumulate);
   // prefill() with the sequence split: no cache; the last position's logits on every rank.
   std::vector<float> split_prefill(std::span<const int32_t> ids);
-  std::unique_ptr<Layout> L_;
-  std::unique_ptr<Bufs> b_;
+  std::unique_ptr<Layout> layout_;
+  std::unique_ptr<Bufs> bufs_;
   std::vector<KVCache> cache_;
   KVCacheType kv_type_ = KVCacheType::f32;  // what start() allocates
   std::vector<int32_t> posbuf_;

@@ -165,7 +165,7 @@ void prefix_bwd(const AttentionInputs& in, const AttentionDims& d, const Cluster
   const int64_t nv = valid_queries(in, d, b), mv = valid_keys(in, d, b);
   const int64_t Dkp = round_up(D, mk::kLanes), Dvp = round_up(Dv, mk::kLanes);
   const bool improved = p.topk > 0;
-  const float c = g.c, scale = g.scale;
+  const float c = g.log2_scale, scale = g.scale;
   const size_t hkv = static_cast<size_t>(b * d.Hkv + hk);
   const float* kh = kpan + hkv * Mp * D;           // (np, D, 64) this head's K panels
   const float* vh = vpan + hkv * Mp * Dv;          // (np, Dv, 64) V panels

@@ -95,8 +95,9 @@ Geometry geometry(const AttentionInputs& in, const AttentionDims& d, const Clust
   g.start = causal_segment_starts(d.M, g.Lb, g.Ls);
   g.ns = static_cast<int64_t>(g.start.size()) - 1;
   g.off = d.M - d.N;
-  // E: the end of the first segment that starts at or after q0, the first position whose query
-  // is among the inputs (or in the cache), so every later segment has all its definers.
+  // exact_before (E above): the end of the first segment that starts at or after q0, the first
+  // position whose query is among the inputs (or in the cache), so every later segment has all
+  // its definers.
   const int64_t q0 = in.cache && in.cache->keeps_queries() ? 0 : std::max<int64_t>(0, g.off);
   g.s0 = g.ns;
   if (p.clusters < g.Ls)
@@ -105,9 +106,9 @@ Geometry geometry(const AttentionInputs& in, const AttentionDims& d, const Clust
         g.s0 = s + 1;
         break;
       }
-  g.E = g.s0 < g.ns ? g.start[static_cast<size_t>(g.s0)] : std::numeric_limits<int64_t>::max() / 4;
+  g.exact_before = g.s0 < g.ns ? g.start[static_cast<size_t>(g.s0)] : std::numeric_limits<int64_t>::max() / 4;
   g.scale = softmax_scale(p.scale, d.Dk);
-  g.c = g.scale * kLog2e;
+  g.log2_scale = g.scale * kLog2e;
   return g;
 }
 
@@ -119,7 +120,7 @@ namespace {
 void inblock_rows(const AttentionInputs& in, const AttentionDims& d, const Geometry& g, int64_t b, int64_t h,
                   int64_t ra, int64_t rb, View out, CausalClusters& cz, FullWorkspace& fws, int thread) {
   float* inl = cz.inlse.data();
-  attn_full_fwd_rows(in, d, g.scale, Band{.block = g.Lb, .exact_before = g.E}, b, h, ra, rb, out, inl,
+  attn_full_fwd_rows(in, d, g.scale, Band{.block = g.Lb, .exact_before = g.exact_before}, b, h, ra, rb, out, inl,
                      cz.inparts.data(), fws, thread);
   const int64_t at = (b * d.H + h) * d.N;
   for (int64_t x = at + ra; x < at + rb; ++x) inl[x] = inblock_lse(inl, cz.inparts.data(), x);
@@ -161,7 +162,7 @@ void segment_fwd(const AttentionInputs& in, const AttentionDims& d, const Cluste
   // Block by block: the in-block part, the block's queries placed, the stream advanced to its
   // start, the members blended in.
   const bool improved = p.topk > 0;
-  sc.stream.reset(qc, ce, D, Dv, p.topk, g.c);
+  sc.stream.reset(qc, ce, D, Dv, p.topk, g.log2_scale);
   for (int64_t beta = (seg.a + g.off) / g.Lb; beta <= (seg.b - 1 + g.off) / g.Lb; ++beta) {
     const Rows r = block_rows(g, beta, seg);
     const size_t tb = static_cast<size_t>(t * g.nb + beta);
@@ -173,7 +174,7 @@ void segment_fwd(const AttentionInputs& in, const AttentionDims& d, const Cluste
                         cz.resid.data() + tb * static_cast<size_t>(cz.cmax * Dv),
                         improved ? cz.topk_idx.data() + tb * static_cast<size_t>(cz.cmax * cz.kmax) : nullptr, cz.kmax};
     int64_t k = 0;
-    block_fwd(sc.stream, in, ko, b, h, hk, r.a, r.b, member + r.a, snap, k, cz.inlse.data() + t * d.N, g.c, out,
+    block_fwd(sc.stream, in, ko, b, h, hk, r.a, r.b, member + r.a, snap, k, cz.inlse.data() + t * d.N, g.log2_scale, out,
               cz.lzp.data() + t * d.N, cz.alpha.data() + t * d.N, sc.ms);
     cz.ksel[tb] = static_cast<int32_t>(k);
   }
@@ -202,10 +203,10 @@ void attn_causal_clustered_fwd(const AttentionInputs& in, const AttentionDims& d
   cz.nb = g.nb;
   cz.ns = g.ns;
   cz.seg_start = g.start;
-  cz.exact_before = g.E;
+  cz.exact_before = g.exact_before;
   cz.cmax = std::min(p.clusters, g.Ls);
   cz.kmax = p.topk > 0 ? std::max<int64_t>(1, std::min(p.topk, (g.nb - 1) * g.Lb)) : 0;
-  const bool clustered = g.E < d.M;  // some row has a prefix part
+  const bool clustered = g.exact_before < d.M;  // some row has a prefix part
   const size_t nbs = clustered ? static_cast<size_t>(BH * g.nb) : 0, nss = clustered ? static_cast<size_t>(BH * g.ns) : 0;
   cz.ncl.assign(nss, 0);
   cz.ksel.assign(nbs, -1);
@@ -225,7 +226,7 @@ void attn_causal_clustered_fwd(const AttentionInputs& in, const AttentionDims& d
   std::fill(cz.lzp.data(), cz.lzp.data() + BH * d.N, -kInf);
   std::fill(cz.alpha.data(), cz.alpha.data() + BH * d.N, 0.f);
   FullWorkspace& fws = full_workspace(scratch);
-  const Band band{.block = g.Lb, .exact_before = g.E};
+  const Band band{.block = g.Lb, .exact_before = g.exact_before};
   float* inl = cz.inlse.data();
   if (in.cache && in.cache->keeps_queries()) {
     // Decoding: the in-block parts in one call, then the prefix parts from the cache's state.
@@ -256,7 +257,7 @@ void attn_causal_clustered_fwd(const AttentionInputs& in, const AttentionDims& d
     for (int64_t t = 0; t < BH; ++t) tasks.push_back(Task{t, sigma, 0, 0});
   constexpr int64_t kExactRows = 256;
   for (int64_t t = 0; t < BH; ++t) {
-    const int64_t e1 = std::clamp(g.E - g.off, int64_t{0}, valid_queries(in, d, t / d.H));
+    const int64_t e1 = std::clamp(g.exact_before - g.off, int64_t{0}, valid_queries(in, d, t / d.H));
     for (int64_t r0 = 0; r0 < e1; r0 += kExactRows) tasks.push_back(Task{t, -1, r0, std::min(e1, r0 + kExactRows)});
   }
   parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t x, int thread) {
@@ -276,7 +277,7 @@ void attn_causal_clustered_bwd(const AttentionInputs& in, const AttentionDims& d
                                ConstView dout, View dq, View dk, View dv, Scratch& scratch) {
   const CausalClusters& cz = st.cz;
   const Geometry g = geometry(in, d, p);
-  check(g.E == cz.exact_before && g.ns == cz.ns, "causal clustered: backward's geometry differs from the forward's");
+  check(g.exact_before == cz.exact_before && g.ns == cz.ns, "causal clustered: backward's geometry differs from the forward's");
   const int64_t BH = d.B * d.H, G = d.group(), Dkp = round_up(d.Dk, mk::kLanes), Dvp = round_up(d.Dv, mk::kLanes);
   const int64_t Mp = round_up(d.M, kPanel);
   CausalWorkspace& ws = scratch.get<CausalWorkspace>();
@@ -288,8 +289,8 @@ void attn_causal_clustered_bwd(const AttentionInputs& in, const AttentionDims& d
   for (int64_t x = 0; x < BH * d.N; ++x) w[x] = 1.f - cz.alpha.data()[x];
   FullWorkspace& fws = full_workspace(scratch);
   attn_full_bwd(in, d, g.scale, out, cz.inparts.data(), dout, dq, dk, dv, fws,
-                Band{.block = g.Lb, .exact_before = g.E}, w);
-  if (g.E >= d.M) return;
+                Band{.block = g.Lb, .exact_before = g.exact_before}, w);
+  if (g.exact_before >= d.M) return;
   // Prefix parts: one task per (b, h), segments in order (a segment's definers are the previous
   // segment's queries, so dq rows are shared across segments of a head). full's backward packed
   // K and V for every head; they are read from its workspace.

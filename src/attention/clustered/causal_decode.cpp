@@ -78,7 +78,7 @@ void decode_prefix(const AttentionInputs& in, const AttentionDims& d, const Clus
     CausalThread& sc = ws.threads[static_cast<size_t>(thread)];
     const KeyOperands ko = cache_operands(kc, b, hk);
     float* tile = sc.tile.floats(static_cast<size_t>(kCb * kBc));
-    for (int64_t ra = std::clamp(g.E - g.off, int64_t{0}, nv); ra < nv;) {
+    for (int64_t ra = std::clamp(g.exact_before - g.off, int64_t{0}, nv); ra < nv;) {
       const int64_t beta = (ra + g.off) / g.Lb, rb = std::min(nv, (beta + 1) * g.Lb - g.off);
       const int64_t sigma = causal_segment_of(g.start, beta * g.Lb);
       if (dh.sigma != sigma) {  // this segment's clusters, from the previous segment's queries
@@ -88,13 +88,13 @@ void decode_prefix(const AttentionInputs& in, const AttentionDims& d, const Clus
         dh.ce = segment_clusters(qall.ptr(b, h, q0), np, qall.stride(2), D, p, planes, rng, kmeans_stream(step, t, sigma),
                                  sc.assign.data(), dh.qc.data(), sc.cs);
         pack_centroids(dh.qc.data(), dh.ce, D, dh.norms, dh.qcpan);
-        dh.st.reset(dh.qc.data(), dh.ce, D, Dv, p.topk, g.c);
+        dh.st.reset(dh.qc.data(), dh.ce, D, Dv, p.topk, g.log2_scale);
         dh.sigma = sigma;
         dh.beta = -1;
       }
       const int64_t P = std::min(beta * g.Lb, mv);
       if (dh.beta != beta) {  // the stream at this block's prefix (from 0 again if it went past)
-        if (P < dh.st.pos) dh.st.reset(dh.qc.data(), dh.ce, D, Dv, p.topk, g.c);
+        if (P < dh.st.pos) dh.st.reset(dh.qc.data(), dh.ce, D, Dv, p.topk, g.log2_scale);
         if (split) {
           dh.st.advance_over_team(P, ko, ws.threads);
         } else {
@@ -112,7 +112,7 @@ void decode_prefix(const AttentionInputs& in, const AttentionDims& d, const Clus
       nearest_centroids(in.q.ptr(b, h, ra), rb - ra, in.q.stride(2), D, dh.qcpan.data(), dh.norms.data(), dh.ce, mem,
                         sc.near);
       const Snapshot snap{dh.lse_c.data(), dh.mass.data(), dh.resid.data(), improved ? dh.topk.data() : nullptr, kmax};
-      block_fwd(dh.st, in, ko, b, h, hk, ra, rb, mem, snap, dh.k, inl + t * d.N, g.c, out, rowbuf + t * d.N,
+      block_fwd(dh.st, in, ko, b, h, hk, ra, rb, mem, snap, dh.k, inl + t * d.N, g.log2_scale, out, rowbuf + t * d.N,
                 rowbuf + (BH + t) * d.N, sc.ms);
       ra = rb;
     }

@@ -24,10 +24,11 @@ struct Geometry {
   int64_t Lb = 0, Ls = 0;      // block and (longest) segment lengths (positions)
   int64_t nb = 0, ns = 0;      // blocks and segments of key positions 0 .. M
   std::vector<int64_t> start;  // (ns + 1) causal_segment_starts
-  int64_t E = 0, s0 = 0;       // rows at positions < E are exact; E = start[s0] (s0 = ns: all exact)
+  int64_t exact_before = 0;    // rows at positions < exact_before are exact: start[s0], or none clustered
+  int64_t s0 = 0;              // the first clustered segment (ns: all exact)
   int64_t off = 0;             // M − N: query i sits at position i + off
   float scale = 0.f;           // s
-  float c = 0.f;               // s · log2 e: logits in log2 units
+  float log2_scale = 0.f;      // s · log2 e: logits in log2 units
 };
 
 // Where one (b, kv head) reads its keys and values: K in panels (np, Dk, 64) and V rows (M, vld),
@@ -178,7 +179,7 @@ struct CausalWorkspace {
   void ensure_threads();
 };
 
-// The geometry of a call (E from the available queries: causal_clustered.cpp).
+// The geometry of a call (exact_before from the available queries: causal_clustered.cpp).
 Geometry geometry(const AttentionInputs& in, const AttentionDims& d, const ClusteredParams& p);
 
 // The rows [ra, rb) of segment σ's valid queries, clipped to [0, nv).
