@@ -209,9 +209,11 @@ inline vf exp2(vf x) {
 }
 #endif
 
-// e^x with Cody-Waite range reduction (ln2 split in two), relative error ~1e-7.
-inline vf exp(vf x) {
-  x = vmin(vmax(x, splat(-150.f)), splat(100.f));
+// e^x with Cody-Waite range reduction (ln2 split in two), relative error ~1e-7. Arguments are
+// clamped to [lo, hi]: the default lo lets results run into the denormals and down to 0, and a
+// caller whose tail terms do not matter passes a higher one to keep every result normal.
+inline vf exp(vf x, float lo = -150.f, float hi = 100.f) {
+  x = vmin(vmax(x, splat(lo)), splat(hi));
   const vf n = round_small(x * 1.44269504088896341f);
   const vf r = (x - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;
   vf p = splat(1.f / 5040.f);
@@ -421,7 +423,7 @@ inline vn splat_n(float x) {
 #if defined(__AVX512F__)
 inline vn vmax_n(vn a, vn b) { return vmax(a, b); }
 inline vn vmin_n(vn a, vn b) { return vmin(a, b); }
-inline vn exp_n(vn x) { return exp(x); }
+inline vn exp_n(vn x, float lo = -150.f, float hi = 100.f) { return exp(x, lo, hi); }
 inline vn exp2_n(vn x) { return exp2(x); }
 inline float hmax_n(vn v) { return hmax(v); }
 inline float hsum_n(vn v) { return hsum(v); }
@@ -471,8 +473,8 @@ inline vn vmin_n(vn a, vn b) {
 #endif
 }
 // exp of the 16-lane form in one register, operation for operation (the same bits per lane).
-inline vn exp_n(vn x) {
-  x = vmin_n(vmax_n(x, splat_n(-150.f)), splat_n(100.f));
+inline vn exp_n(vn x, float lo = -150.f, float hi = 100.f) {
+  x = vmin_n(vmax_n(x, splat_n(lo)), splat_n(hi));
   const vn big = splat_n(12582912.f);
   const vn n = (x * 1.44269504088896341f + big) - big;
   const vn r = (x - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;
