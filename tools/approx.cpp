@@ -121,43 +121,13 @@ void read_tokens(const std::string& path, const char* label_name, std::vector<in
   if (f.has(label_name)) labels = f.get_i32(label_name);
 }
 
-struct Metrics {
-  double agreement = 0, accuracy = -1, kl = 0, max_diff = 0, ms = 0;
+// A plan's metrics against full attention (compare_logits) and its median forward.
+struct Metrics : LogitAgreement {
+  double ms = 0;
 };
 
 Metrics compare(const Tensor& full, const Tensor& approx, const std::vector<int32_t>& labels) {
-  const int64_t rows = full.dim(0), C = full.dim(1);
-  Metrics m;
-  int64_t agree = 0, correct = 0, labelled = 0;
-  double kl = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* a = full.data() + r * C;
-    const float* b = approx.data() + r * C;
-    const int64_t ia = std::max_element(a, a + C) - a, ib = std::max_element(b, b + C) - b;
-    agree += ia == ib;
-    if (!labels.empty() && labels[static_cast<size_t>(r)] >= 0) {
-      ++labelled;
-      correct += ib == labels[static_cast<size_t>(r)];
-    }
-    // KL(full || approx) of the softmax distributions, in nats, from log-sum-exps in double.
-    double ma = a[ia], mb = b[ib], sa = 0, sb = 0;
-    for (int64_t c = 0; c < C; ++c) {
-      sa += std::exp(a[c] - ma);
-      sb += std::exp(b[c] - mb);
-      m.max_diff = std::max(m.max_diff, static_cast<double>(std::abs(a[c] - b[c])));
-    }
-    const double la = ma + std::log(sa), lb = mb + std::log(sb);
-    double k = 0;
-    for (int64_t c = 0; c < C; ++c) {
-      const double pa = a[c] - la, pb = b[c] - lb;
-      k += std::exp(pa) * (pa - pb);
-    }
-    kl += k;
-  }
-  m.agreement = rows ? static_cast<double>(agree) / static_cast<double>(rows) : 0;
-  m.accuracy = labelled ? static_cast<double>(correct) / static_cast<double>(labelled) : -1;
-  m.kl = rows ? kl / static_cast<double>(rows) : 0;
-  return m;
+  return {compare_logits(full.view(), approx.view(), labels)};
 }
 
 // The model and what it runs on: B clips or sequences of T positions, labels per row of its

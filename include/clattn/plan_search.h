@@ -29,9 +29,27 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <span>
 #include <vector>
 
+#include "clattn/tensor.h"
+
 namespace clattn {
+
+// How far a plan's logits are from full attention's, the metrics a plan search targets. Both are
+// (rows, classes), one prediction per row: an encoder's item, or a decoder's position.
+//   agreement  share of rows whose argmax equals the reference's (the first maximum on ties)
+//   accuracy   share of labelled rows whose argmax is the label; labels are one per row, -1 for
+//              none; -1 when no row is labelled or no labels are given
+//   kl         mean over rows of KL(reference || approx) between the softmax distributions, in
+//              nats, from log-sum-exps in double (logits of any magnitude)
+//   max_diff   largest |reference - approx| over every logit
+// Refused with a clattn::Error naming the problem: shapes that differ or are not 2-D, no rows or
+// no classes, a non-finite logit, labels of another count, a label outside [-1, classes).
+struct LogitAgreement {
+  double agreement = 0, accuracy = -1, kl = 0, max_diff = 0;
+};
+LogitAgreement compare_logits(ConstView reference, ConstView approx, std::span<const int32_t> labels = {});
 
 struct PlanSearch {
   int64_t layers = 0;

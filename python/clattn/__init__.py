@@ -18,6 +18,7 @@ from ._clattn import (  # noqa: F401
     Tokenizer,
     Trainer,
     __version__,
+    compare_logits,
     config,
     evaluate,
     get_num_threads,
@@ -31,6 +32,6 @@ from ._clattn import (  # noqa: F401
 )
 
 __all__ = [
-    "Attention", "Call", "Decoder", "Encoder", "Tokenizer", "Trainer", "__version__", "config", "evaluate", "get_num_threads", "load_model",
+    "Attention", "Call", "Decoder", "Encoder", "Tokenizer", "Trainer", "__version__", "compare_logits", "config", "evaluate", "get_num_threads", "load_model",
     "read_plan", "read_safetensors", "search_plan", "set_num_threads", "variants", "write_safetensors",
 ]

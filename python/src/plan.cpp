@@ -1,19 +1,44 @@
 // clattn.search_plan: the library's plan search (include/clattn/plan_search.h) with Python
 // functions as its metric and its cost, so a plan is searched on whatever Python measures (a
 // model of its own, an agreement over its own data) by the same search `clattn approx --target`
-// runs.
+// runs; clattn.compare_logits: the metrics that command searches on.
 #include <string>
 #include <vector>
 
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include "clattn/error.h"
 #include "clattn/plan_search.h"
 #include "common.h"
 
 namespace clattn::py {
 
 void bind_plan(pb::module_& m) {
+  m.def(
+      "compare_logits",
+      [](pb::handle reference, pb::handle approx, pb::handle labels) {
+        const FloatArg r = float_arg(reference, "reference", 2, "(rows, classes)");
+        const FloatArg a = float_arg(approx, "approx", 2, "(rows, classes)");
+        const pb::array_t<int32_t> l = int_arg(labels, "labels");
+        LogitAgreement g;
+        try {
+          g = compare_logits(r.view, a.view, span_of(l));
+        } catch (const Error& e) {
+          throw pb::value_error(e.what());  // everything it refuses is a shape or a value
+        }
+        pb::dict out;
+        out["agreement"] = g.agreement;
+        out["accuracy"] = g.accuracy < 0 ? pb::object(pb::none()) : pb::object(pb::float_(g.accuracy));
+        out["kl"] = g.kl;
+        out["max_diff"] = g.max_diff;
+        return out;
+      },
+      pb::arg("reference"), pb::arg("approx"), pb::arg("labels") = pb::none(),
+      "How far approx's (rows, classes) logits are from the reference's, as `clattn approx` measures\n"
+      "a plan against full attention: agreement (share of rows with the reference's argmax), accuracy\n"
+      "against labels (one per row, -1 for none; None without labelled rows), kl (mean KL(reference ||\n"
+      "approx) of the softmax distributions, nats) and max_diff (largest |reference - approx|).");
   m.def(
       "search_plan",
       [](int64_t layers, std::vector<std::string> candidates, std::function<double(const std::string&)> evaluate,

@@ -109,3 +109,34 @@ def test_search_plan_with_python_metric_and_cost():
         raise AssertionError("the callback's error was swallowed")
     except KeyError:
         pass
+
+
+def test_compare_logits_against_numpy():
+    # The metrics `clattn approx` searches on, against a float64 NumPy statement of each.
+    import numpy as np
+    rng = np.random.default_rng(7)
+    ref = rng.normal(0, 3, (50, 12)).astype(np.float32)
+    apx = (ref + rng.normal(0, 1.5, ref.shape)).astype(np.float32)
+    labels = rng.integers(-1, 12, 50)
+    got = clattn.compare_logits(ref, apx, labels)
+
+    def log_softmax(x):
+        x = x.astype(np.float64)
+        m = x.max(axis=1, keepdims=True)
+        return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
+    la, lb = log_softmax(ref), log_softmax(apx)
+    assert got["agreement"] == np.mean(ref.argmax(1) == apx.argmax(1))
+    has = labels >= 0
+    assert got["accuracy"] == np.mean(apx.argmax(1)[has] == labels[has])
+    assert abs(got["kl"] - np.mean((np.exp(la) * (la - lb)).sum(1))) < 1e-12
+    assert got["max_diff"] == np.abs(ref.astype(np.float64) - apx).max()
+    assert clattn.compare_logits(ref, ref)["accuracy"] is None
+    # A float64 view of every other row is read as the rows it names.
+    assert clattn.compare_logits(ref.astype(np.float64)[::2], apx[::2]) == clattn.compare_logits(ref[::2].copy(), apx[::2].copy())
+    for bad, what in [((ref, apx[:3]), "of one shape"), ((ref, apx, labels[:4]), "4 labels for 50 rows"),
+                      ((ref, apx, np.full(50, 12)), "outside [0, 12)")]:
+        try:
+            clattn.compare_logits(*bad)
+            raise AssertionError("accepted " + what)
+        except ValueError as e:
+            assert what in str(e), str(e)

@@ -2,6 +2,7 @@
 #include "clattn/plan_search.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <numeric>
@@ -17,6 +18,57 @@ std::string fmt(const char* f, auto... a) {
   return buf;
 }
 }  // namespace
+
+LogitAgreement compare_logits(ConstView reference, ConstView approx, std::span<const int32_t> labels) {
+  check(reference.rank() == 2 && approx.shape == reference.shape, "compare_logits: the logits must be (rows, classes) "
+        "of one shape; the reference is ", reference.shape, ", the approximation ", approx.shape);
+  const int64_t rows = reference.dim(0), C = reference.dim(1);
+  check(rows > 0 && C > 0, "compare_logits: nothing to compare: the logits are ", reference.shape);
+  check(labels.empty() || static_cast<int64_t>(labels.size()) == rows, "compare_logits: ", labels.size(),
+        " labels for ", rows, " rows of logits");
+  std::vector<double> la(static_cast<size_t>(C)), lb(static_cast<size_t>(C));  // (C) a row's log-softmax
+  // Row r of v as its log-softmax in double, and its argmax.
+  auto log_softmax = [&](const char* which, ConstView v, int64_t r, std::vector<double>& out) {
+    int64_t arg = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const float x = *v.ptr(r, c);
+      check(std::isfinite(x), "compare_logits: the ", which, "'s logit (", r, ", ", c, ") is ", x);
+      out[static_cast<size_t>(c)] = x;
+      if (x > out[static_cast<size_t>(arg)]) arg = c;
+    }
+    const double mx = out[static_cast<size_t>(arg)];
+    double s = 0;
+    for (const double y : out) s += std::exp(y - mx);
+    const double lse = mx + std::log(s);
+    for (double& y : out) y -= lse;
+    return arg;
+  };
+  LogitAgreement m;
+  int64_t agree = 0, correct = 0, labelled = 0;
+  double kl = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t ia = log_softmax("reference", reference, r, la), ib = log_softmax("approximation", approx, r, lb);
+    agree += ia == ib;
+    if (!labels.empty()) {
+      const int32_t y = labels[static_cast<size_t>(r)];
+      check(y >= -1 && y < C, "compare_logits: the label of row ", r, " is ", y, ", outside [0, ", C,
+            ") (or -1 for none)");
+      labelled += y >= 0;
+      correct += y >= 0 && ib == y;
+    }
+    double k = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const size_t u = static_cast<size_t>(c);
+      k += std::exp(la[u]) * (la[u] - lb[u]);
+      m.max_diff = std::max(m.max_diff, std::abs(static_cast<double>(*reference.ptr(r, c)) - *approx.ptr(r, c)));
+    }
+    kl += k;
+  }
+  m.agreement = static_cast<double>(agree) / static_cast<double>(rows);
+  m.accuracy = labelled ? static_cast<double>(correct) / static_cast<double>(labelled) : -1;
+  m.kl = kl / static_cast<double>(rows);
+  return m;
+}
 
 std::string PlanFound::join(const std::vector<std::string>& layers) {
   std::string out;
