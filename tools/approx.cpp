@@ -221,17 +221,13 @@ Workload load_workload(const ApproxOptions& o, int64_t sequences) {
   }
   check(w.enc->config().num_labels >= 1, "approx: this encoder has no classifier to compare predictions of");
   if (!o.text.empty()) {
-    // One example per non-empty line, through the model's tokenizer.json (its template adds
-    // [CLS] / [SEP] or <s> / </s>), padded on the right to the longest; a line past the context is
-    // cut there, keeping its closing [SEP] / </s> as Hugging Face's truncation does.
+    // One example per non-empty line, through the model's tokenizer.json as classify and embed
+    // read texts (encode_texts: its template's [CLS] / [SEP] or <s> / </s>, cut at the context
+    // keeping the closing one, padded on the right).
     const std::vector<std::string> lines = non_empty_lines(o.text, "approx");
     const Tokenizer tok = Tokenizer::from_file((std::filesystem::path(o.model) / "tokenizer.json").string());
     const int64_t context = w.enc->config().max_positions;
-    BatchOptions opt;
-    opt.literal = true;
-    opt.max_length = std::max<int64_t>(0, context);
-    opt.padding = Padding{};
-    BatchEncoding e = tok.encode_batch(lines, {}, opt);
+    BatchEncoding e = encode_texts(*w.enc, tok, lines);
     if (e.truncated)
       std::fprintf(stderr, "approx: note: %lld of %zu lines were longer than the model's context of %lld tokens and were cut\n",
                    static_cast<long long>(e.truncated), lines.size(), static_cast<long long>(context));

@@ -302,6 +302,15 @@ class Encoder final : public Model {
 // context cut as encode(text, true, max_length) cuts it), `batch` texts per forward padded to the
 // longest of them. *truncated (when given) counts the texts that were cut.
 class Tokenizer;
+struct BatchEncoding;
+// The texts as one batch of ids (B, T) for this encoder: each through the tokenizer literally
+// (as encode(text): no added token split out of the text), cut at the model's context keeping the
+// template's closing token as Hugging Face truncates, padded on the right with id 0 (the encoder
+// reads the lengths, not the pad id, and its rows start at position 0: never the file's left
+// padding). An Error names a text that gives no token, numbered from `first` (texts[0]'s number in
+// the caller's list). What classify_texts and embed_texts run on each batch.
+BatchEncoding encode_texts(const Encoder& enc, const Tokenizer& tok, std::span<const std::string> texts,
+                           size_t first = 0);
 struct Classification {
   int32_t label = 0;  // the largest logit's class (the lower on ties)
   float score = 0;    // its softmax probability

@@ -12,19 +12,10 @@ namespace clattn {
 
 namespace {
 
-// Texts [t0, t1) as one batch of ids (B, T) padded on the right with id 0 (the encoder reads the
-// lengths, not the pad id, and its rows must start at position 0: never the file's left padding),
-// each cut at the model's context keeping the template's closing token, as Hugging Face truncates.
+// Texts [t0, t1) as one batch, counting the cut ones into *truncated.
 BatchEncoding tokenize(const Encoder& enc, const Tokenizer& tok, std::span<const std::string> texts, size_t t0,
                        size_t t1, int64_t* truncated) {
-  BatchOptions opt;
-  opt.literal = true;  // as encode(text): the texts' characters, no added token split out
-  opt.max_length = std::max<int64_t>(0, enc.config().max_positions);
-  opt.padding = Padding{};
-  BatchEncoding b = tok.encode_batch(texts.subspan(t0, t1 - t0), {}, opt);
-  for (int64_t r = 0; r < b.B; ++r)
-    check(b.lengths[static_cast<size_t>(r)] > 0, "encoder: text ", t0 + static_cast<size_t>(r),
-          " gives no token (an empty text with a tokenizer that adds none)");
+  BatchEncoding b = encode_texts(enc, tok, texts.subspan(t0, t1 - t0), t0);
   if (truncated) *truncated += b.truncated;
   return b;
 }
@@ -35,6 +26,18 @@ void check_batch(int64_t batch, std::span<const std::string> texts) {
 }
 
 }  // namespace
+
+BatchEncoding encode_texts(const Encoder& enc, const Tokenizer& tok, std::span<const std::string> texts, size_t first) {
+  BatchOptions opt;
+  opt.literal = true;
+  opt.max_length = std::max<int64_t>(0, enc.config().max_positions);
+  opt.padding = Padding{};
+  BatchEncoding b = tok.encode_batch(texts, {}, opt);
+  for (int64_t r = 0; r < b.B; ++r)
+    check(b.lengths[static_cast<size_t>(r)] > 0, "encoder: text ", first + static_cast<size_t>(r),
+          " gives no token (an empty text with a tokenizer that adds none)");
+  return b;
+}
 
 std::vector<Classification> classify_logits(ConstView logits) {
   check(logits.rank() == 2 && logits.dim(1) >= 1, "classify: logits must be (rows, classes), got ", logits.shape);
