@@ -217,6 +217,15 @@ class Attention {
   // The useful work of a call of these sizes with every query and key valid (WorkModel): the
   // forward's stages, and with Mode::training also the backward's.
   virtual WorkModel work(const AttentionDims& d, bool causal, Mode mode) const = 0;
+  // Bytes one decode step reads from a KVCache and from the state a variant derives from it: one
+  // new query per head (d.B, d.H; d.N and d.M are not read) with `context` positions cached, the
+  // new one included, each cached K or V element `element_bytes` wide (4, or 2 for a 16-bit
+  // cache); work a variant spreads over steps (causal clustered's clusters and stream) counted as
+  // its average per step. A cached row is counted once per key/value head: the query heads of a
+  // group read it while it is in cache. By default every cached key and value.
+  virtual double decode_bytes(const AttentionDims& d, double context, double element_bytes) const {
+    return element_bytes * static_cast<double>((d.Dk + d.Dv) * d.B * d.Hkv) * context;
+  }
   // Stateful variants: the buffers of AttentionInputs::state for H query heads of dim Dk.
   virtual std::vector<StateBuffer> state_buffers(int64_t /*H*/, int64_t /*Dk*/) const { return {}; }
   // The groups of the queries of batch b, query head h, as the last forward on `ctx` made them:

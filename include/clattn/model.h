@@ -379,7 +379,10 @@ class Decoder final : public Model {
   double forward_bytes(int64_t B, int64_t T, int64_t cache_positions) const;
   // Bytes one decode step must read with `context` positions cached: every weight once, as held
   // (2 bytes for 16-bit weights(), 4 otherwise; the input embedding only its one row, unless it is
-  // also the output layer) and K and V of every cached position, at the size kv_cache() stores them. Over the step's time it is the rate to compare with measure_read_gbs().
+  // also the output layer) and what each layer's attention reads of its cache at the size
+  // kv_cache() stores it (Attention::decode_bytes: K and V of every cached position for full
+  // attention, of the last `window` for local, a block, a gather and the centroids for causal
+  // clustered). Over the step's time it is the rate to compare with measure_read_gbs().
   double step_bytes(double context) const;
 
  private:

@@ -526,6 +526,17 @@ std::vector<float> DecoderImpl::split_prefill(std::span<const int32_t> ids) {
   return out;
 }
 
+double DecoderImpl::step_bytes(double context) const {
+  const ModelConfig& c = cfg_;
+  // Parameters as held (2 bytes per 16-bit weight), less the f32 embedding rows a step skips.
+  const double weights = param_bytes() - (c.tie_embeddings ? 0.0 : 4.0 * static_cast<double>((c.vocab - 1) * c.hidden));
+  const double per_value = kv_cache() == KVCacheType::f32 ? 4.0 : 2.0;
+  const AttentionDims d{.B = 1, .H = c.heads, .Hkv = c.kv_heads, .N = 1, .M = 0, .Dk = c.head_dim, .Dv = c.head_dim};
+  double cache = 0;
+  for (int64_t l = 0; l < c.layers; ++l) cache += att_->at(l).decode_bytes(d, context, per_value);
+  return weights + cache;
+}
+
 // ---- Decoder, the public handle
 
 Decoder::Decoder(std::unique_ptr<DecoderImpl> impl) : Model(std::move(impl)) {}
@@ -541,13 +552,7 @@ KVCacheType Decoder::kv_cache() const { return impl().kv_cache(); }
 std::vector<float> Decoder::prefill(std::span<const int32_t> ids) { return impl().prefill(ids); }
 std::vector<float> Decoder::step(int32_t id) { return impl().step(id); }
 int64_t Decoder::position() const { return impl().position(); }
-double Decoder::step_bytes(double context) const {
-  const ModelConfig& c = config();
-  // Parameters as held (2 bytes per 16-bit weight), less the f32 embedding rows a step skips.
-  const double weights = impl().param_bytes() - (c.tie_embeddings ? 0.0 : 4.0 * static_cast<double>((c.vocab - 1) * c.hidden));
-  const double per_value = kv_cache() == KVCacheType::f32 ? 4.0 : 2.0;
-  return weights + per_value * 2.0 * static_cast<double>(c.layers * c.kv_heads * c.head_dim) * context;
-}
+double Decoder::step_bytes(double context) const { return impl().step_bytes(context); }
 double Decoder::forward_bytes(int64_t B, int64_t T, int64_t cache_positions) const {
   return impl().forward_bytes(B, T, cache_positions);
 }

@@ -58,6 +58,45 @@ TEST(Work, ClusteredProperties) {
   EXPECT_LT(flops("improved-clustered:clusters=25,topk=32", L, true), 0.2 * flops("full", L, true));
 }
 
+double decode(const std::string& spec, const AttentionDims& d, double context, double element = 4) {
+  return make_attention(spec)->decode_bytes(d, context, element);
+}
+
+TEST(Work, DecodeStepBytes) {
+  const AttentionDims d{1, 8, 4, 1, 0, 64, 64};
+  const double row = 4.0 * 128 * 4;  // K and V of one position, 4 key/value heads, f32
+  EXPECT_DOUBLE_EQ(decode("full", d, 1000), row * 1000);
+  EXPECT_DOUBLE_EQ(decode("full", d, 1000, 2), row / 2 * 1000);
+  EXPECT_DOUBLE_EQ(decode("topk:topk=32", d, 1000), row * 1000);  // it scores every key
+  EXPECT_DOUBLE_EQ(decode("local:window=256", d, 1000), row * 256);
+  EXPECT_DOUBLE_EQ(decode("local:window=256", d, 100), row * 100);
+  // Within the first block, or with clusters >= segment, a step is causal full attention's.
+  const std::string ic = "improved-clustered:clusters=100,topk=32,block=64,segment=512";
+  EXPECT_DOUBLE_EQ(decode(ic, d, 64), row * 64);
+  EXPECT_DOUBLE_EQ(decode("clustered:clusters=512,block=64,segment=512", d, 10000), row * 10000);
+  // Position 9999 lies in the segment [9728, 10240) (starts 0, 64, 128, 256, 512, then every
+  // 512): half a block in-block, one row of stream advance, 9728/512 rows of the segment's
+  // restart, each query head's 32 gathered rows, one query row, the 100 centroids and one output.
+  const double state = 4.0 * (64 + 100 * 64 + 64) * 8;
+  EXPECT_DOUBLE_EQ(decode(ic, d, 10000), row * (32.5 + 1 + 19) + 4.0 * 128 * 32 * 8 + state);
+  EXPECT_DOUBLE_EQ(decode("clustered:clusters=100,block=64,segment=512", d, 10000), row * (32.5 + 1 + 19) + state);
+  // In the doubling segments the restart is one row a step: [256, 512) at position 300.
+  EXPECT_DOUBLE_EQ(decode("clustered:clusters=100,block=64,segment=512", d, 301),
+                   row * (32.5 + 1 + 1) + 4.0 * (64 + 100 * 64 + 64) * 8);
+  // Far below causal full's at long contexts, and never above it.
+  EXPECT_LT(decode(ic, d, 100000), 0.05 * decode("full", d, 100000));
+  const AttentionDims tiny{1, 1, 1, 1, 0, 4, 4};
+  for (const VariantInfo& v : registered_attentions()) {
+    const std::unique_ptr<Attention> att = make_attention(v.example);
+    if (!att->capabilities().causal) continue;
+    for (const double ctx : {1.0, 65.0, 5000.0}) {
+      EXPECT_GT(att->decode_bytes(tiny, ctx, 4), 0) << v.example;
+      // Clustered adds its centroids (at most C·Dk floats per head) to what full reads.
+      EXPECT_LE(att->decode_bytes(tiny, ctx, 4), decode("full", tiny, ctx) + 4.0 * (2 + 1000) * 4) << v.example;
+    }
+  }
+}
+
 TEST(Work, EveryVariantDeclaresItsWork) {
   for (const VariantInfo& v : registered_attentions()) {
     const std::unique_ptr<Attention> att = make_attention(v.example);

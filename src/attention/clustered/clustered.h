@@ -111,6 +111,8 @@ size_t causal_clustered_workspace_bytes(const AttentionDims& d, const ClusteredP
 
 // The useful work of a call (clustered_work.cpp; clattn/attention.h, WorkModel).
 WorkModel clustered_work(const AttentionDims& d, const ClusteredParams& p, bool causal, Mode mode);
+// Bytes of a causal decode step through a KVCache that keeps queries (Attention::decode_bytes).
+double causal_decode_bytes(const AttentionDims& d, const ClusteredParams& p, double context, double element_bytes);
 
 // Where the segments of causal clustered attention start (causal_clustered.cpp): 0, Lb, 2·Lb,
 // 4·Lb, ... doubling up to segments of Ls, then every Ls — the starts of every segment that begins

@@ -139,6 +139,9 @@ class ClusteredAttention final : public Attention {
   WorkModel work(const AttentionDims& d, bool causal, Mode mode) const override {
     return clustered_work(d, p_, causal, mode);
   }
+  double decode_bytes(const AttentionDims& d, double context, double element_bytes) const override {
+    return causal_decode_bytes(d, p_, context, element_bytes);
+  }
 
   // Plain: the segments of `order`. Causal: each query's cluster in its segment, offset by the
   // segment (rows attended exactly have none).

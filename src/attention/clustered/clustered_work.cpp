@@ -91,6 +91,33 @@ WorkModel causal_work(const AttentionDims& d, const ClusteredParams& p, Mode mod
 
 }  // namespace
 
+// A decode step (causal_decode.cpp) at position P = context − 1 past the first block, per key/value
+// head (cached rows) and query head (queries and derived state), averaged over the steps:
+//   in-block keys        (block + 1) / 2 rows: 1 to block over a block's steps
+//   stream advance       1 row: a new block streams the centroids over the block just closed
+//   segment restart      a / len rows: a new segment [a, a + len) streams the whole prefix once
+//   top-k gather         min(k, a) rows per query head (improved only)
+//   k-means              1 query row (f32): a segment's len queries define the next one's clusters
+//   placement            the C centroids (f32) to find the nearest, and that centroid's output
+// Within the first block, or with clusters >= segment, a step is causal full attention's.
+double causal_decode_bytes(const AttentionDims& d, const ClusteredParams& p, double context, double element_bytes) {
+  const double Lb = static_cast<double>(p.block), kv_rows = static_cast<double>(d.B * d.Hkv),
+               heads = static_cast<double>(d.B * d.H), dk = static_cast<double>(d.Dk), dv = static_cast<double>(d.Dv);
+  const double all = element_bytes * (dk + dv) * kv_rows * context;
+  if (p.clusters >= p.segment || context <= Lb) return all;
+  const int64_t pos = static_cast<int64_t>(context) - 1;
+  const std::vector<int64_t> starts = causal_segment_starts(pos + 1 + p.segment, p.block, p.segment);
+  const size_t s = static_cast<size_t>(causal_segment_of(starts, pos));
+  const double a = static_cast<double>(starts[s]), len = static_cast<double>(starts[s + 1] - starts[s]);
+  const double prev = static_cast<double>(starts[s] - starts[s - 1]);  // the defining segment's queries
+  const double C = std::min(static_cast<double>(p.clusters), prev);
+  const double rows = (Lb + 1) / 2 + 1 + a / len;
+  // Each query head gathers the top-k rows of its own cluster.
+  const double gathered = p.topk > 0 ? std::min(static_cast<double>(p.topk), a) * heads : 0;
+  const double state = 4.0 * (dk + C * dk + dv) * heads;
+  return std::min(all, element_bytes * (dk + dv) * (kv_rows * rows + gathered)) + state;
+}
+
 WorkModel clustered_work(const AttentionDims& d, const ClusteredParams& p, bool causal, Mode mode) {
   return causal ? causal_work(d, p, mode) : plain_work(d, p, mode);
 }

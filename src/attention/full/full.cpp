@@ -481,6 +481,11 @@ class FullAttention final : public Attention {
     return work::softmax_attention(
         d, window_ > 0 ? work::band_pairs(d.N, d.M, window_, causal) : work::visible_pairs(d.N, d.M, causal), mode);
   }
+  // A causal band reads the last `window` positions.
+  double decode_bytes(const AttentionDims& d, double context, double element_bytes) const override {
+    return Attention::decode_bytes(d, window_ > 0 ? std::min(context, static_cast<double>(window_)) : context,
+                                   element_bytes);
+  }
 
  private:
   float scale_for(const AttentionDims& d) const {
