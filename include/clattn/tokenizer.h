@@ -56,9 +56,9 @@
 //   that strip_accents keeps (not Mn). single_word's word characters are L, N, Mn and '_' (the
 //   regex crate's \w also has other marks and connector punctuation), and where a single_word
 //   token is refused a shorter added token may still match at that position. Offsets are
-//   not implemented. Truncation is encode(text, add_bos, max_length) and encode_batch's
-//   max_length (a truncation section in the file is refused); padding is encode_batch's, the
-//   file's padding section its default.
+//   not implemented. Truncation is encode(text, add_bos, max_length), and encoding()'s and
+//   encode_batch's (Truncation: the file's section, or BatchOptions'), without the overflowing
+//   windows; padding is encode_batch's, the file's padding section its default.
 //
 // Byte-level models (`clattn train --task lm` or `mlm` on a text file: include/clattn/data.h) save
 // byte_tokenizer_json() beside their weights: a BPE model without merges whose vocabulary is the
@@ -103,6 +103,21 @@ struct Padding {
   bool left = false;        // direction "Left"
   int32_t pad_id = 0, pad_type_id = 0;
 };
+// How sequences longer than max_length are cut (tokenizers' TruncationParams; the file's
+// "truncation" section, or BatchOptions'). max_length counts the template's special tokens, which
+// are always kept; the texts' tokens are cut. Strategies for a pair: longest_first shortens only
+// the longer text when the shorter fits in half, else gives each half (the odd one to the text
+// that was longer, to the second on ties); only_first / only_second cut that text alone (an Error
+// when it is too short to make room, or when only_second meets a single text). Direction: the
+// tokens cut from the end (right), or from the start (left). stride only shapes tokenizers'
+// overflowing windows, which are not returned here: it is read and kept, and cuts nothing.
+enum class TruncationStrategy { longest_first, only_first, only_second };
+struct Truncation {
+  int64_t max_length = 0;  // > 0
+  TruncationStrategy strategy = TruncationStrategy::longest_first;
+  bool left = false;       // direction "Left"
+  int64_t stride = 0;
+};
 // A batch of encodings, padded: (B, T) row-major each, T the padded length.
 struct BatchEncoding {
   int64_t B = 0, T = 0;
@@ -112,8 +127,9 @@ struct BatchEncoding {
 };
 struct BatchOptions {
   bool add_special_tokens = true, literal = false;
-  // > 0: each sequence cut to at most max_length ids, special tokens kept; a pair loses one token
-  // at a time from its longer text (the second on ties): tokenizers' LongestFirst.
+  // How sequences are cut: unset, the file's truncation section (none without one); max_length > 0
+  // sets the length over it (over longest_first, right, when neither is given).
+  std::optional<Truncation> truncation;
   int64_t max_length = 0;
   std::optional<Padding> padding;  // unset: the file's padding section, else the longest, right, id 0
   int threads = 0;                 // 0: every OpenMP thread (texts are split over them)
@@ -148,8 +164,10 @@ class Tokenizer {
   // and special-tokens masks.
   BatchEncoding encode_batch(std::span<const std::string> texts, std::span<const std::string> pairs = {},
                              const BatchOptions& opt = {}) const;
-  // The file's padding section, when it has one.
+  // The file's padding and truncation sections, when it has them. encoding() and encode_batch
+  // apply the truncation section (as tokenizers' encode does); encode(text, ...) does not.
   const std::optional<Padding>& padding() const;
+  const std::optional<Truncation>& truncation() const;
   // The id of a vocabulary or added token's string, -1 when there is none.
   int32_t token_to_id(std::string_view token) const;
   // Text of a whole sequence: special tokens skipped (unless skip_special_tokens is false), then the

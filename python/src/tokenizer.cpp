@@ -16,6 +16,17 @@
 namespace clattn::py {
 
 namespace {
+const char* strategy_name(TruncationStrategy s) {
+  return s == TruncationStrategy::only_first ? "only_first" : s == TruncationStrategy::only_second ? "only_second" : "longest_first";
+}
+TruncationStrategy parse_strategy(const std::string& s) {
+  for (const TruncationStrategy t : {TruncationStrategy::longest_first, TruncationStrategy::only_first, TruncationStrategy::only_second})
+    if (s == strategy_name(t)) return t;
+  throw pb::value_error("truncation_strategy must be 'longest_first', 'only_first' or 'only_second', got '" + s + "'");
+}
+}  // namespace
+
+namespace {
 
 template <class F>
 auto value_errors(F&& f) {
@@ -116,15 +127,39 @@ void bind_tokenizer(pb::module_& m) {
              d["pad_type_id"] = p.pad_type_id;
              return d;
            }, "The file's padding section as a dict, or None")
+      .def_property_readonly("truncation", [](const Tokenizer& t) -> pb::object {
+             if (!t.truncation()) return pb::none();
+             const Truncation& r = *t.truncation();
+             pb::dict d;
+             d["max_length"] = r.max_length;
+             d["strategy"] = strategy_name(r.strategy);
+             d["direction"] = r.left ? "left" : "right";
+             d["stride"] = r.stride;
+             return d;
+           }, "The file's truncation section as a dict, or None")
       .def("encode_batch", [](const Tokenizer& t, const std::vector<std::string>& texts,
                               std::optional<std::vector<std::string>> pairs, bool add_special_tokens, bool literal,
                               int64_t max_length, std::optional<int64_t> length, std::optional<int64_t> multiple_of,
-                              std::optional<std::string> side, std::optional<int32_t> pad_id, int threads) {
+                              std::optional<std::string> side, std::optional<int32_t> pad_id, int threads,
+                              std::optional<std::string> strategy, std::optional<std::string> truncation_side) {
              BatchOptions o;
              o.add_special_tokens = add_special_tokens;
              o.literal = literal;
              o.max_length = max_length;
              o.threads = threads;
+             if (strategy || truncation_side) {
+               Truncation r = t.truncation().value_or(Truncation{});
+               if (strategy) r.strategy = parse_strategy(*strategy);
+               if (truncation_side) {
+                 if (*truncation_side != "left" && *truncation_side != "right")
+                   throw pb::value_error("truncation_side must be 'left' or 'right', got '" + *truncation_side + "'");
+                 r.left = *truncation_side == "left";
+               }
+               if (r.max_length == 0 && max_length <= 0)
+                 throw pb::value_error("encode_batch: truncation_strategy and truncation_side need max_length (the "
+                                       "file has no truncation section)");
+               o.truncation = r;
+             }
              if (length || multiple_of || side || pad_id) {
                Padding p = t.padding().value_or(Padding{});
                if (length) p.length = *length;
@@ -162,10 +197,12 @@ void bind_tokenizer(pb::module_& m) {
            }, pb::arg("texts"), pb::arg("pairs") = pb::none(), pb::kw_only(), pb::arg("add_special_tokens") = true,
            pb::arg("literal") = false, pb::arg("max_length") = 0, pb::arg("length") = pb::none(),
            pb::arg("pad_to_multiple_of") = pb::none(), pb::arg("padding_side") = pb::none(),
-           pb::arg("pad_id") = pb::none(), pb::arg("threads") = 0,
+           pb::arg("pad_id") = pb::none(), pb::arg("threads") = 0, pb::arg("truncation_strategy") = pb::none(),
+           pb::arg("truncation_side") = pb::none(),
            "Encode a batch as tokenizers' encode_batch, padded: {'input_ids', 'attention_mask', 'token_type_ids', "
-           "'special_tokens_mask'} (B, T) int32, 'lengths' (B,), 'truncated' (a count). max_length > 0 cuts each "
-           "sequence (a pair: LongestFirst), special tokens kept. Padding: the file's padding section, overridden "
+           "'special_tokens_mask'} (B, T) int32, 'lengths' (B,), 'truncated' (a count). Truncation: the file's "
+           "section, max_length > 0 setting its length (special tokens kept), truncation_strategy ('longest_first', "
+           "'only_first', 'only_second') and truncation_side ('right', 'left') its others. Padding: the file's padding section, overridden "
            "by length (fixed), pad_to_multiple_of, padding_side and pad_id; else to the longest, right, id 0. "
            "Texts are split over `threads` (0: clattn's thread count)")
       .def("__len__", &Tokenizer::vocab_size)

@@ -2,6 +2,7 @@
 multiple, left, the file's section), truncation (LongestFirst for pairs), vocabulary lookups; on
 the real bert-base-uncased and gpt2 files. Expected values are derived here from single-text
 encodings and the rules, independently of the batch code."""
+import itertools
 import json
 import shutil
 import time
@@ -19,7 +20,29 @@ def bert():
     return clattn.Tokenizer(data_dir() / "tokenizers" / "bert-base-uncased" / "tokenizer.json")
 
 
-def expected(tok, texts, pairs=None, max_length=0, length=0, multiple=0, left=False, pad_id=0):
+def cut(a, b, budget, pair, strategy="longest_first", left=False):
+    """tokenizers' truncate_encodings: the texts' tokens a and b kept within budget."""
+    if len(a) + len(b) <= budget:
+        return a, b
+    if strategy == "longest_first" and not pair:
+        na, nb = budget, 0
+    elif strategy == "longest_first":
+        if 2 * min(len(a), len(b)) <= budget:  # the shorter whole, the longer the rest
+            na, nb = (len(a), budget - len(a)) if len(a) <= len(b) else (budget - len(b), len(b))
+        else:  # half each; the odd one to the longer, the second on ties
+            half = budget // 2
+            na, nb = (budget - half, half) if len(a) > len(b) else (half, budget - half)
+    else:
+        excess = len(a) + len(b) - budget
+        if len(a if strategy == "only_first" else b) <= excess:
+            raise ValueError("too short")  # tokenizers: SequenceTooShort
+        na, nb = (len(a) - excess, len(b)) if strategy == "only_first" else (len(a), len(b) - excess)
+    keep = (lambda x, n: x[len(x) - n:] if n else []) if left else (lambda x, n: x[:n])
+    return keep(a, na), keep(b, nb)
+
+
+def expected(tok, texts, pairs=None, max_length=0, length=0, multiple=0, left=False, pad_id=0,
+             strategy="longest_first", cut_left=False):
     """The batch from encoding() of each text and the documented rules."""
     n_special = len(tok.encode("", None if pairs is None else ""))
     rows = []
@@ -28,11 +51,7 @@ def expected(tok, texts, pairs=None, max_length=0, length=0, multiple=0, left=Fa
         a = list(tok.encode(t, add_special_tokens=False))
         b = [] if p is None else list(tok.encode(p, add_special_tokens=False))
         if max_length:
-            while len(a) + len(b) > max_length - n_special:
-                if len(a) > len(b):
-                    a.pop()
-                else:
-                    b.pop()
+            a, b = cut(a, b, max_length - n_special, p is not None, strategy, cut_left)
         # the template around the kept tokens, from the specials-only encoding
         full, types = tok.encoding(t, p)
         head = list(tok.encode("", None if p is None else "", add_special_tokens=True))
@@ -84,13 +103,31 @@ def test_truncation_keeps_the_special_tokens_and_cuts_pairs_longest_first():
     assert list(got["token_type_ids"][0]) == [0, 0, 0, 0, 0, 1, 1]
     assert list(got["special_tokens_mask"][0]) == [1, 0, 0, 0, 1, 0, 1] and got["truncated"] == 1
     pairs = ["hello there my friend", "x", "", "y z", "a b c d e f"]
+    cuts = 0
     for m in (6, 9, 12):
         same(tok.encode_batch(TEXTS, pairs, max_length=m), expected(tok, TEXTS, pairs, max_length=m))
         got = tok.encode_batch(TEXTS, max_length=m)
         same(got, expected(tok, TEXTS, max_length=m))
         assert got["input_ids"].shape[1] <= m
+        for strategy, side, (a, b) in itertools.product(("only_first", "only_second"), ("left", "right"),
+                                                       ((TEXTS, pairs), (pairs, TEXTS))):
+            kw = dict(max_length=m + 6, truncation_strategy=strategy, truncation_side=side)
+            try:
+                want = expected(tok, a, b, max_length=m + 6, strategy=strategy, cut_left=side == "left")
+            except ValueError:  # a text too short to make the room
+                with pytest.raises(ValueError, match="too short"):
+                    tok.encode_batch(a, b, **kw)
+                continue
+            same(tok.encode_batch(a, b, **kw), want)
+            cuts += 1
+        same(tok.encode_batch(TEXTS, max_length=m, truncation_side="left"), expected(tok, TEXTS, max_length=m, cut_left=True))
+    assert cuts == 12  # only_first on (texts, pairs), only_second on (pairs, texts): both sides, 3 lengths
     with pytest.raises(ValueError, match="leaves no room"):
         tok.encode_batch(TEXTS, max_length=2)
+    with pytest.raises(ValueError, match="only_second needs a text pair"):
+        tok.encode_batch(["a b c d e f g"], max_length=5, truncation_strategy="only_second")
+    with pytest.raises(ValueError, match="need max_length"):
+        tok.encode_batch(TEXTS, truncation_side="left")
     with pytest.raises(ValueError, match="one pair per text"):
         tok.encode_batch(TEXTS, ["x"])
     with pytest.raises(ValueError, match="longer than the fixed padding length"):
@@ -138,3 +175,19 @@ def test_batch_encoding_of_tiny_shakespeare_lines_equals_single_texts_and_report
         assert list(got["input_ids"][i, :n]) == list(singles[i])
     print(f"\nencode_batch of {len(lines)} lines: {(t1 - t0) / (t2 - t1):.2f}x the single-text loop "
           f"({t1 - t0:.3f} s vs {t2 - t1:.3f} s, 2 threads)")
+
+
+def test_the_files_truncation_section_is_honoured(tmp_path):
+    src = data_dir() / "tokenizers" / "bert-base-uncased"
+    j = json.loads((src / "tokenizer.json").read_text())
+    j["truncation"] = {"direction": "Left", "max_length": 6, "strategy": "LongestFirst", "stride": 0}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(j))
+    shutil.copy(src / "tokenizer_config.json", tmp_path / "tokenizer_config.json")
+    tok = clattn.Tokenizer(tmp_path / "tokenizer.json")
+    assert tok.truncation == {"max_length": 6, "strategy": "longest_first", "direction": "left", "stride": 0}
+    plain = bert()  # the rules read untruncated encodings: tok's own encode() applies its section
+    assert plain.truncation is None
+    same(tok.encode_batch(TEXTS), expected(plain, TEXTS, max_length=6, cut_left=True))
+    same(tok.encode_batch(TEXTS, max_length=9, truncation_side="right"), expected(plain, TEXTS, max_length=9))
+    body = list(plain.encode(TEXTS[3], add_special_tokens=False))
+    assert list(tok.encode(TEXTS[3])) == [101] + body[-4:] + [102]  # encode applies it, as tokenizers' does

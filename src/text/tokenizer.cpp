@@ -100,6 +100,31 @@ void Tokenizer::Impl::load_padding(const json& p) {
   padding = pd;
 }
 
+void Tokenizer::Impl::load_truncation(const json& t) {
+  if (!t.is_object()) bad("truncation must be an object or null");
+  Truncation tr;
+  const json* m = opt(t, "max_length");
+  if (!m || !m->is_number_integer() || m->get<int64_t>() < 1 || m->get<int64_t>() >= int64_t{1} << 31)
+    bad("truncation.max_length must be an integer >= 1");
+  tr.max_length = m->get<int64_t>();
+  if (const json* s = opt(t, "strategy")) {
+    if (*s == "LongestFirst") tr.strategy = TruncationStrategy::longest_first;
+    else if (*s == "OnlyFirst") tr.strategy = TruncationStrategy::only_first;
+    else if (*s == "OnlySecond") tr.strategy = TruncationStrategy::only_second;
+    else bad("truncation.strategy must be \"LongestFirst\", \"OnlyFirst\" or \"OnlySecond\", got ", s->dump());
+  }
+  if (const json* d = opt(t, "direction")) {
+    if (!d->is_string() || (*d != "Right" && *d != "Left")) bad("truncation.direction must be \"Right\" or \"Left\"");
+    tr.left = *d == "Left";
+  }
+  if (const json* st = opt(t, "stride")) {
+    if (!st->is_number_integer() || st->get<int64_t>() < 0 || st->get<int64_t>() >= tr.max_length)
+      bad("truncation.stride must be an integer in [0, max_length)");
+    tr.stride = st->get<int64_t>();
+  }
+  truncation = tr;
+}
+
 void Tokenizer::Impl::load(const json& root) {
   if (!root.is_object()) bad("the top level must be a JSON object, not ", root.type_name());
   const json* model = opt(root, "model");
@@ -108,7 +133,6 @@ void Tokenizer::Impl::load(const json& root) {
   load_model(*model);
   if (const json* a = opt(root, "added_tokens")) load_added(*a);
   if (const json* p = opt(root, "pre_tokenizer")) load_pre(*p);
-  if (opt(root, "truncation")) bad("truncation is not supported (only null)");
   if (const json* n = opt(root, "normalizer")) load_steps(*n, "normalizer", true);
   if (const json* d = opt(root, "decoder")) {
     load_steps(*d, "decoder", false);
@@ -116,6 +140,7 @@ void Tokenizer::Impl::load(const json& root) {
   }
   if (const json* p = opt(root, "post_processor")) load_post(*p);
   if (const json* p = opt(root, "padding")) load_padding(*p);
+  if (const json* t = opt(root, "truncation")) load_truncation(*t);
   check_growth(normalizer, "normalizer");
   check_growth(decoder, "decoder");
 
@@ -769,6 +794,7 @@ bool Tokenizer::is_bytes() const {
 
 int32_t Tokenizer::bos_id() const { return impl_->bos; }
 const std::optional<Padding>& Tokenizer::padding() const { return impl_->padding; }
+const std::optional<Truncation>& Tokenizer::truncation() const { return impl_->truncation; }
 int32_t Tokenizer::token_to_id(std::string_view token) const {
   const auto it = impl_->ids.find(token);
   return it == impl_->ids.end() ? -1 : it->second;

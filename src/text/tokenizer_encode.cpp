@@ -292,7 +292,46 @@ Encoding Tokenizer::encoding(std::string_view text, std::optional<std::string_vi
   std::vector<int32_t> seq[2];
   t.tokenize(text, literal, seq[0]);
   if (pair) t.tokenize(*pair, literal, seq[1]);
+  if (t.truncation) t.truncate(seq, pair.has_value(), *t.truncation, add_special_tokens ? t.special_count(pair.has_value()) : 0);
   return t.assemble(seq, pair.has_value(), add_special_tokens);
+}
+
+bool Tokenizer::Impl::truncate(std::vector<int32_t> (&seq)[2], bool pair, const Truncation& tr, int64_t special) const {
+  check(tr.max_length > special, "tokenizer ", name, ": max_length ", tr.max_length,
+        " leaves no room for text beside the ", special, " special tokens");
+  const size_t budget = static_cast<size_t>(tr.max_length - special);
+  size_t n[2] = {seq[0].size(), pair ? seq[1].size() : 0};
+  if (n[0] + n[1] <= budget) return false;
+  const size_t excess = n[0] + n[1] - budget;
+  if (tr.strategy == TruncationStrategy::longest_first) {
+    if (!pair) {
+      n[0] = budget;
+    } else {
+      // The shorter text is kept whole when the longer can make all the room; otherwise each gets
+      // half the budget, the odd token going to the text that was longer (the second on ties).
+      const int shorter = n[0] > n[1] ? 1 : 0;
+      size_t a = n[shorter], b = a > budget ? a : std::max(a, budget - a);
+      if (a + b > budget) {
+        a = budget / 2;
+        b = a + budget % 2;
+      }
+      n[shorter] = a;
+      n[1 - shorter] = b;
+    }
+  } else {
+    const int k = tr.strategy == TruncationStrategy::only_first ? 0 : 1;
+    check(k == 0 || pair, "tokenizer ", name, ": truncation only_second needs a text pair");
+    check(n[k] > excess, "tokenizer ", name, ": truncation ", k ? "only_second" : "only_first", " must cut ", excess,
+          " tokens from a text of ", n[k], ": it is too short to make max_length ", tr.max_length);
+    n[k] -= excess;
+  }
+  for (int k = 0; k < (pair ? 2 : 1); ++k) {
+    std::vector<int32_t>& v = seq[k];
+    const size_t keep = std::min(n[k], v.size());
+    if (tr.left) v.erase(v.begin(), v.end() - static_cast<std::ptrdiff_t>(keep));
+    else v.resize(keep);
+  }
+  return true;
 }
 
 Encoding Tokenizer::Impl::assemble(const std::vector<int32_t> (&seq)[2], bool pair, bool add_special_tokens) const {
@@ -331,8 +370,12 @@ BatchEncoding Tokenizer::encode_batch(std::span<const std::string> texts, std::s
   check(opt.max_length >= 0, "tokenizer ", t.name, ": max_length must be >= 0 (0: no truncation), got ", opt.max_length);
   const bool pair = !pairs.empty();
   const int64_t special = opt.add_special_tokens ? t.special_count(pair) : 0;
-  check(opt.max_length == 0 || opt.max_length > special, "tokenizer ", t.name, ": max_length ", opt.max_length,
-        " leaves no room for text beside the ", special, " special tokens");
+  std::optional<Truncation> tr = opt.truncation ? opt.truncation : t.truncation;
+  if (opt.max_length > 0) {
+    if (!tr) tr = Truncation{};
+    tr->max_length = opt.max_length;
+  }
+
   const int64_t B = static_cast<int64_t>(texts.size());
   std::vector<Encoding> enc(static_cast<size_t>(B));
   std::vector<uint8_t> cut(static_cast<size_t>(B), 0);
@@ -346,15 +389,7 @@ BatchEncoding Tokenizer::encode_batch(std::span<const std::string> texts, std::s
       t.check_utf8(pairs[u], "pair text");
       t.tokenize(pairs[u], opt.literal, seq[1]);
     }
-    if (opt.max_length > 0) {
-      // LongestFirst: one token at a time from the longer text, the second on ties.
-      size_t n0 = seq[0].size(), n1 = seq[1].size();
-      const size_t budget = static_cast<size_t>(opt.max_length - special);
-      cut[u] = n0 + n1 > budget;
-      while (n0 + n1 > budget) (n0 > n1 ? n0 : n1) -= 1;
-      seq[0].resize(n0);
-      seq[1].resize(n1);
-    }
+    if (tr) cut[u] = t.truncate(seq, pair, *tr, special);
     enc[u] = t.assemble(seq, pair, opt.add_special_tokens);
   };
   const int team = opt.threads > 0 ? opt.threads : max_threads();

@@ -29,6 +29,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
 using Ids = std::vector<int32_t>;
 using testing::data_dir;
 using testing::read_file;
@@ -170,6 +171,86 @@ TEST_F(Bert, EncodeBatchPadsAndMasks) {
   EXPECT_EQ(c.truncated, 1);
   EXPECT_EQ(tok_->token_to_id("[MASK]"), 103);
   EXPECT_EQ(tok_->token_to_id("not a token"), -1);
+}
+
+// The lengths tokenizers' truncate_encodings gives a pair at max_length 7 (its own unit test:
+// texts of 0, 2, 4 and 8 tokens), on the byte tokenizer (one token a byte, no special tokens).
+TEST(Truncation, PairLengthsAsTokenizers) {
+  const Tokenizer t = Tokenizer::bytes();
+  const std::map<int, std::string> text{{0, ""}, {2, "ab"}, {4, "cdef"}, {8, "ghijklmn"}};
+  // {first, second} -> {first kept, second kept}
+  const std::map<std::pair<int, int>, std::pair<int, int>> want{
+      {{0, 0}, {0, 0}}, {{0, 2}, {0, 2}}, {{0, 4}, {0, 4}}, {{0, 8}, {0, 7}}, {{2, 0}, {2, 0}}, {{2, 2}, {2, 2}},
+      {{2, 4}, {2, 4}}, {{2, 8}, {2, 5}}, {{4, 0}, {4, 0}}, {{4, 2}, {4, 2}}, {{4, 4}, {3, 4}}, {{4, 8}, {3, 4}},
+      {{8, 0}, {7, 0}}, {{8, 2}, {5, 2}}, {{8, 4}, {4, 3}}, {{8, 8}, {3, 4}}};
+  BatchOptions o;
+  o.max_length = 7;
+  for (const auto& [in, kept] : want) {
+    const std::vector<std::string> a{text.at(in.first)}, b{text.at(in.second)};
+    const BatchEncoding e = t.encode_batch(a, b, o);
+    int n0 = 0, n1 = 0;
+    for (int64_t i = 0; i < e.lengths[0]; ++i) (e.type_ids[static_cast<size_t>(i)] ? n1 : n0) += 1;
+    EXPECT_EQ(std::make_pair(n0, n1), kept) << in.first << " + " << in.second;
+    EXPECT_EQ(e.truncated, in.first + in.second > 7 ? 1 : 0);
+  }
+}
+
+// Strategies and direction: only_first / only_second cut that text alone, left cuts from the start.
+TEST(Truncation, StrategiesAndDirection) {
+  const Tokenizer t = Tokenizer::bytes();
+  const auto run = [&](std::string a, std::string b, Truncation tr) {
+    BatchOptions o;
+    o.truncation = tr;
+    const bool single = b.empty();
+    const std::vector<std::string> x{std::move(a)}, y{std::move(b)};
+    const BatchEncoding e = single ? t.encode_batch(x, {}, o) : t.encode_batch(x, y, o);
+    return std::string(e.ids.begin(), e.ids.begin() + e.lengths[0]);
+  };
+  EXPECT_EQ(run("abcdefgh", "", {.max_length = 5}), "abcde");
+  EXPECT_EQ(run("abcdefgh", "", {.max_length = 5, .left = true}), "defgh");
+  EXPECT_EQ(run("abcdef", "xyz", {.max_length = 5, .strategy = TruncationStrategy::only_first}), "abxyz");
+  EXPECT_EQ(run("abc", "uvwxyz", {.max_length = 5, .strategy = TruncationStrategy::only_second}), "abcuv");
+  EXPECT_EQ(run("abc", "uvwxyz", {.max_length = 5, .strategy = TruncationStrategy::only_second, .left = true}), "abcyz");
+  EXPECT_EQ(run("abcdef", "uvwxyz", {.max_length = 7, .left = true}), "defwxyz");  // 3 + 4, the tails
+  // only_first cannot make room from a text of 2 when 4 must go; only_second needs a pair.
+  EXPECT_THAT([&] { run("ab", "uvwxyz", {.max_length = 4, .strategy = TruncationStrategy::only_first}); },
+              ThrowsMessage<Error>(HasSubstr("only_first must cut 4 tokens from a text of 2")));
+  BatchOptions o;
+  o.truncation = Truncation{.max_length = 3, .strategy = TruncationStrategy::only_second};
+  const std::vector<std::string> one{"abcdef"};
+  EXPECT_THAT([&] { t.encode_batch(one, {}, o); }, ThrowsMessage<Error>(HasSubstr("only_second needs a text pair")));
+}
+
+// The file's truncation section: read, applied by encoding() and encode_batch as tokenizers'
+// encode applies it, max_length overriding its length; bad sections are named.
+TEST_F(Bert, TheFilesTruncationSectionIsHonoured) {
+  std::ifstream in(path_);
+  json j = json::parse(in);
+  j["truncation"] = {{"direction", "Left"}, {"max_length", 5}, {"strategy", "LongestFirst"}, {"stride", 2}};
+  const Tokenizer t = Tokenizer::from_json(j.dump(), "truncating.json");
+  ASSERT_TRUE(t.truncation().has_value());
+  EXPECT_EQ(t.truncation()->max_length, 5);
+  EXPECT_TRUE(t.truncation()->left);
+  EXPECT_EQ(t.truncation()->stride, 2);
+  // i like strawberries = 1045 2066 13137 20968: the last 3 beside [CLS] [SEP].
+  EXPECT_THAT(t.encoding("i like strawberries").ids, ElementsAreArray(Ids{101, 2066, 13137, 20968, 102}));
+  const std::vector<std::string> texts{"i like strawberries", "hello"};
+  const BatchEncoding b = t.encode_batch(texts);
+  EXPECT_THAT(b.ids, ElementsAreArray(Ids{101, 2066, 13137, 20968, 102, 101, 7592, 102, 0, 0}));
+  EXPECT_EQ(b.truncated, 1);
+  BatchOptions o;
+  o.max_length = 4;  // the length over the section, still from the left
+  EXPECT_THAT(t.encode_batch(texts, {}, o).ids, ElementsAreArray(Ids{101, 13137, 20968, 102, 101, 7592, 102, 0}));
+  EXPECT_THAT(t.encode("i like strawberries"), ElementsAreArray(Ids{101, 1045, 2066, 13137, 20968, 102}));  // not cut
+  for (const auto& [bad, why] : std::vector<std::pair<json, std::string>>{
+           {{{"max_length", 0}}, "truncation.max_length must be an integer >= 1"},
+           {{{"max_length", 8}, {"strategy", "Shortest"}}, "truncation.strategy must be"},
+           {{{"max_length", 8}, {"direction", "Up"}}, "truncation.direction must be"},
+           {{{"max_length", 8}, {"stride", 8}}, "truncation.stride must be an integer in [0, max_length)"},
+           {json::array(), "truncation must be an object or null"}}) {
+    j["truncation"] = bad;
+    EXPECT_THAT([&] { Tokenizer::from_json(j.dump(), "bad.json"); }, ThrowsMessage<Error>(HasSubstr(why))) << bad.dump();
+  }
 }
 
 TEST_F(Bert, HandDerived) {
