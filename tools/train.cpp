@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -32,17 +31,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-std::string duration(double s) {
-  char buf[32];
-  if (s < 60) std::snprintf(buf, sizeof buf, "%.0fs", s);
-  else if (s < 3600) std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
-  else std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s) / 3600, static_cast<int>(s) / 60 % 60);
-  return buf;
-}
 
 struct TrainCli {
   TrainOptions o;
@@ -121,32 +109,15 @@ void run_train(TrainCli cl) {
                                          std::to_string(comm.size() / o.sequence_ranks) + " data-parallel groups)").c_str()
                                       : "");
 
-  const bool tty = ::isatty(STDERR_FILENO) != 0;
-  const auto run_t0 = Clock::now();
-  auto last_print = Clock::now() - std::chrono::seconds(10);
-  tr.on_step = [&](const StepReport& r) {
-    const double since = seconds_since(last_print);
-    if (since >= (tty ? 0.2 : 1.0) || r.step == o.steps || r.step == tr.start_step() + 1) {
-      last_print = Clock::now();
-      const double rate = static_cast<double>(r.step - tr.start_step()) / std::max(seconds_since(run_t0), 1e-9);
-      double eta = static_cast<double>(o.steps - r.step) / std::max(rate, 1e-9);
-      if (o.time_budget > 0) eta = std::min(eta, std::max(0.0, o.time_budget - tr.elapsed_s()));
-      std::fprintf(stderr, "%sstep %lld/%lld  loss %.4f  lr %.2e  %.2f steps/s  ETA %s%s", tty ? "\r\033[K" : "",
-                   static_cast<long long>(r.step), static_cast<long long>(o.steps), r.loss, r.lr, rate,
-                   duration(eta).c_str(), tty ? "" : "\n");
-      std::fflush(stderr);
-    }
+  TrainReport report(tr, ::isatty(STDERR_FILENO) != 0);
+  auto put = [](const std::string& text) {
+    std::fputs(text.c_str(), stderr);
+    std::fflush(stderr);
   };
-  tr.on_eval = [&](const EvalReport& e) {
-    std::fprintf(stderr, "%seval at step %lld: loss %.4f, %s %.4f%s (%lld examples, %.1f s)\n", tty ? "\r\033[K" : "",
-                 static_cast<long long>(e.step), e.result.loss, tr.metric().c_str(), e.result.metric,
-                 e.improved ? " (best)" : "", static_cast<long long>(e.result.examples), e.result.seconds);
-  };
+  tr.on_step = [&](const StepReport& r) { put(report.step(r)); };
+  tr.on_eval = [&](const EvalReport& e) { put(report.eval(e)); };
   const std::string stop = tr.run();
-  if (stop == "time_budget")
-    std::fprintf(stderr, "%strain: time budget of %.1f s reached after %lld steps\n", tty ? "\r\033[K" : "",
-                 o.time_budget, static_cast<long long>(tr.steps_done()));
-  if (tty) std::fputs("\n", stderr);
+  put(report.finish(stop));
   std::printf("trained %lld steps (%s) in %.1f s of training; best %s %.4f at step %lld%s%s\n",
               static_cast<long long>(tr.steps_done()), stop.c_str(), tr.elapsed_s(), tr.metric().c_str(), tr.best_metric(),
               static_cast<long long>(tr.best_step()), o.checkpoint.empty() ? "" : "; checkpoints in ",

@@ -279,4 +279,24 @@ class Trainer {
   bool resumed_ = false, begun_ = false;
 };
 
+// The live report of a run, as `clattn train` prints it on stderr and Python's Trainer by default:
+//   step 120/400  loss 1.2345  lr 3.00e-04  4.10 steps/s  ETA 1m08s
+//   eval at step 200: loss 1.1000, accuracy 0.6120 (best) (512 examples, 1.3 s)
+// A step line at most every 0.2 s when `live` (a terminal: each line rewrites the last in place)
+// or every 1 s otherwise, the run's first and last steps always; a line per evaluation, and one
+// when the time budget stops the run. The rate and ETA count from this object's construction:
+// make it just before run(). Each call returns the text to write, "" when nothing is due, so the
+// caller writes it where its output goes (stderr, Python's sys.stderr).
+class TrainReport {
+ public:
+  TrainReport(const Trainer& t, bool live);
+  std::string step(const StepReport& r);
+  std::string eval(const EvalReport& e) const;
+  std::string finish(const std::string& stop) const;  // after run() returned `stop`
+ private:
+  const Trainer& t_;
+  bool live_;
+  double t0_, last_ = -1e9;  // seconds on a steady clock: the run's start, the last step line
+};
+
 }  // namespace clattn

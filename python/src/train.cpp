@@ -48,18 +48,31 @@ pb::dict eval_dict(const EvalReport& r, const std::string& metric) {
 struct PyTrainer {
   std::unique_ptr<Trainer> t;
   pb::object on_step = pb::none(), on_eval = pb::none();
+  bool progress = true;
   std::mutex mu;
 };
 
+// Writes text to Python's sys.stderr (a notebook's, a redirected one), with the GIL held.
+void to_stderr(const std::string& text) {
+  if (text.empty()) return;
+  const pb::object err = pb::module_::import("sys").attr("stderr");
+  if (err.is_none()) return;
+  err.attr("write")(text);
+  err.attr("flush")();
+}
+
 // Runs f with the GIL released and the trainer's mutex held; the callbacks take the GIL back.
+// `report` (run() with progress on) prints the command line's live report to sys.stderr.
 template <class F>
-auto run_locked(PyTrainer& p, F&& f) {
-  p.t->on_step = [&p](const StepReport& r) {
+auto run_locked(PyTrainer& p, F&& f, TrainReport* report = nullptr) {
+  p.t->on_step = [&p, report](const StepReport& r) {
     pb::gil_scoped_acquire gil;
+    if (report) to_stderr(report->step(r));
     if (!p.on_step.is_none()) p.on_step(step_dict(r));
   };
-  p.t->on_eval = [&p](const EvalReport& r) {
+  p.t->on_eval = [&p, report](const EvalReport& r) {
     pb::gil_scoped_acquire gil;
+    if (report) to_stderr(report->eval(r));
     if (!p.on_eval.is_none()) p.on_eval(eval_dict(r, p.t->metric()));
   };
   pb::gil_scoped_release nogil;
@@ -146,9 +159,21 @@ void bind_train(pb::module_& m) {
            pb::arg("overlap") = kDefaults.overlap,
            "Trainer(task, data=..., init=checkpoint folder or '', attention='full', sizes of a fresh model, seq=0 "
            "(the task's or checkpoint's own, else 512), batch, steps, lr, ..., checkpoint='', log='', resume=False)")
-      .def("run", [](PyTrainer& p) { return run_locked(p, [&] { return p.t->run(); }); },
+      .def("run", [](PyTrainer& p) {
+             if (!p.progress) return run_locked(p, [&] { return p.t->run(); });
+             const pb::object err = pb::module_::import("sys").attr("stderr");
+             const bool live = !err.is_none() && pb::hasattr(err, "isatty") && err.attr("isatty")().cast<bool>();
+             TrainReport report(*p.t, live);
+             const std::string stop = run_locked(p, [&] { return p.t->run(); }, &report);
+             to_stderr(report.finish(stop));
+             return stop;
+           },
            "Train until `steps` or the time budget, evaluating every eval_every steps and at the end; returns "
-           "'steps' or 'time_budget'")
+           "'steps' or 'time_budget'. With `progress` (the default) it reports on sys.stderr as `clattn train` "
+           "does: step, loss, lr, steps/s and ETA about once a second (rewritten in place on a terminal), and "
+           "each evaluation")
+      .def_readwrite("progress", &PyTrainer::progress,
+                     "Whether run() reports its progress on sys.stderr (True by default, as `clattn train`)")
       .def("step", [](PyTrainer& p) {
              const StepReport r = run_locked(p, [&] { return p.t->step(); });
              return step_dict(r);

@@ -117,3 +117,22 @@ def test_evaluate_repeats_the_runs_held_out_figures(text, tmp_path, cli):
         clattn.evaluate(str(tmp_path / "none"))
     with pytest.raises(RuntimeError, match="does not fit"):
         clattn.evaluate(str(tmp_path / "run" / "latest"), task="listops")
+
+
+def test_run_reports_progress_by_default_as_the_cli(text, tmp_path, capsys):
+    clattn.set_num_threads(1)
+    t = clattn.Trainer(**options(text, tmp_path / "p"))
+    assert t.progress is True
+    t.run()
+    err = capsys.readouterr().err
+    # Not a terminal here: whole lines, the first and last step always, each evaluation.
+    assert "step 1/6  loss " in err and "step 6/6  loss " in err and " steps/s  ETA " in err, err
+    assert "eval at step 3: loss " in err and "eval at step 6: loss " in err, err
+    assert "\r" not in err
+    quiet = clattn.Trainer(**options(text, tmp_path / "q", time_budget=1e-9))
+    quiet.progress = False
+    assert quiet.run() == "time_budget"
+    assert capsys.readouterr().err == ""
+    budget = clattn.Trainer(**options(text, tmp_path / "b", time_budget=1e-9))
+    budget.run()
+    assert "train: time budget of " in capsys.readouterr().err
