@@ -24,6 +24,7 @@
 #include "clattn/train.h"
 #include "commands.h"
 #include "progress.h"
+#include "result_table.h"
 #include "version.h"
 
 namespace clattn::cli {
@@ -132,7 +133,6 @@ struct EvalArgs {
 
 void run_eval(const EvalArgs& a) {
   set_threads(checked_threads(a.threads, "eval"));
-  usage_check(a.output == "text" || a.output == "json", "eval: -o/--format must be text or json, got '", a.output, "'");
   if (a.o.batch) check_size(*a.o.batch, 1, 1 << 20, "eval: --batch");
   if (a.o.seq) check_size(*a.o.seq, 1, kMaxCount, "eval: --seq");
   check_size(a.o.eval_examples, 0, kMaxCount, "eval: --eval-examples (0: the whole held-out set)");
@@ -143,42 +143,41 @@ void run_eval(const EvalArgs& a) {
       usage_fail(e.what());
     }
   }
-  const bool text = a.output == "text";
   std::unique_ptr<Progress> progress;
+  std::unique_ptr<ResultTable> table;  // its metric column is named by the task: made at the first plan
+  auto row = [](const CheckpointEval& e, size_t i) {
+    const EvalResult& r = e.results[i];
+    return nlohmann::ordered_json{{"attention", e.plans[i]}, {"eval_loss", r.loss}, {"eval_metric", r.metric},
+                                  {"metric", e.metric},      {"examples", r.examples}, {"targets", r.targets},
+                                  {"seconds", r.seconds}};
+  };
   const CheckpointEval ev = evaluate_checkpoint(
       a.o,
       [&](const CheckpointEval& e, size_t i) {
         if (!progress) {
           progress = std::make_unique<Progress>("eval", static_cast<int64_t>(e.plans.size()));
-          if (text)
-            progress->above([&] {
-              std::printf("checkpoint %s, task %s, seq %lld\n", e.folder.c_str(), e.task.c_str(),
-                          static_cast<long long>(e.seq));
-              std::printf("%-50s %10s %14s %9s %10s\n", "attention", "loss", e.metric.c_str(), "examples", "s");
-            });
+          table = std::make_unique<ResultTable>(
+              a.output, std::vector<Column>{{"attention", "attention", "", 50, true, false, true},
+                                            {"loss", "eval_loss", "%.4f", 10},
+                                            {e.metric, "eval_metric", "%.4f", 14},
+                                            {"examples", "examples", "", 9},
+                                            {"s", "seconds", "%.2f", 10},
+                                            {"metric", "metric", "", 0, false, false, false, true},
+                                            {"targets", "targets", "", 0, false, false, false, true}});
+          progress->above([&] {
+            std::fprintf(table->preamble(), "checkpoint %s, task %s, seq %lld\n", e.folder.c_str(), e.task.c_str(),
+                         static_cast<long long>(e.seq));
+            table->header();
+          });
         }
         progress->set(static_cast<int64_t>(i), detail::concat(e.plans[i], ", batches of ", e.batch));
       },
-      [&](const CheckpointEval& e, size_t i) {
-        if (!text) return;
-        const EvalResult& r = e.results[i];
-        progress->above([&] {
-          std::printf("%-50s %10.4f %14.4f %9lld %10.2f\n", e.plans[i].c_str(), r.loss, r.metric,
-                      static_cast<long long>(r.examples), r.seconds);
-          std::fflush(stdout);
-        });
-      });
+      [&](const CheckpointEval& e, size_t i) { progress->above([&] { table->row(row(e, i)); }); });
   if (progress) progress->finish();
-  if (text) return;
-  json results = json::array();
-  for (size_t i = 0; i < ev.plans.size(); ++i) {
-    const EvalResult& r = ev.results[i];
-    results.push_back({{"attention", ev.plans[i]}, {"eval_loss", r.loss}, {"eval_metric", r.metric},
-                       {"metric", ev.metric}, {"examples", r.examples}, {"targets", r.targets},
-                       {"seconds", r.seconds}});
-  }
-  const json doc = {{"checkpoint", ev.folder}, {"task", ev.task}, {"seq", ev.seq}, {"results", results}};
-  std::printf("%s\n", doc.dump(2).c_str());
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < ev.plans.size(); ++i) results.push_back(row(ev, i));
+  if (table)
+    table->end({{"checkpoint", ev.folder}, {"task", ev.task}, {"seq", ev.seq}, {"results", results}});
 }
 
 }  // namespace
@@ -281,7 +280,7 @@ void add_eval(CLI::App& app) {
   sub->add_option_function<int64_t>("--batch", [&e](const int64_t& v) { e.batch = v; },
                                     "sequences per forward (default: the training run's, else 8)");
   sub->add_option("--eval-examples", e.eval_examples, "held-out examples (0 = all)")->capture_default_str();
-  sub->add_option("-o,--format", o->output, "what goes to stdout: text or json")->capture_default_str();
+  add_format_option(sub, o->output);
   add_threads_option(sub, o->threads, "eval");
   sub->callback([o] { run_eval(*o); });
 }

@@ -174,7 +174,11 @@ expect_exit 1 "resume with other options" "differ" "$bin" train --task mlm --dat
   --eval-every 6 --checkpoint "$dir/mlm" --resume
 expect_exit 1 "eval of nothing" "holds no checkpoint" "$bin" eval --checkpoint "$dir/none"
 expect_exit 1 "eval with the wrong task" "head does not fit" "$bin" eval --checkpoint "$dir/lm" --task mlm --data "$text"
-expect_exit 2 "eval bad output" "--format must be" "$bin" eval --checkpoint "$dir/mlm" -o xml
+expect_exit 2 "eval bad output" "--format: xml not in {text,md,csv,json,jsonl}" "$bin" eval --checkpoint "$dir/mlm" -o xml
+# The formats of every results command (ResultTable): csv's header names the row's keys.
+expect_ok "eval csv" "$bin" eval --checkpoint "$dir/mlm/latest" -o csv --threads 1
+[ "$(head -1 "$dir/out")" = "attention,eval_loss,eval_metric,examples,seconds,metric,targets" ] && \
+  grep -Eq '^full,[0-9.]+,[0-9.]+,[0-9]+,[0-9.]+,bits_per_char,[0-9]+$' "$dir/out" && ok || bad "eval -o csv: $(cat "$dir/out")"
 
 # --- the log is an output like every other: no symlink, no FIFO, never an input (a usage error, as
 # for every command's outputs), every write checked.
