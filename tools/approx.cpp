@@ -28,13 +28,14 @@
 #include "bench_util.h"
 #include "commands.h"
 #include "progress.h"
+#include "result_table.h"
 #include "version.h"
 
 namespace clattn::cli {
 namespace {
 
 struct ApproxOptions {
-  std::string model, features, tokens, text, json_out;
+  std::string model, features, tokens, text, json_out, format = "text";
   std::vector<std::string> attention, plan_files;
   int64_t seeds = 1;
   int64_t repeat = 3;
@@ -258,6 +259,8 @@ void run_approx(const ApproxOptions& o) {
   check_outputs("approx", {{"--json", o.json_out}, {"--plan-out", o.target ? o.plan_out : ""}}, inputs);
   if (o.target) {
     usage_check(o.attention.empty(), "approx: --target searches for a plan; --attention and --plan measure given ones");
+    usage_check(o.format == "text", "approx: --target prints its search as text (the plan goes to --plan-out); -o '",
+                o.format, "' is for measuring given plans");
     Workload w = load_workload(o, o.sequences);
     run_search(o, w);
     return;
@@ -319,44 +322,53 @@ void run_approx(const ApproxOptions& o) {
     check(static_cast<int64_t>(labels.size()) == full.logits.dim(0), "approx: ", labels.size(), " labels for ",
           full.logits.dim(0), " predictions");
 
-  nlohmann::json results = nlohmann::json::array();
-  std::printf("model %s, %lld predictions, full attention %.1f ms\n", o.model.c_str(),
-              static_cast<long long>(full.logits.dim(0)), full.ms);
-  std::printf("%-60s %6s %20s %10s %12s %10s %10s %8s\n", "attention", "seeds", "agreement", "accuracy", "KL",
-              "max|dlogit|", "ms", "x full");
+  // Rows: full attention's own figures (the baseline), then each plan (over its seeds: the means,
+  // agreement's range, the largest logit difference).
+  const ResultTable table(o.format, {{"attention", "spec", "", 60, true, false, true, false, "label"},
+                                     {"seeds", "seeds", "", 6},
+                                     {"agreement", "agreement", "%.4f", 20, false, false, false, false, "agreement_range"},
+                                     {"accuracy", "accuracy", "%.4f", 10},
+                                     {"KL", "kl", "%.3e", 12},
+                                     {"max|dlogit|", "max_abs_logit_diff", "%.4f", 10},
+                                     {"ms", "ms", "%.1f", 10},
+                                     {"x full", "ratio_to_full", "%.3f", 8},
+                                     {"agreement_min", "agreement_min", "%.4f", 0, false, false, false, true},
+                                     {"agreement_max", "agreement_max", "%.4f", 0, false, false, false, true}});
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();
+  std::fprintf(table.preamble(), "model %s, %lld predictions, full attention %.1f ms\n", o.model.c_str(),
+               static_cast<long long>(full.logits.dim(0)), full.ms);
+  table.header();
+  auto or_null = [](double v) { return v < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(v); };
   auto row = [&](const std::string& plan, int64_t seeds, const std::vector<Metrics>& ms) {
     auto mean = [&](auto f) { double s = 0; for (const auto& m : ms) s += f(m); return s / static_cast<double>(ms.size()); };
     auto lo_ = [&](auto f) { double s = 1e300; for (const auto& m : ms) s = std::min(s, f(m)); return s; };
     auto hi = [&](auto f) { double s = -1e300; for (const auto& m : ms) s = std::max(s, f(m)); return s; };
-    const double agr = mean([](const Metrics& m) { return m.agreement; });
-    char agrs[64];
-    if (seeds > 1)
-      std::snprintf(agrs, sizeof agrs, "%.4f [%.4f-%.4f]", agr, lo_([](const Metrics& m) { return m.agreement; }),
-                    hi([](const Metrics& m) { return m.agreement; }));
-    else
-      std::snprintf(agrs, sizeof agrs, "%.4f", agr);
-    const double acc = ms[0].accuracy < 0 ? -1 : mean([](const Metrics& m) { return m.accuracy; });
-    const double kl = mean([](const Metrics& m) { return m.kl; });
-    const double md = hi([](const Metrics& m) { return m.max_diff; });
-    const double t = mean([](const Metrics& m) { return m.ms; });
-    char accs[16];
-    if (acc < 0) std::snprintf(accs, sizeof accs, "-");
-    else std::snprintf(accs, sizeof accs, "%.4f", acc);
-    std::printf("%-60s %6lld %20s %10s %12.3e %10.4f %10.1f %8.3f\n", plan.c_str(), static_cast<long long>(seeds), agrs,
-                accs, kl, md, t, t / full.ms);
-    std::fflush(stdout);
-    results.push_back({{"spec", plan}, {"seeds", seeds}, {"agreement", agr},
-                       {"accuracy", acc < 0 ? nlohmann::json(nullptr) : nlohmann::json(acc)}, {"kl", kl},
-                       {"max_abs_logit_diff", md}, {"ms", t}, {"ratio_to_full", t / full.ms}});
+    const auto agreement = [](const Metrics& m) { return m.agreement; };
+    const double agr = mean(agreement), t = mean([](const Metrics& m) { return m.ms; });
+    nlohmann::ordered_json r = {{"spec", plan}, {"seeds", seeds}, {"agreement", agr},
+                                {"accuracy", ms[0].accuracy < 0 ? -1 : mean([](const Metrics& m) { return m.accuracy; })},
+                                {"kl", mean([](const Metrics& m) { return m.kl; })},
+                                {"max_abs_logit_diff", hi([](const Metrics& m) { return m.max_diff; })}, {"ms", t},
+                                {"ratio_to_full", t / full.ms}};
+    r["accuracy"] = or_null(r["accuracy"].get<double>());
+    if (seeds > 1) {
+      r["agreement_min"] = lo_(agreement);
+      r["agreement_max"] = hi(agreement);
+      char range[64];
+      std::snprintf(range, sizeof range, "%.4f [%.4f-%.4f]", agr, lo_(agreement), hi(agreement));
+      r["agreement_range"] = range;
+    }
+    table.row(r);
+    r.erase("agreement_range");
+    results.push_back(r);
   };
   // Full attention's own figures first: the baseline every row is measured against (its accuracy
   // is the one the approximations should keep).
+  const double full_acc = compare(full.logits, full.logits, labels).accuracy;
   progress.above([&] {
-    const Metrics self = compare(full.logits, full.logits, labels);
-    char accs[16] = "-";
-    if (self.accuracy >= 0) std::snprintf(accs, sizeof accs, "%.4f", self.accuracy);
-    std::printf("%-60s %6d %20s %10s %12.3e %10.4f %10.1f %8.3f\n", "full (baseline)", 1, "1.0000", accs, 0.0, 0.0,
-                full.ms, 1.0);
+    table.row({{"spec", "full"}, {"label", "full (baseline)"}, {"seeds", 1}, {"agreement", 1.0},
+               {"accuracy", or_null(full_acc)}, {"kl", 0.0}, {"max_abs_logit_diff", 0.0}, {"ms", full.ms},
+               {"ratio_to_full", 1.0}, {"baseline", true}});
   });
   for (size_t pi = 0; pi < o.attention.size(); ++pi) {
     const std::string& plan = o.attention[pi];
@@ -378,13 +390,11 @@ void run_approx(const ApproxOptions& o) {
     progress.above([&] { row(plan, seeds, ms); });
   }
   progress.finish();
-  if (!o.json_out.empty()) {
-    const double full_acc = compare(full.logits, full.logits, labels).accuracy;
-    const nlohmann::json baseline = {{"spec", "full"}, {"accuracy", full_acc < 0 ? nlohmann::json(nullptr) : nlohmann::json(full_acc)},
-                                     {"ms", full.ms}};
-    const nlohmann::json doc = {{"model", o.model}, {"baseline", baseline}, {"results", results}};
-    write_file_atomic(o.json_out, doc.dump(2) + "\n");
-  }
+  const nlohmann::ordered_json doc = {
+      {"model", o.model}, {"baseline", {{"spec", "full"}, {"accuracy", or_null(full_acc)}, {"ms", full.ms}}},
+      {"results", results}};
+  table.end(doc);
+  if (!o.json_out.empty()) write_file_atomic(o.json_out, doc.dump(2) + "\n");
 }
 
 // The default candidates of the plan search at the data's length n: clustered and improved-
@@ -636,6 +646,7 @@ void add_approx(CLI::App& app) {
   sub->add_option("--repeat", o->repeat, "timed forwards per plan after one warm-up; ms is their median")
       ->capture_default_str();
   sub->add_option("--json", o->json_out, "also write {\"model\", \"results\": [...]} to this file");
+  add_format_option(sub, o->format);
   add_weights_option(sub, o->weights);
   add_threads_option(sub, o->threads, "approx");
   sub->add_flag("--verbose", o->verbose, "list checkpoint tensors the model does not use");

@@ -42,6 +42,8 @@ ResultTable::ResultTable(std::string format, std::vector<Column> columns)
 }
 
 std::string ResultTable::cell(const nlohmann::ordered_json& r, const Column& c, const char* none) const {
+  if (!c.text_key.empty() && (format_ == "text" || format_ == "md"))
+    if (const auto t = r.find(c.text_key); t != r.end() && t->is_string()) return t->get<std::string>();
   const auto it = r.find(c.key);
   if (it == r.end() || it->is_null()) return none;
   if (it->is_string()) return it->get<std::string>();
@@ -110,7 +112,10 @@ void ResultTable::row(const nlohmann::ordered_json& r) const {
   } else if (format_ == "csv") {
     for (size_t i = 0; i < columns_.size(); ++i) line += (i ? "," : "") + csv_field(cell(r, columns_[i], ""));
   } else if (format_ == "jsonl") {
-    line = r.dump();
+    nlohmann::ordered_json plain = r;  // without the text forms
+    for (const Column& c : columns_)
+      if (!c.text_key.empty()) plain.erase(c.text_key);
+    line = plain.dump();
   } else {
     return;
   }

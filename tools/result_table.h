@@ -23,6 +23,9 @@ struct Column {
   bool percent = false;  // a fraction shown as "12.3%" in text and md; csv keeps it with `format`
   bool label = false;  // names the case (spec, length, mode): kept in a failed case's table row
   bool csv_only = false;
+  // text and md read this key instead when the row holds it (a mean with its range, a label with
+  // a note), csv and jsonl the plain value under `key` (jsonl rows leave the text forms out).
+  std::string text_key = "";
 };
 
 class ResultTable {

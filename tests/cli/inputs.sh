@@ -114,6 +114,13 @@ PY
   expect_ok "approx kwt baseline accuracy" t "$bin" approx --model "$data/kwt1" \
     --features "$data/kwt1/features_espeak_keywords.safetensors" --attention full --repeat 1
   grep -q "^full (baseline) .* 1.0000 *0.8700 " "$dir/out" && ok || bad "KWT-1 baseline accuracy (87 %): $(cat "$dir/out")"
+  # The -o formats of every results command: jsonl rows (the baseline marked, no text forms), csv.
+  expect_ok "approx -o jsonl" t "$bin" approx --model "$data/kwt1" \
+    --features "$data/kwt1/features_espeak_keywords.safetensors" --attention full --repeat 1 -o jsonl
+  /usr/bin/python3 -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; assert len(r)==2 and r[0]["baseline"] is True and r[0]["spec"]=="full" and "label" not in r[0] and r[1]["agreement"]==1.0 and r[1]["accuracy"]==0.87, r' \
+    "$dir/out" && ok || bad "approx -o jsonl: $(cat "$dir/out")"
+  expect_exit 2 "approx --target -o json" "--target prints its search as text" t "$bin" approx --model "$data/kwt1" \
+    --features "$data/kwt1/features_espeak_keywords.safetensors" --target 0.9 -o json
 fi
 
 # --- bench-model: a random BERT too large for memory is refused with the estimate, before building it.
