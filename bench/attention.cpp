@@ -11,7 +11,7 @@
 
 #include "clattn/attention.h"
 #include "clattn/kv_cache.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/rng.h"
 #include "clattn/tensor.h"
 

@@ -11,7 +11,7 @@
 
 #include "clattn/attention.h"
 #include "clattn/error.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/safetensors.h"
 #include "clattn/tensor.h"
 #include "fuzz_util.h"

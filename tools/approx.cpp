@@ -20,7 +20,7 @@
 #include "clattn/gemm.h"
 #include "clattn/input_file.h"
 #include "clattn/model.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/plan_search.h"
 #include "clattn/safetensors.h"
 #include "clattn/spec.h"

@@ -16,7 +16,7 @@
 #include "clattn/attention.h"
 #include "clattn/comm.h"
 #include "clattn/error.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/rng.h"
 #include "clattn/safetensors.h"
 #include "clattn/seq_parallel.h"

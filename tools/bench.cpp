@@ -25,7 +25,7 @@
 #include "clattn/attention.h"
 #include "clattn/error.h"
 #include "clattn/gemm.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/spec.h"
 #include "commands.h"
 #include "result_table.h"

@@ -29,7 +29,7 @@
 #include "clattn/error.h"
 #include "clattn/gemm.h"
 #include "clattn/model.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/rng.h"
 #include "clattn/safetensors.h"
 #include "clattn/seq_parallel.h"

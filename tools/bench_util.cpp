@@ -26,7 +26,7 @@
 #include "clattn/cpu.h"
 #include "clattn/error.h"
 #include "clattn/gemm.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/rng.h"
 
 namespace clattn::bench {

@@ -13,7 +13,7 @@
 #include "clattn/error.h"
 #include "clattn/input_file.h"
 #include "clattn/model.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/safetensors.h"
 #include "clattn/tokenizer.h"
 #include "commands.h"

@@ -10,7 +10,7 @@
 #include "clattn/cpu.h"
 #include "clattn/error.h"
 #include "clattn/model.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/tokenizer.h"
 #include "bench_util.h"
 #include "commands.h"

@@ -33,7 +33,7 @@
 #include "clattn/attention.h"
 #include "clattn/error.h"
 #include "clattn/model.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/safetensors.h"
 #include "clattn/spec.h"
 #include "commands.h"

@@ -20,7 +20,7 @@
 #include "clattn/error.h"
 #include "clattn/input_file.h"
 #include "clattn/model.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/train.h"
 #include "commands.h"
 #include "progress.h"

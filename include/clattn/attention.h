@@ -190,7 +190,7 @@ struct QueryGroups {
   std::string kind;          // what a group is: "cluster" or "chunk"; empty for a variant without groups
 };
 
-class SplitAttention;  // a variant's sequence-parallel kernels (src/parallel/split_attention.h)
+class SplitAttention;  // a variant's sequence-parallel kernels (src/sequence_split/split_attention.h)
 struct Magnitudes;     // the largest |x| of q, k, v and the bias (clattn/validate.h)
 
 // One object per spec string. It holds only its parameters: forward and backward are const, keep

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 
 namespace clattn::py {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "clattn/cpu.h"
 #include "clattn/error.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/safetensors.h"
 #include "common.h"
 

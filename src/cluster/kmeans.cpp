@@ -13,7 +13,7 @@
 #include "core/isa.h"
 
 #include "clattn/cpu.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 
 namespace clattn::cluster {
 

@@ -8,7 +8,7 @@
 #include <string_view>
 
 #include "clattn/error.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "core/ascii.h"
 
 #if defined(__x86_64__) || defined(__i386__)

@@ -19,7 +19,7 @@
 #include "clattn/error.h"
 #include "clattn/model.h"
 #include "clattn/nn.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/rng.h"
 #include "model/layer_attention.h"
 #include "model/model_impl.h"

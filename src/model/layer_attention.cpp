@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "clattn/error.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 
 namespace clattn {
 

@@ -18,7 +18,7 @@
 #include "clattn/input_file.h"
 #include "clattn/gemm.h"
 #include "clattn/nn.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/rng.h"
 #include "clattn/safetensors.h"
 #include "core/microkernel.h"

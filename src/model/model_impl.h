@@ -204,7 +204,7 @@ class ModelImpl {
   int64_t param_rows(int64_t off) const;  // first dim of the parameter at offset off
   // FLOPs of an inference call over `rows` tokens that each attend `keys` keys: 2 per parameter
   // and row (the linear layers), plus the attention's 4·heads·head_dim·keys per row and layer.
-  // Inference entry points run on threads_for_flops() of it (parallel.h): a decode step or a
+  // Inference entry points run on threads_for_flops() of it (threads.h): a decode step or a
   // short prefill stays on one thread rather than paying a team's barriers.
   double inference_flops(int64_t rows, double keys) const;
 

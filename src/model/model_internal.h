@@ -7,7 +7,7 @@
 #include <span>
 #include <string>
 
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/tensor.h"
 
 namespace clattn::model {

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "core/simd.h"
 
 namespace clattn::nn::detail {

@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "text/tokenizer_impl.h"
 #include "text/unicode.h"
 

@@ -19,7 +19,7 @@
 #include "attention/full/full.h"
 #include "clattn/attention.h"
 #include "clattn/kv_cache.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/scratch.h"
 #include "common/test_util.h"
 

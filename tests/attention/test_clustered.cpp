@@ -10,7 +10,7 @@
 #include "attention/clustered/clustered_ref.h"
 #include "attention/full/full.h"
 #include "clattn/attention.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "common/fd.h"
 #include "common/test_util.h"
 

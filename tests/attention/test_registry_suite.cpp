@@ -20,7 +20,7 @@
 #include "attention/smyrf/smyrf.h"
 #include "attention/topk/topk.h"
 #include "clattn/attention.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/rng.h"
 #include "clattn/spec.h"
 #include "core/isa.h"

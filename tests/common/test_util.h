@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "clattn/attention.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/rng.h"
 #include "clattn/tensor.h"
 #include "core/isa.h"

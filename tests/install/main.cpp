@@ -3,7 +3,7 @@
 // 0 only if every output is finite and of the expected shape.
 #include <clattn/attention.h>
 #include <clattn/gemm.h>
-#include <clattn/parallel.h>
+#include <clattn/threads.h>
 #include <clattn/tensor.h>
 #include <clattn/validate.h>
 

@@ -67,7 +67,7 @@ fi
 step install cmake --install "$build" --prefix "$prefix" || finish
 libdir=$(sed -n 's/^CMAKE_INSTALL_LIBDIR:PATH=//p' "$build/CMakeCache.txt")
 echo "      libdir: $libdir"
-for f in "$libdir/libclattn.a" include/clattn/attention.h include/clattn/parallel.h bin/clattn \
+for f in "$libdir/libclattn.a" include/clattn/attention.h include/clattn/threads.h bin/clattn \
          "$libdir/cmake/clattn/clattnConfig.cmake" "$libdir/cmake/clattn/clattnConfigVersion.cmake" \
          "$libdir/cmake/clattn/clattnTargets.cmake" "$libdir/pkgconfig/clattn.pc" share/doc/clattn/LICENSE; do
   check "installed $f" test -f "$prefix/$f"

@@ -18,7 +18,7 @@
 #include "attention/tile/gather.h"
 #include "clattn/gemm.h"
 #include "clattn/nn.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/rng.h"
 #include "core/microkernel.h"
 #include "core/simd.h"

@@ -23,7 +23,7 @@
 
 #include "clattn/error.h"
 #include "clattn/nn.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/rng.h"
 #include "common/test_util.h"
 

@@ -11,7 +11,7 @@
 
 #include "clattn/error.h"
 #include "clattn/nn.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/rng.h"
 
 namespace clattn::nn {

@@ -1,5 +1,5 @@
 // A variant that splits, defined here and nowhere else: the sequence split is a plug-in
-// (parallel/split_attention.h), so a third splitting variant needs no edit in src/parallel or in
+// (sequence_split/split_attention.h), so a third splitting variant needs no edit in src/sequence_split or in
 // another variant's folder. The variant is the mean of the values — out_i = (1/M) Σ_j v_j, a
 // softmax whose scores are all equal — whose split forward all-reduces each head's value sum and
 // whose backward all-reduces the heads' summed dout. It keeps its own state in the Context, its
@@ -18,7 +18,7 @@
 #include "clattn/validate.h"
 #include "common/test_util.h"
 #include "parallel/ranks.h"
-#include "parallel/split_attention.h"
+#include "sequence_split/split_attention.h"
 
 namespace clattn::testing {
 namespace {

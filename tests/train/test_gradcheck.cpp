@@ -40,7 +40,7 @@
 #include "clattn/attention.h"
 #include "clattn/model.h"
 #include "clattn/safetensors.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/rng.h"
 #include "clattn/train.h"
 #include "train_fixtures.h"

@@ -14,7 +14,7 @@
 #include "clattn/error.h"
 #include "clattn/gemm.h"
 #include "clattn/model.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/train.h"
 #include "common/test_util.h"
 #include "train_fixtures.h"

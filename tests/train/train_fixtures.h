@@ -8,7 +8,7 @@
 
 #include "clattn/data.h"
 #include "clattn/model.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/rng.h"
 #include "clattn/train.h"
 

@@ -23,7 +23,7 @@
 #include "attention/tile/gather.h"
 #include "attention/tile/tile_ops.h"
 #include "attention/validate.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "core/simd.h"
 
 namespace clattn::causal {

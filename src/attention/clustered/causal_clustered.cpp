@@ -72,7 +72,7 @@
 #include "attention/tile/grad_util.h"
 #include "attention/tile/tile_ops.h"
 #include "clattn/kv_cache.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 
 namespace clattn {
 

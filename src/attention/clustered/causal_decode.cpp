@@ -18,7 +18,7 @@
 #include "attention/registry.h"
 #include "attention/validate.h"
 #include "clattn/kv_cache.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 
 namespace clattn::causal {
 

@@ -20,7 +20,7 @@
 #include "attention/tile/topk_select.h"
 #include "attention/tile/grad_util.h"
 #include "attention/registry.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "core/microkernel.h"
 
 namespace clattn {

@@ -13,7 +13,7 @@
 #include "attention/registry.h"
 #include "clattn/kv_cache.h"
 #include "attention/clustered/split.h"
-#include "parallel/split_attention.h"
+#include "sequence_split/split_attention.h"
 
 namespace clattn {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "attention/clustered/clustered.h"
 #include "attention/tile/topk_select.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/rng.h"
 #include "clattn/tensor.h"
 #include "cluster/cluster.h"

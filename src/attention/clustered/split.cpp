@@ -29,9 +29,9 @@
 #include "attention/tile/topk_select.h"
 #include "attention/validate.h"
 #include "clattn/error.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "core/microkernel.h"
-#include "parallel/sp_internal.h"
+#include "sequence_split/sp_internal.h"
 #include "attention/clustered/split_kmeans.h"
 
 namespace clattn::sp {

@@ -16,10 +16,10 @@
 
 #include "attention/tile/grad_util.h"
 #include "attention/registry.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "core/microkernel.h"
 #include "core/simd.h"
-#include "parallel/split_attention.h"
+#include "sequence_split/split_attention.h"
 #include "attention/tile/tile_ops.h"
 #include "attention/work.h"
 

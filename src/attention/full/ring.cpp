@@ -20,8 +20,8 @@
 #include "attention/full/full.h"
 #include "attention/tile/tile_ops.h"
 #include "clattn/error.h"
-#include "clattn/parallel.h"
-#include "parallel/sp_internal.h"
+#include "clattn/threads.h"
+#include "sequence_split/sp_internal.h"
 
 namespace clattn::sp {
 namespace {

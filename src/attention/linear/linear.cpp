@@ -19,7 +19,7 @@
 
 #include "attention/registry.h"
 #include "attention/work.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "core/microkernel.h"
 #include "core/simd.h"
 

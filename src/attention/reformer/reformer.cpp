@@ -36,7 +36,7 @@
 #include "attention/query_groups.h"
 #include "attention/registry.h"
 #include "attention/work.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/rng.h"
 #include "cluster/cluster.h"
 #include "core/microkernel.h"

@@ -35,7 +35,7 @@
 #include "attention/tile/grad_util.h"
 #include "attention/query_groups.h"
 #include "attention/registry.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/rng.h"
 #include "core/microkernel.h"
 #include "core/simd.h"

@@ -9,7 +9,7 @@
 #include "attention/tile/grad_util.h"
 #include "attention/tile/tile_ops.h"
 #include "attention/validate.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "clattn/scratch.h"
 #include "cluster/cluster.h"
 #include "core/microkernel.h"

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <vector>
 
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 
 #include "core/microkernel.h"
 #include "core/simd.h"

@@ -1,7 +1,7 @@
 #include "attention/validate.h"
 #include "attention/tile/grad_util.h"
 
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "core/simd.h"
 
 namespace clattn {

@@ -15,7 +15,7 @@
 #include "attention/tile/grad_util.h"
 #include "attention/registry.h"
 #include "attention/work.h"
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 #include "core/microkernel.h"
 #include "core/simd.h"
 

@@ -1,5 +1,7 @@
-// OpenMP helpers. Work is split over (batch x head x tile) items; BLAS calls made inside our
-// parallel regions run single-threaded (the OpenMP build of OpenBLAS does that by itself).
+// Threads: the OpenMP helpers every kernel splits its work with inside one process (ranks of a
+// communicator are comm.h, the sequence split seq_parallel.h). Work is split over (batch x head
+// x tile) items; BLAS calls made inside our parallel regions run single-threaded (the OpenMP
+// build of OpenBLAS does that by itself).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "clattn/parallel.h"
+#include "clattn/threads.h"
 
 #include <omp.h>
 

@@ -10,8 +10,8 @@
 #include "attention/validate.h"
 #include "clattn/attention.h"
 #include "clattn/error.h"
-#include "parallel/sp_internal.h"
-#include "parallel/split_attention.h"
+#include "sequence_split/sp_internal.h"
+#include "sequence_split/split_attention.h"
 
 namespace clattn {
 
