@@ -57,8 +57,8 @@
 //   regex crate's \w also has other marks and connector punctuation), and where a single_word
 //   token is refused a shorter added token may still match at that position. Offsets are
 //   not implemented. Truncation is encode(text, add_bos, max_length), and encoding()'s and
-//   encode_batch's (Truncation: the file's section, or BatchOptions'), without the overflowing
-//   windows; padding is encode_batch's, the file's padding section its default.
+//   encode_batch's (Truncation: the file's section, or BatchOptions'), encode_batch also giving
+//   the overflowing windows; padding is encode_batch's, the file's padding section its default.
 //
 // Byte-level models (`clattn train --task lm` or `mlm` on a text file: include/clattn/data.h) save
 // byte_tokenizer_json() beside their weights: a BPE model without merges whose vocabulary is the
@@ -110,7 +110,7 @@ struct Padding {
 // that was longer, to the second on ties); only_first / only_second cut that text alone (an Error
 // when it is too short to make room, or when only_second meets a single text). Direction: the
 // tokens cut from the end (right), or from the start (left). stride only shapes tokenizers'
-// overflowing windows, which are not returned here: it is read and kept, and cuts nothing.
+// overflowing windows (BatchOptions::overflowing): neighbouring windows share `stride` tokens.
 enum class TruncationStrategy { longest_first, only_first, only_second };
 struct Truncation {
   int64_t max_length = 0;  // > 0
@@ -123,7 +123,8 @@ struct BatchEncoding {
   int64_t B = 0, T = 0;
   std::vector<int32_t> ids, type_ids, attention_mask, special_tokens_mask;
   std::vector<int32_t> lengths;  // (B) each sequence's length before padding
-  int64_t truncated = 0;         // sequences that max_length cut
+  std::vector<int32_t> sample;   // (B) the text each row encodes (several rows with overflowing)
+  int64_t truncated = 0;         // texts that truncation cut
 };
 struct BatchOptions {
   bool add_special_tokens = true, literal = false;
@@ -131,6 +132,13 @@ struct BatchOptions {
   // sets the length over it (over longest_first, right, when neither is given).
   std::optional<Truncation> truncation;
   int64_t max_length = 0;
+  // Also the rest of a cut text, as tokenizers' overflowing encodings (transformers'
+  // return_overflowing_tokens): each text's rows are the truncated sequence, then windows of the
+  // same length, each sharing Truncation::stride tokens with the one before and wrapped in the
+  // template's special tokens, until the text's other end; for a pair whose
+  // texts are both cut, every combination of their windows, in tokenizers' order. sample maps
+  // the rows to the texts.
+  bool overflowing = false;
   std::optional<Padding> padding;  // unset: the file's padding section, else the longest, right, id 0
   int threads = 0;                 // 0: every OpenMP thread (texts are split over them)
 };

@@ -141,14 +141,20 @@ void bind_tokenizer(pb::module_& m) {
                               std::optional<std::vector<std::string>> pairs, bool add_special_tokens, bool literal,
                               int64_t max_length, std::optional<int64_t> length, std::optional<int64_t> multiple_of,
                               std::optional<std::string> side, std::optional<int32_t> pad_id, int threads,
-                              std::optional<std::string> strategy, std::optional<std::string> truncation_side) {
+                              std::optional<std::string> strategy, std::optional<std::string> truncation_side,
+                              std::optional<int64_t> stride, bool overflowing) {
              BatchOptions o;
              o.add_special_tokens = add_special_tokens;
              o.literal = literal;
              o.max_length = max_length;
              o.threads = threads;
-             if (strategy || truncation_side) {
+             o.overflowing = overflowing;
+             if (strategy || truncation_side || stride) {
                Truncation r = t.truncation().value_or(Truncation{});
+               if (stride) {
+                 if (*stride < 0) throw pb::value_error("stride must be >= 0, got " + std::to_string(*stride));
+                 r.stride = *stride;
+               }
                if (strategy) r.strategy = parse_strategy(*strategy);
                if (truncation_side) {
                  if (*truncation_side != "left" && *truncation_side != "right")
@@ -156,8 +162,8 @@ void bind_tokenizer(pb::module_& m) {
                  r.left = *truncation_side == "left";
                }
                if (r.max_length == 0 && max_length <= 0)
-                 throw pb::value_error("encode_batch: truncation_strategy and truncation_side need max_length (the "
-                                       "file has no truncation section)");
+                 throw pb::value_error("encode_batch: truncation_strategy, truncation_side and stride need "
+                                       "max_length (the file has no truncation section)");
                o.truncation = r;
              }
              if (length || multiple_of || side || pad_id) {
@@ -193,16 +199,21 @@ void bind_tokenizer(pb::module_& m) {
              d["special_tokens_mask"] = arr(b.special_tokens_mask);
              d["lengths"] = pb::array_t<int32_t>(static_cast<pb::ssize_t>(b.lengths.size()), b.lengths.data());
              d["truncated"] = b.truncated;
+             if (overflowing)
+               d["overflow_to_sample_mapping"] = pb::array_t<int32_t>(static_cast<pb::ssize_t>(b.sample.size()), b.sample.data());
              return d;
            }, pb::arg("texts"), pb::arg("pairs") = pb::none(), pb::kw_only(), pb::arg("add_special_tokens") = true,
            pb::arg("literal") = false, pb::arg("max_length") = 0, pb::arg("length") = pb::none(),
            pb::arg("pad_to_multiple_of") = pb::none(), pb::arg("padding_side") = pb::none(),
            pb::arg("pad_id") = pb::none(), pb::arg("threads") = 0, pb::arg("truncation_strategy") = pb::none(),
-           pb::arg("truncation_side") = pb::none(),
+           pb::arg("truncation_side") = pb::none(), pb::arg("stride") = pb::none(),
+           pb::arg("return_overflowing_tokens") = false,
            "Encode a batch as tokenizers' encode_batch, padded: {'input_ids', 'attention_mask', 'token_type_ids', "
            "'special_tokens_mask'} (B, T) int32, 'lengths' (B,), 'truncated' (a count). Truncation: the file's "
            "section, max_length > 0 setting its length (special tokens kept), truncation_strategy ('longest_first', "
-           "'only_first', 'only_second') and truncation_side ('right', 'left') its others. Padding: the file's padding section, overridden "
+           "'only_first', 'only_second'), truncation_side ('right', 'left') and stride its others; "
+           "return_overflowing_tokens adds the rest of each cut text as more rows, windows sharing `stride` "
+           "tokens, with 'overflow_to_sample_mapping' (the text of each row). Padding: the file's padding section, overridden "
            "by length (fixed), pad_to_multiple_of, padding_side and pad_id; else to the longest, right, id 0. "
            "Texts are split over `threads` (0: clattn's thread count)")
       .def("__len__", &Tokenizer::vocab_size)

@@ -191,3 +191,41 @@ def test_the_files_truncation_section_is_honoured(tmp_path):
     same(tok.encode_batch(TEXTS, max_length=9, truncation_side="right"), expected(plain, TEXTS, max_length=9))
     body = list(plain.encode(TEXTS[3], add_special_tokens=False))
     assert list(tok.encode(TEXTS[3])) == [101] + body[-4:] + [102]  # encode applies it, as tokenizers' does
+
+
+def test_overflowing_windows_as_transformers_return_overflowing_tokens():
+    # transformers: tokenizer(texts, truncation=True, max_length=m, stride=s,
+    # return_overflowing_tokens=True): each cut text gives windows of m - 2 tokens, neighbours
+    # sharing s, each between [CLS] and [SEP]; overflow_to_sample_mapping names the text.
+    tok = bert()
+    for m, s, side in [(6, 0, "right"), (6, 2, "right"), (9, 3, "left")]:
+        got = tok.encode_batch(TEXTS, max_length=m, stride=s, truncation_side=side, return_overflowing_tokens=True)
+        want_rows, want_map = [], []
+        for i, t in enumerate(TEXTS):
+            body = list(tok.encode(t, add_special_tokens=False))
+            w = m - 2
+            if len(body) <= w:
+                spans = [(0, len(body))]
+            elif side == "right":
+                spans = []
+                for start in range(0, len(body), w - s):
+                    spans.append((start, min(start + w, len(body))))
+                    if start + w >= len(body):
+                        break
+            else:
+                spans, stop = [], len(body)
+                while True:
+                    spans.append((max(0, stop - w), stop))
+                    if stop <= w:
+                        break
+                    stop -= w - s
+            for a, b in spans:
+                want_rows.append([101] + body[a:b] + [102])
+                want_map.append(i)
+        assert list(got["overflow_to_sample_mapping"]) == want_map, (m, s, side)
+        rows = [list(r[:n]) for r, n in zip(got["input_ids"], got["lengths"])]
+        assert rows == want_rows, (m, s, side)
+        assert got["truncated"] == sum(len(tok.encode(t, add_special_tokens=False)) > m - 2 for t in TEXTS)
+    assert "overflow_to_sample_mapping" not in tok.encode_batch(TEXTS, max_length=6)
+    with pytest.raises(ValueError, match="stride 4 must be below the 4 tokens"):
+        tok.encode_batch(TEXTS, max_length=6, stride=4, return_overflowing_tokens=True)

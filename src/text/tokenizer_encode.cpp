@@ -292,16 +292,47 @@ Encoding Tokenizer::encoding(std::string_view text, std::optional<std::string_vi
   std::vector<int32_t> seq[2];
   t.tokenize(text, literal, seq[0]);
   if (pair) t.tokenize(*pair, literal, seq[1]);
-  if (t.truncation) t.truncate(seq, pair.has_value(), *t.truncation, add_special_tokens ? t.special_count(pair.has_value()) : 0);
+  if (t.truncation) {
+    auto cut = t.truncate(seq, pair.has_value(), *t.truncation, add_special_tokens ? t.special_count(pair.has_value()) : 0, false);
+    seq[0] = std::move(cut[0][0]);
+    seq[1] = std::move(cut[0][1]);
+  }
   return t.assemble(seq, pair.has_value(), add_special_tokens);
 }
 
-bool Tokenizer::Impl::truncate(std::vector<int32_t> (&seq)[2], bool pair, const Truncation& tr, int64_t special) const {
+namespace {
+
+// The windows [start, stop) of a text of n tokens cut to w, `stride` tokens shared by neighbours,
+// first the one truncation keeps (tokenizers' Encoding::truncate): from the start (right) or the
+// end (left), each w - stride after the last, until one reaches the other end.
+std::vector<std::pair<size_t, size_t>> windows(size_t n, size_t w, size_t stride, bool left) {
+  std::vector<std::pair<size_t, size_t>> out;
+  if (w >= n) return {{0, n}};
+  const size_t step = w - stride;
+  if (!left) {
+    for (size_t start = 0;; start += step) {
+      out.push_back({start, std::min(start + w, n)});
+      if (start + w >= n) break;
+    }
+  } else {
+    for (size_t stop = n;; stop -= step) {
+      out.push_back({stop > w ? stop - w : 0, stop});
+      if (stop <= w) break;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::array<std::vector<int32_t>, 2>> Tokenizer::Impl::truncate(const std::vector<int32_t> (&seq)[2], bool pair,
+                                                                          const Truncation& tr, int64_t special,
+                                                                          bool overflowing) const {
   check(tr.max_length > special, "tokenizer ", name, ": max_length ", tr.max_length,
         " leaves no room for text beside the ", special, " special tokens");
   const size_t budget = static_cast<size_t>(tr.max_length - special);
   size_t n[2] = {seq[0].size(), pair ? seq[1].size() : 0};
-  if (n[0] + n[1] <= budget) return false;
+  if (n[0] + n[1] <= budget) return {{seq[0], seq[1]}};
   const size_t excess = n[0] + n[1] - budget;
   if (tr.strategy == TruncationStrategy::longest_first) {
     if (!pair) {
@@ -325,13 +356,29 @@ bool Tokenizer::Impl::truncate(std::vector<int32_t> (&seq)[2], bool pair, const 
           " tokens from a text of ", n[k], ": it is too short to make max_length ", tr.max_length);
     n[k] -= excess;
   }
-  for (int k = 0; k < (pair ? 2 : 1); ++k) {
-    std::vector<int32_t>& v = seq[k];
-    const size_t keep = std::min(n[k], v.size());
-    if (tr.left) v.erase(v.begin(), v.end() - static_cast<std::ptrdiff_t>(keep));
-    else v.resize(keep);
+  // Each text's windows (one, the whole text, when it is not cut); the first pair is the
+  // truncated sequence, the others tokenizers' overflowing ones in its order: every later window
+  // of the first text with the second's first window and then with each of its later ones, then
+  // the first text's first window with each later window of the second.
+  std::vector<std::pair<size_t, size_t>> w[2];
+  for (int k = 0; k < 2; ++k) {
+    const size_t len = k == 0 || pair ? seq[k].size() : 0;
+    if (overflowing && n[k] < len)
+      check(static_cast<size_t>(tr.stride) < n[k], "tokenizer ", name, ": stride ", tr.stride,
+            " must be below the ", n[k], " tokens a window of ", k ? "the second" : "the", " text keeps");
+    w[k] = overflowing ? windows(len, n[k], static_cast<size_t>(tr.stride), tr.left)
+                       : std::vector<std::pair<size_t, size_t>>{tr.left ? std::pair{len - std::min(n[k], len), len}
+                                                                        : std::pair{size_t{0}, std::min(n[k], len)}};
   }
-  return true;
+  auto part = [&](int k, std::pair<size_t, size_t> r) {
+    return std::vector<int32_t>(seq[k].begin() + static_cast<std::ptrdiff_t>(r.first),
+                                seq[k].begin() + static_cast<std::ptrdiff_t>(r.second));
+  };
+  std::vector<std::array<std::vector<int32_t>, 2>> out{{part(0, w[0][0]), part(1, w[1][0])}};
+  for (size_t i = 1; i < w[0].size(); ++i)
+    for (size_t j = 0; j < w[1].size(); ++j) out.push_back({part(0, w[0][i]), part(1, w[1][j])});
+  for (size_t j = 1; j < w[1].size(); ++j) out.push_back({part(0, w[0][0]), part(1, w[1][j])});
+  return out;
 }
 
 Encoding Tokenizer::Impl::assemble(const std::vector<int32_t> (&seq)[2], bool pair, bool add_special_tokens) const {
@@ -376,9 +423,9 @@ BatchEncoding Tokenizer::encode_batch(std::span<const std::string> texts, std::s
     tr->max_length = opt.max_length;
   }
 
-  const int64_t B = static_cast<int64_t>(texts.size());
-  std::vector<Encoding> enc(static_cast<size_t>(B));
-  std::vector<uint8_t> cut(static_cast<size_t>(B), 0);
+  const int64_t N = static_cast<int64_t>(texts.size());
+  std::vector<std::vector<Encoding>> enc(static_cast<size_t>(N));  // (texts) each text's rows
+  std::vector<uint8_t> cut(static_cast<size_t>(N), 0);
   // Texts are independent: split over the team in chunks (a text's cost varies with its length).
   auto one = [&](int64_t i) {
     const size_t u = static_cast<size_t>(i);
@@ -389,25 +436,36 @@ BatchEncoding Tokenizer::encode_batch(std::span<const std::string> texts, std::s
       t.check_utf8(pairs[u], "pair text");
       t.tokenize(pairs[u], opt.literal, seq[1]);
     }
-    if (tr) cut[u] = t.truncate(seq, pair, *tr, special);
-    enc[u] = t.assemble(seq, pair, opt.add_special_tokens);
+    if (!tr) {
+      enc[u].push_back(t.assemble(seq, pair, opt.add_special_tokens));
+      return;
+    }
+    const size_t whole = seq[0].size() + seq[1].size();
+    for (auto& w : t.truncate(seq, pair, *tr, special, opt.overflowing)) {
+      const std::vector<int32_t> parts[2] = {std::move(w[0]), std::move(w[1])};
+      cut[u] |= parts[0].size() + parts[1].size() < whole;
+      enc[u].push_back(t.assemble(parts, pair, opt.add_special_tokens));
+    }
   };
   const int team = opt.threads > 0 ? opt.threads : max_threads();
   FirstError err;
-#pragma omp parallel for schedule(dynamic, 16) num_threads(team) if (team > 1 && B > 16)
-  for (int64_t i = 0; i < B; ++i) err.run([&] { one(i); });
+#pragma omp parallel for schedule(dynamic, 16) num_threads(team) if (team > 1 && N > 16)
+  for (int64_t i = 0; i < N; ++i) err.run([&] { one(i); });
   err.rethrow();
   const Padding pad = opt.padding ? *opt.padding : t.padding.value_or(Padding{});
   check(pad.length >= 0 && pad.multiple_of >= 0, "tokenizer ", t.name, ": padding length and multiple must be >= 0");
   BatchEncoding out;
-  out.B = B;
   int64_t T = pad.length;
-  for (const Encoding& e : enc) {
-    out.lengths.push_back(static_cast<int32_t>(e.ids.size()));
-    if (pad.length == 0) T = std::max<int64_t>(T, static_cast<int64_t>(e.ids.size()));
-    else check(static_cast<int64_t>(e.ids.size()) <= pad.length, "tokenizer ", t.name, ": a sequence of ",
-               e.ids.size(), " ids is longer than the fixed padding length ", pad.length, " (give max_length)");
-  }
+  for (size_t u = 0; u < enc.size(); ++u)
+    for (const Encoding& e : enc[u]) {
+      out.lengths.push_back(static_cast<int32_t>(e.ids.size()));
+      out.sample.push_back(static_cast<int32_t>(u));
+      if (pad.length == 0) T = std::max<int64_t>(T, static_cast<int64_t>(e.ids.size()));
+      else check(static_cast<int64_t>(e.ids.size()) <= pad.length, "tokenizer ", t.name, ": a sequence of ",
+                 e.ids.size(), " ids is longer than the fixed padding length ", pad.length, " (give max_length)");
+    }
+  const int64_t B = static_cast<int64_t>(out.lengths.size());
+  out.B = B;
   if (pad.multiple_of > 0) T = (T + pad.multiple_of - 1) / pad.multiple_of * pad.multiple_of;
   out.T = T;
   const size_t cells = static_cast<size_t>(B * T);
@@ -415,15 +473,17 @@ BatchEncoding Tokenizer::encode_batch(std::span<const std::string> texts, std::s
   out.type_ids.assign(cells, pad.pad_type_id);
   out.attention_mask.assign(cells, 0);
   out.special_tokens_mask.assign(cells, 1);  // padding counts as special, as tokenizers' mask
-  for (int64_t b = 0; b < B; ++b) {
-    const Encoding& e = enc[static_cast<size_t>(b)];
-    const int64_t n = static_cast<int64_t>(e.ids.size()), at = b * T + (pad.left ? T - n : 0);
-    std::copy(e.ids.begin(), e.ids.end(), out.ids.begin() + at);
-    std::copy(e.type_ids.begin(), e.type_ids.end(), out.type_ids.begin() + at);
-    std::fill(out.attention_mask.begin() + at, out.attention_mask.begin() + at + n, 1);
-    std::copy(e.special_tokens_mask.begin(), e.special_tokens_mask.end(), out.special_tokens_mask.begin() + at);
-    out.truncated += cut[static_cast<size_t>(b)];
-  }
+  int64_t b = 0;
+  for (const std::vector<Encoding>& rows : enc)
+    for (const Encoding& e : rows) {
+      const int64_t n = static_cast<int64_t>(e.ids.size()), at = b * T + (pad.left ? T - n : 0);
+      std::copy(e.ids.begin(), e.ids.end(), out.ids.begin() + at);
+      std::copy(e.type_ids.begin(), e.type_ids.end(), out.type_ids.begin() + at);
+      std::fill(out.attention_mask.begin() + at, out.attention_mask.begin() + at + n, 1);
+      std::copy(e.special_tokens_mask.begin(), e.special_tokens_mask.end(), out.special_tokens_mask.begin() + at);
+      ++b;
+    }
+  for (const uint8_t c : cut) out.truncated += c;
   return out;
 }
 

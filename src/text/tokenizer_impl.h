@@ -121,9 +121,12 @@ struct Tokenizer::Impl {
   void load_padding(const json& p);
   std::optional<Truncation> truncation;  // the file's truncation section
   void load_truncation(const json& t);
-  // Cuts the texts' tokens (seq[1] only with `pair`) to fit `tr` beside `special` template ids;
-  // true when anything was cut.
-  bool truncate(std::vector<int32_t> (&seq)[2], bool pair, const Truncation& tr, int64_t special) const;
+  // The texts' tokens (seq[1] only with `pair`) cut to fit `tr` beside `special` template ids:
+  // the kept pair first, with `overflowing` then the windows the cut leaves (Truncation's
+  // stride); one entry, the texts themselves, when nothing is cut.
+  std::vector<std::array<std::vector<int32_t>, 2>> truncate(const std::vector<int32_t> (&seq)[2], bool pair,
+                                                            const Truncation& tr, int64_t special,
+                                                            bool overflowing) const;
   // The template around already tokenized texts (seq[1] when pair), with the special-tokens mask.
   Encoding assemble(const std::vector<int32_t> (&seq)[2], bool pair, bool add_special_tokens) const;
   int64_t special_count(bool pair) const;  // ids the template adds

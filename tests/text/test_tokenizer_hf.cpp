@@ -8,6 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <iterator>
@@ -219,6 +220,46 @@ TEST(Truncation, StrategiesAndDirection) {
   o.truncation = Truncation{.max_length = 3, .strategy = TruncationStrategy::only_second};
   const std::vector<std::string> one{"abcdef"};
   EXPECT_THAT([&] { t.encode_batch(one, {}, o); }, ThrowsMessage<Error>(HasSubstr("only_second needs a text pair")));
+}
+
+// Overflowing windows as tokenizers' Encoding::truncate makes them: its own case (5 tokens cut to
+// 4 with stride 2: 1 2 3 4, then 3 4 5), from the left, and every combination for a cut pair.
+TEST(Truncation, OverflowingWindows) {
+  const Tokenizer t = Tokenizer::bytes();
+  const auto rows = [&](std::vector<std::string> a, std::vector<std::string> b, Truncation tr) {
+    BatchOptions o;
+    o.truncation = tr;
+    o.overflowing = true;
+    const BatchEncoding e = t.encode_batch(a, b, o);
+    std::vector<std::string> out;
+    for (int64_t r = 0; r < e.B; ++r)
+      out.push_back(std::to_string(e.sample[static_cast<size_t>(r)]) + ":" +
+                    std::string(e.ids.begin() + r * e.T, e.ids.begin() + r * e.T + e.lengths[static_cast<size_t>(r)]));
+    EXPECT_EQ(e.truncated, std::count_if(a.begin(), a.end(), [&](const std::string& x) {
+                return static_cast<int64_t>(x.size()) > tr.max_length;
+              }));  // the single texts' cuts
+    return out;
+  };
+  using S = std::vector<std::string>;
+  EXPECT_EQ(rows({"abcde"}, {}, {.max_length = 4, .stride = 2}), (S{"0:abcd", "0:cde"}));
+  EXPECT_EQ(rows({"abcde", "xy", "abcdefgh"}, {}, {.max_length = 3}), (S{"0:abc", "0:de", "1:xy", "2:abc", "2:def", "2:gh"}));
+  EXPECT_EQ(rows({"abcde"}, {}, {.max_length = 4, .left = true, .stride = 2}), (S{"0:bcde", "0:abc"}));
+  EXPECT_EQ(rows({"abcdefgh"}, {}, {.max_length = 3, .left = true}), (S{"0:fgh", "0:cde", "0:ab"}));
+  // A pair cut to 3 + 3 with stride 1: windows abc cde ef and uvw wxy yz, combined in tokenizers' order.
+  BatchOptions o;
+  o.truncation = Truncation{.max_length = 6, .stride = 1};
+  o.overflowing = true;
+  const std::vector<std::string> a{"abcdef"}, b{"uvwxyz"};
+  const BatchEncoding e = t.encode_batch(a, b, o);
+  S got;
+  for (int64_t r = 0; r < e.B; ++r)
+    got.push_back(std::string(e.ids.begin() + r * e.T, e.ids.begin() + r * e.T + e.lengths[static_cast<size_t>(r)]));
+  EXPECT_EQ(got, (S{"abcuvw", "cdeuvw", "cdewxy", "cdeyz", "efuvw", "efwxy", "efyz", "abcwxy", "abcyz"}));
+  EXPECT_EQ(e.truncated, 1);
+  // A stride that leaves a window no new token is refused; nothing cut, nothing added.
+  o.truncation = Truncation{.max_length = 6, .stride = 3};
+  EXPECT_THAT([&] { t.encode_batch(a, b, o); }, ThrowsMessage<Error>(HasSubstr("stride 3 must be below the 3 tokens")));
+  EXPECT_EQ(rows({"abc"}, {}, {.max_length = 3, .stride = 2}), (S{"0:abc"}));
 }
 
 // The file's truncation section: read, applied by encoding() and encode_batch as tokenizers'
