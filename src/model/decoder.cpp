@@ -206,7 +206,7 @@ const ModelImpl::ArenaPlan& DecoderImpl::carve_into(float* base, int64_t B, int6
 }
 
 double DecoderImpl::forward_bytes(int64_t B, int64_t T, int64_t cache_positions) const {
-  if (split_on()) T = sequence_split(T).local_rows(sp_->rank());
+  if (split_on()) T = sequence_split(T).local_rows(seq_.comm->rank());
   const ModelConfig& c = cfg_;
   const AttentionDims d{B, c.heads, c.kv_heads, T, cache_positions > 0 ? cache_positions : T, c.head_dim, c.head_dim};
   // The arena, the returned logits, the largest attention workspace; caches hold K twice (rows
@@ -226,7 +226,7 @@ void DecoderImpl::forward_layers(int64_t B, int64_t T, std::span<const int32_t> 
   const int64_t rows = B * T, H = c.hidden, F = c.ffn, nh = c.heads, kvh = c.kv_heads, hd = c.head_dim;
   const int64_t Q = nh * hd, KV = kvh * hd, QKV = Q + 2 * KV, GU = gpt2_ ? F : 2 * F;
   const bool drop = train && dropout_ > 0;
-  const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_T_);  // global lengths
+  const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_.T);  // global lengths
   auto hv = [&](float* base, int64_t heads, int64_t ld) { return model::heads_view(base, B, heads, T, hd, ld); };
   auto bias = [&](int64_t off) -> const float* { return off >= 0 ? p(off) : nullptr; };
   Bufs& b = *bufs_;
@@ -278,12 +278,12 @@ void DecoderImpl::final_norm(int64_t rows, int64_t from) {
   // Statistics are kept only by training, which normalises every row (from = 0).
   check(from == 0 || bufs_->fr == nullptr, "decoder: internal: a partial final norm keeps no statistics");
   norm_fwd(xf, bufs_->xl + from * H, layout_->norm, layout_->norm_b, rows - from, bufs_->fr);
-  xf_ = xf;
-  rows_xf_ = rows - from;
+  head_ws_.xf = xf;
+  head_ws_.rows_xf = rows - from;
 }
 
 void DecoderImpl::inference_logits(float* out, int64_t n) {
-  lin(out, cfg_.vocab, xf_, cfg_.hidden, layout_->lm_head, nullptr, n, cfg_.hidden, cfg_.vocab);
+  lin(out, cfg_.vocab, head_ws_.xf, cfg_.hidden, layout_->lm_head, nullptr, n, cfg_.hidden, cfg_.vocab);
 }
 
 void DecoderImpl::norm_fwd(float* y, const float* x, int64_t gain, int64_t bias, int64_t rows, float* stat) {
@@ -332,7 +332,7 @@ void DecoderImpl::backward_layers(int64_t B, int64_t T, std::span<const int32_t>
   const int64_t rows = B * T, H = c.hidden, F = c.ffn, nh = c.heads, kvh = c.kv_heads, hd = c.head_dim;
   const int64_t Q = nh * hd, KV = kvh * hd, QKV = Q + 2 * KV, GU = gpt2_ ? F : 2 * F;
   const bool drop = dropout_ > 0;
-  const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_T_);  // global lengths
+  const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_.T);  // global lengths
   auto hv = [&](float* base, int64_t heads, int64_t ld) { return model::heads_view(base, B, heads, T, hd, ld); };
   Bufs& b = *bufs_;
   float* dx = b.dx;  // (rows, H) gradient of the residual stream
@@ -500,7 +500,7 @@ std::vector<float> DecoderImpl::step(int32_t id) { return prefill(std::span<cons
 void DecoderImpl::set_positions(int64_t B, int64_t T, int64_t offset) {
   posbuf_.resize(static_cast<size_t>(B * T));
   for (int64_t r = 0; r < B * T; ++r)
-    posbuf_[static_cast<size_t>(r)] = static_cast<int32_t>(offset + local_pos_[static_cast<size_t>(r % T)]);
+    posbuf_[static_cast<size_t>(r)] = static_cast<int32_t>(offset + seq_.local_pos[static_cast<size_t>(r % T)]);
 }
 
 std::vector<float> DecoderImpl::split_prefill(std::span<const int32_t> ids) {
@@ -516,11 +516,11 @@ std::vector<float> DecoderImpl::split_prefill(std::span<const int32_t> ids) {
   forward_layers(1, T, {}, posbuf_.data(), false, false, 0, 0);
   // The zig-zag layout gives rank 0 the last chunk: its last row is the prompt's last position.
   std::vector<float> out(static_cast<size_t>(cfg_.vocab));
-  if (sp_->rank() == 0) {
+  if (seq_.comm->rank() == 0) {
     final_norm(T, T - 1);
     inference_logits(out.data(), 1);
   }
-  sp_->broadcast(out.data(), sizeof(float) * out.size(), 0);
+  seq_.comm->broadcast(out.data(), sizeof(float) * out.size(), 0);
   pos_ = Tg;
   split_prefill_ = true;
   return out;

@@ -341,7 +341,7 @@ const ModelImpl::ArenaPlan& EncoderImpl::carve_into(float* base, int64_t B, int6
 }
 
 double EncoderImpl::forward_bytes(int64_t B, int64_t T) const {
-  if (split_on()) T = sequence_split(T).local_rows(sp_->rank());
+  if (split_on()) T = sequence_split(T).local_rows(seq_.comm->rank());
   const AttentionDims d{B, cfg_.heads, cfg_.heads, T, T, cfg_.head_dim, cfg_.head_dim};
   return 4.0 * static_cast<double>(plan_floats(B, T, false, false)) + att_->workspace_bytes(d, false);
 }
@@ -357,7 +357,7 @@ void EncoderImpl::embed_tokens(const int32_t* ids, const int32_t* types, int64_t
   const float* pe = p(L.pos);
   const float* te = L.type >= 0 ? p(L.type) : nullptr;
   for_rows(rows, H, [&](int64_t r) {
-    const float* pr = pe + (local_pos_[static_cast<size_t>(r % T)] + c.position_offset) * H;  // global position
+    const float* pr = pe + (seq_.local_pos[static_cast<size_t>(r % T)] + c.position_offset) * H;  // global position
     const float* tr = te ? te + static_cast<int64_t>(types ? types[r] : 0) * H : nullptr;
     for (int64_t k = 0; k < H; ++k) e[r * H + k] += pr[k] + (tr ? tr[k] : 0.f);
   });
@@ -388,7 +388,7 @@ void EncoderImpl::forward_layers(int64_t B, int64_t T, std::span<const int32_t> 
   const bool drop = train && dropout_ > 0;
   // Query scaling beyond the attention's own 1/sqrt(hd) (configs with attention_scale).
   const float qmul = c.attention_scale > 0 ? c.attention_scale * std::sqrt(static_cast<float>(hd)) : 1.f;
-  const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_T_);  // global lengths
+  const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_.T);  // global lengths
   auto hv = [&](float* base, int64_t ld) { return model::heads_view(base, B, nh, T, hd, ld); };
   for (int64_t l = 0; l < c.layers; ++l) {
     const Layout::Layer& y = layout_->layers[static_cast<size_t>(l)];
@@ -427,8 +427,8 @@ void EncoderImpl::forward_layers(int64_t B, int64_t T, std::span<const int32_t> 
 void EncoderImpl::final_norm(int64_t rows) {
   const Layout& L = *layout_;
   if (L.flng >= 0) nn::layernorm_fwd(bufs_->xf, bufs_->xl, p(L.flng), p(L.flnb), rows, cfg_.hidden, cfg_.eps, bufs_->fm, bufs_->fr);
-  xf_ = bufs_->xf;
-  rows_xf_ = rows;
+  head_ws_.xf = bufs_->xf;
+  head_ws_.rows_xf = rows;
 }
 
 void EncoderImpl::pool(int64_t B, int64_t T, std::span<const int32_t> lengths) {
@@ -442,32 +442,32 @@ void EncoderImpl::pool(int64_t B, int64_t T, std::span<const int32_t> lengths) {
     // The mean over each sequence's valid tokens (padding excluded): unlike a class token, it does
     // not depend on how an approximate attention treats one position.
     for_rows(B, T * H, [&](int64_t s) {
-      const int64_t len = lengths.empty() ? seq_T_ : lengths[static_cast<size_t>(s)];
+      const int64_t len = lengths.empty() ? seq_.T : lengths[static_cast<size_t>(s)];
       float* o = hs + s * H;
       std::fill(o, o + H, 0.f);
       for (int64_t t = 0; t < T; ++t) {
-        if (local_pos_[static_cast<size_t>(t)] >= len) continue;
+        if (seq_.local_pos[static_cast<size_t>(t)] >= len) continue;
         for (int64_t k = 0; k < H; ++k) o[k] += xf[(s * T + t) * H + k];
       }
       if (!split)
         for (int64_t k = 0; k < H; ++k) o[k] /= static_cast<float>(len);
     });
     if (split) {
-      sp_->all_reduce_sum(hs, static_cast<size_t>(B * H));
+      seq_.comm->all_reduce_sum(hs, static_cast<size_t>(B * H));
       for (int64_t s = 0; s < B; ++s) {
-        const float len = static_cast<float>(lengths.empty() ? seq_T_ : lengths[static_cast<size_t>(s)]);
+        const float len = static_cast<float>(lengths.empty() ? seq_.T : lengths[static_cast<size_t>(s)]);
         for (int64_t k = 0; k < H; ++k) hs[s * H + k] /= len;
       }
     }
     return;
   }
   float* first = pooler_ ? bufs_->pool_in : hs;  // (B, H) each sequence's first token
-  const bool has_first = local_pos_[0] == 0;
+  const bool has_first = seq_.local_pos[0] == 0;
   for (int64_t s = 0; s < B; ++s) {
     if (has_first) std::memcpy(first + s * H, xf + s * T * H, sizeof(float) * static_cast<size_t>(H));
     else std::fill(first + s * H, first + (s + 1) * H, 0.f);
   }
-  if (split) sp_->all_reduce_sum(first, static_cast<size_t>(B * H));
+  if (split) seq_.comm->all_reduce_sum(first, static_cast<size_t>(B * H));
   if (!pooler_) return;
   lin(hs, H, first, H, layout_->pool_w, p(layout_->pool_b), B, H, H);
   if (cfg_.pooler_relu) for (int64_t i = 0; i < B * H; ++i) hs[i] = std::max(hs[i], 0.f);
@@ -480,10 +480,10 @@ void EncoderImpl::pool_backward(int64_t B, int64_t T, std::span<const int32_t> l
   float* dhs = bufs_->dhs;  // (B, H)
   if (cfg_.mean_pooling) {
     for_rows(B, T * H, [&](int64_t s) {
-      const int64_t len = lengths.empty() ? seq_T_ : lengths[static_cast<size_t>(s)];
+      const int64_t len = lengths.empty() ? seq_.T : lengths[static_cast<size_t>(s)];
       const float inv = 1.f / static_cast<float>(len);
       for (int64_t t = 0; t < T; ++t) {
-        if (local_pos_[static_cast<size_t>(t)] >= len) continue;
+        if (seq_.local_pos[static_cast<size_t>(t)] >= len) continue;
         for (int64_t k = 0; k < H; ++k) dxf[(s * T + t) * H + k] = dhs[s * H + k] * inv;
       }
     });
@@ -500,7 +500,7 @@ void EncoderImpl::pool_backward(int64_t B, int64_t T, std::span<const int32_t> l
             p(layout_->pool_w), B, H, H);
     dhs = bufs_->dt;
   }
-  if (local_pos_[0] != 0) return;  // another rank holds the first tokens
+  if (seq_.local_pos[0] != 0) return;  // another rank holds the first tokens
   for (int64_t s = 0; s < B; ++s) std::memcpy(dxf + s * T * H, dhs + s * H, sizeof(float) * static_cast<size_t>(H));
 }
 
@@ -512,7 +512,7 @@ void EncoderImpl::backward_layers(int64_t B, int64_t T, std::span<const int32_t>
   const nn::Gelu gk = c.gelu_tanh ? nn::Gelu::tanh : nn::Gelu::erf;
   const bool drop = dropout_ > 0;
   const float qmul = c.attention_scale > 0 ? c.attention_scale * std::sqrt(static_cast<float>(hd)) : 1.f;
-  const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_T_);  // global lengths
+  const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_.T);  // global lengths
   auto hv = [&](float* base, int64_t ld) { return model::heads_view(base, B, nh, T, hd, ld); };
   Bufs& b = *bufs_;
   float* dx = b.dx;  // (rows, H) the gradient of the stream: of x' on entry to a layer, of x on exit
@@ -603,7 +603,7 @@ void EncoderImpl::embed_backward(const Batch& bt) {
   if (L.type >= 0) nn::embedding_bwd(g(L.type), zero_types_.data(), de, rows, H, c.type_vocab);
   float* dpos = g(L.pos) + c.position_offset * H;
   for_rows(T, B * H, [&](int64_t t) {  // fixed order over the batch: deterministic
-    float* row = dpos + static_cast<int64_t>(local_pos_[static_cast<size_t>(t)]) * H;  // global position
+    float* row = dpos + static_cast<int64_t>(seq_.local_pos[static_cast<size_t>(t)]) * H;  // global position
     for (int64_t s = 0; s < B; ++s)
       for (int64_t k = 0; k < H; ++k) row[k] += de[(s * T + t) * H + k];
   });

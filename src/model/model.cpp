@@ -116,48 +116,48 @@ void ModelImpl::set_sequence_parallel(Communicator* comm) {
     check(dropout_ == 0.f, "model: dropout with the sequence split across ranks is not supported (its masks are ",
           "drawn per whole sequence)");
   }
-  att_->set_split(comm && comm->size() > 1 ? comm : nullptr, &split_);
-  sp_ = comm;
+  att_->set_split(comm && comm->size() > 1 ? comm : nullptr, &seq_.split);
+  seq_.comm = comm;
 }
 
 SeqSplit ModelImpl::sequence_split(int64_t T) const {
-  const int R = split_on() ? sp_->size() : 1;
+  const int R = split_on() ? seq_.comm->size() : 1;
   return causal() ? SeqSplit::zig_zag(T, R) : SeqSplit::contiguous(T, R);
 }
 
 int64_t ModelImpl::begin_split(int64_t T) {
-  seq_T_ = T;
+  seq_.T = T;
   if (!split_on()) {
-    if (static_cast<int64_t>(local_pos_.size()) != T) {
-      local_pos_.resize(static_cast<size_t>(T));
-      for (int64_t i = 0; i < T; ++i) local_pos_[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    if (static_cast<int64_t>(seq_.local_pos.size()) != T) {
+      seq_.local_pos.resize(static_cast<size_t>(T));
+      for (int64_t i = 0; i < T; ++i) seq_.local_pos[static_cast<size_t>(i)] = static_cast<int32_t>(i);
     }
     return T;
   }
-  check(T >= sp_->size(), "model: a sequence of ", T, " positions cannot be split over ", sp_->size(),
+  check(T >= seq_.comm->size(), "model: a sequence of ", T, " positions cannot be split over ", seq_.comm->size(),
         " ranks (each needs one)");
-  check(!causal() || T >= 2 * sp_->size(), "model: a causal sequence of ", T, " positions cannot be split over ",
-        sp_->size(), " ranks (the zig-zag layout needs 2 per rank)");
-  if (split_.N != T || split_.ranks != sp_->size()) split_ = sequence_split(T);
-  const int r = sp_->rank();
-  const int64_t n = split_.local_rows(r);
-  local_pos_.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) local_pos_[static_cast<size_t>(i)] = static_cast<int32_t>(split_.global(r, i));
+  check(!causal() || T >= 2 * seq_.comm->size(), "model: a causal sequence of ", T, " positions cannot be split over ",
+        seq_.comm->size(), " ranks (the zig-zag layout needs 2 per rank)");
+  if (seq_.split.N != T || seq_.split.ranks != seq_.comm->size()) seq_.split = sequence_split(T);
+  const int r = seq_.comm->rank();
+  const int64_t n = seq_.split.local_rows(r);
+  seq_.local_pos.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) seq_.local_pos[static_cast<size_t>(i)] = static_cast<int32_t>(seq_.split.global(r, i));
   return n;
 }
 
 void ModelImpl::take_local(std::span<const int32_t> all, int64_t B, std::vector<int32_t>& out) const {
-  const int64_t n = static_cast<int64_t>(local_pos_.size()), T = seq_T_;
+  const int64_t n = static_cast<int64_t>(seq_.local_pos.size()), T = seq_.T;
   out.resize(static_cast<size_t>(B * n));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < n; ++i)
-      out[static_cast<size_t>(b * n + i)] = all[static_cast<size_t>(b * T + local_pos_[static_cast<size_t>(i)])];
+      out[static_cast<size_t>(b * n + i)] = all[static_cast<size_t>(b * T + seq_.local_pos[static_cast<size_t>(i)])];
 }
 
 Batch ModelImpl::local_batch(const Batch& b) const {
   Batch part;
   part.B = b.B;
-  part.T = static_cast<int64_t>(local_pos_.size());
+  part.T = static_cast<int64_t>(seq_.local_pos.size());
   part.lengths = b.lengths;
   part.first = b.first;
   take_local(b.ids, b.B, part.ids);
@@ -166,7 +166,7 @@ Batch ModelImpl::local_batch(const Batch& b) const {
   return part;
 }
 
-ConstView ModelImpl::last_hidden() const { return make_view(xf_, Shape{rows_xf_, cfg_.hidden}); }
+ConstView ModelImpl::last_hidden() const { return make_view(head_ws_.xf, Shape{head_ws_.rows_xf, cfg_.hidden}); }
 
 double ModelImpl::inference_flops(int64_t rows, double keys) const {
   const double r = static_cast<double>(rows);
@@ -177,7 +177,7 @@ double ModelImpl::inference_flops(int64_t rows, double keys) const {
 }
 
 double ModelImpl::train_bytes(int64_t B, int64_t T) const {
-  if (split_on()) T = sequence_split(T).local_rows(sp_->rank());
+  if (split_on()) T = sequence_split(T).local_rows(seq_.comm->rank());
   const AttentionDims d{B, cfg_.heads, cfg_.kv_heads, T, T, cfg_.head_dim, cfg_.head_dim};
   return 4.0 * arena_floats(B, T, true) + att_->workspace_bytes(d, true) + 4.0 * 4.0 * static_cast<double>(param_count());
 }
@@ -471,12 +471,12 @@ double ModelImpl::arena_floats(int64_t B, int64_t T, bool train) const {
 void ModelImpl::carve(int64_t B, int64_t T, bool train, bool head) {
   if (B == B_ && T == T_ && train == train_layout_ && head == head_layout_) return;
   const ArenaPlan& a = carve_into(arena(plan_floats(B, T, train, head)), B, T, train, head);
-  hs_ = a.hs;
-  dhs_ = a.dhs;
-  logits_ = a.logits;
+  head_ws_.hs = a.hs;
+  head_ws_.dhs = a.dhs;
+  head_ws_.logits = a.logits;
   // Token targets (B·T), or one per sequence (B) for the pooled head.
-  sel_.assign(static_cast<size_t>(B * T), 0);
-  tsel_.assign(static_cast<size_t>(std::max(B * T, B)), 0);
+  head_ws_.sel.assign(static_cast<size_t>(B * T), 0);
+  head_ws_.tsel.assign(static_cast<size_t>(std::max(B * T, B)), 0);
   B_ = B;
   T_ = T;
   train_layout_ = train;
@@ -614,56 +614,56 @@ void ModelImpl::token_loss(const Batch& b, const float* xf, float* dxf, int64_t 
   int64_t n = 0;
   for (int64_t i = 0; i < rows; ++i)
     if (b.targets[static_cast<size_t>(i)] != -1) {
-      sel_[static_cast<size_t>(n)] = static_cast<int32_t>(i);
-      tsel_[static_cast<size_t>(n)] = b.targets[static_cast<size_t>(i)];
+      head_ws_.sel[static_cast<size_t>(n)] = static_cast<int32_t>(i);
+      head_ws_.tsel[static_cast<size_t>(n)] = b.targets[static_cast<size_t>(i)];
       ++n;
     }
   model::for_rows(n, H, [&](int64_t i) {
-    std::memcpy(hs_ + i * H, xf + static_cast<int64_t>(sel_[static_cast<size_t>(i)]) * H, sizeof(float) * static_cast<size_t>(H));
+    std::memcpy(head_ws_.hs + i * H, xf + static_cast<int64_t>(head_ws_.sel[static_cast<size_t>(i)]) * H, sizeof(float) * static_cast<size_t>(H));
   });
   if (train) std::memset(dxf, 0, sizeof(float) * static_cast<size_t>(rows * H));
   if (n == 0) return;
-  lin(logits_, O, hs_, H, w_off, bias, n, H, O);
+  lin(head_ws_.logits, O, head_ws_.hs, H, w_off, bias, n, H, O);
   for (int64_t i = 0; i < n; ++i) {
-    const float* row = logits_ + i * O;
-    if (std::max_element(row, row + O) - row == tsel_[static_cast<size_t>(i)]) ++r.correct;
+    const float* row = head_ws_.logits + i * O;
+    if (std::max_element(row, row + O) - row == head_ws_.tsel[static_cast<size_t>(i)]) ++r.correct;
   }
   int64_t counted = 0;
   const float scale = scale_in > 0 ? scale_in : 1.f / static_cast<float>(n);
-  r.loss_sum += nn::cross_entropy(train ? logits_ : nullptr, logits_, tsel_.data(), n, O, scale, &counted);
+  r.loss_sum += nn::cross_entropy(train ? head_ws_.logits : nullptr, head_ws_.logits, head_ws_.tsel.data(), n, O, scale, &counted);
   r.counted += counted;
   if (!train) return;
-  lin_bwd(dhs_, H, g(w_off), b_off >= 0 ? g(b_off) : nullptr, logits_, O, hs_, H, p(w_off), n, H, O);
+  lin_bwd(head_ws_.dhs, H, g(w_off), b_off >= 0 ? g(b_off) : nullptr, head_ws_.logits, O, head_ws_.hs, H, p(w_off), n, H, O);
   model::for_rows(n, H, [&](int64_t i) {
-    std::memcpy(dxf + static_cast<int64_t>(sel_[static_cast<size_t>(i)]) * H, dhs_ + i * H, sizeof(float) * static_cast<size_t>(H));
+    std::memcpy(dxf + static_cast<int64_t>(head_ws_.sel[static_cast<size_t>(i)]) * H, head_ws_.dhs + i * H, sizeof(float) * static_cast<size_t>(H));
   });
 }
 
 void ModelImpl::pooled_loss(const Batch& b, int64_t w_off, int64_t b_off, bool train, float scale_in, StepResult& r) {
   const int64_t H = cfg_.hidden, O = param_rows(w_off), n = b.B;
-  lin(logits_, O, hs_, H, w_off, b_off >= 0 ? p(b_off) : nullptr, n, H, O);
+  lin(head_ws_.logits, O, head_ws_.hs, H, w_off, b_off >= 0 ? p(b_off) : nullptr, n, H, O);
   // Every rank of a split sequence computes the pooled head alike: rank 0 alone reports its
   // figures and adds its parameter gradient, so the sums over the ranks count it once.
   const bool lead = split_lead();
   int64_t valid = 0, correct = 0;
   for (int64_t i = 0; i < n; ++i) {
     const int32_t t = b.targets[static_cast<size_t>(i)];
-    tsel_[static_cast<size_t>(i)] = t;
+    head_ws_.tsel[static_cast<size_t>(i)] = t;
     if (t < 0) continue;
     ++valid;
-    const float* row = logits_ + i * O;
+    const float* row = head_ws_.logits + i * O;
     if (std::max_element(row, row + O) - row == t) ++correct;
   }
   int64_t counted = 0;
   const float scale = scale_in > 0 ? scale_in : (valid > 0 ? 1.f / static_cast<float>(valid) : 0.f);
-  const double loss = nn::cross_entropy(train ? logits_ : nullptr, logits_, tsel_.data(), n, O, scale, &counted);
+  const double loss = nn::cross_entropy(train ? head_ws_.logits : nullptr, head_ws_.logits, head_ws_.tsel.data(), n, O, scale, &counted);
   if (lead) {
     r.loss_sum += loss;
     r.counted += counted;
     r.correct += correct;
   }
   if (train)
-    lin_bwd(dhs_, H, lead ? g(w_off) : nullptr, lead && b_off >= 0 ? g(b_off) : nullptr, logits_, O, hs_, H, p(w_off), n, H, O);
+    lin_bwd(head_ws_.dhs, H, lead ? g(w_off) : nullptr, lead && b_off >= 0 ? g(b_off) : nullptr, head_ws_.logits, O, head_ws_.hs, H, p(w_off), n, H, O);
 }
 
 void ModelImpl::layer_grads_ready(int64_t begin, int64_t end) const {

@@ -36,6 +36,22 @@ struct CheckpointNames {
   std::vector<std::string> optional;
 };
 
+// The sequence split of a call (set_sequence_parallel, begin_split).
+struct SplitState {
+  Communicator* comm = nullptr;   // the ranks a sequence is split over; null: not split
+  SeqSplit split;                 // of the current call's sequences
+  std::vector<int32_t> local_pos; // (n) global position of each local row of a sequence
+  int64_t T = 0;                  // the current call's sequence length (global)
+};
+
+// The loss head's buffers, carved from the arena with the activations (carve_into).
+struct HeadWorkspace {
+  std::vector<int32_t> sel, tsel;  // the rows that have targets, and their targets
+  float *hs = nullptr, *dhs = nullptr, *logits = nullptr;  // gathered hidden states, their gradient, logits
+  const float* xf = nullptr;       // (rows_xf, H) the final hidden state
+  int64_t rows_xf = 0;
+};
+
 class ModelImpl {
  public:
   virtual ~ModelImpl();
@@ -52,7 +68,7 @@ class ModelImpl {
   bool trainable() const;
   void set_dropout(float p);
   void set_sequence_parallel(Communicator* comm);
-  Communicator* sequence_parallel() const { return sp_; }
+  Communicator* sequence_parallel() const { return seq_.comm; }
   SeqSplit sequence_split(int64_t T) const;
   virtual StepResult forward_backward(const Batch& b, bool train, uint64_t step, double divisor) = 0;
   ConstView last_hidden() const;
@@ -187,13 +203,13 @@ class ModelImpl {
   void pooled_loss(const Batch& b, int64_t w, int64_t bias, bool train, float scale, StepResult& r);
   StepResult timed(StepResult r, double t0_ms) const;
   // Sequence parallelism. begin_split(T) starts a call over sequences of T positions: it sets
-  // split_, local_pos_ (the global position of each local row) and seq_T_, hands the split to the
+  // seq_'s split, local_pos (the global position of each local row) and T, hands the split to the
   // attention, and returns the rows each sequence has here (T when not split).
   int64_t begin_split(int64_t T);
-  bool split_on() const { return sp_ != nullptr && sp_->size() > 1; }
+  bool split_on() const { return seq_.comm != nullptr && seq_.comm->size() > 1; }
   // Whether this rank reports what every rank computes alike (the pooled head): rank 0 of the
   // split, or the only one.
-  bool split_lead() const { return !split_on() || sp_->rank() == 0; }
+  bool split_lead() const { return !split_on() || seq_.comm->rank() == 0; }
   // The (B, T) values of the whole batch at this rank's positions: (B, n) in split order.
   void take_local(std::span<const int32_t> all, int64_t B, std::vector<int32_t>& out) const;
   // The batch of this rank's positions (ids, token targets; lengths stay global).
@@ -208,16 +224,14 @@ class ModelImpl {
   // short prefill stays on one thread rather than paying a team's barriers.
   double inference_flops(int64_t rows, double keys) const;
 
+  // What the model is.
   ModelConfig cfg_;
   std::optional<TaskKind> head_;
   std::string prefix_;  // "bert.", "roberta.", "transformer." ... when the checkpoint names its tensors so
   const CheckpointNames* ckpt_ = nullptr;  // while the constructor lays out a checkpoint's model
   std::unique_ptr<LayerAttention> att_;
   float dropout_ = 0;
-  Communicator* sp_ = nullptr;
-  SeqSplit split_;
-  std::vector<int32_t> local_pos_;  // (n) global position of each local row of a sequence
-  int64_t seq_T_ = 0;               // the current call's sequence length (global)
+  // The parameters, their gradients and their layout.
   std::vector<float> params_, grads_;  // one allocation each
   std::vector<ParamInfo> info_;
   std::vector<Init> inits_;
@@ -230,16 +244,15 @@ class ModelImpl {
   std::vector<int64_t> at_;
   std::vector<uint16_t> half_;  // the linear weights, f16 or bf16 bits, in layout order
   std::vector<float> widen_;    // (linear_gemm_workspace) W rows widened for many-row products
+  // A call's state: the activation arena and the layout carve() made last, the loss head's
+  // buffers, the sequence split, the dense layers' time, and the held weight gradients.
   Tensor arena_;
-  // Head workspace (carved from the arena): selected rows, their targets, gathered hidden states.
-  std::vector<int32_t> sel_, tsel_;
-  float *hs_ = nullptr, *dhs_ = nullptr, *logits_ = nullptr;
-  const float* xf_ = nullptr;  // (rows_xf_, H) the final hidden state
-  int64_t rows_xf_ = 0;
+  int64_t B_ = -1, T_ = -1;
+  bool train_layout_ = false, head_layout_ = false;
+  HeadWorkspace head_ws_;
+  SplitState seq_;
   double dense_ms_ = 0;
   std::vector<WeightGrad> held_;  // the first layer's weight gradients not yet computed
-  int64_t B_ = -1, T_ = -1;  // the layout carve() made last
-  bool train_layout_ = false, head_layout_ = false;
 };
 
 // Encoder (model.h): BERT-style (post-LN, or pre-LN with norm_placement "pre") and KWT.
@@ -286,7 +299,7 @@ class EncoderImpl final : public ModelImpl {
   void final_norm(int64_t rows);
   void backward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, uint64_t step, int64_t first);
   void embed_backward(const Batch& b);
-  // Pooled rows (B, H) for the classifier into hs_, and its backward into dxf (rows, H).
+  // Pooled rows (B, H) for the classifier into head_ws_.hs, and its backward into dxf (rows, H).
   void pool(int64_t B, int64_t T, std::span<const int32_t> lengths);
   void pool_backward(int64_t B, int64_t T, std::span<const int32_t> lengths, float* dxf);
   std::unique_ptr<Layout> layout_;
@@ -328,10 +341,10 @@ class DecoderImpl final : public ModelImpl {
                       bool use_cache, bool train, uint64_t step, int64_t first);
   void backward_layers(int64_t B, int64_t T, std::span<const int32_t> lengths, const int32_t* pos, uint64_t step,
                        int64_t first);
-  // The final norm of rows [from, rows) (xf_), and the logits of n such rows into out (n, vocab).
+  // The final norm of rows [from, rows) (head_ws_.xf), and the logits of n such rows into out (n, vocab).
   void final_norm(int64_t rows, int64_t from);
   void inference_logits(float* out, int64_t n);
-  // posbuf_ (B·T): each local row's position, local_pos_ plus offset (the cache's length).
+  // posbuf_ (B·T): each local row's position, seq_.local_pos plus offset (the cache's length).
   void set_positions(int64_t B, int64_t T, int64_t offset);
   // The first layer's input for `rows` ids at posbuf_: token embeddings, plus GPT-2's learned
   // positions (an Error past n_positions).
