@@ -3,10 +3,12 @@
 // backward. A layer, with drop() the residual dropout of training:
 //   a = RMS1(x)   q|k|v = a·Wqkv, q and k rotated   u1 = x + drop(attn(q, k, v)·Wo)
 //   f = RMS2(u1)  g|u = f·Wgu                       x' = u1 + drop((silu(g) ∘ u)·Wdown)
-// GPT-2 (model_type gpt2) is the same loop with LayerNorms (gain and bias) for the RMSNorms,
-// biases on every linear layer, learned positions added to the embeddings instead of rotation,
-// and h = gelu_tanh(f·Wfc + bfc) for the SwiGLU; its Conv1D matrices, stored (in, out), are held
-// (out, in) like every other (ModelImpl::add's `transposed`), so q|k|v is still one GEMM.
+// Each family is a recipe (kDecoderRecipes below), the loop reading its parts: GPT-2 (model_type
+// gpt2) is the same loop with LayerNorms (gain and bias) for the RMSNorms, biases on every linear
+// layer, learned positions added to the embeddings instead of rotation, and h = gelu_tanh(f·Wfc +
+// bfc) for the SwiGLU; its Conv1D matrices, stored (in, out), are held (out, in) like every other
+// (ModelImpl::add's `transposed`), so q|k|v is still one GEMM. A new family is a table entry, its
+// config.json reader (config.cpp) and a loader test.
 // Activations are token-major (rows = B·T); attention reads them through strided (B, H, T, D)
 // views. Inference keeps one set of buffers for every layer and updates the residual stream in
 // place; training keeps each layer's x, a, qkv, attention output, u1, f, g|u and 1/rms.
@@ -29,6 +31,45 @@
 namespace clattn {
 
 using model::ms_now;
+
+// A decoder family as data: its layers' parts and its checkpoint's tensor names.
+struct DecoderRecipe {
+  std::string_view model_type;
+  bool layer_norm;         // LayerNorm (gain and bias); else RMSNorm (gain)
+  bool learned_positions;  // a (max_positions, hidden) table added to the embeddings; else RoPE on q, k
+  bool gelu_mlp;           // h = gelu_tanh(f·Wfc + b); else SwiGLU over gate | up
+  bool biases;             // every linear layer has one
+  bool conv1d;             // matrices stored (in, out) (GPT-2's Conv1D), held (out, in)
+  bool tied_head;          // the output layer is the embedding, always
+  float eps;               // the norms' epsilon when config.json gives none
+  // Tensor names, without ".weight" / ".bias": a checkpoint may wrap them all in `wrapper`; a
+  // layer's are `layer` + its index + "." + each part's. q alone (k, v empty) is one fused q|k|v
+  // matrix; gate alone (up empty) the GELU MLP's first matrix.
+  std::string_view wrapper, embed, pos, layer, in_norm, q, k, v, o, post_norm, gate, up, down, norm, lm_head;
+};
+
+constexpr DecoderRecipe kDecoderRecipes[] = {
+    {.model_type = "llama", .layer_norm = false, .learned_positions = false, .gelu_mlp = false, .biases = false,
+     .conv1d = false, .tied_head = false, .eps = 1e-6f, .wrapper = "", .embed = "model.embed_tokens", .pos = "",
+     .layer = "model.layers.", .in_norm = "input_layernorm", .q = "self_attn.q_proj", .k = "self_attn.k_proj",
+     .v = "self_attn.v_proj", .o = "self_attn.o_proj", .post_norm = "post_attention_layernorm",
+     .gate = "mlp.gate_proj", .up = "mlp.up_proj", .down = "mlp.down_proj", .norm = "model.norm",
+     .lm_head = "lm_head"},
+    // GPT2LMHeadModel stores the model under "transformer."; GPT2Model (the original gpt2 files) bare.
+    {.model_type = "gpt2", .layer_norm = true, .learned_positions = true, .gelu_mlp = true, .biases = true,
+     .conv1d = true, .tied_head = true, .eps = 1e-5f, .wrapper = "transformer.", .embed = "wte", .pos = "wpe",
+     .layer = "h.", .in_norm = "ln_1", .q = "attn.c_attn", .k = "", .v = "", .o = "attn.c_proj", .post_norm = "ln_2",
+     .gate = "mlp.c_fc", .up = "", .down = "mlp.c_proj", .norm = "ln_f", .lm_head = ""},
+};
+
+const DecoderRecipe& decoder_recipe(const std::string& model_type) {
+  std::string known;
+  for (const DecoderRecipe& r : kDecoderRecipes) {
+    if (r.model_type == model_type) return r;
+    known += (known.empty() ? "" : " or ") + std::string(r.model_type);
+  }
+  fail("decoder: model_type must be ", known, ", got \"", model_type, "\"");
+}
 
 struct DecoderImpl::Layout {
   struct Layer {
@@ -57,73 +98,69 @@ DecoderImpl::DecoderImpl(const ModelConfig& cfg_in, const CheckpointNames* ckpt,
   ModelConfig& c = cfg_;
   head_ = TaskKind::lm;
   if (c.model_type.empty()) c.model_type = "llama";
-  gpt2_ = c.model_type == "gpt2";
+  recipe_ = &decoder_recipe(c.model_type);
+  const DecoderRecipe& R = *recipe_;
+  const bool fused_qkv = R.k.empty();
   if (c.kv_heads == 0) c.kv_heads = c.heads;
   if (c.head_dim == 0 && c.heads > 0) c.head_dim = c.hidden / c.heads;
   check(c.hidden >= 1 && c.layers >= 1 && c.heads >= 1 && c.ffn >= 1 && c.vocab >= 1 && c.head_dim >= 1 &&
             c.kv_heads >= 1 && c.heads % c.kv_heads == 0,
         "decoder: sizes must be >= 1 (hidden, layers, heads, ffn, vocab), heads a multiple of kv_heads");
-  check(gpt2_ || c.head_dim % 2 == 0, "decoder: head_dim must be even for rotary embeddings, got ", c.head_dim);
-  check(!gpt2_ || (c.max_positions >= 1 && c.kv_heads == c.heads && c.heads * c.head_dim == c.hidden),
-        "decoder: GPT-2 needs n_positions >= 1 and n_head x head_dim = n_embd, without grouped heads");
-  check(c.model_type == "llama" || gpt2_, "decoder: model_type must be llama or gpt2, got \"", c.model_type, "\"");
-  if (!(c.eps > 0)) c.eps = gpt2_ ? 1e-5f : 1e-6f;
+  check(R.learned_positions || c.head_dim % 2 == 0, "decoder: head_dim must be even for rotary embeddings, got ",
+        c.head_dim);
+  check(!R.learned_positions || c.max_positions >= 1, "decoder: ", c.model_type,
+        " needs its learned positions' count (n_positions >= 1)");
+  check(!fused_qkv || (c.kv_heads == c.heads && c.heads * c.head_dim == c.hidden), "decoder: ", c.model_type,
+        "'s fused q|k|v matrix needs n_head x head_dim = n_embd, without grouped heads");
+  check(!R.tied_head || c.tie_embeddings, "decoder: ", c.model_type,
+        "'s output layer is tied to the embeddings (tie_word_embeddings true)");
+  if (!(c.eps > 0)) c.eps = R.eps;
   if (!(c.rope_theta > 0)) c.rope_theta = 10000.f;
   const int64_t H = c.hidden, F = c.ffn, Q = c.heads * c.head_dim, KV = c.kv_heads * c.head_dim;
   Layout& L = *layout_;
-  if (gpt2_) {
-    L.embed = add("wte.weight", {c.vocab, H}, Init::normal);
-    L.pos = add("wpe.weight", {c.max_positions, H}, Init::normal);
-  } else {
-    L.embed = add("model.embed_tokens.weight", {c.vocab, H}, Init::normal);
-  }
+  auto name = [](std::string_view a, std::string_view b, const char* what) { return std::string(a) + std::string(b) + what; };
+  // A norm's gain, and with LayerNorm its bias: the bias's offset in *bias.
+  auto norm = [&](const std::string& n, int64_t* bias) {
+    const int64_t gain = add(n + ".weight", {H}, Init::one);
+    if (R.layer_norm) *bias = add(n + ".bias", {H}, Init::zero);
+    return gain;
+  };
+  // A linear map's weight (out, in) from `parts` stacked in order (one GEMM), and with biases theirs.
+  auto linear = [&](const std::string& p, std::initializer_list<std::pair<std::string_view, int64_t>> parts, int64_t in,
+                    int64_t* bias) {
+    int64_t w = -1;
+    for (const auto& [part, out] : parts) {
+      const int64_t o = add_linear(name(p, part, ".weight"), {out, in}, R.conv1d);
+      if (w < 0) w = o;
+    }
+    if (R.biases)
+      for (const auto& [part, out] : parts) {
+        const int64_t o = add(name(p, part, ".bias"), {out}, Init::zero);
+        if (*bias < 0) *bias = o;
+      }
+    return w;
+  };
+  L.embed = add(name(R.embed, "", ".weight"), {c.vocab, H}, Init::normal);
+  if (R.learned_positions) L.pos = add(name(R.pos, "", ".weight"), {c.max_positions, H}, Init::normal);
   for (int64_t l = 0; l < c.layers; ++l) {
     Layout::Layer y;
-    if (gpt2_) {
-      const std::string p = "h." + std::to_string(l) + ".";
-      y.in_norm = add(p + "ln_1.weight", {H}, Init::one);
-      y.in_norm_b = add(p + "ln_1.bias", {H}, Init::zero);
-      y.wqkv = add_linear(p + "attn.c_attn.weight", {3 * H, H}, true);
-      y.bqkv = add(p + "attn.c_attn.bias", {3 * H}, Init::zero);
-      y.wo = add_linear(p + "attn.c_proj.weight", {H, H}, true);
-      y.bo = add(p + "attn.c_proj.bias", {H}, Init::zero);
-      y.post_norm = add(p + "ln_2.weight", {H}, Init::one);
-      y.post_norm_b = add(p + "ln_2.bias", {H}, Init::zero);
-      y.wgu = add_linear(p + "mlp.c_fc.weight", {F, H}, true);
-      y.bgu = add(p + "mlp.c_fc.bias", {F}, Init::zero);
-      y.down = add_linear(p + "mlp.c_proj.weight", {H, F}, true);
-      y.bdown = add(p + "mlp.c_proj.bias", {H}, Init::zero);
-      y.begin = y.in_norm;
-      y.end = y.bdown + H;
-      L.layers.push_back(y);
-      if (l == 0) check_layers_fit(y.begin);
-      continue;
-    }
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    y.in_norm = add(p + "input_layernorm.weight", {H}, Init::one);
+    const std::string p = std::string(R.layer) + std::to_string(l) + ".";
+    y.in_norm = norm(p + std::string(R.in_norm), &y.in_norm_b);
     // q, k, v adjacent (one (Q + 2KV, H) matrix: one GEMM), and gate, up (one (2F, H) matrix).
-    y.wqkv = add_linear(p + "self_attn.q_proj.weight", {Q, H});
-    add_linear(p + "self_attn.k_proj.weight", {KV, H});
-    add_linear(p + "self_attn.v_proj.weight", {KV, H});
-    y.wo = add_linear(p + "self_attn.o_proj.weight", {H, Q});
-    y.post_norm = add(p + "post_attention_layernorm.weight", {H}, Init::one);
-    y.wgu = add_linear(p + "mlp.gate_proj.weight", {F, H});
-    add_linear(p + "mlp.up_proj.weight", {F, H});
-    y.down = add_linear(p + "mlp.down_proj.weight", {H, F});
+    y.wqkv = fused_qkv ? linear(p, {{R.q, Q + 2 * KV}}, H, &y.bqkv)
+                       : linear(p, {{R.q, Q}, {R.k, KV}, {R.v, KV}}, H, &y.bqkv);
+    y.wo = linear(p, {{R.o, H}}, Q, &y.bo);
+    y.post_norm = norm(p + std::string(R.post_norm), &y.post_norm_b);
+    y.wgu = R.gelu_mlp ? linear(p, {{R.gate, F}}, H, &y.bgu) : linear(p, {{R.gate, F}, {R.up, F}}, H, &y.bgu);
+    y.down = linear(p, {{R.down, H}}, F, &y.bdown);
     y.begin = y.in_norm;
-    y.end = y.down + H * F;
+    y.end = param_count();
     L.layers.push_back(y);
     if (l == 0) check_layers_fit(y.begin);
   }
-  if (gpt2_) {
-    L.norm = add("ln_f.weight", {H}, Init::one);
-    L.norm_b = add("ln_f.bias", {H}, Init::zero);
-    check(c.tie_embeddings, "decoder: GPT-2's output layer is tied to wte (tie_word_embeddings true)");
-  } else {
-    L.norm = add("model.norm.weight", {H}, Init::one);
-  }
+  L.norm = norm(std::string(R.norm), &L.norm_b);
   // A tied output layer is the embedding, which stays f32 (one row of it is read per token).
-  L.lm_head = c.tie_embeddings ? L.embed : add_linear("lm_head.weight", {c.vocab, H});
+  L.lm_head = c.tie_embeddings ? L.embed : add_linear(name(R.lm_head, "", ".weight"), {c.vocab, H});
   allocate();
   att_ = std::make_unique<LayerAttention>(c.layers, true, c.kv_heads != c.heads);
   att_->set_plan("full");
@@ -136,7 +173,8 @@ std::unique_ptr<DecoderImpl> DecoderImpl::for_checkpoint(ModelConfig cfg, const 
   // GPT2LMHeadModel stores the model under "transformer."; GPT2Model (the original gpt2 files)
   // stores it bare.
   CheckpointNames names{&w, "", {}};
-  if (cfg.model_type == "gpt2" && w.has("transformer.wte.weight")) names.prefix = "transformer.";
+  const DecoderRecipe& r = decoder_recipe(cfg.model_type.empty() ? "llama" : cfg.model_type);
+  if (!r.wrapper.empty() && w.has(std::string(r.wrapper) + std::string(r.embed) + ".weight")) names.prefix = r.wrapper;
   std::unique_ptr<DecoderImpl> d(new DecoderImpl(cfg, &names, opt.weights));
   d->init(opt.seed);
   return d;
@@ -147,7 +185,7 @@ std::unique_ptr<DecoderImpl> DecoderImpl::for_checkpoint(ModelConfig cfg, const 
 DecoderImpl::Bufs DecoderImpl::plan(int64_t B, int64_t T, bool train, bool head, float* base) const {
   const ModelConfig& c = cfg_;
   const int64_t rows = B * T, H = c.hidden, F = c.ffn, Q = c.heads * c.head_dim, QKV = Q + 2 * c.kv_heads * c.head_dim;
-  const int64_t nstat = gpt2_ ? 2 * rows : rows;
+  const int64_t nstat = recipe_->layer_norm ? 2 * rows : rows;
   model::Carver a(base);
   Bufs b;
   if (train) {
@@ -224,7 +262,7 @@ void DecoderImpl::forward_layers(int64_t B, int64_t T, std::span<const int32_t> 
                              bool train, uint64_t step, int64_t first) {
   const ModelConfig& c = cfg_;
   const int64_t rows = B * T, H = c.hidden, F = c.ffn, nh = c.heads, kvh = c.kv_heads, hd = c.head_dim;
-  const int64_t Q = nh * hd, KV = kvh * hd, QKV = Q + 2 * KV, GU = gpt2_ ? F : 2 * F;
+  const int64_t Q = nh * hd, KV = kvh * hd, QKV = Q + 2 * KV, GU = recipe_->gelu_mlp ? F : 2 * F;
   const bool drop = train && dropout_ > 0;
   const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_.T);  // global lengths
   auto hv = [&](float* base, int64_t heads, int64_t ld) { return model::heads_view(base, B, heads, T, hd, ld); };
@@ -236,7 +274,7 @@ void DecoderImpl::forward_layers(int64_t B, int64_t T, std::span<const int32_t> 
     float* xnext = l + 1 < c.layers ? b.S[static_cast<size_t>(l + 1)].x : b.xl;
     norm_fwd(s.xn1, s.x, y.in_norm, y.in_norm_b, rows, s.r1);
     lin(s.qkv, QKV, s.xn1, H, y.wqkv, bias(y.bqkv), rows, H, QKV);
-    if (!gpt2_) {
+    if (!recipe_->learned_positions) {
       nn::rope_fwd(s.qkv, QKV, hd, pos, rows, nh, hd, c.rope_theta);
       nn::rope_fwd(s.qkv + Q, QKV, hd, pos, rows, kvh, hd, c.rope_theta);
     }
@@ -260,7 +298,7 @@ void DecoderImpl::forward_layers(int64_t B, int64_t T, std::span<const int32_t> 
     }
     norm_fwd(s.xn2, s.u1, y.post_norm, y.post_norm_b, rows, s.r2);
     lin(s.gu, GU, s.xn2, H, y.wgu, bias(y.bgu), rows, H, GU);
-    if (gpt2_) nn::gelu_fwd(b.sbuf, s.gu, rows * F, nn::Gelu::tanh);
+    if (recipe_->gelu_mlp) nn::gelu_fwd(b.sbuf, s.gu, rows * F, nn::Gelu::tanh);
     else nn::swiglu_rows_fwd(b.sbuf, F, s.gu, 2 * F, rows, F);
     // x' = u1 + drop(s·Wdown + bdown)
     if (drop) {
@@ -287,13 +325,13 @@ void DecoderImpl::inference_logits(float* out, int64_t n) {
 }
 
 void DecoderImpl::norm_fwd(float* y, const float* x, int64_t gain, int64_t bias, int64_t rows, float* stat) {
-  if (gpt2_) nn::layernorm_fwd(y, x, p(gain), p(bias), rows, cfg_.hidden, cfg_.eps, stat, stat ? stat + rows : nullptr);
+  if (recipe_->layer_norm) nn::layernorm_fwd(y, x, p(gain), p(bias), rows, cfg_.hidden, cfg_.eps, stat, stat ? stat + rows : nullptr);
   else nn::rmsnorm_fwd(y, x, p(gain), rows, cfg_.hidden, cfg_.eps, stat);
 }
 
 void DecoderImpl::norm_bwd(float* dx, int64_t gain, int64_t bias, const float* dy, const float* x, const float* stat,
                        int64_t rows, bool accumulate) {
-  if (gpt2_) nn::layernorm_bwd(dx, g(gain), g(bias), dy, x, p(gain), stat, stat + rows, rows, cfg_.hidden, accumulate);
+  if (recipe_->layer_norm) nn::layernorm_bwd(dx, g(gain), g(bias), dy, x, p(gain), stat, stat + rows, rows, cfg_.hidden, accumulate);
   else nn::rmsnorm_bwd(dx, g(gain), dy, x, p(gain), stat, rows, cfg_.hidden, accumulate);
 }
 
@@ -301,7 +339,7 @@ void DecoderImpl::embed(const int32_t* ids, int64_t rows) {
   const int64_t H = cfg_.hidden;
   float* x = bufs_->S[0].x;  // (rows, H)
   nn::embedding_fwd(x, ids, p(layout_->embed), rows, H, cfg_.vocab);
-  if (!gpt2_) return;
+  if (!recipe_->learned_positions) return;
   const int32_t last = *std::max_element(posbuf_.begin(), posbuf_.begin() + rows);
   check(last < cfg_.max_positions, "decoder: position ", last, " is past GPT-2's ", cfg_.max_positions,
         " learned positions (n_positions)");
@@ -315,7 +353,7 @@ void DecoderImpl::embed(const int32_t* ids, int64_t rows) {
 void DecoderImpl::embed_backward(const int32_t* ids, int64_t B, int64_t T, const float* dx) {
   const int64_t H = cfg_.hidden;
   nn::embedding_bwd(g(layout_->embed), ids, dx, B * T, H, cfg_.vocab);
-  if (!gpt2_) return;
+  if (!recipe_->learned_positions) return;
   float* dpos = g(layout_->pos);
   model::for_rows(T, B * H, [&](int64_t t) {  // each position's row summed over the batch in order
     float* row = dpos + static_cast<int64_t>(posbuf_[static_cast<size_t>(t)]) * H;
@@ -330,7 +368,7 @@ void DecoderImpl::backward_layers(int64_t B, int64_t T, std::span<const int32_t>
                               int64_t first) {
   const ModelConfig& c = cfg_;
   const int64_t rows = B * T, H = c.hidden, F = c.ffn, nh = c.heads, kvh = c.kv_heads, hd = c.head_dim;
-  const int64_t Q = nh * hd, KV = kvh * hd, QKV = Q + 2 * KV, GU = gpt2_ ? F : 2 * F;
+  const int64_t Q = nh * hd, KV = kvh * hd, QKV = Q + 2 * KV, GU = recipe_->gelu_mlp ? F : 2 * F;
   const bool drop = dropout_ > 0;
   const std::span<const int32_t> lens = model::padding_lengths(lengths, seq_.T);  // global lengths
   auto hv = [&](float* base, int64_t heads, int64_t ld) { return model::heads_view(base, B, heads, T, hd, ld); };
@@ -347,12 +385,12 @@ void DecoderImpl::backward_layers(int64_t B, int64_t T, std::span<const int32_t>
       dropout_grad(b.dt, dx, B, T, H, l, 1, step, first);
       dff = b.dt;
     }
-    if (gpt2_) nn::gelu_fwd(b.sbuf, s.gu, rows * F, nn::Gelu::tanh);
+    if (recipe_->gelu_mlp) nn::gelu_fwd(b.sbuf, s.gu, rows * F, nn::Gelu::tanh);
     else nn::swiglu_rows_fwd(b.sbuf, F, s.gu, 2 * F, rows, F);
     lin_bwd_held(hold, b.dgu, GU, {y.down, y.bdown, dff, H, b.sbuf, F, rows, F, H}, p(y.down), b.keep_ffn);
     // dgu holds d(act) in the first F columns of each row. SwiGLU's backward writes dgate over
     // it and dup beside it; GELU's takes it in place.
-    if (gpt2_) nn::gelu_bwd(b.dgu, b.dgu, s.gu, rows * F, nn::Gelu::tanh);
+    if (recipe_->gelu_mlp) nn::gelu_bwd(b.dgu, b.dgu, s.gu, rows * F, nn::Gelu::tanh);
     else nn::swiglu_rows_bwd(b.dgu, 2 * F, b.dgu, 2 * F, s.gu, 2 * F, rows, F);
     lin_bwd_held(hold, b.dt2, H, {y.wgu, y.bgu, b.dgu, GU, s.xn2, H, rows, H, GU}, p(y.wgu), nullptr);
     // f = norm2(u1): du1 = dx + norm2'(df)
@@ -369,7 +407,7 @@ void DecoderImpl::backward_layers(int64_t B, int64_t T, std::span<const int32_t>
                                             lens, step, true);
     att_->backward(l, ai, hv(s.ao, nh, Q), hv(b.dao, nh, Q), hv(b.dqkv, nh, QKV), hv(b.dqkv + Q, kvh, QKV),
                    hv(b.dqkv + Q + KV, kvh, QKV));
-    if (!gpt2_) {
+    if (!recipe_->learned_positions) {
       nn::rope_bwd(b.dqkv, QKV, hd, pos, rows, nh, hd, c.rope_theta);
       nn::rope_bwd(b.dqkv + Q, QKV, hd, pos, rows, kvh, hd, c.rope_theta);
     }
@@ -478,8 +516,8 @@ std::vector<float> DecoderImpl::prefill(std::span<const int32_t> ids) {
         "the KV cache spread over them; decoding after it is not supported (start() again, or prefill in one process)");
   if (split_on()) return split_prefill(ids);
   check(pos_ + T <= cache_[0].capacity(), "decoder: ", pos_ + T, " positions exceed the cache capacity ", cache_[0].capacity());
-  check(!gpt2_ || pos_ + T <= cfg_.max_positions, "decoder: ", pos_ + T, " positions exceed GPT-2's ",
-        cfg_.max_positions, " learned positions (n_positions)");
+  check(!recipe_->learned_positions || pos_ + T <= cfg_.max_positions, "decoder: ", pos_ + T, " positions exceed ",
+        cfg_.model_type, "'s ", cfg_.max_positions, " learned positions (n_positions)");
   // A decode step (T = 1) or a short prompt: on one thread, or as many as the work pays for.
   const ThreadLimit threads(threads_for_flops(inference_flops(T, static_cast<double>(pos_) + 0.5 * static_cast<double>(T))));
   carve(1, T, false, false);

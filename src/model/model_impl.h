@@ -24,6 +24,7 @@
 namespace clattn {
 
 class LayerAttention;  // src/model/layer_attention.h: the per-layer attention stack
+struct DecoderRecipe;  // src/model/decoder.cpp: a decoder family as data
 class Weights;         // src/model/weights.h: a checkpoint's tensors, read into memory at load
 
 // What a layout is checked against as it is made, before anything is allocated: the tensors of a
@@ -363,7 +364,7 @@ class DecoderImpl final : public ModelImpl {
   std::vector<KVCache> cache_;
   KVCacheType kv_type_ = KVCacheType::f32;  // what start() allocates
   std::vector<int32_t> posbuf_;
-  bool gpt2_ = false;  // model_type gpt2 (see the class comment)
+  const DecoderRecipe* recipe_ = nullptr;  // the family (decoder.cpp's table)
   int64_t pos_ = 0;
   bool split_prefill_ = false;
 };

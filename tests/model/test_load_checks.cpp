@@ -266,3 +266,53 @@ TEST(LoadChecks, RandomModelTooLargeForMemoryIsRefusedBeforeAllocation) {
 
 }  // namespace
 }  // namespace clattn
+
+namespace clattn {
+namespace {
+
+// The decoder families are recipes (src/model/decoder.cpp): each lays out the tensors its
+// Hugging Face checkpoints hold, in their order and shapes, and an unknown family is named with
+// the ones there are.
+TEST(DecoderRecipes, ParametersAreTheFamilysTensors) {
+  const auto names = [](const ModelConfig& c) {
+    std::vector<std::string> out;
+    const std::unique_ptr<Model> m = Model::create(c, TaskKind::lm, 1);
+    for (const ParamInfo& p : m->param_info())
+      out.push_back(p.shape.size() == 2 ? detail::concat(p.name, "(", p.shape[0], ",", p.shape[1], ")")
+                                        : detail::concat(p.name, "(", p.shape[0], ")"));
+    return out;
+  };
+  const std::vector<std::string> llama = names(tiny_llama());
+  ASSERT_EQ(llama.size(), 1 + 2 * 9 + 2u);
+  const std::vector<std::string> layer1(llama.begin() + 10, llama.begin() + 19);
+  EXPECT_EQ(layer1, (std::vector<std::string>{
+                        "model.layers.1.input_layernorm.weight(8)", "model.layers.1.self_attn.q_proj.weight(8,8)",
+                        "model.layers.1.self_attn.k_proj.weight(4,8)", "model.layers.1.self_attn.v_proj.weight(4,8)",
+                        "model.layers.1.self_attn.o_proj.weight(8,8)", "model.layers.1.post_attention_layernorm.weight(8)",
+                        "model.layers.1.mlp.gate_proj.weight(12,8)", "model.layers.1.mlp.up_proj.weight(12,8)",
+                        "model.layers.1.mlp.down_proj.weight(8,12)"}));
+  EXPECT_EQ(llama.front(), "model.embed_tokens.weight(16,8)");
+  EXPECT_EQ(llama.back(), "lm_head.weight(16,8)");  // untied
+  const std::vector<std::string> gpt2 = names(tiny_gpt2());
+  ASSERT_EQ(gpt2.size(), 2 + 2 * 12 + 2u);
+  // Conv1D matrices are named as stored and held (out, in); shapes here are as held.
+  EXPECT_EQ(std::vector<std::string>(gpt2.begin() + 2, gpt2.begin() + 14),
+            (std::vector<std::string>{"h.0.ln_1.weight(8)", "h.0.ln_1.bias(8)", "h.0.attn.c_attn.weight(24,8)",
+                                      "h.0.attn.c_attn.bias(24)", "h.0.attn.c_proj.weight(8,8)", "h.0.attn.c_proj.bias(8)",
+                                      "h.0.ln_2.weight(8)", "h.0.ln_2.bias(8)", "h.0.mlp.c_fc.weight(32,8)",
+                                      "h.0.mlp.c_fc.bias(32)", "h.0.mlp.c_proj.weight(8,32)", "h.0.mlp.c_proj.bias(8)"}));
+  EXPECT_EQ(gpt2[0], "wte.weight(16,8)");
+  EXPECT_EQ(gpt2[1], "wpe.weight(32,8)");
+  EXPECT_EQ(gpt2.back(), "ln_f.bias(8)");  // tied: no lm_head
+  ModelConfig other = tiny_llama();
+  other.model_type = "mistral";
+  try {
+    Model::create(other, TaskKind::lm, 1);
+    ADD_FAILURE() << "an unknown decoder family was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model_type must be llama or gpt2, got \"mistral\""), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace clattn
