@@ -1,5 +1,6 @@
 // The registry: every variant by name, with its parameters, listed explicitly so a static link
 // never drops one. A variant registered here is complete: forward, backward, tests, benchmarks.
+// Code outside the library (a test, a program's own variant) adds one with register_attention.
 #include <sstream>
 
 #include "attention/registry.h"
@@ -8,8 +9,10 @@
 
 namespace clattn {
 
-const std::vector<Registration>& registrations() {
-  static const std::vector<Registration> kAll = {
+namespace {
+
+std::vector<Registration>& table() {
+  static std::vector<Registration> kAll = {
       {"full", "scale=<float>", "exact softmax attention, tiled (FlashAttention-2 style)", "full", make_full},
       {"clustered",
        "clusters=<int, required>, bits=63, iterations=10, hash_bias=true, clustering=lsh|positional, "
@@ -44,6 +47,21 @@ const std::vector<Registration>& registrations() {
        "conditional-full:length_limit=512,improved-clustered:clusters=100", make_conditional_full},
   };
   return kAll;
+}
+
+}  // namespace
+
+const std::vector<Registration>& registrations() { return table(); }
+
+void register_attention(Registration r) {
+  check(!r.name.empty() && r.name.find_first_of(":,=;") == std::string::npos && r.make,
+        "register_attention: a variant needs a name without ':', ',', '=' or ';' and a factory");
+  for (const Registration& e : table())
+    check(e.name != r.name, "register_attention: '", r.name, "' is already registered");
+  const Spec example = parse_spec(r.example);
+  check(example.name == r.name, "register_attention: the example spec '", r.example, "' does not name '", r.name, "'");
+  (void)describe_parameters(r.make, example);  // the example builds, or this throws
+  table().push_back(std::move(r));
 }
 
 std::unique_ptr<Attention> make_attention(std::string_view text) {

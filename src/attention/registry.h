@@ -61,6 +61,11 @@ struct Registration {
   AttentionFactory make;
 };
 const std::vector<Registration>& registrations();
+// Adds a variant from outside the library's table (a test's own, a program's): make_attention,
+// registered_attentions and the sequence split's refusal lists then know it as any other. Its
+// name must be new and its example spec must build. Not thread-safe: register at start-up,
+// before attention is made or listed elsewhere.
+void register_attention(Registration r);
 
 // Factories of the registered variants; registry.cpp lists them (explicitly, so a static link
 // never drops one).

@@ -4,13 +4,15 @@
 // softmax whose scores are all equal — whose split forward all-reduces each head's value sum and
 // whose backward all-reduces the heads' summed dout. It keeps its own state in the Context, its
 // traffic is counted by the dispatcher's counting communicator, and it runs at 1-4 ranks against
-// its own one-process forward and backward.
+// its own one-process forward and backward; registered from here, it is one of the registry's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "attention/registry.h"
 #include "clattn/attention.h"
 #include "clattn/comm.h"
 #include "clattn/error.h"
@@ -174,6 +176,36 @@ TEST(SplitPlugin, AVariantOfTheTestsOwnSplitsAndMatchesOneProcess) {
       EXPECT_NE(std::string(e.what()).find("the forward of the same attention"), std::string::npos) << e.what();
     }
   });
+}
+
+// Registered from here, the variant is one of the registry's: made by name, listed with its
+// capabilities, and named where the sequence split lists the variants that split.
+TEST(SplitPlugin, RegisteredFromTheTestItIsOneOfTheRegistrys) {
+  const auto make = [](const Spec& spec) -> std::unique_ptr<Attention> {
+    SpecReader r(spec);
+    r.finish();
+    return std::make_unique<MeanAttention>();
+  };
+  if (std::none_of(registrations().begin(), registrations().end(),
+                   [](const Registration& x) { return x.name == "mean-of-values"; }))
+    register_attention({"mean-of-values", "", "the mean of the values (a test's own variant)", "mean-of-values", make});
+  EXPECT_EQ(make_attention("mean-of-values")->name(), "mean-of-values");
+  bool listed = false;
+  for (const VariantInfo& v : registered_attentions())
+    listed |= v.name == "mean-of-values" && v.capabilities.splits_sequence && !v.capabilities.splits_sequence_causal;
+  EXPECT_TRUE(listed);
+  std::string why;
+  EXPECT_FALSE(sequence_parallel_supported(*make_attention("reformer"), false, &why));
+  EXPECT_NE(why.find("mean-of-values (not causal)"), std::string::npos) << why;
+  for (const char* bad : {"mean-of-values", "has:colon", ""}) {
+    try {
+      register_attention({bad, "", "", "mean-of-values", make});
+      ADD_FAILURE() << "registered '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("register_attention"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(make_attention("mean-of-values:x=1"), Error);  // its own SpecReader's rules
 }
 
 }  // namespace
