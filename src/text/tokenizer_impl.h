@@ -74,6 +74,12 @@ inline void replace_all(std::string& s, std::string_view from, std::string_view 
 
 inline std::string quoted(std::string_view s) { return json(std::string(s)).dump(); }
 
+// A field of obj, nullptr when it is absent or null.
+inline const json* opt(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  return it == obj.end() || it->is_null() ? nullptr : &*it;
+}
+
 }  // namespace clattn::tok
 
 namespace clattn {
