@@ -145,6 +145,7 @@ void run_eval(const EvalArgs& a) {
   }
   std::unique_ptr<Progress> progress;
   std::unique_ptr<ResultTable> table;  // its metric column is named by the task: made at the first plan
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();  // the rows, as printed
   auto row = [](const CheckpointEval& e, size_t i) {
     const EvalResult& r = e.results[i];
     return nlohmann::ordered_json{{"attention", e.plans[i]}, {"eval_loss", r.loss}, {"eval_metric", r.metric},
@@ -172,10 +173,11 @@ void run_eval(const EvalArgs& a) {
         }
         progress->set(static_cast<int64_t>(i), detail::concat(e.plans[i], ", batches of ", e.batch));
       },
-      [&](const CheckpointEval& e, size_t i) { progress->above([&] { table->row(row(e, i)); }); });
+      [&](const CheckpointEval& e, size_t i) {
+        results.push_back(row(e, i));
+        progress->above([&] { table->row(results.back()); });
+      });
   if (progress) progress->finish();
-  nlohmann::ordered_json results = nlohmann::ordered_json::array();
-  for (size_t i = 0; i < ev.plans.size(); ++i) results.push_back(row(ev, i));
   if (table)
     table->end({{"checkpoint", ev.folder}, {"task", ev.task}, {"seq", ev.seq}, {"results", results}});
 }

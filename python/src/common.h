@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "clattn/error.h"
 #include "clattn/tensor.h"
 
 namespace clattn::py {
@@ -82,5 +83,14 @@ int initial_threads();
 std::string utf8_safe(const std::string& s);
 // ValueError with clattn's message, made UTF-8-safe.
 [[noreturn]] void throw_value_error(const std::string& what);
+// f(), with clattn's errors raised as ValueError: for calls whose every refusal is a bad argument.
+template <class F>
+auto value_errors(F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    throw_value_error(e.what());
+  }
+}
 
 }  // namespace clattn::py

@@ -8,7 +8,6 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
-#include "clattn/error.h"
 #include "clattn/plan_search.h"
 #include "common.h"
 
@@ -21,12 +20,8 @@ void bind_plan(pb::module_& m) {
         const FloatArg r = float_arg(reference, "reference", 2, "(rows, classes)");
         const FloatArg a = float_arg(approx, "approx", 2, "(rows, classes)");
         const pb::array_t<int32_t> l = int_arg(labels, "labels");
-        LogitAgreement g;
-        try {
-          g = compare_logits(r.view, a.view, span_of(l));
-        } catch (const Error& e) {
-          throw pb::value_error(e.what());  // everything it refuses is a shape or a value
-        }
+        // Everything it refuses is a shape or a value.
+        const LogitAgreement g = value_errors([&] { return compare_logits(r.view, a.view, span_of(l)); });
         pb::dict out;
         out["agreement"] = g.agreement;
         out["accuracy"] = g.accuracy < 0 ? pb::object(pb::none()) : pb::object(pb::float_(g.accuracy));

@@ -28,15 +28,6 @@ TruncationStrategy parse_strategy(const std::string& s) {
 
 namespace {
 
-template <class F>
-auto value_errors(F&& f) {
-  try {
-    return f();
-  } catch (const Error& e) {
-    throw_value_error(e.what());
-  }
-}
-
 // A tokenizer.json path, or a model folder holding one.
 std::string tokenizer_path(const std::filesystem::path& p) {
   std::error_code ec;
