@@ -24,7 +24,7 @@ struct GenerateOptions {
   int64_t tokens = 128;
   SamplingOptions sampling;
   std::vector<std::string> stop;
-  bool context_shift = false;
+  std::string context_shift = "off";  // off, auto, rotate, reencode
   int64_t keep = -1;  // -1: the BOS when the prompt starts with one, else 0
   int threads = 0;
 };
@@ -61,10 +61,10 @@ void run_generate(const GenerateOptions& o) {
   }
   const int64_t ctx = dec->config().max_positions;
   const int64_t cap = static_cast<int64_t>(prompt.size()) + o.tokens;
-  check(o.context_shift || ctx <= 0 || cap <= ctx, "generate: prompt (", prompt.size(), " tokens) + --tokens ",
-        o.tokens, " exceed the model's context of ", ctx, " (--context-shift continues past it)");
   GenerateControl control;
-  control.context_shift = o.context_shift;
+  control.context_shift = parse_context_shift(o.context_shift);
+  check(control.context_shift != ContextShift::off || ctx <= 0 || cap <= ctx, "generate: prompt (", prompt.size(),
+        " tokens) + --tokens ", o.tokens, " exceed the model's context of ", ctx, " (--context-shift continues past it)");
   control.keep = o.keep >= 0 ? o.keep : (tok.bos_id() >= 0 && prompt.front() == tok.bos_id() ? 1 : 0);
   check_memory(dec->forward_bytes(1, static_cast<int64_t>(prompt.size()), ctx > 0 ? std::min(cap, ctx) : cap),
                "generate: " + o.model);
@@ -99,7 +99,8 @@ void run_generate(const GenerateOptions& o) {
   std::fprintf(stderr, "generate: %s; prefill %zu tokens at %.0f tokens/s, decode %zu tokens at %.0f tokens/s%s\n",
                dec->attention_plan().c_str(), prompt.size(), static_cast<double>(prompt.size()) / std::max(st.prefill_s, 1e-9),
                made.size(), static_cast<double>(made.size()) / std::max(st.decode_s, 1e-9),
-               st.shifts > 0 ? detail::concat(" (", st.shifts, " context shifts, keeping ", control.keep, ")").c_str() : "");
+               st.shifts > 0 ? detail::concat(" (", st.shifts, " context shifts by ", context_shift_name(st.shifted_by),
+                                              ", keeping ", control.keep, ")").c_str() : "");
   if (stops.stopped()) std::fprintf(stderr, "generate: stopped at a --stop string\n");
   if (st.steps > 0 && st.shifts == 0) {
     // Each step reads the weights and the cache (at the mean context of the run); a 64 MB read
@@ -143,9 +144,11 @@ void add_generate(CLI::App& app) {
                   "tokens the penalties look back over, prompt included (-1: all, 0: off)")->capture_default_str();
   sub->add_option("--seed", so.seed, "sampling seed")->capture_default_str();
   sub->add_option("--stop", o->stop, "stop when the text holds this string (not shown); repeatable");
-  sub->add_flag("--context-shift", o->context_shift,
-                "past the model's context, drop the oldest half of the tokens after --keep and encode the window "
-                "again (else refused)");
+  sub->add_flag("--context-shift{auto}", o->context_shift,
+                "past the model's context, drop the oldest half of the tokens after --keep (else refused): "
+                "--context-shift=rotate keeps the cache and rotates its keys (RoPE models, as llama.cpp), "
+                "=reencode encodes the window again (any model); alone: rotate where the model can, else reencode")
+      ->check(CLI::IsMember({"off", "auto", "rotate", "reencode"}, CLI::ignore_case));
   sub->add_option("--keep", o->keep, "tokens at the start a context shift keeps (default: the BOS, if any)");
   add_kv_cache_option(sub, o->kv_cache);
   add_weights_option(sub, o->weights);

@@ -30,10 +30,12 @@
 //
 // Besides the rows, an attention may keep derived state with the cache (causal clustered keeps
 // each head's current centroids and their running attention over the prefix, so a decode step
-// does not recompute them): a pure function of the rows held, dropped by clear() and truncate().
+// does not recompute them): a pure function of the rows held, dropped by clear(), truncate() and
+// drop().
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string_view>
 #include <typeinfo>
@@ -79,6 +81,17 @@ class KVCache {
   }
   // Keeps the first n positions (n <= size()): rewinds a speculative or beam step.
   void truncate(int64_t n);
+  // In-place rotation of n rows of one (batch row, head), row stride ld, the first dk() floats of
+  // each: what drop() applies to the keys (and queries) it moves.
+  using RowRotation = std::function<void(float* rows, int64_t n, int64_t ld)>;
+  // Removes positions [first, first + count) and moves the later ones down by count (a context
+  // shift): keys, values and queries in every layout, the magnitudes, derived state dropped (as
+  // truncate() does; an attention rebuilds it from the rows). `rotate`, when given, is applied to
+  // every moved key row and query row — a RoPE decoder passes the rotation by −count positions,
+  // so the moved keys read as computed at their new positions. A 16-bit cache widens the moved
+  // keys, rotates and rounds them again (one more rounding, as llama.cpp's shift of an f16 cache).
+  // Throws, with the cache unchanged, when the range is not within [0, size()).
+  void drop(int64_t first, int64_t count, const RowRotation& rotate = {});
 
   int64_t size() const { return size_; }
   int64_t capacity() const { return cap_; }

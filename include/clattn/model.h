@@ -374,6 +374,15 @@ class Decoder final : public Model {
   std::vector<float> prefill(std::span<const int32_t> ids);
   std::vector<float> step(int32_t id);
   int64_t position() const;
+  // A context shift on the cache, as llama.cpp's: drops positions [keep, keep + discard) and moves
+  // the later ones down by discard, their keys (and any queries a layer keeps) rotated by RoPE
+  // through −discard positions, so they read as computed at their new positions; position()
+  // falls by discard. Every layer keeps the states it computed with the dropped tokens in view
+  // (no recomputation: one pass over the cache instead of a prefill of the window). Refused for
+  // learned absolute positions (GPT-2): those are in every cached key and value; encode the
+  // window again there.
+  void shift(int64_t keep, int64_t discard);
+  bool can_shift() const;  // the positions are rotary (shift() is not refused for the family)
   using Model::forward_bytes;
   // With cache_positions > 0 also the KV caches of that many positions.
   double forward_bytes(int64_t B, int64_t T, int64_t cache_positions) const;
@@ -399,19 +408,28 @@ class Decoder final : public Model {
 // seconds.
 //
 // Past the model's context (prompt + max_tokens > max_positions) generation is refused, unless
-// control.context_shift: then, as llama.cpp does, when the cache is full the oldest half of the
-// tokens after the first control.keep is dropped, and the window left (the first `keep` tokens,
-// then the newest ones) is encoded again from position 0 (a prefill of it): exact attention over
-// the window for every family, GPT-2's learned positions included, at the cost of one prefill per
-// shift. (llama.cpp instead re-rotates its cached keys, keeping states computed with the dropped
-// tokens in view.)
+// control.context_shift says how to go on: then, as llama.cpp does, when the cache is full the
+// oldest half of the tokens after the first control.keep is dropped, and generation continues on
+// the window left (the first `keep` tokens, then the newest ones).
+enum class ContextShift : uint8_t {
+  off,        // refused past the context
+  automatic,  // rotate where the decoder can (rotary positions), else reencode
+  rotate,     // Decoder::shift: the cache kept, its keys rotated (llama.cpp's); refused for GPT-2
+  reencode,   // the window encoded again from position 0 (a prefill of it): exact attention over
+              // the window for every family, learned positions included, at one prefill per shift
+};
+const char* context_shift_name(ContextShift s);  // "off", "auto", "rotate", "reencode"
+// Those names (any case); an Error naming the choices otherwise.
+ContextShift parse_context_shift(std::string_view s);
+
 struct GenerateStats {
   double prefill_s = 0, decode_s = 0;  // decode_s: the steps with sampling and on_token (and shifts)
   int64_t steps = 0;                   // decode steps run (step() calls)
-  int64_t shifts = 0;                  // context shifts (each a prefill of the window)
+  int64_t shifts = 0;                  // context shifts
+  ContextShift shifted_by = ContextShift::off;  // rotate or reencode, once automatic is resolved
 };
 struct GenerateControl {
-  bool context_shift = false;
+  ContextShift context_shift = ContextShift::off;
   int64_t keep = 0;  // tokens at the start a shift keeps (a BOS: 1); at most the context − 2
   // Called after each new token with every new token so far: true stops after it.
   std::function<bool(std::span<const int32_t> made)> stop;

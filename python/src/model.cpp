@@ -201,7 +201,7 @@ void bind_model(pb::module_& m) {
       .def("generate", [](PyDecoder& p, pb::handle prompt, int64_t max_tokens, float temperature, int64_t top_k,
                           float top_p, int64_t seed, bool stop_at_eos, float min_p, float repeat_penalty,
                           float frequency_penalty, float presence_penalty, int64_t repeat_last_n,
-                          std::vector<std::string> stop, bool context_shift, int64_t keep) -> pb::object {
+                          std::vector<std::string> stop, pb::handle context_shift, int64_t keep) -> pb::object {
              if (seed < 0) throw pb::value_error("seed must be >= 0, got " + std::to_string(seed));
              if (max_tokens < 0) throw pb::value_error("max_tokens must be >= 0, got " + std::to_string(max_tokens));
              if (keep < -1) throw pb::value_error("keep must be >= 0 (None: the BOS, if any), got " + std::to_string(keep));
@@ -238,8 +238,20 @@ void bind_model(pb::module_& m) {
                if (in.batched) throw pb::value_error("generate: the prompt is one sequence (T,), got a batch");
                ids.assign(in.ids.data(), in.ids.data() + in.ids.size());
              }
+             // False / True (rotate where the model can, else reencode) or a mode's name.
+             ContextShift shift = ContextShift::off;
+             if (pb::isinstance<pb::bool_>(context_shift))
+               shift = context_shift.cast<bool>() ? ContextShift::automatic : ContextShift::off;
+             else if (pb::isinstance<pb::str>(context_shift))
+               try {
+                 shift = parse_context_shift(context_shift.cast<std::string>());
+               } catch (const Error& e) {
+                 throw pb::value_error(e.what());
+               }
+             else
+               throw pb::type_error("context_shift must be a bool or one of 'off', 'auto', 'rotate', 'reencode'");
              const int64_t ctx = p.m->config().max_positions;
-             if (!context_shift && ctx > 0 && static_cast<int64_t>(ids.size()) + max_tokens > ctx)
+             if (shift == ContextShift::off && ctx > 0 && static_cast<int64_t>(ids.size()) + max_tokens > ctx)
                throw pb::value_error("generate: the prompt (" + std::to_string(ids.size()) + " tokens) and " +
                                      std::to_string(max_tokens) + " new tokens exceed the model's context of " +
                                      std::to_string(ctx) + " (context_shift=True continues past it)");
@@ -252,7 +264,7 @@ void bind_model(pb::module_& m) {
                                      std::to_string(p.m->config().vocab) + ": it cannot decode every id the model may "
                                      "produce; pass token ids, or use the model's own tokenizer");
              GenerateControl control;
-             control.context_shift = context_shift;
+             control.context_shift = shift;
              control.keep = keep >= 0 ? keep : (tok && tok->bos_id() >= 0 && ids.front() == tok->bos_id() ? 1 : 0);
              StopStrings stops(stop);
              int32_t last = ids.back();
@@ -285,14 +297,15 @@ void bind_model(pb::module_& m) {
            pb::arg("top_k") = 0, pb::arg("top_p") = 1.0f, pb::arg("seed") = 0, pb::arg("stop_at_eos") = true,
            pb::arg("min_p") = 0.0f, pb::arg("repeat_penalty") = 1.0f, pb::arg("frequency_penalty") = 0.0f,
            pb::arg("presence_penalty") = 0.0f, pb::arg("repeat_last_n") = 64,
-           pb::arg("stop") = std::vector<std::string>{}, pb::arg("context_shift") = false, pb::arg("keep") = -1,
+           pb::arg("stop") = std::vector<std::string>{}, pb::arg("context_shift") = pb::bool_(false), pb::arg("keep") = -1,
            "Continue a prompt through the KV cache: a str prompt (through the folder's tokenizer) gives the "
            "continuation's text; token ids give the new ids. temperature 0 is greedy; top_k, top_p, min_p, "
            "repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n, seed as `clattn generate` (the "
            "order of clattn::SamplingOptions). stop: strings that end generation (the text ends before the "
            "first; token ids end with the token that completed it). context_shift: past the model's context, "
-           "drop the oldest half of the tokens after `keep` (-1: the BOS, if the prompt starts with one) and "
-           "encode the window again")
+           "drop the oldest half of the tokens after `keep` (-1: the BOS, if the prompt starts with one): "
+           "'rotate' keeps the KV cache and rotates its keys (RoPE models, as llama.cpp), 'reencode' encodes the "
+           "window again (any model), True either ('rotate' where the model can)")
       .def("set_attention", [](PyDecoder& p, const std::string& plan) {
              set_plan([&] { run_locked(p, [&] { p.m->set_attention(plan); }); });
            }, pb::arg("plan"),
@@ -343,6 +356,10 @@ void bind_model(pb::module_& m) {
              std::vector<float> l = run_locked(p, [&] { return p.m->step(static_cast<int32_t>(id)); });
              return pb::array_t<float>(static_cast<pb::ssize_t>(l.size()), l.data());
            }, pb::arg("id"), "Append one token: logits of the new position (vocab)")
+      .def("shift", [](PyDecoder& p, int64_t keep, int64_t discard) { run_locked(p, [&] { p.m->shift(keep, discard); }); },
+           pb::arg("keep"), pb::arg("discard"),
+           "Context shift on the KV cache (llama.cpp's): drop positions [keep, keep + discard), move the later "
+           "ones down, their keys rotated by RoPE so they read as at their new positions (RoPE models)")
       .def_property_readonly("position", [](PyDecoder& p) { return p.m->position(); })
       .def_property_readonly("last_attention_ms", [](PyDecoder& p) { return p.m->last_attention_ms(); })
       .def("__repr__", [](PyDecoder& p) { return "clattn.Decoder(" + p.m->config().model_type + ")"; });

@@ -1,6 +1,8 @@
 """Generation's sampler set (penalties, temperature, top-k, top-p, min-p, the seeded draw), stop
 strings and the context shift: each held to an independent NumPy version, on random logits and on
 stories260k's real ones."""
+import json
+
 import numpy as np
 import pytest
 
@@ -108,8 +110,9 @@ def test_stop_strings_end_the_text_before_them():
 
 
 def test_context_shift_generates_past_the_context_and_reencodes_the_window():
-    """stories260k has 512 positions. Past them, the window (the BOS, then the newest half) is
-    encoded again: the token after a shift is the model's greedy choice on that window alone."""
+    """stories260k has 512 positions. Past them, the reencode shift encodes the window (the BOS,
+    then the newest half) again: the token after a shift is the model's greedy choice on that
+    window alone."""
     m = clattn.load_model(data_dir() / "stories260k")
     ctx = m.config["max_positions"]
     prompt = m.tokenizer.encode("Once upon a time")
@@ -117,13 +120,13 @@ def test_context_shift_generates_past_the_context_and_reencodes_the_window():
     n = 700
     with pytest.raises(ValueError, match="context_shift=True"):
         m.generate(prompt, n)
-    out = list(m.generate(prompt, n, context_shift=True, stop_at_eos=False))
+    out = list(m.generate(prompt, n, context_shift="reencode", stop_at_eos=False))
     assert len(out) == n
     P = len(prompt)
     first = ctx - P  # out[first] is the token drawn when the cache is full
     # The tokens up to a full cache are those of a run that never shifts (first + 1 tokens end there).
     assert out[:first] == list(m.generate(prompt, first, stop_at_eos=False))
-    assert out[:first + 1] == list(m.generate(prompt, first + 1, context_shift=True, stop_at_eos=False))
+    assert out[:first + 1] == list(m.generate(prompt, first + 1, context_shift="reencode", stop_at_eos=False))
     seq = list(prompt) + out[:first + 1]
     discard = (ctx - 1) // 2
     window = seq[:1] + seq[1 + discard:]
@@ -132,3 +135,111 @@ def test_context_shift_generates_past_the_context_and_reencodes_the_window():
     # keep is bounded by the context
     with pytest.raises(RuntimeError, match="leaves room for at most 510"):
         m.generate(prompt, n, context_shift=True, keep=600)
+
+
+# ---- llama.cpp's context shift in float64 NumPy, from modeling_llama.py and llama.cpp's rule
+
+def _rope(x, pos, theta):
+    """Rotate-half RoPE of x (T, heads, hd) at positions pos (T,), in float64."""
+    h = x.shape[-1] // 2
+    ang = np.asarray(pos, np.float64)[:, None] * theta ** (-np.arange(h) * 2.0 / x.shape[-1])
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    return np.concatenate([x[..., :h] * c - x[..., h:] * s, x[..., h:] * c + x[..., :h] * s], axis=-1)
+
+
+class _NumpyLlama:
+    """A LLaMA decoder with a KV cache of pre-RoPE keys: a context shift drops cache entries and
+    applies RoPE at the new positions directly (no composed rotations), as llama.cpp's shift
+    means: every layer keeps the states it computed with the dropped tokens in view."""
+
+    def __init__(self, folder):
+        cfg = json.loads((folder / "config.json").read_text())
+        t = clattn.read_safetensors(str(folder / "model.safetensors"))
+        self.w = {k: np.asarray(v, np.float64) for k, v in t.items()}
+        self.L, self.H, self.Hkv = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        self.hd, self.eps, self.theta = cfg["head_dim"], cfg["rms_norm_eps"], cfg["rope_theta"]
+        self.kpre = [np.zeros((0, self.Hkv, self.hd)) for _ in range(self.L)]
+        self.v = [np.zeros((0, self.Hkv, self.hd)) for _ in range(self.L)]
+
+    def _norm(self, x, g):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * g
+
+    def feed(self, ids):
+        """Appends ids after the cache (positions 0.. in cache order): the last position's logits."""
+        w, hd, rep = self.w, self.hd, self.H // self.Hkv
+        x = w["model.embed_tokens.weight"][np.asarray(ids)]
+        T, start = len(ids), len(self.v[0])
+        pos = np.arange(start, start + T)
+        for l in range(self.L):
+            a = f"model.layers.{l}."
+            xn = self._norm(x, w[a + "input_layernorm.weight"])
+            q = (xn @ w[a + "self_attn.q_proj.weight"].T).reshape(T, self.H, hd)
+            self.kpre[l] = np.concatenate([self.kpre[l], (xn @ w[a + "self_attn.k_proj.weight"].T).reshape(T, self.Hkv, hd)])
+            self.v[l] = np.concatenate([self.v[l], (xn @ w[a + "self_attn.v_proj.weight"].T).reshape(T, self.Hkv, hd)])
+            M = len(self.v[l])
+            k = np.repeat(_rope(self.kpre[l], np.arange(M), self.theta), rep, axis=1)  # (M, H, hd)
+            v = np.repeat(self.v[l], rep, axis=1)
+            s = np.einsum("thd,mhd->htm", _rope(q, pos, self.theta), k) / np.sqrt(hd)
+            s = np.where(np.arange(M)[None, None, :] <= pos[None, :, None], s, -np.inf)
+            p = np.exp(s - s.max(-1, keepdims=True))
+            o = np.einsum("htm,mhd->thd", p / p.sum(-1, keepdims=True), v).reshape(T, self.H * hd)
+            x = x + o @ w[a + "self_attn.o_proj.weight"].T
+            xn = self._norm(x, w[a + "post_attention_layernorm.weight"])
+            g, u = xn @ w[a + "mlp.gate_proj.weight"].T, xn @ w[a + "mlp.up_proj.weight"].T
+            x = x + (g / (1 + np.exp(-g)) * u) @ w[a + "mlp.down_proj.weight"].T
+        return self._norm(x[-1], w["model.norm.weight"]) @ w["lm_head.weight"].T
+
+    def shift(self, keep, discard):
+        for l in range(self.L):
+            self.kpre[l] = np.concatenate([self.kpre[l][:keep], self.kpre[l][keep + discard:]])
+            self.v[l] = np.concatenate([self.v[l][:keep], self.v[l][keep + discard:]])
+
+
+def test_rotate_shift_is_llama_cpps_context_shift():
+    """Decoder.shift on stories260k (5 layers, grouped heads) against the float64 NumPy decoder
+    above: after a full 512-position cache drops the oldest half after the BOS, each next step's
+    logits agree to 1e-4; they are not the re-encoded window's (the dropped tokens stay in view of
+    the deeper layers); generate's rotate shift is that loop."""
+    folder = data_dir() / "stories260k"
+    m = clattn.load_model(folder)
+    ctx = m.config["max_positions"]
+    ref = _NumpyLlama(folder)
+    prompt = m.tokenizer.encode("Once upon a time")
+    seq = list(prompt) + list(m.generate(prompt, ctx - len(prompt), stop_at_eos=False))
+    assert len(seq) == ctx
+    m.start(ctx)
+    got = m.prefill(np.array(seq, np.int32))
+    want = ref.feed(seq)
+    assert np.abs(got - want).max() < 1e-4
+    keep, discard = 1, (ctx - 1) // 2
+    m.shift(keep, discard)
+    ref.shift(keep, discard)
+    assert m.position == ctx - discard
+    window = seq[:keep] + seq[keep + discard:]
+    nxt = int(np.argmax(got))
+    for _ in range(4):
+        window.append(nxt)
+        got, want = m.step(nxt), ref.feed([nxt])
+        assert np.abs(got - want).max() < 1e-4
+        reencoded = m.forward(np.array([window], np.int32))[0, -1]
+        assert np.abs(got - reencoded).max() > 1e-2
+        nxt = int(np.argmax(got))
+    # generate(context_shift='rotate'), and True, run this shift when the cache fills.
+    out = list(m.generate(prompt, ctx + 40, context_shift="rotate", stop_at_eos=False))
+    assert out == list(m.generate(prompt, ctx + 40, context_shift=True, stop_at_eos=False))
+    assert out[:ctx - len(prompt)] == seq[len(prompt):]
+    m.start(ctx)
+    logits = m.prefill(np.array(prompt, np.int32))
+    loop = []
+    while len(loop) < len(out):
+        loop.append(int(np.argmax(logits)))
+        if len(loop) == len(out):
+            break
+        if m.position == ctx:
+            m.shift(keep, discard)
+        logits = m.step(loop[-1])
+    assert loop == out
+    with pytest.raises(ValueError, match="off, auto, rotate or reencode"):
+        m.generate(prompt, 5, context_shift="shift")
+    with pytest.raises(TypeError, match="bool or one of"):
+        m.generate(prompt, 5, context_shift=2)

@@ -1,5 +1,6 @@
 // Layer state buffers and the key/value cache of decoding.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -165,6 +166,97 @@ void KVCache::append16(ConstView k, ConstView v, int64_t T) {
 void KVCache::truncate(int64_t n) {
   check(n >= 0 && n <= size_, "KVCache::truncate: n must be in [0, ", size_, "], got ", n);
   size_ = n;
+  derived_.reset();
+}
+
+void KVCache::drop(int64_t first, int64_t count, const RowRotation& rotate) {
+  check(first >= 0 && count >= 0 && first + count <= size_, "KVCache::drop: positions [", first, ", ", first + count,
+        ") must lie within the ", size_, " held");
+  if (count == 0) return;
+  const int64_t from = first + count, moved = size_ - from, now = size_ - count;
+  const bool half = type_ != KVCacheType::f32;
+  const mk::Half f = type_ == KVCacheType::f16 ? mk::Half::f16 : mk::Half::bf16;
+  // Largest |k| and |q| over the heads of each moved position, after the rotation.
+  std::vector<float> kmov(static_cast<size_t>(moved), 0.f), qmov(static_cast<size_t>(moved), 0.f);
+  auto row_max = [](const float* rows, int64_t n, int64_t ld, int64_t d, std::vector<float>& into) {
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t e = 0; e < d; ++e) into[static_cast<size_t>(t)] = std::max(into[static_cast<size_t>(t)], std::fabs(rows[t * ld + e]));
+  };
+  std::vector<float> wide;  // (moved, Dkp): a 16-bit cache's moved keys of one head, widened
+  if (half) wide.assign(static_cast<size_t>(std::max<int64_t>(moved, 1) * Dkp_), 0.f);
+  for (int64_t b = 0; b < B_; ++b)
+    for (int64_t hk = 0; hk < Hkv_; ++hk) {
+      const int64_t head = b * Hkv_ + hk;
+      float* rows = nullptr;  // (moved, Dkp): the moved keys in f32, at their new positions
+      if (!half) {
+        rows = krow_.data() + (head * cap_ + first) * Dkp_;
+        std::memmove(rows, rows + count * Dkp_, sizeof(float) * static_cast<size_t>(moved * Dkp_));
+        float* vr = vrow_.data() + head * cap_ * Dvp_;
+        std::memmove(vr + first * Dvp_, vr + from * Dvp_, sizeof(float) * static_cast<size_t>(moved * Dvp_));
+      } else {
+        rows = wide.data();
+        const uint16_t* pan = kpan16_.data() + head * cap_ * Dk_;
+        for (int64_t t = 0; t < moved; ++t) {
+          const int64_t j = from + t;
+          const uint16_t* col = pan + (j / mk::kPanel) * Dk_ * mk::kPanel + j % mk::kPanel;
+          uint16_t kh[256];
+          for (int64_t e0 = 0; e0 < Dk_; e0 += 256) {
+            const int64_t n = std::min<int64_t>(256, Dk_ - e0);
+            for (int64_t e = 0; e < n; ++e) kh[e] = col[(e0 + e) * mk::kPanel];
+            mk::widen_rows(f, kh, 1, n, n, rows + t * Dkp_ + e0, n);
+          }
+        }
+        uint16_t* vr = vrow16_.data() + head * cap_ * Dvp_;
+        std::memmove(vr + first * Dvp_, vr + from * Dvp_, sizeof(uint16_t) * static_cast<size_t>(moved * Dvp_));
+      }
+      if (rotate && moved > 0) rotate(rows, moved, Dkp_);
+      row_max(rows, moved, Dkp_, Dk_, kmov);
+      // The panels (and a 16-bit cache's K rows) from the moved rows; columns past the new size
+      // zero again.
+      for (int64_t t = 0; t < moved; ++t) {
+        const int64_t j = first + t;
+        const float* kr = rows + t * Dkp_;
+        if (!half) {
+          float* col = kpan_.data() + head * cap_ * Dk_ + (j / mk::kPanel) * Dk_ * mk::kPanel + j % mk::kPanel;
+          for (int64_t e = 0; e < Dk_; ++e) col[e * mk::kPanel] = kr[e];
+          continue;
+        }
+        uint16_t* col = kpan16_.data() + head * cap_ * Dk_ + (j / mk::kPanel) * Dk_ * mk::kPanel + j % mk::kPanel;
+        uint16_t kh[256];
+        for (int64_t e0 = 0; e0 < Dk_; e0 += 256) {
+          const int64_t n = std::min<int64_t>(256, Dk_ - e0);
+          mk::to_half(f, kr + e0, n, kh);
+          for (int64_t e = 0; e < n; ++e) col[(e0 + e) * mk::kPanel] = kh[e];
+        }
+        if (!krow16_.empty()) mk::to_half(f, kr, Dk_, krow16_.data() + (head * cap_ + j) * Dkp_);
+      }
+      for (int64_t j = now; j < size_; ++j)
+        for (int64_t e = 0; e < Dk_; ++e) {
+          const int64_t at = head * cap_ * Dk_ + (j / mk::kPanel) * Dk_ * mk::kPanel + e * mk::kPanel + j % mk::kPanel;
+          if (half)
+            kpan16_[static_cast<size_t>(at)] = 0;
+          else
+            kpan_.data()[at] = 0.f;
+        }
+    }
+  if (Hq_ > 0)
+    for (int64_t b = 0; b < B_; ++b)
+      for (int64_t h = 0; h < Hq_; ++h) {
+        float* rows = qrow_.data() + ((b * Hq_ + h) * cap_ + first) * Dkp_;
+        std::memmove(rows, rows + count * Dkp_, sizeof(float) * static_cast<size_t>(moved * Dkp_));
+        if (rotate && moved > 0) rotate(rows, moved, Dkp_);
+        row_max(rows, moved, Dkp_, Dk_, qmov);
+      }
+  // Prefix maxima of the new layout: those before `first` hold; a moved position's V bound is its
+  // old prefix bound (values are not rotated), its K and Q bounds are measured.
+  for (int64_t t = 0; t < moved; ++t) {
+    const size_t j = static_cast<size_t>(first + t), prev = j - 1;
+    const bool head = first + t == 0;
+    kmax_[j] = std::max(kmov[static_cast<size_t>(t)], head ? 0.f : kmax_[prev]);
+    vmax_[j] = vmax_[j + static_cast<size_t>(count)];
+    if (Hq_ > 0) qmax_[j] = std::max(qmov[static_cast<size_t>(t)], head ? 0.f : qmax_[prev]);
+  }
+  size_ = now;
   derived_.reset();
 }
 

@@ -535,6 +535,29 @@ std::vector<float> DecoderImpl::prefill(std::span<const int32_t> ids) {
 
 std::vector<float> DecoderImpl::step(int32_t id) { return prefill(std::span<const int32_t>(&id, 1)); }
 
+bool DecoderImpl::can_shift() const { return !recipe_->learned_positions; }
+
+void DecoderImpl::shift(int64_t keep, int64_t discard) {
+  check(!cache_.empty(), "decoder: call start() and prefill() before shift()");
+  check(!split_prefill_, "decoder: the prompt was prefilled with the sequence split across ranks; its KV cache is spread "
+        "over them and cannot shift");
+  check(can_shift(), "decoder: ", cfg_.model_type, " adds learned absolute positions to its input, so "
+        "every layer's cached keys and values carry the positions they were computed at and no rotation moves them; "
+        "encode the window again instead (start() and prefill() of it: generate's reencode shift)");
+  check(keep >= 0 && discard >= 1 && keep + discard <= pos_, "decoder: shift(keep ", keep, ", discard ", discard,
+        ") needs keep >= 0, discard >= 1 and keep + discard within the ", pos_, " cached positions");
+  // RoPE rotations compose (R(p)·R(−d) = R(p − d)): each moved key (and kept query) turns by −discard
+  // positions, which is what it would have been computed as at its new position.
+  const int64_t hd = cfg_.head_dim;
+  const float theta = cfg_.rope_theta;
+  const std::vector<int32_t> back(static_cast<size_t>(pos_ - keep - discard), static_cast<int32_t>(-discard));
+  const KVCache::RowRotation rotate = [&](float* rows, int64_t n, int64_t ld) {
+    nn::rope_fwd(rows, ld, ld, back.data(), n, 1, hd, theta);
+  };
+  for (KVCache& kc : cache_) kc.drop(keep, discard, rotate);
+  pos_ -= discard;
+}
+
 void DecoderImpl::set_positions(int64_t B, int64_t T, int64_t offset) {
   posbuf_.resize(static_cast<size_t>(B * T));
   for (int64_t r = 0; r < B * T; ++r)
@@ -590,6 +613,8 @@ KVCacheType Decoder::kv_cache() const { return impl().kv_cache(); }
 std::vector<float> Decoder::prefill(std::span<const int32_t> ids) { return impl().prefill(ids); }
 std::vector<float> Decoder::step(int32_t id) { return impl().step(id); }
 int64_t Decoder::position() const { return impl().position(); }
+void Decoder::shift(int64_t keep, int64_t discard) { impl().shift(keep, discard); }
+bool Decoder::can_shift() const { return impl().can_shift(); }
 double Decoder::step_bytes(double context) const { return impl().step_bytes(context); }
 double Decoder::forward_bytes(int64_t B, int64_t T, int64_t cache_positions) const {
   return impl().forward_bytes(B, T, cache_positions);

@@ -324,6 +324,8 @@ class DecoderImpl final : public ModelImpl {
   std::vector<float> prefill(std::span<const int32_t> ids);
   std::vector<float> step(int32_t id);
   int64_t position() const { return pos_; }
+  void shift(int64_t keep, int64_t discard);
+  bool can_shift() const;
   double step_bytes(double context) const;
   StepResult forward_backward(const Batch& b, bool train, uint64_t step, double divisor) override;
   double forward_bytes(int64_t B, int64_t T) const override { return forward_bytes(B, T, 0); }

@@ -12,6 +12,7 @@
 #include "clattn/error.h"
 #include "clattn/model.h"
 #include "clattn/rng.h"
+#include "core/ascii.h"
 #include "model/weights.h"
 
 namespace clattn {
@@ -118,8 +119,9 @@ std::vector<int32_t> generate(Decoder& dec, std::span<const int32_t> prompt, int
   const int64_t P = static_cast<int64_t>(prompt.size());
   const int64_t cap = P + max_tokens;
   const int64_t ctx = dec.config().max_positions;
-  const bool shifts = control.context_shift && ctx > 0 && cap > ctx;
-  if (control.context_shift && ctx > 0) {
+  const bool on = control.context_shift != ContextShift::off;
+  const bool shifts = on && ctx > 0 && cap > ctx;
+  if (on && ctx > 0) {
     check(control.keep >= 0 && control.keep <= ctx - 2, "generate: the context shift keeps ", control.keep,
           " tokens, but a model of ", ctx, " positions leaves room for at most ", ctx - 2);
     check(P <= ctx, "generate: the prompt (", P, " tokens) exceeds the model's context of ", ctx,
@@ -127,6 +129,12 @@ std::vector<int32_t> generate(Decoder& dec, std::span<const int32_t> prompt, int
   }
   check(shifts || ctx <= 0 || cap <= ctx, "generate: the prompt (", P, " tokens) and ", max_tokens,
         " new tokens exceed the model's context of ", ctx, " (a context shift continues past it: --context-shift)");
+  const ContextShift how = control.context_shift == ContextShift::automatic
+                               ? (dec.can_shift() ? ContextShift::rotate : ContextShift::reencode)
+                               : control.context_shift;
+  check(!shifts || how != ContextShift::rotate || dec.can_shift(), "generate: ", dec.config().model_type,
+        "'s learned absolute positions are in every cached key and value, so a rotate context shift cannot move them: "
+        "use the reencode shift (it encodes the window again)");
   dec.start(shifts ? ctx : cap);
   const auto t0 = Clock::now();
   std::vector<float> logits = dec.prefill(prompt);
@@ -144,26 +152,47 @@ std::vector<int32_t> generate(Decoder& dec, std::span<const int32_t> prompt, int
     if (control.stop && control.stop(out)) break;
     if (made + 1 == max_tokens) break;
     if (shifts && dec.position() == ctx) {
-      // The cache is full: keep [0, keep), drop the oldest half of the rest, and encode the window
-      // (ending in `next`) again.
+      // The cache is full: keep [0, keep), drop the oldest half of the rest, and go on from the
+      // window (ending in `next`).
       const int64_t discard = (ctx - control.keep) / 2;
-      std::vector<int32_t> window(seq.begin(), seq.begin() + control.keep);
-      window.insert(window.end(), seq.end() - (ctx + 1 - control.keep - discard), seq.end());
-      dec.start(ctx);
-      logits = dec.prefill(window);
       ++shifted;
-    } else {
-      logits = dec.step(next);
-      ++steps;
+      if (how == ContextShift::rotate) {
+        dec.shift(control.keep, discard);
+      } else {
+        std::vector<int32_t> window(seq.begin(), seq.begin() + control.keep);
+        window.insert(window.end(), seq.end() - (ctx + 1 - control.keep - discard), seq.end());
+        dec.start(ctx);
+        logits = dec.prefill(window);
+        continue;
+      }
     }
+    logits = dec.step(next);
+    ++steps;
   }
   if (stats) {
     stats->prefill_s = std::chrono::duration<double>(t1 - t0).count();
     stats->decode_s = std::chrono::duration<double>(Clock::now() - t1).count();
     stats->steps = steps;
     stats->shifts = shifted;
+    stats->shifted_by = shifted > 0 ? how : ContextShift::off;
   }
   return out;
+}
+
+const char* context_shift_name(ContextShift s) {
+  switch (s) {
+    case ContextShift::automatic: return "auto";
+    case ContextShift::rotate: return "rotate";
+    case ContextShift::reencode: return "reencode";
+    default: return "off";
+  }
+}
+
+ContextShift parse_context_shift(std::string_view s) {
+  const std::string low = detail::ascii_lower(s);
+  for (ContextShift c : {ContextShift::off, ContextShift::automatic, ContextShift::rotate, ContextShift::reencode})
+    if (low == context_shift_name(c)) return c;
+  throw Error(detail::concat("context shift must be off, auto, rotate or reencode, got \"", s, "\""));
 }
 
 StopStrings::StopStrings(std::vector<std::string> stops) : stops_(std::move(stops)) {

@@ -214,6 +214,94 @@ TEST(ApiKVCache, HalfCacheEqualsF32CacheOfRoundedRows) {
     }
 }
 
+// One element of a (B, H, T, D) tensor.
+float& el(Tensor& t, int64_t b, int64_t h, int64_t i, int64_t e) { return *t.view().ptr(b, h, i, e); }
+float el(const Tensor& t, int64_t b, int64_t h, int64_t i, int64_t e) { return *t.view().ptr(b, h, i, e); }
+
+// drop(first, count, rotate) leaves the cache that appending the kept rows (the moved ones
+// through `rotate`) gives: the same attention outputs bit for bit (full reads the panels, local
+// and causal clustered the rows, clustered its kept queries and the 16-bit K rows), the key and
+// query magnitudes of the rows now held, and a refused range changes nothing.
+TEST(ApiKVCache, DropEqualsACacheOfTheKeptRows) {
+  constexpr int64_t B = 1, Hkv = 2, H = 4, n = 300;
+  // Not a rotation: any change of the moved rows shows whether each was transformed exactly once.
+  const KVCache::RowRotation twist = [](float* r, int64_t rows_n, int64_t ld) {
+    for (int64_t t = 0; t < rows_n; ++t) {
+      r[t * ld] = 0.5f * r[t * ld] + 1.f;
+      r[t * ld + 1] *= -2.f;
+    }
+  };
+  for (const KVCacheType type : {KVCacheType::f32, KVCacheType::f16, KVCacheType::bf16})
+    for (const int64_t Hq : {int64_t{0}, H})
+      for (const auto& [first, count] : {std::pair<int64_t, int64_t>{1, 149}, {0, 64}, {70, 1}, {3, 297}, {64, 65}}) {
+        const int64_t Dk = 20, Dv = 33;
+        SCOPED_TRACE(::testing::Message() << kv_cache_type_name(type) << " queries " << Hq << " drop [" << first << ", "
+                                          << first + count << ")");
+        const Tensor K = randn(Shape{B, Hkv, n, Dk}, 63, 1), V = randn(Shape{B, Hkv, n, Dv}, 63, 2);
+        const Tensor Q = randn(Shape{B, H, n, Dk}, 63, 3);
+        auto round = [&](float x) {
+          return type == KVCacheType::f16 ? half::f16_to_f32(half::f32_to_f16(x))
+                 : type == KVCacheType::bf16 ? half::bf16_to_f32(half::f32_to_bf16(x)) : x;
+        };
+        // The rows the dropped cache must hold: kept as they are, moved ones (16-bit keys rounded
+        // first, as stored) through the twist.
+        const int64_t now = n - count;
+        Tensor Kw(Shape{B, Hkv, now, Dk}), Vw(Shape{B, Hkv, now, Dv}), Qw(Shape{B, H, now, Dk});
+        for (int64_t t = 0; t < now; ++t) {
+          const int64_t src = t < first ? t : t + count;
+          for (int64_t h = 0; h < Hkv; ++h) {
+            for (int64_t e = 0; e < Dk; ++e) el(Kw, 0, h, t, e) = t < first ? el(K, 0, h, src, e) : round(el(K, 0, h, src, e));
+            for (int64_t e = 0; e < Dv; ++e) el(Vw, 0, h, t, e) = el(V, 0, h, src, e);
+            if (t >= first) twist(&el(Kw, 0, h, t, 0), 1, Dk);
+          }
+          for (int64_t h = 0; h < H; ++h) {
+            for (int64_t e = 0; e < Dk; ++e) el(Qw, 0, h, t, e) = el(Q, 0, h, src, e);
+            if (t >= first) twist(&el(Qw, 0, h, t, 0), 1, Dk);
+          }
+        }
+        KVCache dropped(B, Hkv, n, Dk, Dv, Hq, type), direct(B, Hkv, n, Dk, Dv, Hq, type);
+        // A position at a time, so the magnitudes of the kept rows are their own (an append's
+        // bound covers all its rows).
+        for (int64_t t = 0; t < n; ++t) dropped.append(rows(K, t, 1), rows(V, t, 1), Hq ? rows(Q, t, 1) : ConstView{});
+        for (int64_t t = 0; t < now; ++t) direct.append(rows(Kw, t, 1), rows(Vw, t, 1), Hq ? rows(Qw, t, 1) : ConstView{});
+        EXPECT_THROW(dropped.drop(first, n - first + 1, twist), Error);
+        EXPECT_THROW(dropped.drop(-1, 2, twist), Error);
+        EXPECT_EQ(dropped.size(), n);
+        dropped.drop(first, count, twist);
+        ASSERT_EQ(dropped.size(), now);
+        float kmax = 0, qmax = 0;
+        for (int64_t i = 0; i < Kw.numel(); ++i) kmax = std::max(kmax, std::fabs(Kw.data()[i]));  // as append measures: before its rounding
+        for (int64_t i = 0; i < Qw.numel(); ++i) qmax = std::max(qmax, std::fabs(Qw.data()[i]));
+        EXPECT_EQ(dropped.max_abs_key(), kmax);
+        if (Hq) {
+          EXPECT_EQ(dropped.max_abs_query(), qmax);
+        }
+        EXPECT_GE(dropped.max_abs_value(), direct.max_abs_value());  // a bound over the rows it held
+        std::vector<std::string> specs = {"full", "local:window=40"};
+        if (Hq) specs.push_back("improved-clustered:clusters=6,topk=12,block=32,segment=64");
+        const Tensor q = randn(Shape{B, H, 1, Dk}, 63, 4);
+        for (const std::string& spec : specs) {
+          auto att = make_attention(spec);
+          Tensor got(Shape{B, H, 1, Dv}), want(Shape{B, H, 1, Dv});
+          for (KVCache* c : {&dropped, &direct}) {
+            // One more position, as a decode step appends before it attends.
+            const Tensor k1 = randn(Shape{B, Hkv, 1, Dk}, 63, 5), v1 = randn(Shape{B, Hkv, 1, Dv}, 63, 6);
+            c->append(k1.view(), v1.view(), Hq ? q.view() : ConstView{});
+            AttentionInputs in;
+            in.q = q.view();
+            in.k = c->keys();
+            in.v = c->values();
+            in.cache = c;
+            in.causal = true;
+            Context ctx = Context::for_inference();
+            ASSERT_NO_THROW(att->forward(in, (c == &dropped ? got : want).view(), ctx)) << spec;
+            c->truncate(now);
+          }
+          EXPECT_TRUE(bitwise_equal(got, want)) << spec << ": max abs diff " << max_abs_diff(got.view(), want.view());
+        }
+      }
+}
+
 // What a 16-bit cache refuses, and what refusing leaves: variants that read keys as f32 rows, f16
 // values past 65504 (the cache unchanged), names that are not types.
 TEST(ApiKVCache, HalfCacheRefusals) {

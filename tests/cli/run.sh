@@ -241,7 +241,13 @@ if need_data "the model commands" stories260k kwt1; then
   grep -q "named $" "$dir/out" && grep -q "stopped at a --stop string" "$dir/err" && ok ||
     bad "generate --stop Lily: $(head -c 300 "$dir/out") / $(cat "$dir/err")"
   expect_ok "generate --context-shift" "$bin" generate --model "$data/stories260k" --prompt "Once upon a time" --tokens 1200 --context-shift
-  grep -q "context shifts, keeping 1" "$dir/err" && ok || bad "generate --context-shift: $(cat "$dir/err")"
+  grep -q "3 context shifts by rotate, keeping 1" "$dir/err" && ok || bad "generate --context-shift: $(cat "$dir/err")"
+  cp "$dir/out" "$dir/rotated"
+  expect_ok "generate --context-shift=reencode" "$bin" generate --model "$data/stories260k" --prompt "Once upon a time" \
+    --tokens 1200 --context-shift=reencode
+  grep -q "3 context shifts by reencode, keeping 1" "$dir/err" && ! cmp -s "$dir/out" "$dir/rotated" && ok ||
+    bad "generate --context-shift=reencode: $(cat "$dir/err")"
+  expect_exit 2 "generate --context-shift=sideways" "context-shift" "$bin" generate --model "$data/stories260k" --context-shift=sideways
   expect_exit 2 "generate --min-p out of range" "generate: --min-p must be in \[0, 1\], got 2" \
     "$bin" generate --model "$data/stories260k" --min-p 2
   expect_exit 2 "generate empty --stop" "--stop must not be empty" "$bin" generate --model "$data/stories260k" --stop ""
