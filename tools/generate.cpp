@@ -102,12 +102,12 @@ void run_generate(const GenerateOptions& o) {
                st.shifts > 0 ? detail::concat(" (", st.shifts, " context shifts by ", context_shift_name(st.shifted_by),
                                               ", keeping ", control.keep, ")").c_str() : "");
   if (stops.stopped()) std::fprintf(stderr, "generate: stopped at a --stop string\n");
-  if (st.steps > 0 && st.shifts == 0) {
+  if (st.steps > 0 && st.shifted_by != ContextShift::reencode) {
     // Each step reads the weights and the cache (at the mean context of the run); a 64 MB read
-    // pass (~10 ms) gives the machine's rate.
+    // pass (~10 ms) gives the machine's rate. A reencode shift's prefill is in decode_s: no rate.
     const double steps = static_cast<double>(st.steps);
     const double step_s = st.decode_s / steps;
-    const double gbs = dec->step_bytes(static_cast<double>(prompt.size()) + steps / 2) / step_s * 1e-9;
+    const double gbs = dec->step_bytes(st.mean_context) / step_s * 1e-9;
     const double peak = measure_read_gbs(int64_t{64} << 20, 3);
     std::fprintf(stderr, "generate: decode step %.2f ms, %.1f GB/s read = %.0f%% of this machine's %.1f GB/s\n",
                  step_s * 1e3, gbs, 100 * gbs / peak, peak);

@@ -425,6 +425,7 @@ ContextShift parse_context_shift(std::string_view s);
 struct GenerateStats {
   double prefill_s = 0, decode_s = 0;  // decode_s: the steps with sampling and on_token (and shifts)
   int64_t steps = 0;                   // decode steps run (step() calls)
+  double mean_context = 0;             // positions cached before a step, over the steps
   int64_t shifts = 0;                  // context shifts
   ContextShift shifted_by = ContextShift::off;  // rotate or reencode, once automatic is resolved
 };

@@ -360,6 +360,8 @@ void bind_model(pb::module_& m) {
            pb::arg("keep"), pb::arg("discard"),
            "Context shift on the KV cache (llama.cpp's): drop positions [keep, keep + discard), move the later "
            "ones down, their keys rotated by RoPE so they read as at their new positions (RoPE models)")
+      .def_property_readonly("can_shift", [](PyDecoder& p) { return p.m->can_shift(); },
+                             "Whether shift() runs: rotary positions (a GPT-2's learned ones: False)")
       .def_property_readonly("position", [](PyDecoder& p) { return p.m->position(); })
       .def_property_readonly("last_attention_ms", [](PyDecoder& p) { return p.m->last_attention_ms(); })
       .def("__repr__", [](PyDecoder& p) { return "clattn.Decoder(" + p.m->config().model_type + ")"; });

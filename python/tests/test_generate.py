@@ -202,6 +202,7 @@ def test_rotate_shift_is_llama_cpps_context_shift():
     the deeper layers); generate's rotate shift is that loop."""
     folder = data_dir() / "stories260k"
     m = clattn.load_model(folder)
+    assert m.can_shift
     ctx = m.config["max_positions"]
     ref = _NumpyLlama(folder)
     prompt = m.tokenizer.encode("Once upon a time")

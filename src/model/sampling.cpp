@@ -143,6 +143,7 @@ std::vector<int32_t> generate(Decoder& dec, std::span<const int32_t> prompt, int
   seq.reserve(static_cast<size_t>(cap));
   std::vector<int32_t> out;
   int64_t steps = 0, shifted = 0;
+  double context = 0;  // sum over the steps of the positions cached before each
   for (int64_t made = 0; made < max_tokens; ++made) {
     const int32_t next = sample_token(logits, opt, static_cast<uint64_t>(made), seq);
     if (next == eos && eos >= 0) break;
@@ -166,6 +167,7 @@ std::vector<int32_t> generate(Decoder& dec, std::span<const int32_t> prompt, int
         continue;
       }
     }
+    context += static_cast<double>(dec.position());
     logits = dec.step(next);
     ++steps;
   }
@@ -173,6 +175,7 @@ std::vector<int32_t> generate(Decoder& dec, std::span<const int32_t> prompt, int
     stats->prefill_s = std::chrono::duration<double>(t1 - t0).count();
     stats->decode_s = std::chrono::duration<double>(Clock::now() - t1).count();
     stats->steps = steps;
+    stats->mean_context = steps > 0 ? context / static_cast<double>(steps) : 0;
     stats->shifts = shifted;
     stats->shifted_by = shifted > 0 ? how : ContextShift::off;
   }

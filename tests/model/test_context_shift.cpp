@@ -196,6 +196,7 @@ TEST(ContextShift, GenerateRotatesAsTheDocumentedLoop) {
   std::vector<float> logits = dec->prefill(prompt);
   std::vector<int32_t> loop;
   int64_t shifts = 0;
+  double context = 0;
   while (true) {
     const int32_t next = argmax(logits);
     loop.push_back(next);
@@ -204,10 +205,12 @@ TEST(ContextShift, GenerateRotatesAsTheDocumentedLoop) {
       dec->shift(control.keep, (c.max_positions - control.keep) / 2);
       ++shifts;
     }
+    context += static_cast<double>(dec->position());
     logits = dec->step(next);
   }
   EXPECT_EQ(loop, out);
   EXPECT_EQ(shifts, st.shifts);
+  EXPECT_DOUBLE_EQ(st.mean_context, context / 149);  // what the GB/s figure of a step is taken at
 }
 
 }  // namespace
