@@ -55,10 +55,22 @@
 //   decomposes each code point without reordering combining marks, which only matters for marks
 //   that strip_accents keeps (not Mn). single_word's word characters are L, N, Mn and '_' (the
 //   regex crate's \w also has other marks and connector punctuation), and where a single_word
-//   token is refused a shorter added token may still match at that position. Offsets are
-//   not implemented. Truncation is encode(text, add_bos, max_length), and encoding()'s and
+//   token is refused a shorter added token may still match at that position. Truncation is encode(text, add_bos, max_length), and encoding()'s and
 //   encode_batch's (Truncation: the file's section, or BatchOptions'), encode_batch also giving
 //   the overflowing windows; padding is encode_batch's, the file's padding section its default.
+//
+// Offsets (Encoding::offsets, BatchOptions::offsets) are tokenizers' alignments: every byte of the
+// normalized text maps to the original character it came from (a Prepend's or a ByteLevel prefix
+// space's characters to the first character, a Replace's to the last character it replaced, each
+// output of BertNormalizer to its input character), and a token's offsets run from the start of its
+// first byte's character to the end of its last's. So a byte-fallback or byte-level token inside a
+// multi-byte character covers the whole character, and every offset falls on a character boundary.
+// An added token covers its match (with the whitespace lstrip / rstrip took); the template's tokens
+// are (0, 0). A post-processor with trim_offsets (RobertaProcessing, ByteLevel; true unless the
+// file says false) moves a token's offsets past its leading and trailing spaces ("Ġ" or White_Space),
+// keeping the one add_prefix_space put before the first token. Offsets are bytes of the UTF-8 text
+// (Rust tokenizers' unit); OffsetUnit::chars gives code points (Python str indices, the unit of
+// tokenizers' Python bindings and of transformers' offset_mapping).
 //
 // Byte-level models (`clattn train --task lm` or `mlm` on a text file: include/clattn/data.h) save
 // byte_tokenizer_json() beside their weights: a BPE model without merges whose vocabulary is the
@@ -93,7 +105,16 @@ struct Encoding {
   std::vector<int32_t> type_ids;
   // (ids.size()) 1 where the template added the id ([CLS], [SEP], <s>), 0 for the texts' tokens.
   std::vector<int32_t> special_tokens_mask;
+  // (ids.size()) the text each id comes from: 0 the text, 1 the pair, -1 the template.
+  std::vector<int32_t> sequence_ids;
+  // (ids.size()) [start, end) of each id in its own text (sequence_ids says which), bytes unless
+  // converted by offsets_to_chars; (0, 0) for the template's ids. See the header comment.
+  std::vector<std::pair<int64_t, int64_t>> offsets;
 };
+
+// e.offsets from bytes to code points of their texts (Python str indices); `pair` when e encodes one.
+void offsets_to_chars(Encoding& e, std::string_view text, std::optional<std::string_view> pair = std::nullopt);
+enum class OffsetUnit { none, bytes, chars };
 
 // Padding of a batch, as tokenizers' padding section: to the longest sequence of the batch (or to
 // `length`), rounded up to a multiple of `multiple_of`, on the right (or the left).
@@ -124,6 +145,9 @@ struct BatchEncoding {
   std::vector<int32_t> ids, type_ids, attention_mask, special_tokens_mask;
   std::vector<int32_t> lengths;  // (B) each sequence's length before padding
   std::vector<int32_t> sample;   // (B) the text each row encodes (several rows with overflowing)
+  // (B, T, 2) each cell's [start, end) in its text (Encoding::offsets), (0, 0) for padding and
+  // special tokens; empty unless BatchOptions::offsets asks for it.
+  std::vector<int64_t> offsets;
   int64_t truncated = 0;         // texts that truncation cut
 };
 struct BatchOptions {
@@ -141,6 +165,7 @@ struct BatchOptions {
   bool overflowing = false;
   std::optional<Padding> padding;  // unset: the file's padding section, else the longest, right, id 0
   int threads = 0;                 // 0: every OpenMP thread (texts are split over them)
+  OffsetUnit offsets = OffsetUnit::none;  // BatchEncoding::offsets in bytes or code points
 };
 
 class Tokenizer {
@@ -164,9 +189,10 @@ class Tokenizer {
   // What tokenizers' encode(text, pair, add_special_tokens) gives: added tokens in the text are
   // split out first (unless literal), then normalizer, pre-tokenizer and model on each piece, then
   // the post-processor's template (single, or pair when `pair` is given) when add_special_tokens.
-  // literal = true takes text as plain characters, as encode(text, add_bos) does.
+  // literal = true takes text as plain characters, as encode(text, add_bos) does. With offsets
+  // (byte offsets, see the header comment), each id's span of its text in Encoding::offsets.
   Encoding encoding(std::string_view text, std::optional<std::string_view> pair = std::nullopt,
-                    bool add_special_tokens = true, bool literal = false) const;
+                    bool add_special_tokens = true, bool literal = false, bool offsets = false) const;
   // encoding() of each text (with pairs[i] when pairs is not empty: one per text), truncated and
   // padded by `opt`, the texts split over threads: tokenizers' encode_batch with its attention
   // and special-tokens masks.

@@ -78,6 +78,28 @@ void bind_tokenizer(pb::module_& m) {
            pb::arg("literal") = false,
            "(ids, type_ids), two int32 arrays of one length: encode()'s ids and the segment of each "
            "(BERT: 0 for [CLS] A [SEP], 1 for B [SEP])")
+      .def("offsets", [](const Tokenizer& t, const std::string& text, std::optional<std::string> pair,
+                         bool add_special_tokens, bool literal, const std::string& unit) {
+             if (unit != "chars" && unit != "bytes")
+               throw pb::value_error("unit must be 'chars' or 'bytes', got '" + unit + "'");
+             Encoding e = value_errors([&] {
+               Encoding r = t.encoding(text, pair, add_special_tokens, literal, /*offsets=*/true);
+               if (unit == "chars") offsets_to_chars(r, text, pair);
+               return r;
+             });
+             pb::array_t<int64_t> a({static_cast<pb::ssize_t>(e.offsets.size()), pb::ssize_t{2}});
+             int64_t* p = a.mutable_data();
+             for (const auto& [first, second] : e.offsets) {
+               *p++ = first;
+               *p++ = second;
+             }
+             return a;
+           }, pb::arg("text"), pb::arg("pair") = pb::none(), pb::arg("add_special_tokens") = true,
+           pb::arg("literal") = false, pb::arg("unit") = "chars",
+           "(n, 2) int64: the [start, end) of each id of encode(text, pair, ...) in its own text (a pair's "
+           "ids in the pair), as Hugging Face tokenizers' Encoding.offsets: code points of the str "
+           "(unit='chars', the Python bindings' unit) or bytes of its UTF-8 (unit='bytes'); (0, 0) for "
+           "the template's special tokens")
       .def("decode", [](const Tokenizer& t, pb::handle ids_obj, bool skip_special_tokens) {
              pb::array_t<int32_t> ids = int_arg(ids_obj, "ids");
              return value_errors([&] { return t.decode(span_of(ids), skip_special_tokens); });
@@ -133,8 +155,9 @@ void bind_tokenizer(pb::module_& m) {
                               int64_t max_length, std::optional<int64_t> length, std::optional<int64_t> multiple_of,
                               std::optional<std::string> side, std::optional<int32_t> pad_id, int threads,
                               std::optional<std::string> strategy, std::optional<std::string> truncation_side,
-                              std::optional<int64_t> stride, bool overflowing) {
+                              std::optional<int64_t> stride, bool overflowing, bool return_offsets) {
              BatchOptions o;
+             if (return_offsets) o.offsets = OffsetUnit::chars;
              o.add_special_tokens = add_special_tokens;
              o.literal = literal;
              o.max_length = max_length;
@@ -190,6 +213,11 @@ void bind_tokenizer(pb::module_& m) {
              d["special_tokens_mask"] = arr(b.special_tokens_mask);
              d["lengths"] = pb::array_t<int32_t>(static_cast<pb::ssize_t>(b.lengths.size()), b.lengths.data());
              d["truncated"] = b.truncated;
+             if (return_offsets) {
+               pb::array_t<int64_t> a({static_cast<pb::ssize_t>(b.B), static_cast<pb::ssize_t>(b.T), pb::ssize_t{2}});
+               std::copy(b.offsets.begin(), b.offsets.end(), a.mutable_data());
+               d["offset_mapping"] = a;
+             }
              if (overflowing)
                d["overflow_to_sample_mapping"] = pb::array_t<int32_t>(static_cast<pb::ssize_t>(b.sample.size()), b.sample.data());
              return d;
@@ -198,13 +226,15 @@ void bind_tokenizer(pb::module_& m) {
            pb::arg("pad_to_multiple_of") = pb::none(), pb::arg("padding_side") = pb::none(),
            pb::arg("pad_id") = pb::none(), pb::arg("threads") = 0, pb::arg("truncation_strategy") = pb::none(),
            pb::arg("truncation_side") = pb::none(), pb::arg("stride") = pb::none(),
-           pb::arg("return_overflowing_tokens") = false,
+           pb::arg("return_overflowing_tokens") = false, pb::arg("return_offsets_mapping") = false,
            "Encode a batch as tokenizers' encode_batch, padded: {'input_ids', 'attention_mask', 'token_type_ids', "
            "'special_tokens_mask'} (B, T) int32, 'lengths' (B,), 'truncated' (a count). Truncation: the file's "
            "section, max_length > 0 setting its length (special tokens kept), truncation_strategy ('longest_first', "
            "'only_first', 'only_second'), truncation_side ('right', 'left') and stride its others; "
            "return_overflowing_tokens adds the rest of each cut text as more rows, windows sharing `stride` "
-           "tokens, with 'overflow_to_sample_mapping' (the text of each row). Padding: the file's padding section, overridden "
+           "tokens, with 'overflow_to_sample_mapping' (the text of each row); return_offsets_mapping adds "
+           "'offset_mapping' (B, T, 2) int64, each token's [start, end) in code points of its text, (0, 0) "
+           "for special tokens and padding (Tokenizer.offsets). Padding: the file's padding section, overridden "
            "by length (fixed), pad_to_multiple_of, padding_side and pad_id; else to the longest, right, id 0. "
            "Texts are split over `threads` (0: clattn's thread count)")
       .def("__len__", &Tokenizer::vocab_size)

@@ -97,12 +97,21 @@ class Gpt2Reference:
         self.cache[token] = word
         return word
 
+    def tokens(self, text):
+        """(token, (start, end)) in code points of text: each token's byte characters are bytes of
+        its piece, and a byte belongs to its whole character."""
+        out = []
+        for m in GPT2_PAT.finditer(text):
+            piece = m.group()
+            char_of = [m.start() + i for i, ch in enumerate(piece) for _ in ch.encode("utf-8")]  # (bytes)
+            at = 0
+            for t in self.bpe("".join(self.byte_encoder[b] for b in piece.encode("utf-8"))):
+                out.append((t, (char_of[at], char_of[at + len(t) - 1] + 1)))
+                at += len(t)
+        return out
+
     def encode(self, text):
-        ids = []
-        for tok in GPT2_PAT.findall(text):
-            tok = "".join(self.byte_encoder[b] for b in tok.encode("utf-8"))
-            ids.extend(self.encoder[t] for t in self.bpe(tok))
-        return ids
+        return [self.encoder[t] for t, _ in self.tokens(text)]
 
 
 # ---- BERT (Google's tokenization.py) --------------------------------------------------------------
@@ -142,53 +151,64 @@ class BertReference:
         self.max_chars = spec["model"]["max_input_chars_per_word"]
 
     def basic(self, text):
+        """The words, each a list of (character, index in text of the character it came from)."""
         out = []
-        for ch in text:  # _clean_text
+        for i, ch in enumerate(text):  # _clean_text
             cp = ord(ch)
             if cp == 0 or cp == 0xFFFD or is_control(ch):
                 continue
-            out.append(" " if is_whitespace(ch) else ch)
-        text = "".join(" " + ch + " " if is_chinese_char(ord(ch)) else ch for ch in out)
+            if is_whitespace(ch):
+                out.append((" ", i))
+            elif is_chinese_char(cp):
+                out += [(" ", i), (ch, i), (" ", i)]
+            else:
+                out.append((ch, i))
         # tokenization.py lowercases each word with str.lower() and then strips accents. Hugging
         # Face strips accents (NFD, drop Mn) over the whole text first, then lowercases code point
-        # by code point (no final-sigma rule: "Σ" at a word end is "σ", not "ς").
-        text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
-        text = "".join(c.lower() for c in text)
-        words = []
-        for w in text.split(" "):  # only ' ' is left as whitespace after _clean_text
-            cur = ""
-            for ch in w:
-                if is_punctuation(ch):
-                    if cur:
-                        words.append(cur)
-                    words.append(ch)
-                    cur = ""
-                else:
-                    cur += ch
-            if cur:
-                words.append(cur)
+        # by code point (no final-sigma rule: "Σ" at a word end is "σ", not "ς"). NFD here is of
+        # each character alone, which differs from the whole text's only in the order of marks.
+        out = [(c, i) for ch, i in out for c in unicodedata.normalize("NFD", ch) if unicodedata.category(c) != "Mn"]
+        out = [(c, i) for ch, i in out for c in ch.lower()]
+        words, cur = [], []
+        for ch, i in out:  # only ' ' is left as whitespace after _clean_text
+            if ch == " " or is_punctuation(ch):
+                if cur:
+                    words.append(cur)
+                cur = []
+                if ch != " ":
+                    words.append([(ch, i)])
+            else:
+                cur.append((ch, i))
+        if cur:
+            words.append(cur)
         return words
 
     def wordpiece(self, word):
-        if len(word) > self.max_chars:
-            return [self.unk]
+        """(piece, (start, end)) of a word from basic(): a piece spans its characters' sources."""
+        text = "".join(c for c, _ in word)
+        span = lambda a, b: (word[a][1], word[b - 1][1] + 1)  # noqa: E731
+        if len(text) > self.max_chars:
+            return [(self.unk, span(0, len(text)))]
         out, start = [], 0
-        while start < len(word):
-            end, cur = len(word), None
+        while start < len(text):
+            end, cur = len(text), None
             while start < end:
-                sub = ("##" if start > 0 else "") + word[start:end]
+                sub = ("##" if start > 0 else "") + text[start:end]
                 if sub in self.vocab:
                     cur = sub
                     break
                 end -= 1
             if cur is None:
-                return [self.unk]
-            out.append(cur)
+                return [(self.unk, span(0, len(text)))]
+            out.append((cur, span(start, end)))
             start = end
         return out
 
+    def tokens(self, text):
+        return [t for w in self.basic(text) for t in self.wordpiece(w)]
+
     def encode(self, text):
-        return [self.vocab[t] for w in self.basic(text) for t in self.wordpiece(w)]
+        return [self.vocab[t] for t, _ in self.tokens(text)]
 
 
 # ---- stories260k (SentencePiece-style BPE) --------------------------------------------------------
@@ -199,23 +219,28 @@ class StoriesReference:
         merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in spec["model"]["merges"]]
         self.ranks = dict(zip(merges, range(len(merges))))
 
-    def encode(self, text):
+    def tokens(self, text):
+        """(token, (start, end)): a symbol spans the characters it merged; the prepended "▁"
+        stands where the first character stands, each other "▁" where its space stood."""
         if not text:
             return []
-        text = "\u2581" + text.replace(" ", "\u2581")
-        syms = []
-        for ch in text:
-            if ch in self.vocab:
-                syms.append(ch)
-            else:
-                syms.extend("<0x%02X>" % b for b in ch.encode("utf-8"))
+        syms, spans = [], []
+        for i, ch in enumerate("\u2581" + text.replace(" ", "\u2581")):
+            at = max(i - 1, 0)
+            pieces = [ch] if ch in self.vocab else ["<0x%02X>" % b for b in ch.encode("utf-8")]
+            syms += pieces
+            spans += [(at, at + 1)] * len(pieces)
         while True:
             best = min(range(len(syms) - 1), default=None,
                        key=lambda i: (self.ranks.get((syms[i], syms[i + 1]), float("inf")), i))
             if best is None or (syms[best], syms[best + 1]) not in self.ranks:
                 break
             syms[best:best + 2] = [syms[best] + syms[best + 1]]
-        return [self.vocab[s] for s in syms]
+            spans[best:best + 2] = [(spans[best][0], spans[best + 1][1])]
+        return list(zip(syms, spans))
+
+    def encode(self, text):
+        return [self.vocab[s] for s, _ in self.tokens(text)]
 
 
 # ---- the comparisons -------------------------------------------------------------------------------
@@ -293,15 +318,19 @@ def test_shakespeare_matches_references():
     assert list(bert.encode(text)) == [101, *BertReference(bspec).encode(text), 102]
 
 
-def test_random_strings_match_references():
-    # Seeded random strings over ASCII, 20 000 code points drawn from U+0080..U+2FFFF (assigned or
-    # not), every White_Space and near-space character, combining accents and contraction letters.
-    # literal=True: the references know nothing of added tokens.
-    rng = random.Random(5)
-    pool = ([chr(c) for c in range(0x20, 0x7F)] * 20 +
+def random_pool(rng):
+    # ASCII, 20 000 code points drawn from U+0080..U+2FFFF (assigned or not), every White_Space and
+    # near-space character, combining accents and contraction letters.
+    return ([chr(c) for c in range(0x20, 0x7F)] * 20 +
             [chr(c) for c in rng.sample(range(0x80, 0x30000), 20000) if not 0xD800 <= c <= 0xDFFF] +
             list(" \t\n\r\x0b\x0c\x1c\x1f\x85\xa0\u1680\u2000\u2028\u2029\u202f\u205f\u3000\u200b\ufeff"
                  "\u0301\u0300") * 30 + list("'sStTlLdDmMrReEvV") * 30)
+
+
+def test_random_strings_match_references():
+    # Seeded random strings; literal=True: the references know nothing of added tokens.
+    rng = random.Random(5)
+    pool = random_pool(rng)
     cases = [("tokenizers/gpt2", Gpt2Reference, lambda ids: ids, 1000),
              ("tokenizers/bert-base-uncased", BertReference, lambda ids: [101, *ids, 102], 1000),
              ("stories260k", StoriesReference, lambda ids: [1, *ids], 300)]
@@ -311,3 +340,45 @@ def test_random_strings_match_references():
         for _ in range(n):
             s = "".join(rng.choice(pool) for _ in range(rng.randint(0, 40)))
             assert list(tok.encode(s, literal=True)) == wrap(ref.encode(s)), (name, s)
+
+
+def test_offsets_match_references():
+    # Each reference derives a token's span from its own pipeline (the split pattern's match
+    # positions, the characters each normalized one came from, the symbols a merge joined), in
+    # code points as tokenizers' Python bindings give them. The stress corpus and seeded random
+    # strings, literal (the references know nothing of added tokens).
+    rng = random.Random(9)
+    pool = random_pool(rng)
+    for name, reference, n in [("tokenizers/gpt2", Gpt2Reference, 500),
+                               ("tokenizers/bert-base-uncased", BertReference, 500), ("stories260k", StoriesReference, 150)]:
+        tok, spec = load(name)
+        ref = reference(spec)
+        texts = corpus() + ["".join(rng.choice(pool) for _ in range(rng.randint(0, 40))) for _ in range(n)]
+        bad = []
+        for s in texts:
+            got = [tuple(o) for o in tok.offsets(s, add_special_tokens=False, literal=True).tolist()]
+            want = [o for _, o in ref.tokens(s)]
+            if got != want:
+                bad.append((s, got[:12], want[:12]))
+        assert not bad, f"{name}: {len(bad)} of {len(texts)} strings differ, first: {bad[:3]}"
+        # In bytes: the same spans over the UTF-8 text.
+        s = "naïve 日本 \U0001F600!"
+        byte_at = [len(s[:i].encode("utf-8")) for i in range(len(s) + 1)]
+        assert tok.offsets(s, literal=True, unit="bytes").tolist() == \
+            [[byte_at[a], byte_at[b]] for a, b in tok.offsets(s, literal=True).tolist()]
+
+
+def test_offset_mapping_of_a_batch():
+    bert, _ = load("tokenizers/bert-base-uncased")
+    texts = ["Naïve café, and tea!", "hi", "日本語のテキスト"]
+    b = bert.encode_batch(texts, return_offsets_mapping=True, pad_to_multiple_of=8)
+    om = b["offset_mapping"]
+    assert om.shape == (3, b["input_ids"].shape[1], 2) and om.dtype == np.int64
+    for row, text in enumerate(texts):
+        n = b["lengths"][row]
+        assert om[row, :n].tolist() == bert.offsets(text).tolist()
+        assert not om[row, n:].any()  # padding: (0, 0)
+    # [CLS] naive cafe , and tea ! [SEP]: each word's characters of the original text.
+    assert [texts[0][a:e] for a, e in om[0, 1:b["lengths"][0] - 1].tolist()] == ["Naïve", "café", ",", "and", "tea", "!"]
+    with pytest.raises(ValueError, match="unit"):
+        bert.offsets("x", unit="words")

@@ -93,9 +93,11 @@ std::vector<size_t> gpt2_split(std::string_view text) {
 
 }  // namespace
 
-void byte_level_split(std::string_view text, bool add_prefix_space, bool use_regex, std::vector<std::string>& pieces) {
+void byte_level_split(std::string_view text, bool add_prefix_space, bool use_regex, std::vector<std::string>& pieces,
+                      std::vector<size_t>* starts_out) {
   std::string spaced;
-  if (add_prefix_space && (text.empty() || text[0] != ' ')) {
+  const bool spacing = add_prefix_space && !text.empty() && text[0] != ' ';
+  if (spacing) {
     spaced = " ";
     spaced += text;
     text = spaced;
@@ -108,6 +110,7 @@ void byte_level_split(std::string_view text, bool add_prefix_space, bool use_reg
     p.reserve(2 * (starts[k + 1] - starts[k]));
     for (size_t i = starts[k]; i < starts[k + 1]; ++i) p += bc.utf8[static_cast<unsigned char>(text[i])];
     pieces.push_back(std::move(p));
+    if (starts_out) starts_out->push_back(starts[k]);
   }
 }
 

@@ -20,16 +20,19 @@ namespace clattn {
 using namespace tok;  // NOLINT: this file implements tok's pipeline for Impl
 using unicode::utf8_len;
 
-void Tokenizer::Impl::bpe(std::string_view text, std::vector<int32_t>& out) const {
+void Tokenizer::Impl::bpe(std::string_view text, std::vector<int32_t>& out, std::vector<uint32_t>* at_out) const {
   if (text.empty()) return;
   if (ignore_merges) {
     if (const int32_t id = model_id(text); id >= 0) {
       out.push_back(id);
+      if (at_out) at_out->push_back(0);
       return;
     }
   }
-  // Symbols: one per code point (or per byte when byte fallback splits it), linked both ways.
+  // Symbols: one per code point (or per byte when byte fallback splits it), linked both ways;
+  // at: the byte each starts at (only with at_out).
   std::vector<int32_t> sym, prev, next;
+  std::vector<uint32_t> at;
   sym.reserve(text.size());
   bool last_unk = false;
   for (size_t i = 0; i < text.size();) {
@@ -38,6 +41,7 @@ void Tokenizer::Impl::bpe(std::string_view text, std::vector<int32_t>& out) cons
     const int32_t id = len == 1 ? ascii[c0] : model_id(text.substr(i, len));
     if (id >= 0) {
       sym.push_back(id);
+      if (at_out) at.push_back(static_cast<uint32_t>(i));
       last_unk = false;
     } else if (byte_fallback) {
       for (size_t k = i; k < i + len; ++k) {
@@ -49,11 +53,15 @@ void Tokenizer::Impl::bpe(std::string_view text, std::vector<int32_t>& out) cons
               " (normalized byte offset ", i, "), but model.vocab lacks it");
         }
         sym.push_back(byte_token[b]);
+        if (at_out) at.push_back(static_cast<uint32_t>(k));
       }
       last_unk = false;
     } else {
       if (unk < 0) bad("the character ", quoted(text.substr(i, len)), " is not in model.vocab and there is no unk_token");
-      if (!(fuse_unk && last_unk)) sym.push_back(unk);
+      if (!(fuse_unk && last_unk)) {
+        sym.push_back(unk);
+        if (at_out) at.push_back(static_cast<uint32_t>(i));
+      }
       last_unk = true;
     }
     i += len;
@@ -106,7 +114,10 @@ void Tokenizer::Impl::bpe(std::string_view text, std::vector<int32_t>& out) cons
       if (next[p] >= 0) push(c.pos, next[p]);
     }
     // A piece's first symbol is never absorbed (a merge keeps the left position).
-    for (int32_t i = first; i >= 0; i = next[static_cast<size_t>(i)]) out.push_back(sym[static_cast<size_t>(i)]);
+    for (int32_t i = first; i >= 0; i = next[static_cast<size_t>(i)]) {
+      out.push_back(sym[static_cast<size_t>(i)]);
+      if (at_out) at_out->push_back(at[static_cast<size_t>(i)]);
+    }
   }
 }
 
@@ -133,24 +144,120 @@ std::string Tokenizer::Impl::normalize(std::string_view text) const {
   return norm;
 }
 
-void Tokenizer::Impl::tokenize_normalized(std::string_view norm, std::vector<int32_t>& out) const {
-  const auto model = [&](std::string_view word) {
-    if (model_kind == ModelKind::Bpe) return bpe(word, out);
-    tok::wordpiece(word, wp_prefix, wp_max_chars, unk, wp_longest, [&](std::string_view w) { return model_id(w); }, out);
+void Tokenizer::Impl::normalize_aligned(std::string_view text, int64_t base, Aligned& out) const {
+  out.text.assign(text);
+  out.align.clear();
+  out.align.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {  // each byte belongs to its whole character
+    const size_t n = utf8_len(text, i);
+    out.align.insert(out.align.end(), n, {base + static_cast<int64_t>(i), base + static_cast<int64_t>(i + n)});
+    i += n;
+  }
+  Aligned next;
+  for (const Step& s : normalizer) {
+    if (out.text.empty()) break;
+    if (s.kind == StepKind::Prepend) {  // the prefix stands where the first character stands
+      out.align.insert(out.align.begin(), s.to.size(), out.align.front());
+      out.text.insert(0, s.to);
+    } else if (s.kind == StepKind::Replace) {
+      if (s.from.empty() || out.text.find(s.from) == std::string::npos) continue;
+      // tokenizers removes each match and inserts the content after it: the content takes the
+      // alignment of the match's last byte.
+      next.text.clear();
+      next.align.clear();
+      size_t i = 0;
+      for (size_t j; (j = out.text.find(s.from, i)) != std::string::npos; i = j + s.from.size()) {
+        next.text.append(out.text, i, j - i);
+        next.align.insert(next.align.end(), out.align.begin() + static_cast<std::ptrdiff_t>(i),
+                          out.align.begin() + static_cast<std::ptrdiff_t>(j));
+        next.text.append(s.to);
+        next.align.insert(next.align.end(), s.to.size(), out.align[j + s.from.size() - 1]);
+      }
+      next.text.append(out.text, i, std::string::npos);
+      next.align.insert(next.align.end(), out.align.begin() + static_cast<std::ptrdiff_t>(i), out.align.end());
+      std::swap(out, next);
+    } else if (s.kind == StepKind::Bert) {
+      // Every BertNormalizer step maps one code point to zero or more (see bert_normalize), so a
+      // character's output is bert_normalize of it alone, aligned where it stood.
+      next.text.clear();
+      next.align.clear();
+      for (size_t i = 0; i < out.text.size();) {
+        const size_t n = utf8_len(out.text, i);
+        const std::string piece = tok::bert_normalize(std::string_view(out.text).substr(i, n), s.bert);
+        next.text += piece;
+        next.align.insert(next.align.end(), piece.size(), out.align[i]);
+        i += n;
+      }
+      std::swap(out, next);
+    }
+  }
+}
+
+void Tokenizer::Impl::tokenize_normalized(std::string_view norm, std::vector<int32_t>& out, const Offset* align,
+                                          std::vector<Offset>* offsets) const {
+  std::vector<uint32_t> starts;  // (ids of one word) the byte of the word each begins at
+  // The model over one word; with align (the alignments of the word's first byte onwards, one per
+  // byte of its source) each id's offsets. `source` maps a byte of the word to its source byte
+  // (the identity but for byte-level pieces, whose characters each stand for one byte).
+  const auto model = [&](std::string_view word, const Offset* walign, auto&& source) {
+    starts.clear();
+    std::vector<uint32_t>* st = walign ? &starts : nullptr;
+    if (model_kind == ModelKind::Bpe) {
+      bpe(word, out, st);
+    } else {
+      tok::wordpiece(word, wp_prefix, wp_max_chars, unk, wp_longest, [&](std::string_view w) { return model_id(w); },
+                     out, st);
+    }
+    if (!walign) return;
+    for (size_t k = 0; k < starts.size(); ++k) {
+      const size_t b = source(starts[k]), e = k + 1 < starts.size() ? source(starts[k + 1]) : source(word.size());
+      offsets->push_back({walign[b].first, walign[e - 1].second});
+    }
   };
+  const auto same = [](size_t b) { return b; };
   switch (pre) {
     case PreTokenizer::None:
-      return model(norm);
+      return model(norm, align, same);
     case PreTokenizer::Bert: {
       std::vector<std::string_view> words;  // views into norm
       tok::bert_pre_tokenize(norm, words);
-      for (std::string_view w : words) model(w);
+      for (std::string_view w : words) model(w, align ? align + (w.data() - norm.data()) : nullptr, same);
       return;
     }
     case PreTokenizer::ByteLevel: {
       std::vector<std::string> words;  // byte characters: no longer views into norm
-      tok::byte_level_split(norm, bl_prefix_space, bl_regex, words);
-      for (const std::string& w : words) model(w);
+      if (!align) {
+        tok::byte_level_split(norm, bl_prefix_space, bl_regex, words);
+        for (const std::string& w : words) model(w, nullptr, same);
+        return;
+      }
+      // The prefix space of add_prefix_space stands where the first character stands (as a
+      // Prepend), so it is put in here, alignments and all.
+      std::string spaced;
+      std::vector<Offset> spaced_align;
+      if (bl_prefix_space && !norm.empty() && norm[0] != ' ') {
+        spaced = " ";
+        spaced += norm;
+        spaced_align.reserve(spaced.size());
+        spaced_align.push_back(align[0]);
+        spaced_align.insert(spaced_align.end(), align, align + norm.size());
+        norm = spaced;
+        align = spaced_align.data();
+      }
+      std::vector<size_t> piece_at;  // (words) the byte of norm each begins at
+      tok::byte_level_split(norm, false, bl_regex, words, &piece_at);
+      for (size_t w = 0; w < words.size(); ++w) {
+        const std::string& word = words[w];
+        // A byte of the piece to its source byte: the characters before it, one source byte each.
+        std::vector<uint32_t> src(word.size() + 1);  // (bytes of the piece + 1)
+        uint32_t c = 0;
+        for (size_t i = 0; i < word.size(); ++i) {
+          if ((static_cast<unsigned char>(word[i]) & 0xC0) != 0x80 && i > 0) ++c;
+          src[i] = c;
+        }
+        src[word.size()] = c + (word.empty() ? 0 : 1);
+        model(word, align + piece_at[w], [&](size_t b) { return static_cast<size_t>(src[b]); });
+      }
       return;
     }
   }
@@ -230,25 +337,55 @@ void Tokenizer::Impl::split_added(std::string_view text, bool normalized_pass, s
   if (plain < text.size()) out.push_back({plain, text.size(), -1});
 }
 
-void Tokenizer::Impl::tokenize(std::string_view text, bool literal, std::vector<int32_t>& out) const {
-  if (literal || added.empty()) return tokenize_normalized(normalize(text), out);
+void Tokenizer::Impl::tokenize(std::string_view text, bool literal, std::vector<int32_t>& out,
+                               std::vector<Offset>* offsets) const {
   // tokenizers' AddedVocabulary: tokens with normalized = false are found in the raw text, the
   // others in each remaining piece once normalized; what is left goes through the model.
+  const bool split = !literal && !added.empty();
+  if (!offsets) {
+    if (!split) return tokenize_normalized(normalize(text), out);
+    std::vector<Span> raw, inner;
+    split_added(text, false, raw);
+    for (const Span& r : raw) {
+      if (r.id >= 0) {
+        out.push_back(r.id);
+        continue;
+      }
+      const std::string norm = normalize(text.substr(r.start, r.end - r.start));
+      inner.clear();
+      split_added(norm, true, inner);
+      for (const Span& n : inner) {
+        if (n.id >= 0) {
+          out.push_back(n.id);
+        } else {
+          tokenize_normalized(std::string_view(norm).substr(n.start, n.end - n.start), out);
+        }
+      }
+    }
+    return;
+  }
+  // The same, the normalized pieces carrying their alignments.
+  Aligned a;
   std::vector<Span> raw, inner;
-  split_added(text, false, raw);
+  if (split) split_added(text, false, raw);
+  else raw.push_back({0, text.size(), -1});
   for (const Span& r : raw) {
     if (r.id >= 0) {
       out.push_back(r.id);
+      offsets->push_back({static_cast<int64_t>(r.start), static_cast<int64_t>(r.end)});
       continue;
     }
-    const std::string norm = normalize(text.substr(r.start, r.end - r.start));
+    normalize_aligned(text.substr(r.start, r.end - r.start), static_cast<int64_t>(r.start), a);
     inner.clear();
-    split_added(norm, true, inner);
+    if (split) split_added(a.text, true, inner);
+    else if (!a.text.empty()) inner.push_back({0, a.text.size(), -1});
     for (const Span& n : inner) {
       if (n.id >= 0) {
         out.push_back(n.id);
+        offsets->push_back({a.align[n.start].first, a.align[n.end - 1].second});
       } else {
-        tokenize_normalized(std::string_view(norm).substr(n.start, n.end - n.start), out);
+        tokenize_normalized(std::string_view(a.text).substr(n.start, n.end - n.start), out, a.align.data() + n.start,
+                            offsets);
       }
     }
   }
@@ -285,17 +422,19 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, int6
 }
 
 Encoding Tokenizer::encoding(std::string_view text, std::optional<std::string_view> pair, bool add_special_tokens,
-                             bool literal) const {
+                             bool literal, bool offsets) const {
   const Impl& t = *impl_;
   t.check_utf8(text, "text");
   if (pair) t.check_utf8(*pair, "pair text");
-  std::vector<int32_t> seq[2];
-  t.tokenize(text, literal, seq[0]);
-  if (pair) t.tokenize(*pair, literal, seq[1]);
+  Impl::Tokens seq[2];
+  seq[0].tracked = seq[1].tracked = offsets;
+  t.tokenize(text, literal, seq[0].ids, offsets ? &seq[0].offsets : nullptr);
+  if (pair) t.tokenize(*pair, literal, seq[1].ids, offsets ? &seq[1].offsets : nullptr);
   if (t.truncation) {
-    auto cut = t.truncate(seq, pair.has_value(), *t.truncation, add_special_tokens ? t.special_count(pair.has_value()) : 0, false);
-    seq[0] = std::move(cut[0][0]);
-    seq[1] = std::move(cut[0][1]);
+    const size_t n[2] = {seq[0].ids.size(), seq[1].ids.size()};
+    const Impl::Window w = t.truncate(n, pair.has_value(), *t.truncation,
+                                      add_special_tokens ? t.special_count(pair.has_value()) : 0, false)[0];
+    for (int k = 0; k < 2; ++k) seq[k] = Impl::cut(seq[k], w[static_cast<size_t>(k)]);
   }
   return t.assemble(seq, pair.has_value(), add_special_tokens);
 }
@@ -325,14 +464,13 @@ std::vector<std::pair<size_t, size_t>> windows(size_t n, size_t w, size_t stride
 
 }  // namespace
 
-std::vector<std::array<std::vector<int32_t>, 2>> Tokenizer::Impl::truncate(const std::vector<int32_t> (&seq)[2], bool pair,
-                                                                          const Truncation& tr, int64_t special,
-                                                                          bool overflowing) const {
+std::vector<Tokenizer::Impl::Window> Tokenizer::Impl::truncate(const size_t (&len)[2], bool pair, const Truncation& tr,
+                                                               int64_t special, bool overflowing) const {
   check(tr.max_length > special, "tokenizer ", name, ": max_length ", tr.max_length,
         " leaves no room for text beside the ", special, " special tokens");
   const size_t budget = static_cast<size_t>(tr.max_length - special);
-  size_t n[2] = {seq[0].size(), pair ? seq[1].size() : 0};
-  if (n[0] + n[1] <= budget) return {{seq[0], seq[1]}};
+  size_t n[2] = {len[0], pair ? len[1] : 0};
+  if (n[0] + n[1] <= budget) return {{std::pair{size_t{0}, n[0]}, std::pair{size_t{0}, n[1]}}};
   const size_t excess = n[0] + n[1] - budget;
   if (tr.strategy == TruncationStrategy::longest_first) {
     if (!pair) {
@@ -362,43 +500,87 @@ std::vector<std::array<std::vector<int32_t>, 2>> Tokenizer::Impl::truncate(const
   // the first text's first window with each later window of the second.
   std::vector<std::pair<size_t, size_t>> w[2];
   for (int k = 0; k < 2; ++k) {
-    const size_t len = k == 0 || pair ? seq[k].size() : 0;
-    if (overflowing && n[k] < len)
+    const size_t whole = k == 0 || pair ? len[k] : 0;
+    if (overflowing && n[k] < whole)
       check(static_cast<size_t>(tr.stride) < n[k], "tokenizer ", name, ": stride ", tr.stride,
             " must be below the ", n[k], " tokens a window of ", k ? "the second" : "the", " text keeps");
-    w[k] = overflowing ? windows(len, n[k], static_cast<size_t>(tr.stride), tr.left)
-                       : std::vector<std::pair<size_t, size_t>>{tr.left ? std::pair{len - std::min(n[k], len), len}
-                                                                        : std::pair{size_t{0}, std::min(n[k], len)}};
+    w[k] = overflowing ? windows(whole, n[k], static_cast<size_t>(tr.stride), tr.left)
+                       : std::vector<std::pair<size_t, size_t>>{tr.left ? std::pair{whole - std::min(n[k], whole), whole}
+                                                                        : std::pair{size_t{0}, std::min(n[k], whole)}};
   }
-  auto part = [&](int k, std::pair<size_t, size_t> r) {
-    return std::vector<int32_t>(seq[k].begin() + static_cast<std::ptrdiff_t>(r.first),
-                                seq[k].begin() + static_cast<std::ptrdiff_t>(r.second));
-  };
-  std::vector<std::array<std::vector<int32_t>, 2>> out{{part(0, w[0][0]), part(1, w[1][0])}};
+  std::vector<Window> out{{w[0][0], w[1][0]}};
   for (size_t i = 1; i < w[0].size(); ++i)
-    for (size_t j = 0; j < w[1].size(); ++j) out.push_back({part(0, w[0][i]), part(1, w[1][j])});
-  for (size_t j = 1; j < w[1].size(); ++j) out.push_back({part(0, w[0][0]), part(1, w[1][j])});
+    for (size_t j = 0; j < w[1].size(); ++j) out.push_back({w[0][i], w[1][j]});
+  for (size_t j = 1; j < w[1].size(); ++j) out.push_back({w[0][0], w[1][j]});
   return out;
 }
 
-Encoding Tokenizer::Impl::assemble(const std::vector<int32_t> (&seq)[2], bool pair, bool add_special_tokens) const {
+Tokenizer::Impl::Tokens Tokenizer::Impl::cut(const Tokens& t, std::pair<size_t, size_t> r) {
+  const auto at = [](size_t i) { return static_cast<std::ptrdiff_t>(i); };
+  Tokens out;
+  out.tracked = t.tracked;
+  out.ids.assign(t.ids.begin() + at(r.first), t.ids.begin() + at(r.second));
+  if (t.tracked) out.offsets.assign(t.offsets.begin() + at(r.first), t.offsets.begin() + at(r.second));
+  return out;
+}
+
+void Tokenizer::Impl::trim(const std::vector<int32_t>& ids, std::vector<Offset>& offsets) const {
+  // tokenizers' byte_level::process_offsets: the spaces ("Ġ" or White_Space) a token starts and
+  // ends with are left out of its offsets, but for the single one add_prefix_space put before the
+  // first token; spaces are one byte each, so characters and bytes count alike.
+  const auto space = [](char32_t c) { return c == tok::kByteLevelSpace || unicode::is_white_space(c); };
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const std::string& tk = tokens[static_cast<size_t>(ids[i])];
+    std::vector<char32_t> cps;
+    for (size_t j = 0; j < tk.size();) cps.push_back(unicode::next_cp(tk, j));
+    int64_t lead = 0, trail = 0;
+    while (lead < static_cast<int64_t>(cps.size()) && space(cps[static_cast<size_t>(lead)])) ++lead;
+    while (trail < static_cast<int64_t>(cps.size()) && space(cps[cps.size() - 1 - static_cast<size_t>(trail)])) ++trail;
+    Offset& o = offsets[i];
+    if (lead > 0) {
+      if ((i == 0 || o.first == 0) && trim_prefix_space && lead == 1) lead = 0;
+      o.first = std::min(o.first + lead, o.second);
+    }
+    if (trail > 0 && o.second >= trail) o.second = std::max(o.second - trail, o.first);
+  }
+}
+
+Encoding Tokenizer::Impl::assemble(const Tokens (&seq)[2], bool pair, bool add_special_tokens) const {
   Encoding e;
+  const bool track = seq[0].tracked;
+  std::vector<Offset> trimmed[2];
+  for (int k = 0; k < 2; ++k) {
+    trimmed[k] = seq[k].offsets;
+    if (trim_offsets && track) trim(seq[k].ids, trimmed[k]);
+  }
+  const auto put = [&](int k) {  // text k's ids
+    e.ids.insert(e.ids.end(), seq[k].ids.begin(), seq[k].ids.end());
+    e.sequence_ids.insert(e.sequence_ids.end(), seq[k].ids.size(), k);
+    e.special_tokens_mask.insert(e.special_tokens_mask.end(), seq[k].ids.size(), 0);
+    e.offsets.insert(e.offsets.end(), trimmed[k].begin(), trimmed[k].end());
+  };
   if (!add_special_tokens) {  // A then B, type ids 0 then 1, as tokenizers without its template
     for (int k = 0; k < (pair ? 2 : 1); ++k) {
-      e.ids.insert(e.ids.end(), seq[k].begin(), seq[k].end());
-      e.type_ids.insert(e.type_ids.end(), seq[k].size(), k);
+      put(k);
+      e.type_ids.insert(e.type_ids.end(), seq[k].ids.size(), k);
     }
-    e.special_tokens_mask.assign(e.ids.size(), 0);
-    return e;
+  } else {
+    if (pair && pair_tpl.empty())
+      fail("tokenizer ", name, ": encode of a text pair needs post_processor.pair, which the file lacks");
+    for (const TemplatePiece& p : pair ? pair_tpl : single_tpl) {
+      if (p.seq >= 0) {
+        put(p.seq);
+        e.type_ids.insert(e.type_ids.end(), seq[p.seq].ids.size(), p.type_id);
+        continue;
+      }
+      e.ids.insert(e.ids.end(), p.ids.begin(), p.ids.end());
+      e.type_ids.insert(e.type_ids.end(), p.ids.size(), p.type_id);
+      e.sequence_ids.insert(e.sequence_ids.end(), p.ids.size(), -1);
+      e.special_tokens_mask.insert(e.special_tokens_mask.end(), p.ids.size(), 1);
+      e.offsets.insert(e.offsets.end(), p.ids.size(), Offset{0, 0});
+    }
   }
-  if (pair && pair_tpl.empty())
-    fail("tokenizer ", name, ": encode of a text pair needs post_processor.pair, which the file lacks");
-  for (const TemplatePiece& p : pair ? pair_tpl : single_tpl) {
-    const std::vector<int32_t>& src = p.seq < 0 ? p.ids : seq[p.seq];
-    e.ids.insert(e.ids.end(), src.begin(), src.end());
-    e.type_ids.insert(e.type_ids.end(), src.size(), p.type_id);
-    e.special_tokens_mask.insert(e.special_tokens_mask.end(), src.size(), p.seq < 0 ? 1 : 0);
-  }
+  if (!track) e.offsets.clear();
   return e;
 }
 
@@ -426,26 +608,30 @@ BatchEncoding Tokenizer::encode_batch(std::span<const std::string> texts, std::s
   const int64_t N = static_cast<int64_t>(texts.size());
   std::vector<std::vector<Encoding>> enc(static_cast<size_t>(N));  // (texts) each text's rows
   std::vector<uint8_t> cut(static_cast<size_t>(N), 0);
+  const bool offsets = opt.offsets != OffsetUnit::none;
   // Texts are independent: split over the team in chunks (a text's cost varies with its length).
   auto one = [&](int64_t i) {
     const size_t u = static_cast<size_t>(i);
     t.check_utf8(texts[u], "text");
-    std::vector<int32_t> seq[2];
-    t.tokenize(texts[u], opt.literal, seq[0]);
+    Impl::Tokens seq[2];
+    seq[0].tracked = seq[1].tracked = offsets;
+    t.tokenize(texts[u], opt.literal, seq[0].ids, offsets ? &seq[0].offsets : nullptr);
     if (pair) {
       t.check_utf8(pairs[u], "pair text");
-      t.tokenize(pairs[u], opt.literal, seq[1]);
+      t.tokenize(pairs[u], opt.literal, seq[1].ids, offsets ? &seq[1].offsets : nullptr);
     }
     if (!tr) {
       enc[u].push_back(t.assemble(seq, pair, opt.add_special_tokens));
-      return;
+    } else {
+      const size_t n[2] = {seq[0].ids.size(), seq[1].ids.size()};
+      for (const Impl::Window& w : t.truncate(n, pair, *tr, special, opt.overflowing)) {
+        const Impl::Tokens parts[2] = {Impl::cut(seq[0], w[0]), Impl::cut(seq[1], w[1])};
+        cut[u] |= parts[0].ids.size() + parts[1].ids.size() < n[0] + n[1];
+        enc[u].push_back(t.assemble(parts, pair, opt.add_special_tokens));
+      }
     }
-    const size_t whole = seq[0].size() + seq[1].size();
-    for (auto& w : t.truncate(seq, pair, *tr, special, opt.overflowing)) {
-      const std::vector<int32_t> parts[2] = {std::move(w[0]), std::move(w[1])};
-      cut[u] |= parts[0].size() + parts[1].size() < whole;
-      enc[u].push_back(t.assemble(parts, pair, opt.add_special_tokens));
-    }
+    if (opt.offsets == OffsetUnit::chars)
+      for (Encoding& e : enc[u]) offsets_to_chars(e, texts[u], pair ? std::optional<std::string_view>(pairs[u]) : std::nullopt);
   };
   const int team = opt.threads > 0 ? opt.threads : max_threads();
   FirstError err;
@@ -473,6 +659,7 @@ BatchEncoding Tokenizer::encode_batch(std::span<const std::string> texts, std::s
   out.type_ids.assign(cells, pad.pad_type_id);
   out.attention_mask.assign(cells, 0);
   out.special_tokens_mask.assign(cells, 1);  // padding counts as special, as tokenizers' mask
+  if (offsets) out.offsets.assign(2 * cells, 0);
   int64_t b = 0;
   for (const std::vector<Encoding>& rows : enc)
     for (const Encoding& e : rows) {
@@ -481,10 +668,43 @@ BatchEncoding Tokenizer::encode_batch(std::span<const std::string> texts, std::s
       std::copy(e.type_ids.begin(), e.type_ids.end(), out.type_ids.begin() + at);
       std::fill(out.attention_mask.begin() + at, out.attention_mask.begin() + at + n, 1);
       std::copy(e.special_tokens_mask.begin(), e.special_tokens_mask.end(), out.special_tokens_mask.begin() + at);
+      for (int64_t k = 0; offsets && k < n; ++k) {
+        out.offsets[static_cast<size_t>(2 * (at + k))] = e.offsets[static_cast<size_t>(k)].first;
+        out.offsets[static_cast<size_t>(2 * (at + k) + 1)] = e.offsets[static_cast<size_t>(k)].second;
+      }
       ++b;
     }
   for (const uint8_t c : cut) out.truncated += c;
   return out;
+}
+
+void offsets_to_chars(Encoding& e, std::string_view text, std::optional<std::string_view> pair) {
+  check(e.offsets.size() == e.ids.size() && e.sequence_ids.size() == e.ids.size(),
+        "offsets_to_chars needs an Encoding with offsets (encoding(..., offsets = true))");
+  // (bytes + 1) of each text: the code points that start before each byte
+  std::vector<int64_t> chars[2];
+  for (int k = 0; k < 2; ++k) {
+    const std::string_view s = k == 0 ? text : pair.value_or(std::string_view{});
+    std::vector<int64_t>& c = chars[k];
+    c.resize(s.size() + 1);
+    int64_t n = 0;
+    for (size_t i = 0; i < s.size(); ++i) {
+      c[i] = n;
+      if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) c[i] = n++;
+    }
+    c[s.size()] = n;
+  }
+  for (size_t i = 0; i < e.ids.size(); ++i) {
+    const int32_t k = e.sequence_ids[i];
+    if (k < 0) continue;
+    check(k == 0 || pair, "offsets_to_chars: the Encoding has a pair's ids but no pair text was given");
+    const std::vector<int64_t>& c = chars[k];
+    auto& [first, second] = e.offsets[i];
+    check(first >= 0 && second >= first && second < static_cast<int64_t>(c.size()),
+          "offsets_to_chars: offsets [", first, ", ", second, ") lie outside a text of ", c.size() - 1, " bytes");
+    first = c[static_cast<size_t>(first)];
+    second = c[static_cast<size_t>(second)];
+  }
 }
 
 }  // namespace clattn

@@ -72,6 +72,14 @@ inline void replace_all(std::string& s, std::string_view from, std::string_view 
   s = std::move(out);
 }
 
+using Offset = std::pair<int64_t, int64_t>;
+// A normalized text and, per byte of it, the [start, end) in the original text of the character it
+// came from (tokenizers' NormalizedString alignments; see tokenizer.h on offsets).
+struct Aligned {
+  std::string text;
+  std::vector<Offset> align;  // (text.size())
+};
+
 inline std::string quoted(std::string_view s) { return json(std::string(s)).dump(); }
 
 // A field of obj, nullptr when it is absent or null.
@@ -93,6 +101,8 @@ struct Tokenizer::Impl {
   using Step = tok::Step;
   using TemplatePiece = tok::TemplatePiece;
   using AddedToken = tok::AddedToken;
+  using Offset = tok::Offset;
+  using Aligned = tok::Aligned;
   std::string name;
   std::vector<std::string> tokens;  // id -> string, model vocab then added tokens beyond it
   std::vector<uint8_t> special;     // id -> skipped by decode
@@ -127,14 +137,25 @@ struct Tokenizer::Impl {
   void load_padding(const json& p);
   std::optional<Truncation> truncation;  // the file's truncation section
   void load_truncation(const json& t);
-  // The texts' tokens (seq[1] only with `pair`) cut to fit `tr` beside `special` template ids:
-  // the kept pair first, with `overflowing` then the windows the cut leaves (Truncation's
-  // stride); one entry, the texts themselves, when nothing is cut.
-  std::vector<std::array<std::vector<int32_t>, 2>> truncate(const std::vector<int32_t> (&seq)[2], bool pair,
-                                                            const Truncation& tr, int64_t special,
-                                                            bool overflowing) const;
-  // The template around already tokenized texts (seq[1] when pair), with the special-tokens mask.
-  Encoding assemble(const std::vector<int32_t> (&seq)[2], bool pair, bool add_special_tokens) const;
+  // One text's tokens: ids and, when tracked, each one's offsets in the text.
+  struct Tokens {
+    std::vector<int32_t> ids;
+    std::vector<Offset> offsets;  // (ids.size()) when tracked
+    bool tracked = false;
+  };
+  static Tokens cut(const Tokens& t, std::pair<size_t, size_t> r);  // ids (and offsets) [first, second)
+  using Window = std::array<std::pair<size_t, size_t>, 2>;  // [start, stop) of each text's tokens
+  // The texts' tokens (n[1] only with `pair`) cut to fit `tr` beside `special` template ids: the
+  // kept windows first, with `overflowing` then those the cut leaves (Truncation's stride); one
+  // entry, the texts whole, when nothing is cut.
+  std::vector<Window> truncate(const size_t (&n)[2], bool pair, const Truncation& tr, int64_t special,
+                               bool overflowing) const;
+  // The template around already tokenized texts (seq[1] when pair), with the special-tokens mask,
+  // sequence ids and (when seq tracks them) offsets, trim_offsets applied.
+  Encoding assemble(const Tokens (&seq)[2], bool pair, bool add_special_tokens) const;
+  // trim_offsets: post_processor's RobertaProcessing / ByteLevel asks to move offsets past spaces.
+  bool trim_offsets = false, trim_prefix_space = false;
+  void trim(const std::vector<int32_t>& ids, std::vector<Offset>& offsets) const;
   int64_t special_count(bool pair) const;  // ids the template adds
 
   template <class... A>
@@ -149,6 +170,7 @@ struct Tokenizer::Impl {
   static constexpr int kMaxNesting = 32;
   void load_steps(const json& j, const std::string& field, bool normalizer_chain, int depth = 0);
   void load_post(const json& post);
+  void load_trim(const json& post, const std::string& field);  // trim_offsets of one processor
   // One post-processor into single_tpl / pair_tpl; top: a Sequence may hold processors.
   void load_processor(const json& post, const std::string& field, bool top);
   void load_pre(const json& pre);
@@ -165,13 +187,19 @@ struct Tokenizer::Impl {
     auto it = ids.find(s);
     return it != ids.end() && it->second < n_model ? it->second : -1;
   }
-  void bpe(std::string_view text, std::vector<int32_t>& out) const;
+  // starts (if given) gets the byte of text where each id appended to out begins.
+  void bpe(std::string_view text, std::vector<int32_t>& out, std::vector<uint32_t>* starts = nullptr) const;
   std::string normalize(std::string_view text) const;
-  // Pre-tokenizer then model over one normalized text with no added tokens in it.
-  void tokenize_normalized(std::string_view norm, std::vector<int32_t>& out) const;
+  // normalize() of text, which begins at byte `base` of the original, with its alignments.
+  void normalize_aligned(std::string_view text, int64_t base, Aligned& out) const;
+  // Pre-tokenizer then model over one normalized text with no added tokens in it. With align
+  // (norm.size() entries: norm's alignments), each id's original offsets go to offsets.
+  void tokenize_normalized(std::string_view norm, std::vector<int32_t>& out, const Offset* align = nullptr,
+                           std::vector<Offset>* offsets = nullptr) const;
   // The whole per-sequence pipeline: added tokens split out (unless literal), normalizer,
-  // pre-tokenizer and model on each piece.
-  void tokenize(std::string_view text, bool literal, std::vector<int32_t>& out) const;
+  // pre-tokenizer and model on each piece; offsets (if given) gets each id's byte range in text.
+  void tokenize(std::string_view text, bool literal, std::vector<int32_t>& out,
+                std::vector<Offset>* offsets = nullptr) const;
   // Pieces of text between added tokens of the given pass: {start, end, id}, id -1 for plain text.
   struct Span {
     size_t start, end;

@@ -67,8 +67,9 @@ void bert_pre_tokenize(std::string_view text, std::vector<std::string_view>& wor
 // O(length · longest) lookups whatever max_chars allows (greedy from the word's end, a word of
 // 8000 characters took 8000² / 2 lookups of up to 8000 bytes each).
 using IdOf = std::function<int32_t(std::string_view)>;
+// starts (if given) gets the byte of word where each id appended to out begins.
 void wordpiece(std::string_view word, std::string_view prefix, int64_t max_chars, int32_t unk, size_t longest,
-               const IdOf& id_of, std::vector<int32_t>& out);
+               const IdOf& id_of, std::vector<int32_t>& out, std::vector<uint32_t>* starts = nullptr);
 
 // The WordPiece decoder: tokens after the first lose `prefix` when they start with it and get a
 // space in front otherwise; with cleanup, tokenizers' cleanup replacements on each token.
@@ -76,8 +77,13 @@ std::string wordpiece_decode(std::vector<std::string> tokens, std::string_view p
 
 // The ByteLevel pre-tokenizer: a space in front when add_prefix_space and the text does not start
 // with one, GPT-2's pattern when use_regex, then each byte as its bytes_to_unicode() character.
-// Each piece is appended to `pieces` in that byte-character form, ready for the BPE model.
-void byte_level_split(std::string_view text, bool add_prefix_space, bool use_regex, std::vector<std::string>& pieces);
+// Each piece is appended to `pieces` in that byte-character form, ready for the BPE model; starts
+// (if given) gets the byte where each begins in text (with the prefix space, in " " + text).
+// An empty text stays empty (tokenizers' prepend does nothing there).
+void byte_level_split(std::string_view text, bool add_prefix_space, bool use_regex, std::vector<std::string>& pieces,
+                      std::vector<size_t>* starts = nullptr);
+// The byte-level characters' byte for the space (U+0120 'Ġ'), which trim_offsets counts as a space.
+inline constexpr char32_t kByteLevelSpace = 0x120;
 // The bytes a ByteLevel token stands for: its byte characters back to bytes, or its own UTF-8
 // bytes when it holds any other character (an added token such as "<|endoftext|>").
 std::string byte_level_bytes(std::string_view token);

@@ -123,6 +123,19 @@ std::vector<TemplatePiece> Tokenizer::Impl::load_template(const json& list, cons
   return out;
 }
 
+void Tokenizer::Impl::load_trim(const json& post, const std::string& field) {
+  // trim_offsets and add_prefix_space are true when absent, as tokenizers' defaults.
+  const auto flag = [&](const char* k) {
+    const json* v = opt(post, k);
+    if (v && !v->is_boolean()) bad(field, ".", k, " must be true or false, not ", v->dump());
+    return !v || v->get<bool>();
+  };
+  if (flag("trim_offsets")) {
+    trim_offsets = true;
+    trim_prefix_space = flag("add_prefix_space");
+  }
+}
+
 void Tokenizer::Impl::load_processor(const json& post, const std::string& field, bool top) {
   const json* tj = post.is_object() ? opt(post, "type") : nullptr;
   const auto token_of = [&](const char* k) {  // RobertaProcessing's and BertProcessing's ["<s>", 0]
@@ -146,6 +159,7 @@ void Tokenizer::Impl::load_processor(const json& post, const std::string& field,
     const int32_t cls = token_of("cls"), sep = token_of("sep");
     single_tpl = {{-1, {cls}, 0}, {0, {}, 0}, {-1, {sep}, 0}};
     pair_tpl = {{-1, {cls}, 0}, {0, {}, 0}, {-1, {sep, sep}, 0}, {1, {}, 0}, {-1, {sep}, 0}};
+    load_trim(post, field);
   } else if (tj && *tj == "BertProcessing") {
     // [CLS] A [SEP] and [CLS] A [SEP] B [SEP], B's part type 1: what TemplateProcessing files say.
     const int32_t cls = token_of("cls"), sep = token_of("sep");
@@ -155,6 +169,7 @@ void Tokenizer::Impl::load_processor(const json& post, const std::string& field,
     // Only offsets change (trim_offsets): ids pass through, a pair is A then B.
     single_tpl = {{0, {}, 0}};
     pair_tpl = {{0, {}, 0}, {1, {}, 1}};
+    load_trim(post, field);
   } else if (tj && *tj == "Sequence" && top) {
     // Llama 3 style: ByteLevel (ids unchanged) and at most one processor that adds tokens, which
     // then decides alone. One level deep: tokenizers writes no deeper nesting.
@@ -167,7 +182,10 @@ void Tokenizer::Impl::load_processor(const json& post, const std::string& field,
       const json& p = (*list)[i];
       const std::string f = field + ".processors[" + std::to_string(i) + "]";
       const json* pt = p.is_object() ? opt(p, "type") : nullptr;
-      if (pt && *pt == "ByteLevel") continue;
+      if (pt && *pt == "ByteLevel") {
+        load_trim(p, f);
+        continue;
+      }
       if (adds) bad(f, ": a second processor that adds tokens (only one besides ByteLevel is supported)");
       adds = true;
       load_processor(p, f, false);
@@ -179,6 +197,7 @@ void Tokenizer::Impl::load_processor(const json& post, const std::string& field,
 }
 
 void Tokenizer::Impl::load_post(const json& post) {
+  trim_offsets = trim_prefix_space = false;
   load_processor(post, "post_processor", true);
   prefix.clear();
   suffix.clear();

@@ -79,14 +79,15 @@ void bert_pre_tokenize(std::string_view text, std::vector<std::string_view>& wor
 }
 
 void wordpiece(std::string_view word, std::string_view prefix, int64_t max_chars, int32_t unk, size_t longest,
-               const IdOf& id_of, std::vector<int32_t>& out) {
+               const IdOf& id_of, std::vector<int32_t>& out, std::vector<uint32_t>* starts) {
   int64_t chars = 0;
   for (size_t i = 0; i < word.size(); i += clattn::unicode::utf8_len(word, i)) ++chars;
   if (chars > max_chars) {
     out.push_back(unk);
+    if (starts) starts->push_back(0);
     return;
   }
-  const size_t mark = out.size();
+  const size_t mark = out.size(), starts_mark = starts ? starts->size() : 0;
   std::string piece;  // prefix + candidate, rebuilt per try: at most `longest` bytes
   for (size_t start = 0; start < word.size();) {
     // The longest candidate any vocab entry can match, ending on a code point's first byte.
@@ -106,9 +107,14 @@ void wordpiece(std::string_view word, std::string_view prefix, int64_t max_chars
     if (found < 0) {  // some part matches nothing: the whole word is unknown
       out.resize(mark);
       out.push_back(unk);
+      if (starts) {
+        starts->resize(starts_mark);
+        starts->push_back(0);
+      }
       return;
     }
     out.push_back(found);
+    if (starts) starts->push_back(static_cast<uint32_t>(start));
     start = end;
   }
 }
