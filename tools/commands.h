@@ -10,6 +10,7 @@ void add_attend(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_classify(CLI::App& app);
 void add_embed(CLI::App& app);
+void add_tokenize(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_bench_model(CLI::App& app);
 void add_make_inputs(CLI::App& app);

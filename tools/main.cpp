@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
   clattn::cli::add_generate(app);
   clattn::cli::add_classify(app);
   clattn::cli::add_embed(app);
+  clattn::cli::add_tokenize(app);
   clattn::cli::add_bench(app);
   clattn::cli::add_bench_model(app);
   clattn::cli::add_make_inputs(app);

@@ -303,4 +303,31 @@ PY
   done
 fi
 
+if need_data "clattn tokenize" tokenizers/bert-base-uncased/tokenizer.json tokenizers/gpt2/tokenizer.json; then
+  # docs/cli.md's tokenize command (its lines written here).
+  printf 'Naïve café, and tea!\nhi there\n' > "$dir/text.txt"
+  expect_ok "tokenize bert" "$bin" tokenize --tokenizer "$data/tokenizers/bert-base-uncased" --text "$dir/text.txt"
+  python3 - "$dir/out" <<'PY' && ok || bad "tokenize bert: $(head -c 400 "$dir/out")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8")]
+text = "Naïve café, and tea!"
+assert [r["item"] for r in rows] == [0, 1]
+assert rows[0]["tokens"] == ["[CLS]", "naive", "cafe", ",", "and", "tea", "!", "[SEP]"]
+assert [text[a:b] for a, b in rows[0]["offsets"][1:-1]] == ["Naïve", "café", ",", "and", "tea", "!"]
+assert rows[0]["offsets"][0] == [0, 0] and rows[0]["special_tokens_mask"] == [1, 0, 0, 0, 0, 0, 0, 1]
+PY
+  printf 'and coffee?\nyou\n' > "$dir/pair.txt"
+  expect_ok "tokenize gpt2 bytes, pairs" "$bin" tokenize --tokenizer "$data/tokenizers/gpt2/tokenizer.json" --text "$dir/text.txt" \
+    --offsets bytes --max-length 3 --no-special --output "$dir/tok.jsonl"
+  grep -q '"tokens":\["Na","Ã¯ve","ĠcafÃ©"\],.*"offsets":\[\[0,2\],\[2,6\],\[6,12\]\]' "$dir/tok.jsonl" && ok ||
+    bad "tokenize gpt2: $(head -c 400 "$dir/tok.jsonl")"
+  grep -q "1 truncated" "$dir/err" && ok || bad "tokenize gpt2 does not count the cut line: $(cat "$dir/err")"
+  expect_ok "tokenize a pair" "$bin" tokenize --tokenizer "$data/tokenizers/bert-base-uncased" --text "$dir/text.txt" --pair "$dir/pair.txt"
+  grep -q '"type_ids":\[0,0,0,0,1,1\]' "$dir/out" && ok || bad "tokenize --pair: $(tail -c 300 "$dir/out")"
+  printf 'one\n' > "$dir/short.txt"
+  expect_error "tokenize pair lines" "one pair line per text line" "$bin" tokenize --tokenizer "$data/tokenizers/gpt2" --text "$dir/text.txt" --pair "$dir/short.txt"
+  expect_error "tokenize --offsets" "chars, bytes or none" "$bin" tokenize --tokenizer "$data/tokenizers/gpt2" --text "$dir/text.txt" --offsets words
+  expect_error "tokenize no tokenizer" "cannot open" "$bin" tokenize --tokenizer "$dir/nothing" --text "$dir/text.txt"
+fi
+
 finish ""
