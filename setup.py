@@ -14,7 +14,6 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -24,6 +23,8 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "python" / "pep517"))
+import build_progress  # noqa: E402  (python/pep517: CMake's progress on pip's terminal)
 
 
 def version():
@@ -82,6 +83,7 @@ def clean_env():
 class CMakeBuild(build_ext):
     def build_extension(self, ext):
         env = clean_env()
+        terminal = build_progress.open_terminal()
         jobs = os.environ.get("CLATTN_JOBS", "2")
         given = os.environ.get("CLATTN_BUILD_DIR")
         if given:
@@ -97,10 +99,13 @@ class CMakeBuild(build_ext):
                 raise RuntimeError(f"{build} is the build tree of {home}, not of {ROOT}: set CLATTN_BUILD_DIR")
             if home is None:
                 gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-                subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
-                                       "-DCLATTN_BUILD_TESTS=OFF", "-DCLATTN_BUILD_BENCH=OFF",
-                                       f"-DPython3_EXECUTABLE={sys.executable}"], env=env)
-        subprocess.check_call(["cmake", "--build", str(build), "--target", "clattn_python", "-j", jobs], env=env)
+                build_progress.run(["cmake", "-S", str(ROOT), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
+                                    "-DCLATTN_BUILD_TESTS=OFF", "-DCLATTN_BUILD_BENCH=OFF",
+                                    f"-DPython3_EXECUTABLE={sys.executable}"], env, "configuring build/", terminal)
+        build_progress.run(["cmake", "--build", str(build), "--target", "clattn_python", "-j", jobs], env,
+                           f"building the extension in {build}", terminal)
+        if terminal is not None:
+            terminal.close()
         built = sorted((build / "python" / "clattn").glob("_clattn*.so"))
         if not built:
             raise RuntimeError(f"no clattn/_clattn*.so in {build}/python: was the Python package skipped at configure "
