@@ -275,12 +275,22 @@ template <class LB>
 void gemm_ab_t(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
                const typename LB::T* b, int64_t ldb, float* c, int64_t ldc, const float* row_scale) {
   const int nvmax = m <= 2 ? kNVFew : kNVMax;
-  for (int64_t c0 = 0; c0 < n; c0 += nvmax * kVN) {
-    const int nv = static_cast<int>((n - c0) / kVN < nvmax ? (n - c0) / kVN : nvmax);
+  // When C is wider than one tile, each column strip reads all of A again: in blocks of 64 along
+  // k, the block of A (m, 64) and of B (64, n) stay in L1 for every strip instead of A coming
+  // from L2 once per strip (the forward's P·V on AVX2, 4 strips of 16: `BM_Ab` 83 -> 91 GFLOP/s
+  // on one Zen 3 core). The sums keep their order: a block's accumulators start from C as stored.
+  const int64_t kblock = n > nvmax * kVN && m > 2 ? 64 : k > 0 ? k : 1;  // k = 0 still scales C once
+  for (int64_t k0 = 0; k0 == 0 || k0 < k; k0 += kblock) {
+    const int64_t kc = k - k0 < kblock ? k - k0 : kblock;
+    const float* ab = a + k0 * a_cs;
+    const typename LB::T* bb = b + k0 * ldb;
     for (int64_t r0 = 0; r0 < m; r0 += kMR) {
       const int mr = static_cast<int>(m - r0 < kMR ? m - r0 : kMR);
-      ab_dispatch<LB>(mr, nv)(a + r0 * a_rs, a_rs, a_cs, b + c0, ldb, k, c + r0 * ldc + c0, ldc,
-                              row_scale ? row_scale + r0 : nullptr);
+      for (int64_t c0 = 0; c0 < n; c0 += nvmax * kVN) {
+        const int nv = static_cast<int>((n - c0) / kVN < nvmax ? (n - c0) / kVN : nvmax);
+        ab_dispatch<LB>(mr, nv)(ab + r0 * a_rs, a_rs, a_cs, bb + c0, ldb, kc, c + r0 * ldc + c0, ldc,
+                                row_scale && k0 == 0 ? row_scale + r0 : nullptr);
+      }
     }
   }
 }
