@@ -55,9 +55,9 @@ TEST(KMeans, NearestMatchesReference) {
   SCOPED_TRACE(isa_name(isa));
   Rng r(3);
   // Centroid counts around the vector kernels' groups (4, 8 and 16 per pass) and code counts
-  // around their 4 or 8 codes per pass; all-ones and all-zeros codes reach distances 0 and 64.
+  // around their 6 or 8 codes per pass; all-ones and all-zeros codes reach distances 0 and 64.
   for (int64_t C : {1, 3, 4, 7, 8, 9, 15, 16, 17, 100, 301})
-    for (int64_t n : {1, 3, 5, 1001}) {
+    for (int64_t n : {1, 3, 5, 6, 7, 13, 1001}) {
       std::vector<uint64_t> codes(static_cast<size_t>(n)), cent(static_cast<size_t>(C));
       for (size_t i = 0; i < codes.size(); ++i) codes[i] = r.u64(0, i) >> (i % 3);
       if (n > 3) codes[1] = ~uint64_t{0}, codes[2] = 0;
