@@ -247,6 +247,18 @@ TEST(Routing, HeadSplitOverThreadsEqualsOneThreadBitForBit) {
   }
 }
 
+// Repeated query and key rows tie their cosines exactly, in every thread's range of a split
+// head: the merged top windows must keep the serial pass's tie rule (the lower row wins).
+TEST(Routing, HeadSplitKeepsTiesAcrossThreadRanges) {
+  const Problem p{.B = 1, .H = 1, .Hkv = 1, .N = 1500, .M = 1300, .Dk = 16, .Dv = 8, .seed = 6};
+  ProblemData pd = make_problem(p);
+  for (int64_t i = 0; i < p.N; ++i)
+    std::copy_n(pd.q.data() + (i % 7) * p.Dk, p.Dk, pd.q.data() + i * p.Dk);
+  for (int64_t j = 0; j < p.M; ++j)
+    std::copy_n(pd.k.data() + (j % 5) * p.Dk, p.Dk, pd.k.data() + j * p.Dk);
+  testing::expect_same_bits_on_1_2_3_threads("routing:clusters=6,window=20", pd);
+}
+
 TEST(Routing, SpecErrors) {
   EXPECT_THROW(make_attention("routing"), Error);
   EXPECT_THROW(make_attention("routing:clusters=0"), Error);

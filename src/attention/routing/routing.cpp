@@ -91,15 +91,28 @@ struct TopColumns {
       }
     }
   }
-  void finish(int32_t* out, int64_t out_ld) {
-    for (int64_t c = 0; c < C; ++c) {
-      Cand* buf = cand.data() + c * kSlack * w;
-      int64_t nc = ncand[static_cast<size_t>(c)];
-      top_compact(buf, nc, w);
-      int32_t* o = out + c * out_ld;
-      for (int64_t x = 0; x < w; ++x) o[x] = buf[x].i;
-      std::sort(o, o + w);
-    }
+  // Takes in the candidates of `other`, the same columns over a later, disjoint range of rows:
+  // each holds its range's exact w best (ties to the lower row), so the w best of the two sets
+  // are the w best of both ranges, whatever order the ranges were scanned in.
+  // Column by column, so a split head merges and finishes its columns over the team.
+  void merge(int64_t c, TopColumns& other) {
+    Cand* buf = cand.data() + c * kSlack * w;
+    Cand* ob = other.cand.data() + c * kSlack * w;
+    int64_t& nc = ncand[static_cast<size_t>(c)];
+    int64_t& on = other.ncand[static_cast<size_t>(c)];
+    top_compact(buf, nc, w);
+    top_compact(ob, on, w);
+    std::copy(ob, ob + on, buf + nc);  // nc, on <= w: fits the 4w buffer
+    nc += on;
+    thr[static_cast<size_t>(c)] = top_compact(buf, nc, w);
+  }
+  // Column c's w rows, ascending, to out (w).
+  void finish(int64_t c, int32_t* out) {
+    Cand* buf = cand.data() + c * kSlack * w;
+    int64_t nc = ncand[static_cast<size_t>(c)];
+    top_compact(buf, nc, w);
+    for (int64_t x = 0; x < w; ++x) out[x] = buf[x].i;
+    std::sort(out, out + w);
   }
 };
 
@@ -172,11 +185,12 @@ struct Dims {
 // Cosines of rows (n, D) (row stride rs, inverse norms inv) against the packed centroids, block
 // by block in scratch: every block feeds the top-window selection, and `each` sees every row's
 // cosines (nearest centroid, EMA sums).
+// Rows [first, n) only, when given: one thread's range of a head split over the team.
 template <class Each>
 void cosine_pass(const float* base, int64_t rs, int64_t n, const float* inv, const Dims& dm,
-                 const float* cpan, int64_t C, float* blk, TopColumns& top, Each&& each) {
+                 const float* cpan, int64_t C, float* blk, TopColumns& top, Each&& each, int64_t first = 0) {
   const int64_t np = (C + kPanel - 1) / kPanel, ld = np * kPanel;
-  for (int64_t r0 = 0; r0 < n; r0 += kScore) {
+  for (int64_t r0 = first; r0 < n; r0 += kScore) {
     const int64_t nr = std::min(kScore, n - r0);
     mk::gemm_abt(nr, np, dm.D, base + r0 * rs, rs, cpan, blk, ld);
     for (int64_t r = 0; r < nr; ++r) {
@@ -327,8 +341,16 @@ void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const R
     const int64_t qrs = in.q.stride(2), krs = in.k.stride(2);
     sc.qinv.resize(static_cast<size_t>(nv));
     sc.kinv.resize(static_cast<size_t>(mv));
-    inverse_norms(qb, qrs, nv, dm.D, sc.qinv.data());
-    inverse_norms(kb, krs, mv, dm.D, sc.kinv.data());
+    // A split head's selection runs over the team too, in ranges of rows whose results are the
+    // same as the serial pass's: norms and nearest centroids row by row, the top windows per
+    // thread range and merged (TopColumns::merge). The EMA sums of a training call stay serial.
+    constexpr int64_t kNormRows = 4096;
+    split_for(split, (nv + mv + kNormRows - 1) / kNormRows, thread, [&](int64_t x, int) {
+      for (int64_t r = x * kNormRows; r < std::min(nv + mv, (x + 1) * kNormRows); ++r) {
+        if (r < nv) inverse_norms(qb + r * qrs, qrs, 1, dm.D, sc.qinv.data() + r);
+        else inverse_norms(kb + (r - nv) * krs, krs, 1, dm.D, sc.kinv.data() + (r - nv));
+      }
+    });
     // Row r of the routing set [q̂ (nv rows); k̂ (mv rows)].
     auto unit_row = [&](int64_t r, float* dst, int64_t pad) {
       if (r < nv) simd::copy_row(dst, qb + r * qrs, dm.D, pad, sc.qinv[static_cast<size_t>(r)]);
@@ -363,9 +385,12 @@ void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const R
       sc.assign.assign(static_cast<size_t>(ns), -1);
       for (int it = 0; it < p.iterations; ++it) {
         mk::pack_panels(cent, C, dm.D, dm.D, cpan);
-        mk::gemm_abt(ns, (C + kPanel - 1) / kPanel, dm.D, xs, dm.Dkp, cpan, sx, Cp);
         sc.prev = sc.assign;
-        for (int64_t r = 0; r < ns; ++r) sc.assign[static_cast<size_t>(r)] = argmax_row(sx + r * Cp, C);
+        split_for(split, (ns + kScore - 1) / kScore, thread, [&](int64_t x, int) {
+          const int64_t r0 = x * kScore, nr = std::min(kScore, ns - r0);
+          mk::gemm_abt(nr, (C + kPanel - 1) / kPanel, dm.D, xs + r0 * dm.Dkp, dm.Dkp, cpan, sx + r0 * Cp, Cp);
+          for (int64_t r = r0; r < r0 + nr; ++r) sc.assign[static_cast<size_t>(r)] = argmax_row(sx + r * Cp, C);
+        });
         if (sc.assign == sc.prev) break;
         sc.sums.assign(static_cast<size_t>(C * dm.D), 0.f);
         for (int64_t r = 0; r < ns; ++r) simd::axpy_row(sc.sums.data() + sc.assign[static_cast<size_t>(r)] * dm.D, xs + r * dm.Dkp, dm.D);
@@ -391,20 +416,41 @@ void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const R
       simd::axpy_row(es + k * (d.Dk + 1), unit, dm.D);
       es[k * (d.Dk + 1) + d.Dk] += 1.f;
     };
-    sc.qtop.reset(C, wq);
+    // top (C, w) over rows (n) of base: serially, or over the team in contiguous ranges (each in
+    // row order, as TopColumns::add needs) whose partial tops merge in range order.
+    auto select = [&](const float* base, int64_t rs, int64_t n, const float* inv, TopColumns& top, int64_t w,
+                      auto&& each) {
+      top.reset(C, w);
+      if (!split || es) return cosine_pass(base, rs, n, inv, dm, cpan, C, blk, top, each);
+      const int64_t chunks = (n + kScore - 1) / kScore;
+      int team = 1;
+      parallel_team([&](int th, int T) {
+        if (th == 0) team = T;
+        ThreadScratch& tc = ws.threads[static_cast<size_t>(th)];
+        TopColumns& part = th == 0 ? top : tc.qtop;  // thread 0's scratch is sc: its own top
+        if (th != 0) part.reset(C, w);
+        float* tb = th == 0 ? blk : tc.sblk.floats(static_cast<size_t>(kScore * Cp));  // (256, Cp)
+        const int64_t c0 = chunks * th / T, c1 = chunks * (th + 1) / T;
+        cosine_pass(base, rs, std::min(n, c1 * kScore), inv, dm, cpan, C, tb, part, each, c0 * kScore);
+      });
+      split_for(true, C, thread, [&](int64_t col, int) {
+        for (int th = 1; th < team; ++th) top.merge(col, ws.threads[static_cast<size_t>(th)].qtop);
+      });
+    };
     sc.nearest.resize(static_cast<size_t>(nv));
-    cosine_pass(qb, qrs, nv, sc.qinv.data(), dm, cpan, C, blk, sc.qtop, [&](int64_t i, const float* row) {
+    select(qb, qrs, nv, sc.qinv.data(), sc.qtop, wq, [&](int64_t i, const float* row) {
       sc.nearest[static_cast<size_t>(i)] = argmax_row(row, C);
       if (es) ema_add(i, row);
     });
-    sc.ktop.reset(C, wk);
-    cosine_pass(kb, krs, mv, sc.kinv.data(), dm, cpan, C, blk, sc.ktop, [&](int64_t j, const float* row) {
+    select(kb, krs, mv, sc.kinv.data(), sc.ktop, wk, [&](int64_t j, const float* row) {
       if (es) ema_add(nv + j, row);
     });
     int32_t* keys = st.keys.data() + t * C * st.wk;
     sc.qsel.resize(static_cast<size_t>(C * wq));
-    sc.ktop.finish(keys, st.wk);
-    sc.qtop.finish(sc.qsel.data(), wq);
+    split_for(split, C, thread, [&](int64_t col, int) {
+      sc.ktop.finish(col, keys + col * st.wk);
+      sc.qtop.finish(col, sc.qsel.data() + col * wq);
+    });
     sc.qcount.assign(static_cast<size_t>(nv), 0);
     for (int64_t k = 0; k < C; ++k) {
       st.nkeys[static_cast<size_t>(t * C + k)] = static_cast<int32_t>(wk);
