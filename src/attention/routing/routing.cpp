@@ -345,12 +345,14 @@ void attn_routing_fwd(const AttentionInputs& in, const AttentionDims& d, const R
     // same as the serial pass's: norms and nearest centroids row by row, the top windows per
     // thread range and merged (TopColumns::merge). The EMA sums of a training call stay serial.
     constexpr int64_t kNormRows = 4096;
-    split_for(split, (nv + mv + kNormRows - 1) / kNormRows, thread, [&](int64_t x, int) {
-      for (int64_t r = x * kNormRows; r < std::min(nv + mv, (x + 1) * kNormRows); ++r) {
-        if (r < nv) inverse_norms(qb + r * qrs, qrs, 1, dm.D, sc.qinv.data() + r);
-        else inverse_norms(kb + (r - nv) * krs, krs, 1, dm.D, sc.kinv.data() + (r - nv));
-      }
-    });
+    auto norms = [&](const float* base, int64_t rs, int64_t n, float* inv) {  // inv (n)
+      split_for(split, (n + kNormRows - 1) / kNormRows, thread, [&](int64_t x, int) {
+        const int64_t r0 = x * kNormRows;
+        inverse_norms(base + r0 * rs, rs, std::min(kNormRows, n - r0), dm.D, inv + r0);
+      });
+    };
+    norms(qb, qrs, nv, sc.qinv.data());
+    norms(kb, krs, mv, sc.kinv.data());
     // Row r of the routing set [q̂ (nv rows); k̂ (mv rows)].
     auto unit_row = [&](int64_t r, float* dst, int64_t pad) {
       if (r < nv) simd::copy_row(dst, qb + r * qrs, dm.D, pad, sc.qinv[static_cast<size_t>(r)]);
