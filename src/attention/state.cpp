@@ -14,6 +14,33 @@ namespace clattn {
 namespace {
 // The largest finite value of each 16-bit storage: f16's 65504, bf16's 0x7f7f.
 constexpr float kF16Max = 65504.f, kBF16Max = 3.38953139e38f;
+
+// Where position j's column starts in the key panels of one head (cap/64, Dk, 64) that begin at
+// `head * cap * dk`: its element e lies e * 64 further on.
+int64_t panel_column(int64_t head, int64_t j, int64_t cap, int64_t dk) {
+  return head * cap * dk + (j / mk::kPanel) * dk * mk::kPanel + j % mk::kPanel;
+}
+void spread(const float* row, int64_t d, float* col) {  // row (d) -> col (d at stride 64)
+  for (int64_t e = 0; e < d; ++e) col[e * mk::kPanel] = row[e];
+}
+// A key row narrowed into a 16-bit panel column, through a stack buffer of 256 (to_half converts
+// contiguous runs).
+void spread16(mk::Half f, const float* row, int64_t d, uint16_t* col) {
+  uint16_t kh[256];
+  for (int64_t e0 = 0; e0 < d; e0 += 256) {
+    const int64_t n = std::min<int64_t>(256, d - e0);
+    mk::to_half(f, row + e0, n, kh);
+    for (int64_t e = 0; e < n; ++e) col[(e0 + e) * mk::kPanel] = kh[e];
+  }
+}
+void gather16(mk::Half f, const uint16_t* col, int64_t d, float* row) {  // spread16's inverse
+  uint16_t kh[256];
+  for (int64_t e0 = 0; e0 < d; e0 += 256) {
+    const int64_t n = std::min<int64_t>(256, d - e0);
+    for (int64_t e = 0; e < n; ++e) kh[e] = col[(e0 + e) * mk::kPanel];
+    mk::widen_rows(f, kh, 1, n, n, row + e0, n);
+  }
+}
 }  // namespace
 
 Tensor* AttentionState::find(std::string_view name) {
@@ -136,30 +163,21 @@ void KVCache::append(ConstView k, ConstView v, ConstView q) {
                     sizeof(float) * static_cast<size_t>(Dk_));
         std::memcpy(vrow_.data() + ((b * Hkv_ + hk) * cap_ + j) * Dvp_, v.ptr(b, hk, t),
                     sizeof(float) * static_cast<size_t>(Dv_));
-        // Panel j/64, column j%64 of each of the Dk rows.
-        float* pan = kpan_.data() + (b * Hkv_ + hk) * cap_ * Dk_ + (j / mk::kPanel) * Dk_ * mk::kPanel +
-                     j % mk::kPanel;
-        for (int64_t e = 0; e < Dk_; ++e) pan[e * mk::kPanel] = kr[e];
+        spread(kr, Dk_, kpan_.data() + panel_column(b * Hkv_ + hk, j, cap_, Dk_));
       }
   size_ += T;
 }
 
 void KVCache::append16(ConstView k, ConstView v, int64_t T) {
   const mk::Half f = type_ == KVCacheType::f16 ? mk::Half::f16 : mk::Half::bf16;
-  uint16_t kh[256];  // one key row narrowed, Dk at a time, before it is spread over a panel column
   for (int64_t b = 0; b < B_; ++b)
     for (int64_t hk = 0; hk < Hkv_; ++hk)
       for (int64_t t = 0; t < T; ++t) {
-        const int64_t j = size_ + t;
-        mk::to_half(f, v.ptr(b, hk, t), Dv_, vrow16_.data() + ((b * Hkv_ + hk) * cap_ + j) * Dvp_);
-        uint16_t* pan = kpan16_.data() + (b * Hkv_ + hk) * cap_ * Dk_ + (j / mk::kPanel) * Dk_ * mk::kPanel + j % mk::kPanel;
+        const int64_t j = size_ + t, head = b * Hkv_ + hk;
+        mk::to_half(f, v.ptr(b, hk, t), Dv_, vrow16_.data() + (head * cap_ + j) * Dvp_);
         const float* kr = k.ptr(b, hk, t);
-        if (!krow16_.empty()) mk::to_half(f, kr, Dk_, krow16_.data() + ((b * Hkv_ + hk) * cap_ + j) * Dkp_);
-        for (int64_t e0 = 0; e0 < Dk_; e0 += 256) {
-          const int64_t n = std::min<int64_t>(256, Dk_ - e0);
-          mk::to_half(f, kr + e0, n, kh);
-          for (int64_t e = 0; e < n; ++e) pan[(e0 + e) * mk::kPanel] = kh[e];
-        }
+        if (!krow16_.empty()) mk::to_half(f, kr, Dk_, krow16_.data() + (head * cap_ + j) * Dkp_);
+        spread16(f, kr, Dk_, kpan16_.data() + panel_column(head, j, cap_, Dk_));
       }
 }
 
@@ -195,17 +213,8 @@ void KVCache::drop(int64_t first, int64_t count, const RowRotation& rotate) {
         std::memmove(vr + first * Dvp_, vr + from * Dvp_, sizeof(float) * static_cast<size_t>(moved * Dvp_));
       } else {
         rows = wide.data();
-        const uint16_t* pan = kpan16_.data() + head * cap_ * Dk_;
-        for (int64_t t = 0; t < moved; ++t) {
-          const int64_t j = from + t;
-          const uint16_t* col = pan + (j / mk::kPanel) * Dk_ * mk::kPanel + j % mk::kPanel;
-          uint16_t kh[256];
-          for (int64_t e0 = 0; e0 < Dk_; e0 += 256) {
-            const int64_t n = std::min<int64_t>(256, Dk_ - e0);
-            for (int64_t e = 0; e < n; ++e) kh[e] = col[(e0 + e) * mk::kPanel];
-            mk::widen_rows(f, kh, 1, n, n, rows + t * Dkp_ + e0, n);
-          }
-        }
+        for (int64_t t = 0; t < moved; ++t)
+          gather16(f, kpan16_.data() + panel_column(head, from + t, cap_, Dk_), Dk_, rows + t * Dkp_);
         uint16_t* vr = vrow16_.data() + head * cap_ * Dvp_;
         std::memmove(vr + first * Dvp_, vr + from * Dvp_, sizeof(uint16_t) * static_cast<size_t>(moved * Dvp_));
       }
@@ -217,22 +226,15 @@ void KVCache::drop(int64_t first, int64_t count, const RowRotation& rotate) {
         const int64_t j = first + t;
         const float* kr = rows + t * Dkp_;
         if (!half) {
-          float* col = kpan_.data() + head * cap_ * Dk_ + (j / mk::kPanel) * Dk_ * mk::kPanel + j % mk::kPanel;
-          for (int64_t e = 0; e < Dk_; ++e) col[e * mk::kPanel] = kr[e];
+          spread(kr, Dk_, kpan_.data() + panel_column(head, j, cap_, Dk_));
           continue;
         }
-        uint16_t* col = kpan16_.data() + head * cap_ * Dk_ + (j / mk::kPanel) * Dk_ * mk::kPanel + j % mk::kPanel;
-        uint16_t kh[256];
-        for (int64_t e0 = 0; e0 < Dk_; e0 += 256) {
-          const int64_t n = std::min<int64_t>(256, Dk_ - e0);
-          mk::to_half(f, kr + e0, n, kh);
-          for (int64_t e = 0; e < n; ++e) col[(e0 + e) * mk::kPanel] = kh[e];
-        }
+        spread16(f, kr, Dk_, kpan16_.data() + panel_column(head, j, cap_, Dk_));
         if (!krow16_.empty()) mk::to_half(f, kr, Dk_, krow16_.data() + (head * cap_ + j) * Dkp_);
       }
       for (int64_t j = now; j < size_; ++j)
         for (int64_t e = 0; e < Dk_; ++e) {
-          const int64_t at = head * cap_ * Dk_ + (j / mk::kPanel) * Dk_ * mk::kPanel + e * mk::kPanel + j % mk::kPanel;
+          const int64_t at = panel_column(head, j, cap_, Dk_) + e * mk::kPanel;
           if (half)
             kpan16_[static_cast<size_t>(at)] = 0;
           else
