@@ -60,6 +60,13 @@ pb::array_t<float> new_array(const Shape& shape, bool zero);
 
 // An owning Tensor handed to NumPy without a copy (the array owns it through a capsule).
 pb::array to_numpy(Tensor&& t);
+// The same for a vector of ints, reshaped to `dims` (their product its size).
+template <class T>
+pb::array_t<T> to_numpy(std::vector<T>&& v, std::vector<pb::ssize_t> dims) {
+  auto* owner = new std::vector<T>(std::move(v));
+  pb::capsule cap(owner, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return pb::array_t<T>(std::move(dims), owner->data(), cap);
+}
 
 // str(obj) as a std::string.
 inline std::string to_str(pb::handle obj) { return pb::str(obj).cast<std::string>(); }

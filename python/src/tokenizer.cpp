@@ -201,23 +201,17 @@ void bind_tokenizer(pb::module_& m) {
                pb::gil_scoped_release nogil;
                b = value_errors([&] { return t.encode_batch(texts, pairs ? *pairs : none, o); });
              }
-             auto arr = [&](const std::vector<int32_t>& v) {
-               pb::array_t<int32_t> a({static_cast<pb::ssize_t>(b.B), static_cast<pb::ssize_t>(b.T)});
-               std::copy(v.begin(), v.end(), a.mutable_data());
-               return a;
-             };
+             // The (B, T) arrays handed over without a copy: a batch of short lines is tens of MB.
+             const std::vector<pb::ssize_t> bt{static_cast<pb::ssize_t>(b.B), static_cast<pb::ssize_t>(b.T)};
              pb::dict d;
-             d["input_ids"] = arr(b.ids);
-             d["attention_mask"] = arr(b.attention_mask);
-             d["token_type_ids"] = arr(b.type_ids);
-             d["special_tokens_mask"] = arr(b.special_tokens_mask);
+             d["input_ids"] = to_numpy(std::move(b.ids), bt);
+             d["attention_mask"] = to_numpy(std::move(b.attention_mask), bt);
+             d["token_type_ids"] = to_numpy(std::move(b.type_ids), bt);
+             d["special_tokens_mask"] = to_numpy(std::move(b.special_tokens_mask), bt);
              d["lengths"] = pb::array_t<int32_t>(static_cast<pb::ssize_t>(b.lengths.size()), b.lengths.data());
              d["truncated"] = b.truncated;
-             if (return_offsets) {
-               pb::array_t<int64_t> a({static_cast<pb::ssize_t>(b.B), static_cast<pb::ssize_t>(b.T), pb::ssize_t{2}});
-               std::copy(b.offsets.begin(), b.offsets.end(), a.mutable_data());
-               d["offset_mapping"] = a;
-             }
+             if (return_offsets)
+               d["offset_mapping"] = to_numpy(std::move(b.offsets), {bt[0], bt[1], pb::ssize_t{2}});
              if (overflowing)
                d["overflow_to_sample_mapping"] = pb::array_t<int32_t>(static_cast<pb::ssize_t>(b.sample.size()), b.sample.data());
              return d;

@@ -547,17 +547,30 @@ void Tokenizer::Impl::trim(const std::vector<int32_t>& ids, std::vector<Offset>&
 
 Encoding Tokenizer::Impl::assemble(const Tokens (&seq)[2], bool pair, bool add_special_tokens) const {
   Encoding e;
+  assemble(seq, pair, add_special_tokens, e);
+  return e;
+}
+
+void Tokenizer::Impl::assemble(const Tokens (&seq)[2], bool pair, bool add_special_tokens, Encoding& e) const {
+  e.ids.clear();
+  e.type_ids.clear();
+  e.special_tokens_mask.clear();
+  e.sequence_ids.clear();
+  e.offsets.clear();
   const bool track = seq[0].tracked;
   std::vector<Offset> trimmed[2];
-  for (int k = 0; k < 2; ++k) {
-    trimmed[k] = seq[k].offsets;
-    if (trim_offsets && track) trim(seq[k].ids, trimmed[k]);
-  }
+  if (track && trim_offsets)
+    for (int k = 0; k < 2; ++k) {
+      trimmed[k] = seq[k].offsets;
+      trim(seq[k].ids, trimmed[k]);
+    }
   const auto put = [&](int k) {  // text k's ids
     e.ids.insert(e.ids.end(), seq[k].ids.begin(), seq[k].ids.end());
     e.sequence_ids.insert(e.sequence_ids.end(), seq[k].ids.size(), k);
     e.special_tokens_mask.insert(e.special_tokens_mask.end(), seq[k].ids.size(), 0);
-    e.offsets.insert(e.offsets.end(), trimmed[k].begin(), trimmed[k].end());
+    if (!track) return;
+    const std::vector<Offset>& o = trim_offsets ? trimmed[k] : seq[k].offsets;
+    e.offsets.insert(e.offsets.end(), o.begin(), o.end());
   };
   if (!add_special_tokens) {  // A then B, type ids 0 then 1, as tokenizers without its template
     for (int k = 0; k < (pair ? 2 : 1); ++k) {
@@ -577,11 +590,9 @@ Encoding Tokenizer::Impl::assemble(const Tokens (&seq)[2], bool pair, bool add_s
       e.type_ids.insert(e.type_ids.end(), p.ids.size(), p.type_id);
       e.sequence_ids.insert(e.sequence_ids.end(), p.ids.size(), -1);
       e.special_tokens_mask.insert(e.special_tokens_mask.end(), p.ids.size(), 1);
-      e.offsets.insert(e.offsets.end(), p.ids.size(), Offset{0, 0});
+      if (track) e.offsets.insert(e.offsets.end(), p.ids.size(), Offset{0, 0});
     }
   }
-  if (!track) e.offsets.clear();
-  return e;
 }
 
 int64_t Tokenizer::Impl::special_count(bool pair) const {
@@ -606,75 +617,124 @@ BatchEncoding Tokenizer::encode_batch(std::span<const std::string> texts, std::s
   }
 
   const int64_t N = static_cast<int64_t>(texts.size());
-  std::vector<std::vector<Encoding>> enc(static_cast<size_t>(N));  // (texts) each text's rows
-  std::vector<uint8_t> cut(static_cast<size_t>(N), 0);
   const bool offsets = opt.offsets != OffsetUnit::none;
-  // Texts are independent: split over the team in chunks (a text's cost varies with its length).
-  auto one = [&](int64_t i) {
-    const size_t u = static_cast<size_t>(i);
-    t.check_utf8(texts[u], "text");
-    Impl::Tokens seq[2];
-    seq[0].tracked = seq[1].tracked = offsets;
-    t.tokenize(texts[u], opt.literal, seq[0].ids, offsets ? &seq[0].offsets : nullptr);
-    if (pair) {
-      t.check_utf8(pairs[u], "pair text");
-      t.tokenize(pairs[u], opt.literal, seq[1].ids, offsets ? &seq[1].offsets : nullptr);
-    }
-    if (!tr) {
-      enc[u].push_back(t.assemble(seq, pair, opt.add_special_tokens));
-    } else {
+  // Texts are independent: the team takes chunks of them (a text's cost varies with its length).
+  // A chunk's rows go into flat arrays, and each thread assembles into one Encoding it reuses, so
+  // that a batch of short texts allocates per chunk, not five vectors per text kept to the end.
+  constexpr int64_t kChunk = 32;
+  struct Chunk {
+    std::vector<int32_t> ids, type_ids, special;  // its rows' cells one after another
+    std::vector<int64_t> offsets;                  // (cells, 2) with opt.offsets
+    std::vector<int32_t> lengths, sample;          // (rows)
+    int64_t truncated = 0;                         // texts the cut shortened
+  };
+  std::vector<Chunk> chunks(static_cast<size_t>((N + kChunk - 1) / kChunk));
+  auto encode_chunk = [&](int64_t c, Impl::Tokens (&seq)[2], Encoding& e) {
+    Chunk& ch = chunks[static_cast<size_t>(c)];
+    auto keep = [&](int64_t i) {  // e as the chunk's next row
+      if (opt.offsets == OffsetUnit::chars)
+        offsets_to_chars(e, texts[static_cast<size_t>(i)],
+                         pair ? std::optional<std::string_view>(pairs[static_cast<size_t>(i)]) : std::nullopt);
+      ch.ids.insert(ch.ids.end(), e.ids.begin(), e.ids.end());
+      ch.type_ids.insert(ch.type_ids.end(), e.type_ids.begin(), e.type_ids.end());
+      ch.special.insert(ch.special.end(), e.special_tokens_mask.begin(), e.special_tokens_mask.end());
+      for (const auto& [first, second] : e.offsets) {
+        ch.offsets.push_back(first);
+        ch.offsets.push_back(second);
+      }
+      ch.lengths.push_back(static_cast<int32_t>(e.ids.size()));
+      ch.sample.push_back(static_cast<int32_t>(i));
+    };
+    for (int64_t i = c * kChunk; i < std::min(N, (c + 1) * kChunk); ++i) {
+      const size_t u = static_cast<size_t>(i);
+      t.check_utf8(texts[u], "text");
+      for (Impl::Tokens& s : seq) {
+        s.ids.clear();
+        s.offsets.clear();
+        s.tracked = offsets;
+      }
+      t.tokenize(texts[u], opt.literal, seq[0].ids, offsets ? &seq[0].offsets : nullptr);
+      if (pair) {
+        t.check_utf8(pairs[u], "pair text");
+        t.tokenize(pairs[u], opt.literal, seq[1].ids, offsets ? &seq[1].offsets : nullptr);
+      }
+      if (!tr) {
+        t.assemble(seq, pair, opt.add_special_tokens, e);
+        keep(i);
+        continue;
+      }
       const size_t n[2] = {seq[0].ids.size(), seq[1].ids.size()};
+      bool cut = false;
       for (const Impl::Window& w : t.truncate(n, pair, *tr, special, opt.overflowing)) {
         const Impl::Tokens parts[2] = {Impl::cut(seq[0], w[0]), Impl::cut(seq[1], w[1])};
-        cut[u] |= parts[0].ids.size() + parts[1].ids.size() < n[0] + n[1];
-        enc[u].push_back(t.assemble(parts, pair, opt.add_special_tokens));
+        cut |= parts[0].ids.size() + parts[1].ids.size() < n[0] + n[1];
+        t.assemble(parts, pair, opt.add_special_tokens, e);
+        keep(i);
       }
+      ch.truncated += cut;
     }
-    if (opt.offsets == OffsetUnit::chars)
-      for (Encoding& e : enc[u]) offsets_to_chars(e, texts[u], pair ? std::optional<std::string_view>(pairs[u]) : std::nullopt);
   };
   const int team = opt.threads > 0 ? opt.threads : max_threads();
+  const int64_t C = static_cast<int64_t>(chunks.size());
   FirstError err;
-#pragma omp parallel for schedule(dynamic, 16) num_threads(team) if (team > 1 && N > 16)
-  for (int64_t i = 0; i < N; ++i) err.run([&] { one(i); });
+#pragma omp parallel num_threads(team) if (team > 1 && C > 1)
+  {
+    Impl::Tokens seq[2];  // this thread's, reused text after text
+    Encoding e;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t c = 0; c < C; ++c) err.run([&] { encode_chunk(c, seq, e); });
+  }
   err.rethrow();
   const Padding pad = opt.padding ? *opt.padding : t.padding.value_or(Padding{});
   check(pad.length >= 0 && pad.multiple_of >= 0, "tokenizer ", t.name, ": padding length and multiple must be >= 0");
   BatchEncoding out;
   int64_t T = pad.length;
-  for (size_t u = 0; u < enc.size(); ++u)
-    for (const Encoding& e : enc[u]) {
-      out.lengths.push_back(static_cast<int32_t>(e.ids.size()));
-      out.sample.push_back(static_cast<int32_t>(u));
-      if (pad.length == 0) T = std::max<int64_t>(T, static_cast<int64_t>(e.ids.size()));
-      else check(static_cast<int64_t>(e.ids.size()) <= pad.length, "tokenizer ", t.name, ": a sequence of ",
-                 e.ids.size(), " ids is longer than the fixed padding length ", pad.length, " (give max_length)");
+  std::vector<int64_t> first_row(chunks.size() + 1, 0);  // (chunks + 1) each chunk's first row
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    for (const int32_t n : chunks[c].lengths) {
+      if (pad.length == 0) T = std::max<int64_t>(T, n);
+      else check(n <= pad.length, "tokenizer ", t.name, ": a sequence of ", n,
+                 " ids is longer than the fixed padding length ", pad.length, " (give max_length)");
     }
-  const int64_t B = static_cast<int64_t>(out.lengths.size());
+    out.lengths.insert(out.lengths.end(), chunks[c].lengths.begin(), chunks[c].lengths.end());
+    out.sample.insert(out.sample.end(), chunks[c].sample.begin(), chunks[c].sample.end());
+    out.truncated += chunks[c].truncated;
+    first_row[c + 1] = first_row[c] + static_cast<int64_t>(chunks[c].lengths.size());
+  }
+  const int64_t B = first_row.back();
   out.B = B;
   if (pad.multiple_of > 0) T = (T + pad.multiple_of - 1) / pad.multiple_of * pad.multiple_of;
   out.T = T;
   const size_t cells = static_cast<size_t>(B * T);
-  out.ids.assign(cells, pad.pad_id);
-  out.type_ids.assign(cells, pad.pad_type_id);
-  out.attention_mask.assign(cells, 0);
-  out.special_tokens_mask.assign(cells, 1);  // padding counts as special, as tokenizers' mask
-  if (offsets) out.offsets.assign(2 * cells, 0);
-  int64_t b = 0;
-  for (const std::vector<Encoding>& rows : enc)
-    for (const Encoding& e : rows) {
-      const int64_t n = static_cast<int64_t>(e.ids.size()), at = b * T + (pad.left ? T - n : 0);
-      std::copy(e.ids.begin(), e.ids.end(), out.ids.begin() + at);
-      std::copy(e.type_ids.begin(), e.type_ids.end(), out.type_ids.begin() + at);
-      std::fill(out.attention_mask.begin() + at, out.attention_mask.begin() + at + n, 1);
-      std::copy(e.special_tokens_mask.begin(), e.special_tokens_mask.end(), out.special_tokens_mask.begin() + at);
-      for (int64_t k = 0; offsets && k < n; ++k) {
-        out.offsets[static_cast<size_t>(2 * (at + k))] = e.offsets[static_cast<size_t>(k)].first;
-        out.offsets[static_cast<size_t>(2 * (at + k) + 1)] = e.offsets[static_cast<size_t>(k)].second;
+  out.ids.resize(cells);
+  out.type_ids.resize(cells);
+  out.attention_mask.resize(cells);
+  out.special_tokens_mask.resize(cells);
+  if (offsets) out.offsets.resize(2 * cells);
+  // Each chunk's rows whole, padding included, so that the team shares the writing.
+#pragma omp parallel for schedule(static) num_threads(team) if (team > 1 && C > 1)
+  for (int64_t c = 0; c < C; ++c) {
+    const Chunk& ch = chunks[static_cast<size_t>(c)];
+    int64_t from = 0;  // the row's first cell in the chunk's arrays
+    for (size_t r = 0; r < ch.lengths.size(); ++r) {
+      const int64_t n = ch.lengths[r], row = (first_row[static_cast<size_t>(c)] + static_cast<int64_t>(r)) * T;
+      const int64_t at = row + (pad.left ? T - n : 0);
+      const auto row_of = [&](auto& v) { return v.begin() + row; };
+      std::fill(row_of(out.ids), row_of(out.ids) + T, pad.pad_id);
+      std::fill(row_of(out.type_ids), row_of(out.type_ids) + T, pad.pad_type_id);
+      std::fill(row_of(out.attention_mask), row_of(out.attention_mask) + T, 0);
+      std::fill(row_of(out.special_tokens_mask), row_of(out.special_tokens_mask) + T, 1);  // padding counts as special, as tokenizers' mask
+      std::copy_n(ch.ids.begin() + from, n, out.ids.begin() + at);
+      std::copy_n(ch.type_ids.begin() + from, n, out.type_ids.begin() + at);
+      std::fill_n(out.attention_mask.begin() + at, n, 1);
+      std::copy_n(ch.special.begin() + from, n, out.special_tokens_mask.begin() + at);
+      if (offsets) {
+        std::fill_n(out.offsets.begin() + 2 * row, 2 * T, 0);
+        std::copy_n(ch.offsets.begin() + 2 * from, 2 * n, out.offsets.begin() + 2 * at);
       }
-      ++b;
+      from += n;
     }
-  for (const uint8_t c : cut) out.truncated += c;
+  }
   return out;
 }
 

@@ -153,6 +153,8 @@ struct Tokenizer::Impl {
   // The template around already tokenized texts (seq[1] when pair), with the special-tokens mask,
   // sequence ids and (when seq tracks them) offsets, trim_offsets applied.
   Encoding assemble(const Tokens (&seq)[2], bool pair, bool add_special_tokens) const;
+  // The same into `e`, whose vectors are cleared and keep their capacity (a batch reuses one).
+  void assemble(const Tokens (&seq)[2], bool pair, bool add_special_tokens, Encoding& e) const;
   // trim_offsets: post_processor's RobertaProcessing / ByteLevel asks to move offsets past spaces.
   bool trim_offsets = false, trim_prefix_space = false;
   void trim(const std::vector<int32_t>& ids, std::vector<Offset>& offsets) const;
